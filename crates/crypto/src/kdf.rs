@@ -1,0 +1,249 @@
+//! Password-based key derivation as LUKS uses it: PBKDF2-HMAC and Argon2i/Argon2id (v1.3),
+//! with cryptsetup's defaults and time-calibrated costs.
+
+use crate::{Error, HashAlg, Result};
+use std::time::{Duration, Instant};
+
+/// Argon2 flavours LUKS2 stores (`"argon2i"`, `"argon2id"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Argon2Variant {
+    Argon2i,
+    Argon2id,
+}
+
+impl Argon2Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Argon2Variant::Argon2i => "argon2i",
+            Argon2Variant::Argon2id => "argon2id",
+        }
+    }
+}
+
+/// A fully specified KDF: everything needed to derive the same bytes again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kdf {
+    Pbkdf2 { hash: HashAlg, iterations: u32 },
+    Argon2 { variant: Argon2Variant, time: u32, memory_kib: u32, parallel: u32 },
+}
+
+/// cryptsetup's floors: PBKDF2 never below 1000 iterations, Argon2 never below 4 passes
+/// and 32 MiB.
+pub const PBKDF2_MIN_ITERATIONS: u32 = 1000;
+pub const ARGON2_MIN_TIME: u32 = 4;
+pub const ARGON2_MIN_MEMORY_KIB: u32 = 32;
+pub const ARGON2_MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
+/// cryptsetup's default memory cap for Argon2 (1 GiB) and default time target (2 s).
+pub const DEFAULT_ARGON2_MEMORY_KIB: u32 = 1024 * 1024;
+pub const DEFAULT_ITER_TIME_MS: u32 = 2000;
+
+impl Kdf {
+    /// Derives `out.len()` bytes from `passphrase` and `salt`.
+    pub fn derive(&self, passphrase: &[u8], salt: &[u8], out: &mut [u8]) -> Result<()> {
+        match *self {
+            Kdf::Pbkdf2 { hash, iterations } => {
+                if iterations == 0 {
+                    return Err(Error::Kdf("PBKDF2 iteration count 0".into()));
+                }
+                match hash {
+                    HashAlg::Sha1 => pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase, salt, iterations, out),
+                    HashAlg::Sha256 => {
+                        pbkdf2::pbkdf2_hmac::<sha2::Sha256>(passphrase, salt, iterations, out)
+                    }
+                    HashAlg::Sha512 => {
+                        pbkdf2::pbkdf2_hmac::<sha2::Sha512>(passphrase, salt, iterations, out)
+                    }
+                }
+                Ok(())
+            }
+            Kdf::Argon2 { variant, time, memory_kib, parallel } => {
+                let alg = match variant {
+                    Argon2Variant::Argon2i => argon2::Algorithm::Argon2i,
+                    Argon2Variant::Argon2id => argon2::Algorithm::Argon2id,
+                };
+                let params = argon2::Params::new(memory_kib, time, parallel, Some(out.len()))
+                    .map_err(|e| Error::Kdf(format!("argon2 parameters: {e}")))?;
+                argon2::Argon2::new(alg, argon2::Version::V0x13, params)
+                    .hash_password_into(passphrase, salt, out)
+                    .map_err(|e| Error::Kdf(format!("argon2: {e}")))
+            }
+        }
+    }
+
+    /// The LUKS2 JSON `type` name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Kdf::Pbkdf2 { .. } => "pbkdf2",
+            Kdf::Argon2 { variant, .. } => variant.name(),
+        }
+    }
+}
+
+/// Which KDF to calibrate, and how hard (cryptsetup's `--pbkdf*` and `--iter-time` options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KdfRequest {
+    /// `pbkdf2`, `argon2i` or `argon2id`.
+    pub kind: KdfKind,
+    /// Hash for PBKDF2.
+    pub hash: HashAlg,
+    /// Target unlock time in milliseconds (`--iter-time`).
+    pub iter_time_ms: u32,
+    /// `--pbkdf-force-iterations`: iterations (PBKDF2) or time cost (Argon2); skips calibration.
+    pub forced_iterations: Option<u32>,
+    /// `--pbkdf-memory` in KiB (Argon2 only); the cap when calibrating.
+    pub memory_kib: u32,
+    /// `--pbkdf-parallel` (Argon2 lanes).
+    pub parallel: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KdfKind {
+    Pbkdf2,
+    Argon2(Argon2Variant),
+}
+
+impl KdfKind {
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "pbkdf2" => Ok(KdfKind::Pbkdf2),
+            "argon2i" => Ok(KdfKind::Argon2(Argon2Variant::Argon2i)),
+            "argon2id" => Ok(KdfKind::Argon2(Argon2Variant::Argon2id)),
+            _ => Err(Error::Kdf(format!("unknown PBKDF '{name}'"))),
+        }
+    }
+}
+
+impl KdfRequest {
+    /// cryptsetup's LUKS2 default: argon2id, 2 s, up to 1 GiB, min(4, CPUs) lanes.
+    pub fn luks2_default() -> Self {
+        let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        KdfRequest {
+            kind: KdfKind::Argon2(Argon2Variant::Argon2id),
+            hash: HashAlg::Sha256,
+            iter_time_ms: DEFAULT_ITER_TIME_MS,
+            forced_iterations: None,
+            memory_kib: DEFAULT_ARGON2_MEMORY_KIB,
+            parallel: cpus.clamp(1, 4),
+        }
+    }
+
+    /// cryptsetup's LUKS1 default: PBKDF2-SHA256, 2 s.
+    pub fn luks1_default() -> Self {
+        KdfRequest { kind: KdfKind::Pbkdf2, ..Self::luks2_default() }
+    }
+
+    /// Resolves the request to concrete costs, measuring this machine unless costs are forced.
+    pub fn resolve(&self, key_len: usize) -> Result<Kdf> {
+        match self.kind {
+            KdfKind::Pbkdf2 => {
+                let iterations = match self.forced_iterations {
+                    Some(i) if i < PBKDF2_MIN_ITERATIONS => {
+                        return Err(Error::Kdf(format!(
+                            "forced PBKDF2 iterations {i} below the minimum {PBKDF2_MIN_ITERATIONS}"
+                        )));
+                    }
+                    Some(i) => i,
+                    None => pbkdf2_iterations_for(self.hash, key_len, self.iter_time_ms)?,
+                };
+                Ok(Kdf::Pbkdf2 { hash: self.hash, iterations })
+            }
+            KdfKind::Argon2(variant) => {
+                let memory_kib = self.memory_kib.clamp(ARGON2_MIN_MEMORY_KIB, ARGON2_MAX_MEMORY_KIB);
+                let parallel = self.parallel.clamp(1, 16);
+                if let Some(t) = self.forced_iterations {
+                    if t < ARGON2_MIN_TIME {
+                        return Err(Error::Kdf(format!(
+                            "forced Argon2 time cost {t} below the minimum {ARGON2_MIN_TIME}"
+                        )));
+                    }
+                    return Ok(Kdf::Argon2 { variant, time: t, memory_kib, parallel });
+                }
+                argon2_costs_for(variant, memory_kib, parallel, key_len, self.iter_time_ms)
+            }
+        }
+    }
+}
+
+fn time_it(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed())
+}
+
+/// PBKDF2 iterations that take about `ms` milliseconds here (never below the floor).
+pub fn pbkdf2_iterations_for(hash: HashAlg, key_len: usize, ms: u32) -> Result<u32> {
+    let per_sec = pbkdf2_iterations_per_second(hash, key_len)?;
+    let it = (per_sec as u128 * ms as u128 / 1000).min(u32::MAX as u128) as u32;
+    Ok(it.max(PBKDF2_MIN_ITERATIONS))
+}
+
+/// Measured PBKDF2 speed, in iterations per second, for a `key_len`-byte output.
+pub fn pbkdf2_iterations_per_second(hash: HashAlg, key_len: usize) -> Result<u64> {
+    let mut out = vec![0u8; key_len.max(1)];
+    let mut iterations = 1u32 << 12;
+    loop {
+        let kdf = Kdf::Pbkdf2 { hash, iterations };
+        let d = time_it(|| kdf.derive(b"cryptblk-bench-pass", &[0x5a; 32], &mut out))?;
+        if d >= Duration::from_millis(100) || iterations >= 1 << 28 {
+            return Ok((iterations as f64 / d.as_secs_f64().max(1e-9)) as u64);
+        }
+        iterations = iterations.saturating_mul(4);
+    }
+}
+
+fn argon2_costs_for(
+    variant: Argon2Variant,
+    max_memory_kib: u32,
+    parallel: u32,
+    key_len: usize,
+    ms: u32,
+) -> Result<Kdf> {
+    // Cost grows linearly in time × memory: measure a small point and extrapolate, then
+    // prefer the full memory (memory-hardness) and shrink it only if even the minimum
+    // number of passes would be too slow, as cryptsetup's calibration does.
+    let probe_mem = max_memory_kib.min(64 * 1024);
+    let mut out = vec![0u8; key_len.max(4)];
+    let probe = Kdf::Argon2 { variant, time: 1, memory_kib: probe_mem, parallel };
+    let d = time_it(|| probe.derive(b"cryptblk-bench-pass", &[0x5a; 32], &mut out))?;
+    let per_kib_pass = d.as_secs_f64() / probe_mem as f64;
+    let target = ms as f64 / 1000.0;
+    let at_min_time = per_kib_pass * max_memory_kib as f64 * ARGON2_MIN_TIME as f64;
+    let (time, memory_kib) = if at_min_time > target {
+        let m = (max_memory_kib as f64 * target / at_min_time) as u32;
+        (ARGON2_MIN_TIME, m.max(ARGON2_MIN_MEMORY_KIB))
+    } else {
+        let t = (target / (per_kib_pass * max_memory_kib as f64)) as u32;
+        (t.max(ARGON2_MIN_TIME), max_memory_kib)
+    };
+    Ok(Kdf::Argon2 { variant, time, memory_kib, parallel })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forced_costs_are_kept() {
+        let mut r = KdfRequest::luks2_default();
+        r.forced_iterations = Some(4);
+        r.memory_kib = 64;
+        r.parallel = 1;
+        assert_eq!(
+            r.resolve(64).unwrap(),
+            Kdf::Argon2 { variant: Argon2Variant::Argon2id, time: 4, memory_kib: 64, parallel: 1 }
+        );
+        r.forced_iterations = Some(3);
+        assert!(r.resolve(64).is_err());
+    }
+
+    #[test]
+    fn calibration_scales_with_target() {
+        let mut r = KdfRequest::luks1_default();
+        r.iter_time_ms = 50;
+        let Kdf::Pbkdf2 { iterations: short, .. } = r.resolve(32).unwrap() else { panic!() };
+        r.iter_time_ms = 400;
+        let Kdf::Pbkdf2 { iterations: long, .. } = r.resolve(32).unwrap() else { panic!() };
+        assert!(short >= PBKDF2_MIN_ITERATIONS);
+        assert!(long > short * 2, "{short} vs {long}");
+    }
+}

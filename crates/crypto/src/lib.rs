@@ -1,0 +1,29 @@
+//! The crypto layer of cryptblk: dm-crypt compatible sector ciphers with runtime CPU dispatch,
+//! the KDFs LUKS uses, and the LUKS anti-forensic splitter.
+//!
+//! `unsafe` is confined to `x86` (CPU intrinsics) and `secret` (mlock).
+
+mod aes_generic;
+mod af;
+mod backend;
+mod error;
+mod hash;
+pub mod kdf;
+mod secret;
+mod sector;
+mod spec;
+mod x86;
+
+pub use af::{af_merge, af_split};
+pub use backend::{BACKEND_ENV, Backend};
+pub use error::{Error, Result};
+pub use hash::HashAlg;
+pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
+pub use secret::{SecretBytes, constant_time_eq};
+pub use sector::{IvOptions, SectorCipher};
+pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode};
+
+/// Fills `buf` from the operating system's random source.
+pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
+    getrandom::fill(buf).map_err(|e| Error::Random(e.to_string()))
+}

@@ -1,0 +1,258 @@
+//! `SectorCipher`: encrypts and decrypts runs of consecutive sectors exactly as dm-crypt does.
+
+use crate::aes_generic::AesKey;
+use crate::spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode};
+use crate::{Backend, Error, Result};
+use zeroize::Zeroize;
+
+/// How dm-crypt numbers IVs (its `iv_offset` and `iv_large_sectors` table parameters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IvOptions {
+    /// IVs count encryption sectors instead of 512-byte sectors (LUKS2 with sectors > 512
+    /// and plain mode's `--iv-large-sectors`).
+    pub large_sectors: bool,
+    /// Added to the 512-byte sector number before any shift (plain mode's `--skip`).
+    pub offset: u64,
+}
+
+/// Most IVs prepared on the stack at once; longer runs are handled in batches.
+const IV_BATCH: usize = 64;
+
+enum Engine {
+    Null,
+    Xts { data: AesKey, tweak: AesKey, fast: Option<crate::x86::XtsKeys> },
+    Cbc { key: AesKey, fast: Option<crate::x86::AesKeys> },
+    Ecb { key: AesKey },
+}
+
+/// A volume cipher bound to its key, sector size and IV numbering.
+///
+/// `encrypt`/`decrypt` take any number of whole sectors and process them in one call:
+/// the data path never loops over sectors itself, so vector backends can interleave them.
+pub struct SectorCipher {
+    spec: CipherSpec,
+    sector_size: u32,
+    iv: IvOptions,
+    backend: Backend,
+    essiv: Option<AesKey>,
+    engine: Engine,
+}
+
+impl std::fmt::Debug for SectorCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SectorCipher")
+            .field("spec", &self.spec.to_string())
+            .field("sector_size", &self.sector_size)
+            .field("iv", &self.iv)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn check_sector_size(s: u32) -> Result<()> {
+    if matches!(s, 512 | 1024 | 2048 | 4096) { Ok(()) } else { Err(Error::InvalidSectorSize(s)) }
+}
+
+impl SectorCipher {
+    /// A cipher on the backend chosen for this CPU (or forced by `CRYPTBLK_CRYPTO_BACKEND`).
+    pub fn new(spec: CipherSpec, key: &[u8], sector_size: u32, iv: IvOptions) -> Result<Self> {
+        Self::with_backend(spec, key, sector_size, iv, Backend::current()?)
+    }
+
+    /// A cipher on a given backend (tests force each one).
+    pub fn with_backend(
+        spec: CipherSpec,
+        key: &[u8],
+        sector_size: u32,
+        iv: IvOptions,
+        backend: Backend,
+    ) -> Result<Self> {
+        check_sector_size(sector_size)?;
+        if !backend.is_supported() {
+            return Err(Error::BackendUnavailable(format!("{backend} is not supported by this CPU")));
+        }
+        if !spec.valid_key_len(key.len()) {
+            return Err(Error::InvalidKeyLength { cipher: spec.to_string(), len: key.len() });
+        }
+        let essiv = match spec.iv {
+            IvMode::Essiv(h) => {
+                let mut salt = h.digest(key);
+                let k = AesKey::new(&salt).map_err(|_| Error::UnsupportedCipher(spec.to_string()));
+                salt.zeroize();
+                Some(k?)
+            }
+            _ => None,
+        };
+        let use_fast = backend != Backend::Generic;
+        let engine = match (spec.cipher, spec.mode) {
+            (BlockCipherAlg::Null, _) => Engine::Null,
+            (BlockCipherAlg::Aes, ChainMode::Xts) => {
+                let (k1, k2) = key.split_at(key.len() / 2);
+                Engine::Xts {
+                    data: AesKey::new(k1)?,
+                    tweak: AesKey::new(k2)?,
+                    fast: if use_fast { crate::x86::XtsKeys::new(k1, k2) } else { None },
+                }
+            }
+            (BlockCipherAlg::Aes, ChainMode::Cbc) => Engine::Cbc {
+                key: AesKey::new(key)?,
+                fast: if use_fast { crate::x86::AesKeys::new(key) } else { None },
+            },
+            (BlockCipherAlg::Aes, ChainMode::Ecb) => Engine::Ecb { key: AesKey::new(key)? },
+        };
+        Ok(SectorCipher { spec, sector_size, iv, backend, essiv, engine })
+    }
+
+    pub fn spec(&self) -> &CipherSpec {
+        &self.spec
+    }
+
+    pub fn sector_size(&self) -> u32 {
+        self.sector_size
+    }
+
+    pub fn iv_options(&self) -> IvOptions {
+        self.iv
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Encrypts `data` (whole sectors) in place; `sector` is the index, in units of the
+    /// sector size, of its first sector within the encrypted segment.
+    pub fn encrypt(&self, sector: u64, data: &mut [u8]) -> Result<()> {
+        self.process(sector, data, true)
+    }
+
+    /// Decrypts `data` (whole sectors) in place; see [`SectorCipher::encrypt`].
+    pub fn decrypt(&self, sector: u64, data: &mut [u8]) -> Result<()> {
+        self.process(sector, data, false)
+    }
+
+    /// dm-crypt's IV sector number for encryption sector `sector`.
+    fn iv_sector(&self, sector: u64) -> u64 {
+        let shift = self.sector_size.trailing_zeros() - 9;
+        let s512 = (sector << shift).wrapping_add(self.iv.offset);
+        if self.iv.large_sectors { s512 >> shift } else { s512 }
+    }
+
+    fn iv_step(&self) -> u64 {
+        if self.iv.large_sectors { 1 } else { (self.sector_size / 512) as u64 }
+    }
+
+    /// Fills `ivs` with the IV blocks of consecutive sectors whose first IV sector is `first`.
+    fn fill_ivs(&self, first: u64, ivs: &mut [[u8; 16]]) {
+        let step = self.iv_step();
+        for (i, iv) in ivs.iter_mut().enumerate() {
+            let n = first.wrapping_add(step.wrapping_mul(i as u64));
+            *iv = [0u8; 16];
+            match self.spec.iv {
+                IvMode::Plain => iv[..4].copy_from_slice(&(n as u32).to_le_bytes()),
+                IvMode::Plain64 | IvMode::Essiv(_) => iv[..8].copy_from_slice(&n.to_le_bytes()),
+                IvMode::Plain64Be => iv[8..].copy_from_slice(&n.to_be_bytes()),
+                IvMode::Null | IvMode::None => {}
+            }
+        }
+        if let Some(essiv) = &self.essiv {
+            let flat = ivs.as_flattened_mut();
+            essiv.encrypt_blocks(flat);
+        }
+    }
+
+    fn process(&self, sector: u64, data: &mut [u8], enc: bool) -> Result<()> {
+        let ss = self.sector_size as usize;
+        if data.len() % ss != 0 {
+            return Err(Error::UnalignedLength { len: data.len(), sector_size: self.sector_size });
+        }
+        if let Engine::Null = self.engine {
+            return Ok(());
+        }
+        if let Engine::Ecb { key } = &self.engine {
+            if enc { key.encrypt_blocks(data) } else { key.decrypt_blocks(data) }
+            return Ok(());
+        }
+        let mut ivs = [[0u8; 16]; IV_BATCH];
+        let mut first = sector;
+        for batch in data.chunks_mut(ss * IV_BATCH) {
+            let n = batch.len() / ss;
+            let ivs = &mut ivs[..n];
+            self.fill_ivs(self.iv_sector(first), ivs);
+            match &self.engine {
+                Engine::Xts { data: k1, tweak: k2, fast } => match fast {
+                    Some(f) => f.xts(self.backend, ivs, batch, ss, enc),
+                    None => xts_generic(k1, k2, ivs, batch, ss, enc),
+                },
+                Engine::Cbc { key, fast } => match fast {
+                    Some(f) => f.cbc(self.backend, ivs, batch, ss, enc),
+                    None => cbc_generic(key, ivs, batch, ss, enc),
+                },
+                Engine::Null | Engine::Ecb { .. } => unreachable!("handled above"),
+            }
+            first += n as u64;
+        }
+        ivs.as_flattened_mut().zeroize();
+        Ok(())
+    }
+}
+
+/// Multiplies an XTS tweak by α (x) in GF(2^128), little-endian as IEEE 1619 defines.
+#[inline]
+pub(crate) fn gf_mul_x(t: u128) -> u128 {
+    (t << 1) ^ ((t >> 127) * 0x87)
+}
+
+/// Blocks handled per pass of the generic XTS loop.
+const XTS_CHUNK: usize = 32;
+
+fn xts_generic(k1: &AesKey, k2: &AesKey, ivs: &mut [[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+    let mut tweaks = [[0u8; 16]; XTS_CHUNK];
+    for (iv, sector) in ivs.iter_mut().zip(data.chunks_mut(ss)) {
+        k2.encrypt_block(iv);
+        let mut t = u128::from_le_bytes(*iv);
+        for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
+            let n = chunk.len() / 16;
+            for tw in tweaks[..n].iter_mut() {
+                *tw = t.to_le_bytes();
+                t = gf_mul_x(t);
+            }
+            xor_in(chunk, tweaks[..n].as_flattened());
+            if enc { k1.encrypt_blocks(chunk) } else { k1.decrypt_blocks(chunk) }
+            xor_in(chunk, tweaks[..n].as_flattened());
+        }
+    }
+    tweaks.as_flattened_mut().zeroize();
+}
+
+fn cbc_generic(key: &AesKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+    for (iv, sector) in ivs.iter().zip(data.chunks_mut(ss)) {
+        let mut prev = *iv;
+        if enc {
+            for b in sector.chunks_exact_mut(16) {
+                let b: &mut [u8; 16] = b.try_into().expect("16-byte chunk");
+                xor_in(b, &prev);
+                key.encrypt_block(b);
+                prev = *b;
+            }
+        } else {
+            // Keep a copy of each chunk's ciphertext: it chains into the next block.
+            let mut saved = [0u8; 16 * XTS_CHUNK];
+            for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
+                let saved = &mut saved[..chunk.len()];
+                saved.copy_from_slice(chunk);
+                key.decrypt_blocks(chunk);
+                xor_in(&mut chunk[..16], &prev);
+                xor_in(&mut chunk[16..], &saved[..saved.len() - 16]);
+                prev.copy_from_slice(&saved[saved.len() - 16..]);
+            }
+            saved.zeroize();
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn xor_in(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d ^= s;
+    }
+}

@@ -1,0 +1,81 @@
+use std::fmt;
+
+use crate::luks1::Luks1Error;
+use crate::luks2::Luks2Error;
+
+/// Every error of the on-disk format layer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    Io(std::io::Error),
+    Crypto(cryptblk_crypto::Error),
+    /// No LUKS magic at the start of the header device.
+    NotLuks,
+    /// The header is shorter than its format needs (truncated file or device).
+    Truncated { need: u64, have: u64 },
+    /// No keyslot accepted the passphrase.
+    WrongPassphrase,
+    /// Keyslot number out of range or not in the state the operation needs.
+    Keyslot(String),
+    /// All keyslots are in use.
+    NoFreeKeyslot,
+    /// Options that do not fit together or the format (e.g. LUKS1 with 4096-byte sectors).
+    InvalidOption(String),
+    Luks1(Luks1Error),
+    Luks2(Luks2Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Crypto(e) => write!(f, "{e}"),
+            Error::NotLuks => write!(f, "device is not a valid LUKS device"),
+            Error::Truncated { need, have } => {
+                write!(f, "header truncated: need {need} bytes, device has {have}")
+            }
+            Error::WrongPassphrase => write!(f, "no key available with this passphrase"),
+            Error::Keyslot(s) => write!(f, "keyslot: {s}"),
+            Error::NoFreeKeyslot => write!(f, "all keyslots are in use"),
+            Error::InvalidOption(s) => write!(f, "invalid option: {s}"),
+            Error::Luks1(e) => write!(f, "LUKS1: {e}"),
+            Error::Luks2(e) => write!(f, "LUKS2: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            Error::Crypto(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<cryptblk_crypto::Error> for Error {
+    fn from(e: cryptblk_crypto::Error) -> Self {
+        Error::Crypto(e)
+    }
+}
+
+impl From<Luks1Error> for Error {
+    fn from(e: Luks1Error) -> Self {
+        Error::Luks1(e)
+    }
+}
+
+impl From<Luks2Error> for Error {
+    fn from(e: Luks2Error) -> Self {
+        Error::Luks2(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

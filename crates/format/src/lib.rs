@@ -1,0 +1,147 @@
+//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2 and plain mode.
+//!
+//! Each format lives in its own module; all LUKS versions implement [`LuksHeader`], so the
+//! CLI and the data path never need to know which version they hold.
+
+#![forbid(unsafe_code)]
+
+pub mod device;
+mod error;
+pub mod luks1;
+pub mod luks2;
+pub mod plain;
+
+pub use device::{HeaderDevice, MemDevice};
+pub use error::{Error, Result};
+
+use cryptblk_crypto::{CipherSpec, HashAlg, IvOptions, Kdf, KdfRequest, SecretBytes};
+
+/// One keyslot as `dump` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyslotInfo {
+    pub id: u32,
+    /// In use (LUKS1 `ENABLED`, LUKS2: present in the JSON).
+    pub active: bool,
+    /// KDF and costs, for active slots.
+    pub kdf: Option<Kdf>,
+    /// Salt of the passphrase KDF.
+    pub salt: Vec<u8>,
+    /// Start of the key material area and its length, in bytes.
+    pub area_offset: u64,
+    pub area_size: u64,
+    /// AF stripes and hash.
+    pub stripes: u32,
+    pub af_hash: HashAlg,
+}
+
+/// What `format` takes (cryptsetup luksFormat's options, in bytes and parsed types).
+#[derive(Debug, Clone)]
+pub struct FormatOptions {
+    pub cipher: CipherSpec,
+    /// Volume key length in bytes (`--key-size` / 8).
+    pub key_len: usize,
+    /// Encryption sector size (LUKS1: always 512).
+    pub sector_size: u32,
+    /// `--hash`: PBKDF2 hash for keyslots (if PBKDF2), the AF splitter and the digest.
+    pub hash: HashAlg,
+    pub kdf: KdfRequest,
+    /// `--uuid`; random when `None`.
+    pub uuid: Option<String>,
+    /// LUKS2 `--label` and `--subsystem`.
+    pub label: Option<String>,
+    pub subsystem: Option<String>,
+    /// `--offset` in bytes: where the data segment starts. Default: after the header and
+    /// keyslot areas (cryptsetup's alignment), or 0 with a detached header.
+    pub data_offset: Option<u64>,
+    /// Header on a separate device (`--header`).
+    pub detached_header: bool,
+    /// Keyslot for the first passphrase (`--key-slot`), else the first free one.
+    pub keyslot: Option<u32>,
+    /// LUKS2 `--luks2-metadata-size` / `--luks2-keyslots-size` in bytes (None = defaults).
+    pub luks2_metadata_size: Option<u64>,
+    pub luks2_keyslots_size: Option<u64>,
+}
+
+impl FormatOptions {
+    /// cryptsetup's defaults: aes-xts-plain64, 512-bit key, 512-byte sectors, sha256.
+    pub fn new(kdf: KdfRequest) -> Self {
+        let cipher = CipherSpec::parse("aes-xts-plain64").expect("built-in spec parses");
+        FormatOptions {
+            key_len: cipher.default_key_len(),
+            cipher,
+            sector_size: 512,
+            hash: HashAlg::Sha256,
+            kdf,
+            uuid: None,
+            label: None,
+            subsystem: None,
+            data_offset: None,
+            detached_header: false,
+            keyslot: None,
+            luks2_metadata_size: None,
+            luks2_keyslots_size: None,
+        }
+    }
+}
+
+/// Operations common to LUKS1 and LUKS2 headers.
+///
+/// Every method that changes the header writes it (both copies for LUKS2) before it
+/// returns, and wipes keyslot material it removes.
+pub trait LuksHeader: std::fmt::Debug + Send {
+    /// 1 or 2.
+    fn version(&self) -> u8;
+    fn uuid(&self) -> &str;
+    fn cipher(&self) -> CipherSpec;
+    /// Volume key length in bytes.
+    fn key_len(&self) -> usize;
+    fn sector_size(&self) -> u32;
+    /// IV numbering of the data segment as dm-crypt gets it from cryptsetup.
+    fn iv_options(&self) -> IvOptions;
+    /// Start of the data segment on the data device, in bytes.
+    fn data_offset(&self) -> u64;
+    /// Data segment length in bytes; `None` means "to the end of the device".
+    fn data_length(&self) -> Option<u64>;
+    /// Bytes occupied by header and keyslot areas (what header-backup saves).
+    fn header_size(&self) -> u64;
+    fn keyslots(&self) -> Vec<KeyslotInfo>;
+    /// Maximum number of keyslots (8 for LUKS1, 32 for LUKS2).
+    fn max_keyslots(&self) -> u32;
+    /// Tries the passphrase on one slot or on every active slot; returns slot and volume key.
+    fn unlock(
+        &self,
+        dev: &mut dyn HeaderDevice,
+        passphrase: &[u8],
+        slot: Option<u32>,
+    ) -> Result<(u32, SecretBytes)>;
+    /// Checks a volume key against the stored digest.
+    fn verify_volume_key(&self, key: &[u8]) -> Result<bool>;
+    /// Stores `volume_key` under `passphrase` in `slot` (or the first free slot).
+    fn add_keyslot(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32>;
+    /// Wipes the slot's key material and marks it free.
+    fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()>;
+}
+
+/// Reads whichever LUKS version the device holds.
+pub fn load_header(dev: &mut dyn HeaderDevice) -> Result<Box<dyn LuksHeader>> {
+    let mut magic = [0u8; 8];
+    let have = dev.size()?;
+    if have < 8 {
+        return Err(Error::Truncated { need: 4096, have });
+    }
+    dev.read_at(&mut magic, 0)?;
+    let version = u16::from_be_bytes([magic[6], magic[7]]);
+    match (&magic[..6], version) {
+        (luks1::MAGIC, 1) => Ok(Box::new(luks1::Luks1Header::read(dev)?)),
+        (luks1::MAGIC, 2) | (luks2::SECONDARY_MAGIC, 2) => Ok(Box::new(luks2::Luks2Header::read(dev)?)),
+        // The primary may be wiped or damaged: LUKS2 can still be found from its secondary copy.
+        _ => luks2::Luks2Header::read(dev).map(|h| Box::new(h) as Box<dyn LuksHeader>),
+    }
+}

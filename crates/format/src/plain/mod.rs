@@ -1,0 +1,1 @@
+//! Plain dm-crypt mode (to be written).
