@@ -12,6 +12,7 @@ pub mod kdf;
 mod secret;
 mod sector;
 mod spec;
+pub mod testing;
 mod x86;
 
 pub use af::{af_merge, af_split};

@@ -205,7 +205,7 @@ pub(crate) fn gf_mul_x(t: u128) -> u128 {
 /// Blocks handled per pass of the generic XTS loop.
 const XTS_CHUNK: usize = 32;
 
-fn xts_generic(k1: &AesKey, k2: &AesKey, ivs: &mut [[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+pub(crate) fn xts_generic(k1: &AesKey, k2: &AesKey, ivs: &mut [[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
     let mut tweaks = [[0u8; 16]; XTS_CHUNK];
     for (iv, sector) in ivs.iter_mut().zip(data.chunks_mut(ss)) {
         k2.encrypt_block(iv);
@@ -254,5 +254,86 @@ fn cbc_generic(key: &AesKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: 
 pub(crate) fn xor_in(dst: &mut [u8], src: &[u8]) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d ^= s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ieee1619_vector_10_aes256_512_byte_unit() {
+        // IEEE 1619-2007 vector 10: data unit 0xff, plaintext bytes 0..=255 twice.
+        let key = hex_bytes(concat!(
+            "2718281828459045235360287471352662497757247093699959574966967627",
+            "3141592653589793238462643383279502884197169399375105820974944592"
+        ));
+        let mut pt: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+        let spec = CipherSpec::parse("aes-xts-plain64").unwrap();
+        for b in Backend::supported() {
+            let c = SectorCipher::with_backend(spec, &key, 512, IvOptions::default(), b).unwrap();
+            let mut buf = pt.clone();
+            c.encrypt(0xff, &mut buf).unwrap();
+            assert_eq!(hex_str(&buf[..16]), "1c3b3a102f770386e4836c99e370cf9b", "{b}");
+            assert_eq!(hex_str(&buf[496..]), "c4f36ffda9fcea70b9c6e693e148c151", "{b}");
+            c.decrypt(0xff, &mut buf).unwrap();
+            assert_eq!(buf, pt);
+        }
+        pt.clear();
+    }
+
+    fn hex_bytes(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    fn hex_str(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn every_backend_matches_generic() {
+        let specs = ["aes-xts-plain64", "aes-xts-plain", "aes-xts-plain64be", "aes-cbc-essiv:sha256",
+            "aes-cbc-plain64", "aes-cbc-plain", "aes-ecb", "cipher_null-ecb"];
+        let mut seed = 1;
+        for s in specs {
+            let spec = CipherSpec::parse(s).unwrap();
+            for key_len in [16usize, 24, 32, 48, 64] {
+                if !spec.valid_key_len(key_len) {
+                    continue;
+                }
+                for ss in [512u32, 4096] {
+                    for (large, n) in [(false, 1usize), (true, 8), (false, 67), (true, 3)] {
+                        seed += 1;
+                        let key = pseudo(seed, key_len);
+                        let pt = pseudo(seed + 1000, n * ss as usize);
+                        let iv = IvOptions { large_sectors: large, offset: seed % 7 };
+                        let start = (seed * 0x1234_5678_9) % (1 << 40);
+                        let g = SectorCipher::with_backend(spec, &key, ss, iv, Backend::Generic).unwrap();
+                        let mut want = pt.clone();
+                        g.encrypt(start, &mut want).unwrap();
+                        for b in Backend::supported() {
+                            let c = SectorCipher::with_backend(spec, &key, ss, iv, b).unwrap();
+                            let mut got = pt.clone();
+                            c.encrypt(start, &mut got).unwrap();
+                            assert!(got == want, "{s} key {key_len} ss {ss} n {n} backend {b}: encrypt differs");
+                            c.decrypt(start, &mut got).unwrap();
+                            assert!(got == pt, "{s} key {key_len} ss {ss} n {n} backend {b}: decrypt differs");
+                        }
+                    }
+                }
+            }
+        }
     }
 }
