@@ -9,7 +9,7 @@ pub const BACKEND_ENV: &str = "CRYPTBLK_CRYPTO_BACKEND";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// AVX-512 + VAES: four blocks per instruction, sectors of a request interleaved.
+    /// AVX-512 + VAES + VPCLMULQDQ: four blocks per instruction, sectors of a request interleaved.
     Vaes512,
     /// AES-NI: eight blocks in flight per 128-bit register set.
     AesNi,
@@ -52,6 +52,7 @@ impl Backend {
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("vaes")
+                    && std::arch::is_x86_feature_detected!("vpclmulqdq")
                     && Backend::AesNi.is_supported()
             }
             #[cfg(not(target_arch = "x86_64"))]

@@ -6,6 +6,7 @@
 mod aes_generic;
 mod af;
 mod backend;
+pub mod bench;
 mod error;
 mod hash;
 pub mod kdf;

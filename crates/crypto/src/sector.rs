@@ -172,11 +172,11 @@ impl SectorCipher {
             if enc { key.encrypt_blocks(data) } else { key.decrypt_blocks(data) }
             return Ok(());
         }
-        let mut ivs = [[0u8; 16]; IV_BATCH];
+        let mut iv_buf = [[0u8; 16]; IV_BATCH];
         let mut first = sector;
         for batch in data.chunks_mut(ss * IV_BATCH) {
             let n = batch.len() / ss;
-            let ivs = &mut ivs[..n];
+            let ivs = &mut iv_buf[..n];
             self.fill_ivs(self.iv_sector(first), ivs);
             match &self.engine {
                 Engine::Xts { data: k1, tweak: k2, fast } => match fast {
@@ -190,8 +190,9 @@ impl SectorCipher {
                 Engine::Null | Engine::Ecb { .. } => unreachable!("handled above"),
             }
             first += n as u64;
+            // The fast XTS paths leave encrypted tweaks here: wipe what was used.
+            ivs.as_flattened_mut().zeroize();
         }
-        ivs.as_flattened_mut().zeroize();
         Ok(())
     }
 }

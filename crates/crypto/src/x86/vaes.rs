@@ -58,20 +58,49 @@ fn first_tweaks(t: __m128i) -> __m512i {
     fold(_mm512_sllv_epi64(v, k), _mm512_srlv_epi64(v, back))
 }
 
+/// Rounds 1..NR of W registers; the last round key is per register (tweak folded in).
 #[inline]
 #[target_feature(enable = "avx512f,vaes")]
-fn rounds4<const NR: usize, const ENC: bool>(b: &mut [__m512i; 4], rk: &[__m512i; 15]) {
+fn rounds<const NR: usize, const ENC: bool, const W: usize>(b: &mut [__m512i; W], rk: &[__m512i; 15], last: &[__m512i; W]) {
     for r in 1..NR {
         for x in b.iter_mut() {
             *x = if ENC { _mm512_aesenc_epi128(*x, rk[r]) } else { _mm512_aesdec_epi128(*x, rk[r]) };
         }
     }
-    for x in b.iter_mut() {
-        *x = if ENC { _mm512_aesenclast_epi128(*x, rk[NR]) } else { _mm512_aesdeclast_epi128(*x, rk[NR]) };
+    for (x, l) in b.iter_mut().zip(last) {
+        *x = if ENC { _mm512_aesenclast_epi128(*x, *l) } else { _mm512_aesdeclast_epi128(*x, *l) };
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,vaes,aes,sse2")]
+/// Registers per pass: 8 × 4 blocks = 512 bytes, one whole small sector, so that enough
+/// independent AES chains are in flight to cover the instruction latency.
+const W: usize = 8;
+
+/// Every lane times α^(8M), for 1 ≤ M ≤ 8 (`R` = 16 - M): a byte shift plus a carry-less
+/// multiply of the M bytes shifted out by 0x87. Unlike bit shifts of 512-bit registers, which
+/// compete with VAES for one port on current Intel cores, these run on another port.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,vpclmulqdq")]
+fn mul_x8m<const M: i32, const R: i32>(v: __m512i) -> __m512i {
+    const { assert!(M + R == 16 && M >= 1 && M <= 8) };
+    let out = _mm512_bsrli_epi128::<R>(v);
+    let red = _mm512_clmulepi64_epi128::<0x00>(out, _mm512_set1_epi64(0x87));
+    _mm512_xor_si512(_mm512_bslli_epi128::<M>(v), red)
+}
+
+/// Tweaks for W registers from the first two: register i+2 = register i × α^8.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,vpclmulqdq")]
+fn tweaks_from(z0: __m512i, z1: __m512i) -> [__m512i; W] {
+    let mut z = [z0; W];
+    z[1] = z1;
+    for i in 2..W {
+        z[i] = mul_x8m::<1, 15>(z[i - 2]);
+    }
+    z
+}
+
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
 fn xts_nr<const NR: usize, const ENC: bool>(
     k1: &RoundKeys,
     k2: &RoundKeys,
@@ -87,19 +116,23 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     }
     for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
         let mut z0 = first_tweaks(load128(iv));
-        let (chunks, rest) = sector.as_chunks_mut::<256>();
+        let mut z1 = mul_xk::<4, 60>(z0);
+        let (chunks, rest) = sector.as_chunks_mut::<{ 64 * W }>();
         for c in chunks {
-            let regs: &mut [[u8; 64]; 4] = c.as_chunks_mut::<64>().0.try_into().expect("4 registers");
-            let z = [z0, mul_xk::<4, 60>(z0), mul_xk::<8, 56>(z0), mul_xk::<12, 52>(z0)];
-            let mut b = [_mm512_setzero_si512(); 4];
-            for i in 0..4 {
+            let regs: &mut [[u8; 64]; W] = c.as_chunks_mut::<64>().0.try_into().expect("W registers");
+            let z = tweaks_from(z0, z1);
+            let mut b = [_mm512_setzero_si512(); W];
+            let mut last = [_mm512_setzero_si512(); W];
+            for i in 0..W {
                 b[i] = xor3(load512(&regs[i]), z[i], rk[0]);
+                last[i] = _mm512_xor_si512(rk[NR], z[i]);
             }
-            rounds4::<NR, ENC>(&mut b, &rk);
-            for i in 0..4 {
-                store512(&mut regs[i], _mm512_xor_si512(b[i], z[i]));
+            rounds::<NR, ENC, W>(&mut b, &rk, &last);
+            for i in 0..W {
+                store512(&mut regs[i], b[i]);
             }
-            z0 = mul_xk::<16, 48>(z0);
+            z0 = mul_x8m::<4, 12>(z0);
+            z1 = mul_x8m::<4, 12>(z1);
         }
         if !rest.is_empty() {
             ni::xts_unit::<NR, ENC>(&rk128, _mm512_castsi512_si128(z0), rest);
@@ -110,8 +143,8 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 /// XTS over `ivs.len()` data units of `unit` bytes (any multiple of 16).
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512BW, VAES and AES-NI.
-#[target_feature(enable = "avx512f,avx512bw,vaes,aes,sse2")]
+/// The CPU must support AVX-512F, AVX-512BW, VAES, VPCLMULQDQ and AES-NI.
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
 pub(super) unsafe fn xts(k1: &RoundKeys, k2: &RoundKeys, ivs: &mut [[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
     match (k1.rounds, enc) {
         (10, true) => xts_nr::<10, true>(k1, k2, ivs, data, unit),
