@@ -20,7 +20,10 @@ fn blocks_mut(data: &mut [u8]) -> &mut [Block] {
 
 impl AesKey {
     pub(crate) fn new(key: &[u8]) -> Result<Self> {
-        let bad = || Error::InvalidKeyLength { cipher: "aes".into(), len: key.len() };
+        let bad = || Error::InvalidKeyLength {
+            cipher: "aes".into(),
+            len: key.len(),
+        };
         Ok(match key.len() {
             16 => AesKey::A128(Box::new(Aes128::new_from_slice(key).map_err(|_| bad())?)),
             24 => AesKey::A192(Box::new(Aes192::new_from_slice(key).map_err(|_| bad())?)),

@@ -24,7 +24,10 @@ pub fn af_split(key: &[u8], stripes: u32, hash: HashAlg) -> Result<SecretBytes> 
     let n = key.len();
     let stripes = stripes as usize;
     if stripes == 0 {
-        return Err(Error::AfLength { expected: 1, got: 0 });
+        return Err(Error::AfLength {
+            expected: 1,
+            got: 0,
+        });
     }
     let mut out = SecretBytes::zeroed(n * stripes);
     let mut block = SecretBytes::zeroed(n);
@@ -35,28 +38,47 @@ pub fn af_split(key: &[u8], stripes: u32, hash: HashAlg) -> Result<SecretBytes> 
         }
         diffuse(hash, &mut block);
     }
-    for ((o, b), k) in out[(stripes - 1) * n..].iter_mut().zip(block.iter()).zip(key) {
+    for ((o, b), k) in out[(stripes - 1) * n..]
+        .iter_mut()
+        .zip(block.iter())
+        .zip(key)
+    {
         *o = b ^ k;
     }
     Ok(out)
 }
 
 /// Recovers a `key_len`-byte key from split material (at least `key_len * stripes` bytes).
-pub fn af_merge(material: &[u8], key_len: usize, stripes: u32, hash: HashAlg) -> Result<SecretBytes> {
+pub fn af_merge(
+    material: &[u8],
+    key_len: usize,
+    stripes: u32,
+    hash: HashAlg,
+) -> Result<SecretBytes> {
     let stripes = stripes as usize;
     let need = key_len * stripes;
     if stripes == 0 || material.len() < need {
-        return Err(Error::AfLength { expected: need, got: material.len() });
+        return Err(Error::AfLength {
+            expected: need,
+            got: material.len(),
+        });
     }
     let mut block = SecretBytes::zeroed(key_len);
     for i in 0..stripes - 1 {
-        for (b, s) in block.iter_mut().zip(&material[i * key_len..(i + 1) * key_len]) {
+        for (b, s) in block
+            .iter_mut()
+            .zip(&material[i * key_len..(i + 1) * key_len])
+        {
             *b ^= s;
         }
         diffuse(hash, &mut block);
     }
     let mut key = SecretBytes::zeroed(key_len);
-    for ((k, b), s) in key.iter_mut().zip(block.iter()).zip(&material[(stripes - 1) * key_len..need]) {
+    for ((k, b), s) in key
+        .iter_mut()
+        .zip(block.iter())
+        .zip(&material[(stripes - 1) * key_len..need])
+    {
         *k = b ^ s;
     }
     Ok(key)

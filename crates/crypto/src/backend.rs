@@ -33,7 +33,11 @@ impl Backend {
         Backend::ALL
             .into_iter()
             .find(|b| b.name() == name)
-            .ok_or_else(|| Error::BackendUnavailable(format!("unknown backend '{name}' (vaes512, aesni, generic)")))
+            .ok_or_else(|| {
+                Error::BackendUnavailable(format!(
+                    "unknown backend '{name}' (vaes512, aesni, generic)"
+                ))
+            })
     }
 
     /// Whether this CPU can run the backend.
@@ -62,7 +66,10 @@ impl Backend {
 
     /// The fastest backend this CPU supports.
     pub fn detect() -> Backend {
-        Backend::ALL.into_iter().find(|b| b.is_supported()).unwrap_or(Backend::Generic)
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.is_supported())
+            .unwrap_or(Backend::Generic)
     }
 
     /// The backend to use: the one named in `CRYPTBLK_CRYPTO_BACKEND` if set, else detected.
@@ -73,7 +80,9 @@ impl Backend {
                 if b.is_supported() {
                     Ok(b)
                 } else {
-                    Err(Error::BackendUnavailable(format!("{name} is not supported by this CPU")))
+                    Err(Error::BackendUnavailable(format!(
+                        "{name} is not supported by this CPU"
+                    )))
                 }
             }
             _ => Ok(Backend::detect()),
@@ -82,7 +91,10 @@ impl Backend {
 
     /// Backends this CPU can run.
     pub fn supported() -> Vec<Backend> {
-        Backend::ALL.into_iter().filter(|b| b.is_supported()).collect()
+        Backend::ALL
+            .into_iter()
+            .filter(|b| b.is_supported())
+            .collect()
     }
 }
 

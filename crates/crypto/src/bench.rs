@@ -29,8 +29,10 @@ pub fn cipher_speed(
 ) -> Result<CipherSpeed> {
     let mut key = crate::SecretBytes::zeroed(key_len);
     crate::random_bytes(&mut key)?;
-    let cipher = SectorCipher::with_backend(spec, &key, sector_size, IvOptions::default(), backend)?;
-    let request_size = request_size.max(sector_size as usize) / sector_size as usize * sector_size as usize;
+    let cipher =
+        SectorCipher::with_backend(spec, &key, sector_size, IvOptions::default(), backend)?;
+    let request_size =
+        request_size.max(sector_size as usize) / sector_size as usize * sector_size as usize;
     let total = (1 << 20) / request_size * request_size;
     let mut buf = vec![0x5au8; total.max(request_size)];
     let sectors_per_req = (request_size / sector_size as usize) as u64;
@@ -44,7 +46,11 @@ pub fn cipher_speed(
         while start.elapsed() < duration {
             for (i, chunk) in buf.chunks_mut(request_size).enumerate() {
                 let s = i as u64 * sectors_per_req;
-                if enc { cipher.encrypt(s, chunk)? } else { cipher.decrypt(s, chunk)? }
+                if enc {
+                    cipher.encrypt(s, chunk)?
+                } else {
+                    cipher.decrypt(s, chunk)?
+                }
             }
             bytes += buf.len() as u64;
         }

@@ -32,17 +32,26 @@ impl fmt::Display for Error {
                 write!(f, "invalid key length {} bits for cipher {cipher}", len * 8)
             }
             Error::InvalidSectorSize(s) => {
-                write!(f, "invalid sector size {s} (must be 512, 1024, 2048 or 4096)")
+                write!(
+                    f,
+                    "invalid sector size {s} (must be 512, 1024, 2048 or 4096)"
+                )
             }
             Error::UnalignedLength { len, sector_size } => {
-                write!(f, "buffer of {len} bytes is not a multiple of the {sector_size}-byte sector")
+                write!(
+                    f,
+                    "buffer of {len} bytes is not a multiple of the {sector_size}-byte sector"
+                )
             }
             Error::UnknownHash(h) => write!(f, "unknown hash '{h}'"),
             Error::Kdf(s) => write!(f, "key derivation failed: {s}"),
             Error::Random(s) => write!(f, "random number generator failed: {s}"),
             Error::BackendUnavailable(s) => write!(f, "crypto backend unavailable: {s}"),
             Error::AfLength { expected, got } => {
-                write!(f, "anti-forensic material has {got} bytes, expected {expected}")
+                write!(
+                    f,
+                    "anti-forensic material has {got} bytes, expected {expected}"
+                )
             }
         }
     }

@@ -23,8 +23,16 @@ impl Argon2Variant {
 /// A fully specified KDF: everything needed to derive the same bytes again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kdf {
-    Pbkdf2 { hash: HashAlg, iterations: u32 },
-    Argon2 { variant: Argon2Variant, time: u32, memory_kib: u32, parallel: u32 },
+    Pbkdf2 {
+        hash: HashAlg,
+        iterations: u32,
+    },
+    Argon2 {
+        variant: Argon2Variant,
+        time: u32,
+        memory_kib: u32,
+        parallel: u32,
+    },
 }
 
 /// cryptsetup's floors: PBKDF2 never below 1000 iterations, Argon2 never below 4 passes
@@ -46,7 +54,9 @@ impl Kdf {
                     return Err(Error::Kdf("PBKDF2 iteration count 0".into()));
                 }
                 match hash {
-                    HashAlg::Sha1 => pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase, salt, iterations, out),
+                    HashAlg::Sha1 => {
+                        pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase, salt, iterations, out)
+                    }
                     HashAlg::Sha256 => {
                         pbkdf2::pbkdf2_hmac::<sha2::Sha256>(passphrase, salt, iterations, out)
                     }
@@ -56,9 +66,22 @@ impl Kdf {
                 }
                 Ok(())
             }
-            Kdf::Argon2 { variant, time, memory_kib, parallel } => {
-                argon2_raw(variant, time, memory_kib, parallel, passphrase, salt, &[], &[], out)
-            }
+            Kdf::Argon2 {
+                variant,
+                time,
+                memory_kib,
+                parallel,
+            } => argon2_raw(
+                variant,
+                time,
+                memory_kib,
+                parallel,
+                passphrase,
+                salt,
+                &[],
+                &[],
+                out,
+            ),
         }
     }
 
@@ -144,7 +167,9 @@ impl KdfKind {
 impl KdfRequest {
     /// cryptsetup's LUKS2 default: argon2id, 2 s, up to 1 GiB, min(4, CPUs) lanes.
     pub fn luks2_default() -> Self {
-        let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
         KdfRequest {
             kind: KdfKind::Argon2(Argon2Variant::Argon2id),
             hash: HashAlg::Sha256,
@@ -157,7 +182,10 @@ impl KdfRequest {
 
     /// cryptsetup's LUKS1 default: PBKDF2-SHA256, 2 s.
     pub fn luks1_default() -> Self {
-        KdfRequest { kind: KdfKind::Pbkdf2, ..Self::luks2_default() }
+        KdfRequest {
+            kind: KdfKind::Pbkdf2,
+            ..Self::luks2_default()
+        }
     }
 
     /// Resolves the request to concrete costs, measuring this machine unless costs are forced.
@@ -173,10 +201,15 @@ impl KdfRequest {
                     Some(i) => i,
                     None => pbkdf2_iterations_for(self.hash, key_len, self.iter_time_ms)?,
                 };
-                Ok(Kdf::Pbkdf2 { hash: self.hash, iterations })
+                Ok(Kdf::Pbkdf2 {
+                    hash: self.hash,
+                    iterations,
+                })
             }
             KdfKind::Argon2(variant) => {
-                let memory_kib = self.memory_kib.clamp(ARGON2_MIN_MEMORY_KIB, ARGON2_MAX_MEMORY_KIB);
+                let memory_kib = self
+                    .memory_kib
+                    .clamp(ARGON2_MIN_MEMORY_KIB, ARGON2_MAX_MEMORY_KIB);
                 let parallel = self.parallel.clamp(1, 16);
                 if let Some(t) = self.forced_iterations {
                     if t < ARGON2_MIN_TIME {
@@ -184,7 +217,12 @@ impl KdfRequest {
                             "forced Argon2 time cost {t} below the minimum {ARGON2_MIN_TIME}"
                         )));
                     }
-                    return Ok(Kdf::Argon2 { variant, time: t, memory_kib, parallel });
+                    return Ok(Kdf::Argon2 {
+                        variant,
+                        time: t,
+                        memory_kib,
+                        parallel,
+                    });
                 }
                 argon2_costs_for(variant, memory_kib, parallel, key_len, self.iter_time_ms)
             }
@@ -231,7 +269,12 @@ fn argon2_costs_for(
     // number of passes would be too slow, as cryptsetup's calibration does.
     let probe_mem = max_memory_kib.min(64 * 1024);
     let mut out = vec![0u8; key_len.max(4)];
-    let probe = Kdf::Argon2 { variant, time: 1, memory_kib: probe_mem, parallel };
+    let probe = Kdf::Argon2 {
+        variant,
+        time: 1,
+        memory_kib: probe_mem,
+        parallel,
+    };
     let d = time_it(|| probe.derive(b"cryptblk-bench-pass", &[0x5a; 32], &mut out))?;
     let per_kib_pass = d.as_secs_f64() / probe_mem as f64;
     let target = ms as f64 / 1000.0;
@@ -243,7 +286,12 @@ fn argon2_costs_for(
         let t = (target / (per_kib_pass * max_memory_kib as f64)) as u32;
         (t.max(ARGON2_MIN_TIME), max_memory_kib)
     };
-    Ok(Kdf::Argon2 { variant, time, memory_kib, parallel })
+    Ok(Kdf::Argon2 {
+        variant,
+        time,
+        memory_kib,
+        parallel,
+    })
 }
 
 #[cfg(test)]
@@ -258,7 +306,12 @@ mod tests {
         r.parallel = 1;
         assert_eq!(
             r.resolve(64).unwrap(),
-            Kdf::Argon2 { variant: Argon2Variant::Argon2id, time: 4, memory_kib: 64, parallel: 1 }
+            Kdf::Argon2 {
+                variant: Argon2Variant::Argon2id,
+                time: 4,
+                memory_kib: 64,
+                parallel: 1
+            }
         );
         r.forced_iterations = Some(3);
         assert!(r.resolve(64).is_err());
@@ -268,9 +321,19 @@ mod tests {
     fn calibration_scales_with_target() {
         let mut r = KdfRequest::luks1_default();
         r.iter_time_ms = 50;
-        let Kdf::Pbkdf2 { iterations: short, .. } = r.resolve(32).unwrap() else { panic!() };
+        let Kdf::Pbkdf2 {
+            iterations: short, ..
+        } = r.resolve(32).unwrap()
+        else {
+            panic!()
+        };
         r.iter_time_ms = 400;
-        let Kdf::Pbkdf2 { iterations: long, .. } = r.resolve(32).unwrap() else { panic!() };
+        let Kdf::Pbkdf2 {
+            iterations: long, ..
+        } = r.resolve(32).unwrap()
+        else {
+            panic!()
+        };
         assert!(short >= PBKDF2_MIN_ITERATIONS);
         assert!(long > short * 2, "{short} vs {long}");
     }

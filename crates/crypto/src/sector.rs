@@ -20,9 +20,18 @@ const IV_BATCH: usize = 64;
 
 enum Engine {
     Null,
-    Xts { data: AesKey, tweak: AesKey, fast: Option<crate::x86::XtsKeys> },
-    Cbc { key: AesKey, fast: Option<crate::x86::AesKeys> },
-    Ecb { key: AesKey },
+    Xts {
+        data: AesKey,
+        tweak: AesKey,
+        fast: Option<Box<crate::x86::XtsKeys>>,
+    },
+    Cbc {
+        key: AesKey,
+        fast: Option<Box<crate::x86::AesKeys>>,
+    },
+    Ecb {
+        key: AesKey,
+    },
 }
 
 /// A volume cipher bound to its key, sector size and IV numbering.
@@ -50,7 +59,11 @@ impl std::fmt::Debug for SectorCipher {
 }
 
 pub(crate) fn check_sector_size(s: u32) -> Result<()> {
-    if matches!(s, 512 | 1024 | 2048 | 4096) { Ok(()) } else { Err(Error::InvalidSectorSize(s)) }
+    if matches!(s, 512 | 1024 | 2048 | 4096) {
+        Ok(())
+    } else {
+        Err(Error::InvalidSectorSize(s))
+    }
 }
 
 impl SectorCipher {
@@ -69,10 +82,15 @@ impl SectorCipher {
     ) -> Result<Self> {
         check_sector_size(sector_size)?;
         if !backend.is_supported() {
-            return Err(Error::BackendUnavailable(format!("{backend} is not supported by this CPU")));
+            return Err(Error::BackendUnavailable(format!(
+                "{backend} is not supported by this CPU"
+            )));
         }
         if !spec.valid_key_len(key.len()) {
-            return Err(Error::InvalidKeyLength { cipher: spec.to_string(), len: key.len() });
+            return Err(Error::InvalidKeyLength {
+                cipher: spec.to_string(),
+                len: key.len(),
+            });
         }
         let essiv = match spec.iv {
             IvMode::Essiv(h) => {
@@ -91,16 +109,33 @@ impl SectorCipher {
                 Engine::Xts {
                     data: AesKey::new(k1)?,
                     tweak: AesKey::new(k2)?,
-                    fast: if use_fast { crate::x86::XtsKeys::new(k1, k2) } else { None },
+                    fast: if use_fast {
+                        crate::x86::XtsKeys::new(k1, k2).map(Box::new)
+                    } else {
+                        None
+                    },
                 }
             }
             (BlockCipherAlg::Aes, ChainMode::Cbc) => Engine::Cbc {
                 key: AesKey::new(key)?,
-                fast: if use_fast { crate::x86::AesKeys::new(key) } else { None },
+                fast: if use_fast {
+                    crate::x86::AesKeys::new(key).map(Box::new)
+                } else {
+                    None
+                },
             },
-            (BlockCipherAlg::Aes, ChainMode::Ecb) => Engine::Ecb { key: AesKey::new(key)? },
+            (BlockCipherAlg::Aes, ChainMode::Ecb) => Engine::Ecb {
+                key: AesKey::new(key)?,
+            },
         };
-        Ok(SectorCipher { spec, sector_size, iv, backend, essiv, engine })
+        Ok(SectorCipher {
+            spec,
+            sector_size,
+            iv,
+            backend,
+            essiv,
+            engine,
+        })
     }
 
     pub fn spec(&self) -> &CipherSpec {
@@ -134,11 +169,19 @@ impl SectorCipher {
     fn iv_sector(&self, sector: u64) -> u64 {
         let shift = self.sector_size.trailing_zeros() - 9;
         let s512 = (sector << shift).wrapping_add(self.iv.offset);
-        if self.iv.large_sectors { s512 >> shift } else { s512 }
+        if self.iv.large_sectors {
+            s512 >> shift
+        } else {
+            s512
+        }
     }
 
     fn iv_step(&self) -> u64 {
-        if self.iv.large_sectors { 1 } else { (self.sector_size / 512) as u64 }
+        if self.iv.large_sectors {
+            1
+        } else {
+            (self.sector_size / 512) as u64
+        }
     }
 
     /// Fills `ivs` with the IV blocks of consecutive sectors whose first IV sector is `first`.
@@ -162,14 +205,21 @@ impl SectorCipher {
 
     fn process(&self, sector: u64, data: &mut [u8], enc: bool) -> Result<()> {
         let ss = self.sector_size as usize;
-        if data.len() % ss != 0 {
-            return Err(Error::UnalignedLength { len: data.len(), sector_size: self.sector_size });
+        if !data.len().is_multiple_of(ss) {
+            return Err(Error::UnalignedLength {
+                len: data.len(),
+                sector_size: self.sector_size,
+            });
         }
         if let Engine::Null = self.engine {
             return Ok(());
         }
         if let Engine::Ecb { key } = &self.engine {
-            if enc { key.encrypt_blocks(data) } else { key.decrypt_blocks(data) }
+            if enc {
+                key.encrypt_blocks(data)
+            } else {
+                key.decrypt_blocks(data)
+            }
             return Ok(());
         }
         let mut iv_buf = [[0u8; 16]; IV_BATCH];
@@ -179,7 +229,11 @@ impl SectorCipher {
             let ivs = &mut iv_buf[..n];
             self.fill_ivs(self.iv_sector(first), ivs);
             match &self.engine {
-                Engine::Xts { data: k1, tweak: k2, fast } => match fast {
+                Engine::Xts {
+                    data: k1,
+                    tweak: k2,
+                    fast,
+                } => match fast {
                     Some(f) => f.xts(self.backend, ivs, batch, ss, enc),
                     None => xts_generic(k1, k2, ivs, batch, ss, enc),
                 },
@@ -206,7 +260,14 @@ pub(crate) fn gf_mul_x(t: u128) -> u128 {
 /// Blocks handled per pass of the generic XTS loop.
 const XTS_CHUNK: usize = 32;
 
-pub(crate) fn xts_generic(k1: &AesKey, k2: &AesKey, ivs: &mut [[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+pub(crate) fn xts_generic(
+    k1: &AesKey,
+    k2: &AesKey,
+    ivs: &mut [[u8; 16]],
+    data: &mut [u8],
+    ss: usize,
+    enc: bool,
+) {
     let mut tweaks = [[0u8; 16]; XTS_CHUNK];
     for (iv, sector) in ivs.iter_mut().zip(data.chunks_mut(ss)) {
         k2.encrypt_block(iv);
@@ -218,7 +279,11 @@ pub(crate) fn xts_generic(k1: &AesKey, k2: &AesKey, ivs: &mut [[u8; 16]], data: 
                 t = gf_mul_x(t);
             }
             xor_in(chunk, tweaks[..n].as_flattened());
-            if enc { k1.encrypt_blocks(chunk) } else { k1.decrypt_blocks(chunk) }
+            if enc {
+                k1.encrypt_blocks(chunk)
+            } else {
+                k1.decrypt_blocks(chunk)
+            }
             xor_in(chunk, tweaks[..n].as_flattened());
         }
     }
@@ -287,8 +352,16 @@ mod tests {
             let c = SectorCipher::with_backend(spec, &key, 512, IvOptions::default(), b).unwrap();
             let mut buf = pt.clone();
             c.encrypt(0xff, &mut buf).unwrap();
-            assert_eq!(hex_str(&buf[..16]), "1c3b3a102f770386e4836c99e370cf9b", "{b}");
-            assert_eq!(hex_str(&buf[496..]), "c4f36ffda9fcea70b9c6e693e148c151", "{b}");
+            assert_eq!(
+                hex_str(&buf[..16]),
+                "1c3b3a102f770386e4836c99e370cf9b",
+                "{b}"
+            );
+            assert_eq!(
+                hex_str(&buf[496..]),
+                "c4f36ffda9fcea70b9c6e693e148c151",
+                "{b}"
+            );
             c.decrypt(0xff, &mut buf).unwrap();
             assert_eq!(buf, pt);
         }
@@ -296,7 +369,10 @@ mod tests {
     }
 
     fn hex_bytes(s: &str) -> Vec<u8> {
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     fn hex_str(b: &[u8]) -> String {
@@ -305,8 +381,16 @@ mod tests {
 
     #[test]
     fn every_backend_matches_generic() {
-        let specs = ["aes-xts-plain64", "aes-xts-plain", "aes-xts-plain64be", "aes-cbc-essiv:sha256",
-            "aes-cbc-plain64", "aes-cbc-plain", "aes-ecb", "cipher_null-ecb"];
+        let specs = [
+            "aes-xts-plain64",
+            "aes-xts-plain",
+            "aes-xts-plain64be",
+            "aes-cbc-essiv:sha256",
+            "aes-cbc-plain64",
+            "aes-cbc-plain",
+            "aes-ecb",
+            "cipher_null-ecb",
+        ];
         let mut seed = 1;
         for s in specs {
             let spec = CipherSpec::parse(s).unwrap();
@@ -319,18 +403,28 @@ mod tests {
                         seed += 1;
                         let key = pseudo(seed, key_len);
                         let pt = pseudo(seed + 1000, n * ss as usize);
-                        let iv = IvOptions { large_sectors: large, offset: seed % 7 };
+                        let iv = IvOptions {
+                            large_sectors: large,
+                            offset: seed % 7,
+                        };
                         let start = (seed * 0x1234_5678_9) % (1 << 40);
-                        let g = SectorCipher::with_backend(spec, &key, ss, iv, Backend::Generic).unwrap();
+                        let g = SectorCipher::with_backend(spec, &key, ss, iv, Backend::Generic)
+                            .unwrap();
                         let mut want = pt.clone();
                         g.encrypt(start, &mut want).unwrap();
                         for b in Backend::supported() {
                             let c = SectorCipher::with_backend(spec, &key, ss, iv, b).unwrap();
                             let mut got = pt.clone();
                             c.encrypt(start, &mut got).unwrap();
-                            assert!(got == want, "{s} key {key_len} ss {ss} n {n} backend {b}: encrypt differs");
+                            assert!(
+                                got == want,
+                                "{s} key {key_len} ss {ss} n {n} backend {b}: encrypt differs"
+                            );
                             c.decrypt(start, &mut got).unwrap();
-                            assert!(got == pt, "{s} key {key_len} ss {ss} n {n} backend {b}: decrypt differs");
+                            assert!(
+                                got == pt,
+                                "{s} key {key_len} ss {ss} n {n} backend {b}: decrypt differs"
+                            );
                         }
                     }
                 }

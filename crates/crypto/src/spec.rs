@@ -54,8 +54,11 @@ impl CipherSpec {
             Some((c, r)) => (c, Some(r)),
             None => (spec, None),
         };
-        Self::from_parts(cipher, rest.unwrap_or(if cipher == "cipher_null" { "ecb" } else { "" }))
-            .map_err(|_| unsupported())
+        Self::from_parts(
+            cipher,
+            rest.unwrap_or(if cipher == "cipher_null" { "ecb" } else { "" }),
+        )
+        .map_err(|_| unsupported())
     }
 
     /// Builds from LUKS1's separate fields (`cipher_name` = `aes`, `cipher_mode` = `xts-plain64`).
@@ -96,7 +99,11 @@ impl CipherSpec {
         if cipher_alg == BlockCipherAlg::Null && chain != ChainMode::Ecb {
             return Err(unsupported());
         }
-        Ok(CipherSpec { cipher: cipher_alg, mode: chain, iv })
+        Ok(CipherSpec {
+            cipher: cipher_alg,
+            mode: chain,
+            iv,
+        })
     }
 
     /// LUKS1's `cipher_name` field.
@@ -180,16 +187,31 @@ mod tests {
         ] {
             assert_eq!(CipherSpec::parse(s).unwrap().to_string(), s);
         }
-        assert_eq!(CipherSpec::parse("cipher_null").unwrap().to_string(), "cipher_null-ecb");
+        assert_eq!(
+            CipherSpec::parse("cipher_null").unwrap().to_string(),
+            "cipher_null-ecb"
+        );
         let s = CipherSpec::from_parts("aes", "cbc-essiv:sha256").unwrap();
         assert_eq!(s.iv, IvMode::Essiv(HashAlg::Sha256));
-        assert_eq!((s.cipher_name(), s.cipher_mode().as_str()), ("aes", "cbc-essiv:sha256"));
+        assert_eq!(
+            (s.cipher_name(), s.cipher_mode().as_str()),
+            ("aes", "cbc-essiv:sha256")
+        );
     }
 
     #[test]
     fn rejects_nonsense() {
-        for s in ["", "aes", "twofish-xts-plain64", "aes-xts", "aes-xts-bogus", "aes-ecb-plain64",
-            "aes-cbc-essiv:md4", "cipher_null-xts-plain64", "aes-xts-essiv"] {
+        for s in [
+            "",
+            "aes",
+            "twofish-xts-plain64",
+            "aes-xts",
+            "aes-xts-bogus",
+            "aes-ecb-plain64",
+            "aes-cbc-essiv:md4",
+            "cipher_null-xts-plain64",
+            "aes-xts-essiv",
+        ] {
             assert!(CipherSpec::parse(s).is_err(), "{s}");
         }
     }

@@ -88,7 +88,7 @@ impl FormatOptions {
 ///
 /// Every method that changes the header writes it (both copies for LUKS2) before it
 /// returns, and wipes keyslot material it removes.
-pub trait LuksHeader: std::fmt::Debug + Send {
+pub trait LuksHeader: std::any::Any + std::fmt::Debug + Send {
     /// 1 or 2.
     fn version(&self) -> u8;
     fn uuid(&self) -> &str;

@@ -25,7 +25,11 @@ impl RoundKeys {
         if !crate::Backend::AesNi.is_supported() {
             return None;
         }
-        let mut rk = RoundKeys { enc: [[0; 16]; 15], dec: [[0; 16]; 15], rounds: 0 };
+        let mut rk = RoundKeys {
+            enc: [[0; 16]; 15],
+            dec: [[0; 16]; 15],
+            rounds: 0,
+        };
         match key.len() {
             // SAFETY: AES-NI and SSE4.1 presence checked just above.
             16 => unsafe { expand128(key.try_into().ok()?, &mut rk) },

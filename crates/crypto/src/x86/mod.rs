@@ -5,6 +5,9 @@
 //! several sectors) are in flight at once so the AES units never wait on one chain.
 //! Only 128- and 256-bit AES keys have fast paths; AES-192 uses the generic backend.
 
+// Vector code indexes parallel register arrays (blocks, tweaks, keys) by position.
+#![allow(clippy::needless_range_loop)]
+
 use crate::Backend;
 
 #[cfg(target_arch = "x86_64")]
@@ -35,12 +38,22 @@ pub(crate) struct AesKeys {
 impl XtsKeys {
     /// `None` when the CPU lacks AES-NI or the key size has no fast path.
     pub(crate) fn new(k1: &[u8], k2: &[u8]) -> Option<Self> {
-        Some(XtsKeys { data: RoundKeys::new(k1)?, tweak: RoundKeys::new(k2)? })
+        Some(XtsKeys {
+            data: RoundKeys::new(k1)?,
+            tweak: RoundKeys::new(k2)?,
+        })
     }
 
     /// XTS over whole data units of `unit` bytes; `ivs` holds one IV per unit and is
     /// overwritten with the encrypted tweaks.
-    pub(crate) fn xts(&self, backend: Backend, ivs: &mut [[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
+    pub(crate) fn xts(
+        &self,
+        backend: Backend,
+        ivs: &mut [[u8; 16]],
+        data: &mut [u8],
+        unit: usize,
+        enc: bool,
+    ) {
         debug_assert_eq!(data.len(), ivs.len() * unit);
         match backend {
             // SAFETY: SectorCipher only passes a backend whose CPU features it has checked
@@ -55,11 +68,20 @@ impl XtsKeys {
 #[cfg(target_arch = "x86_64")]
 impl AesKeys {
     pub(crate) fn new(k: &[u8]) -> Option<Self> {
-        Some(AesKeys { key: RoundKeys::new(k)? })
+        Some(AesKeys {
+            key: RoundKeys::new(k)?,
+        })
     }
 
     /// CBC over whole data units, one IV each.
-    pub(crate) fn cbc(&self, _backend: Backend, ivs: &[[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
+    pub(crate) fn cbc(
+        &self,
+        _backend: Backend,
+        ivs: &[[u8; 16]],
+        data: &mut [u8],
+        unit: usize,
+        enc: bool,
+    ) {
         debug_assert_eq!(data.len(), ivs.len() * unit);
         // SAFETY: RoundKeys exist only on CPUs with AES-NI (checked in RoundKeys::new).
         unsafe { ni::cbc(&self.key, ivs, data, unit, enc) }

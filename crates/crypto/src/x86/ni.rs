@@ -17,14 +17,25 @@ pub(super) fn mulx(t: __m128i) -> __m128i {
 
 #[inline]
 #[target_feature(enable = "aes,sse2")]
-fn rounds<const NR: usize, const ENC: bool, const W: usize>(b: &mut [__m128i; W], rk: &[__m128i; 15]) {
+fn rounds<const NR: usize, const ENC: bool, const W: usize>(
+    b: &mut [__m128i; W],
+    rk: &[__m128i; 15],
+) {
     for r in 1..NR {
         for x in b.iter_mut() {
-            *x = if ENC { _mm_aesenc_si128(*x, rk[r]) } else { _mm_aesdec_si128(*x, rk[r]) };
+            *x = if ENC {
+                _mm_aesenc_si128(*x, rk[r])
+            } else {
+                _mm_aesdec_si128(*x, rk[r])
+            };
         }
     }
     for x in b.iter_mut() {
-        *x = if ENC { _mm_aesenclast_si128(*x, rk[NR]) } else { _mm_aesdeclast_si128(*x, rk[NR]) };
+        *x = if ENC {
+            _mm_aesenclast_si128(*x, rk[NR])
+        } else {
+            _mm_aesdeclast_si128(*x, rk[NR])
+        };
     }
 }
 
@@ -102,7 +113,14 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 /// # Safety
 /// The CPU must support AES-NI and SSE2.
 #[target_feature(enable = "aes,sse2")]
-pub(super) unsafe fn xts(k1: &RoundKeys, k2: &RoundKeys, ivs: &mut [[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
+pub(super) unsafe fn xts(
+    k1: &RoundKeys,
+    k2: &RoundKeys,
+    ivs: &mut [[u8; 16]],
+    data: &mut [u8],
+    unit: usize,
+    enc: bool,
+) {
     match (k1.rounds, enc) {
         (10, true) => xts_nr::<10, true>(k1, k2, ivs, data, unit),
         (10, false) => xts_nr::<10, false>(k1, k2, ivs, data, unit),
@@ -170,7 +188,13 @@ fn cbc_encrypt_units<const NR: usize, const W: usize>(
 }
 
 #[target_feature(enable = "aes,sse2")]
-fn cbc_nr<const NR: usize>(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
+fn cbc_nr<const NR: usize>(
+    k: &RoundKeys,
+    ivs: &[[u8; 16]],
+    data: &mut [u8],
+    unit: usize,
+    enc: bool,
+) {
     if !enc {
         let rk = k.load(false);
         for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
@@ -206,5 +230,9 @@ fn cbc_nr<const NR: usize>(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], uni
 /// The CPU must support AES-NI and SSE2.
 #[target_feature(enable = "aes,sse2")]
 pub(super) unsafe fn cbc(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
-    if k.rounds == 10 { cbc_nr::<10>(k, ivs, data, unit, enc) } else { cbc_nr::<14>(k, ivs, data, unit, enc) }
+    if k.rounds == 10 {
+        cbc_nr::<10>(k, ivs, data, unit, enc)
+    } else {
+        cbc_nr::<14>(k, ivs, data, unit, enc)
+    }
 }

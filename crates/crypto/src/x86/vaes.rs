@@ -36,7 +36,11 @@ fn fold(shifted: __m512i, carry: __m512i) -> __m512i {
     let into_hi = _mm512_bslli_epi128(carry, 8);
     let c = _mm512_bsrli_epi128(carry, 8);
     let red = xor3(c, _mm512_slli_epi64(c, 1), _mm512_slli_epi64(c, 2));
-    xor3(shifted, into_hi, _mm512_xor_si512(red, _mm512_slli_epi64(c, 7)))
+    xor3(
+        shifted,
+        into_hi,
+        _mm512_xor_si512(red, _mm512_slli_epi64(c, 7)),
+    )
 }
 
 /// Every lane times α^K (1 ≤ K ≤ 56); `R` must be 64 - K (stable Rust cannot compute it).
@@ -61,14 +65,26 @@ fn first_tweaks(t: __m128i) -> __m512i {
 /// Rounds 1..NR of W registers; the last round key is per register (tweak folded in).
 #[inline]
 #[target_feature(enable = "avx512f,vaes")]
-fn rounds<const NR: usize, const ENC: bool, const W: usize>(b: &mut [__m512i; W], rk: &[__m512i; 15], last: &[__m512i; W]) {
+fn rounds<const NR: usize, const ENC: bool, const W: usize>(
+    b: &mut [__m512i; W],
+    rk: &[__m512i; 15],
+    last: &[__m512i; W],
+) {
     for r in 1..NR {
         for x in b.iter_mut() {
-            *x = if ENC { _mm512_aesenc_epi128(*x, rk[r]) } else { _mm512_aesdec_epi128(*x, rk[r]) };
+            *x = if ENC {
+                _mm512_aesenc_epi128(*x, rk[r])
+            } else {
+                _mm512_aesdec_epi128(*x, rk[r])
+            };
         }
     }
     for (x, l) in b.iter_mut().zip(last) {
-        *x = if ENC { _mm512_aesenclast_epi128(*x, *l) } else { _mm512_aesdeclast_epi128(*x, *l) };
+        *x = if ENC {
+            _mm512_aesenclast_epi128(*x, *l)
+        } else {
+            _mm512_aesdeclast_epi128(*x, *l)
+        };
     }
 }
 
@@ -119,7 +135,8 @@ fn xts_nr<const NR: usize, const ENC: bool>(
         let mut z1 = mul_xk::<4, 60>(z0);
         let (chunks, rest) = sector.as_chunks_mut::<{ 64 * W }>();
         for c in chunks {
-            let regs: &mut [[u8; 64]; W] = c.as_chunks_mut::<64>().0.try_into().expect("W registers");
+            let regs: &mut [[u8; 64]; W] =
+                c.as_chunks_mut::<64>().0.try_into().expect("W registers");
             let z = tweaks_from(z0, z1);
             let mut b = [_mm512_setzero_si512(); W];
             let mut last = [_mm512_setzero_si512(); W];
@@ -145,7 +162,14 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512BW, VAES, VPCLMULQDQ and AES-NI.
 #[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
-pub(super) unsafe fn xts(k1: &RoundKeys, k2: &RoundKeys, ivs: &mut [[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
+pub(super) unsafe fn xts(
+    k1: &RoundKeys,
+    k2: &RoundKeys,
+    ivs: &mut [[u8; 16]],
+    data: &mut [u8],
+    unit: usize,
+    enc: bool,
+) {
     match (k1.rounds, enc) {
         (10, true) => xts_nr::<10, true>(k1, k2, ivs, data, unit),
         (10, false) => xts_nr::<10, false>(k1, k2, ivs, data, unit),

@@ -23,7 +23,10 @@ pub struct Record {
 
 impl Record {
     pub fn opt(&self, name: &str) -> Option<&str> {
-        self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -31,11 +34,13 @@ impl Record {
     }
 
     pub fn get(&self, name: &str) -> &str {
-        self.opt(name).unwrap_or_else(|| panic!("{}: missing field `{name}`", self.origin))
+        self.opt(name)
+            .unwrap_or_else(|| panic!("{}: missing field `{name}`", self.origin))
     }
 
     pub fn hex(&self, name: &str) -> Vec<u8> {
-        hex::decode(self.get(name)).unwrap_or_else(|e| panic!("{}: field `{name}`: {e}", self.origin))
+        hex::decode(self.get(name))
+            .unwrap_or_else(|e| panic!("{}: field `{name}`: {e}", self.origin))
     }
 
     pub fn u64(&self, name: &str) -> u64 {
@@ -48,7 +53,8 @@ impl Record {
     }
 
     pub fn u32(&self, name: &str) -> u32 {
-        u32::try_from(self.u64(name)).unwrap_or_else(|_| panic!("{}: `{name}` exceeds u32", self.origin))
+        u32::try_from(self.u64(name))
+            .unwrap_or_else(|_| panic!("{}: `{name}` exceeds u32", self.origin))
     }
 
     pub fn flag(&self, name: &str) -> bool {
@@ -82,15 +88,28 @@ pub fn parse(file: &str, text: &str) -> Vec<Record> {
             continue;
         }
         if raw.starts_with(char::is_whitespace) {
-            let rec = cur.as_mut().unwrap_or_else(|| panic!("{file}:{lineno}: continuation outside a record"));
-            let last = rec.fields.last_mut().expect("a record has at least one field");
+            let rec = cur
+                .as_mut()
+                .unwrap_or_else(|| panic!("{file}:{lineno}: continuation outside a record"));
+            let last = rec
+                .fields
+                .last_mut()
+                .expect("a record has at least one field");
             last.1.push_str(raw.trim());
             continue;
         }
-        let (k, v) = raw.split_once('=').unwrap_or_else(|| panic!("{file}:{lineno}: expected `name = value`"));
-        let rec = cur.get_or_insert_with(|| Record { origin: format!("{file}:{lineno}"), fields: Vec::new() });
+        let (k, v) = raw
+            .split_once('=')
+            .unwrap_or_else(|| panic!("{file}:{lineno}: expected `name = value`"));
+        let rec = cur.get_or_insert_with(|| Record {
+            origin: format!("{file}:{lineno}"),
+            fields: Vec::new(),
+        });
         let k = k.trim().to_string();
-        assert!(!rec.fields.iter().any(|(n, _)| *n == k), "{file}:{lineno}: duplicate field `{k}`");
+        assert!(
+            !rec.fields.iter().any(|(n, _)| *n == k),
+            "{file}:{lineno}: duplicate field `{k}`"
+        );
         rec.fields.push((k, v.trim().to_string()));
     }
     out.extend(cur);
@@ -109,7 +128,10 @@ pub fn load(name: &str) -> Vec<Record> {
 /// Every backend this CPU runs; the generic one is always among them.
 pub fn backends() -> Vec<Backend> {
     let b = Backend::supported();
-    assert!(b.contains(&Backend::Generic), "generic backend missing from {b:?}");
+    assert!(
+        b.contains(&Backend::Generic),
+        "generic backend missing from {b:?}"
+    );
     b
 }
 
@@ -151,7 +173,11 @@ impl Rng {
 
 /// Hex of at most the first 64 bytes, for readable assertion messages on long buffers.
 pub fn short_hex(b: &[u8]) -> String {
-    if b.len() <= 64 { hex::encode(b) } else { format!("{}... ({} bytes)", hex::encode(&b[..64]), b.len()) }
+    if b.len() <= 64 {
+        hex::encode(b)
+    } else {
+        format!("{}... ({} bytes)", hex::encode(&b[..64]), b.len())
+    }
 }
 
 /// Asserts two byte strings are equal, reporting the first differing 16-byte block.
