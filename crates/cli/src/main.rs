@@ -1,1 +1,132 @@
-fn main() {}
+//! `cryptblk`: cryptsetup's LUKS commands and dm-crypt's data path, in userspace.
+//! The work is done by the library crates; this binary parses arguments and prints.
+
+mod benchmark;
+mod commands;
+mod dump;
+mod error;
+mod passphrase;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cryptblk",
+    version,
+    about = "Userspace LUKS1/LUKS2/plain disk encryption, compatible with cryptsetup"
+)]
+struct Cli {
+    /// Never ask for confirmation (cryptsetup's -q/--batch-mode).
+    #[arg(short = 'q', long = "batch-mode", global = true)]
+    batch_mode: bool,
+    /// Print more about what is done.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options that say where the key or passphrase comes from.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KeyArgs {
+    /// Read the passphrase from this file ("-" for standard input) instead of asking.
+    #[arg(short = 'd', long = "key-file")]
+    pub key_file: Option<PathBuf>,
+    /// Bytes to read from the key file.
+    #[arg(short = 'l', long = "keyfile-size")]
+    pub keyfile_size: Option<usize>,
+    /// Bytes to skip at the start of the key file.
+    #[arg(long = "keyfile-offset", default_value_t = 0)]
+    pub keyfile_offset: u64,
+}
+
+/// Where the LUKS header is.
+#[derive(Args, Debug, Clone, Default)]
+pub struct HeaderArgs {
+    /// Detached header file (the device then holds only data).
+    #[arg(long)]
+    pub header: Option<PathBuf>,
+}
+
+/// KDF cost options (luksFormat / luksAddKey).
+#[derive(Args, Debug, Clone, Default)]
+pub struct KdfArgs {
+    /// pbkdf2, argon2i or argon2id.
+    #[arg(long)]
+    pub pbkdf: Option<String>,
+    /// Target unlock time in milliseconds.
+    #[arg(short = 'i', long = "iter-time")]
+    pub iter_time: Option<u32>,
+    /// Fixed PBKDF2 iterations or Argon2 time cost (no benchmark).
+    #[arg(long = "pbkdf-force-iterations")]
+    pub pbkdf_force_iterations: Option<u32>,
+    /// Argon2 memory cost in KiB.
+    #[arg(long = "pbkdf-memory")]
+    pub pbkdf_memory: Option<u32>,
+    /// Argon2 parallel lanes.
+    #[arg(long = "pbkdf-parallel")]
+    pub pbkdf_parallel: Option<u32>,
+    /// Hash for PBKDF2 and the anti-forensic splitter.
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Initialise a LUKS1 or LUKS2 volume (cryptsetup luksFormat).
+    Format(commands::FormatArgs),
+    /// Show header information (cryptsetup luksDump).
+    Dump(commands::DumpArgs),
+    /// Add a passphrase in a new keyslot (cryptsetup luksAddKey).
+    AddKey(commands::AddKeyArgs),
+    /// Remove the keyslot a passphrase opens (cryptsetup luksRemoveKey).
+    RemoveKey(commands::RemoveKeyArgs),
+    /// Replace a passphrase (cryptsetup luksChangeKey).
+    ChangeKey(commands::AddKeyArgs),
+    /// Wipe one keyslot (cryptsetup luksKillSlot).
+    KillSlot(commands::KillSlotArgs),
+    /// Check a passphrase without opening (cryptsetup open --test-passphrase).
+    TestPassphrase(commands::TestArgs),
+    /// Print the volume UUID (cryptsetup luksUUID).
+    Uuid(commands::DeviceArgs),
+    /// Exit 0 if the device holds a LUKS header (cryptsetup isLuks).
+    IsLuks(commands::DeviceArgs),
+    /// Save the header and keyslot areas to a file (cryptsetup luksHeaderBackup).
+    HeaderBackup(commands::BackupArgs),
+    /// Write a saved header back (cryptsetup luksHeaderRestore).
+    HeaderRestore(commands::BackupArgs),
+    /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
+    Benchmark(benchmark::BenchmarkArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let ctx = commands::Ctx {
+        batch: cli.batch_mode,
+        verbose: cli.verbose,
+    };
+    let result = match cli.command {
+        Command::Format(a) => commands::format(&ctx, a),
+        Command::Dump(a) => dump::dump(&ctx, a),
+        Command::AddKey(a) => commands::add_key(&ctx, a),
+        Command::RemoveKey(a) => commands::remove_key(&ctx, a),
+        Command::ChangeKey(a) => commands::change_key(&ctx, a),
+        Command::KillSlot(a) => commands::kill_slot(&ctx, a),
+        Command::TestPassphrase(a) => commands::test_passphrase(&ctx, a),
+        Command::Uuid(a) => commands::uuid(&ctx, a),
+        Command::IsLuks(a) => commands::is_luks(&ctx, a),
+        Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
+        Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
+        Command::Benchmark(a) => benchmark::run(a),
+    };
+    match result {
+        Ok(()) => std::process::exit(error::EXIT_OK),
+        Err(e) => {
+            if !e.message.is_empty() {
+                eprintln!("{}", e.message);
+            }
+            std::process::exit(e.code);
+        }
+    }
+}

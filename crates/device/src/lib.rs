@@ -17,6 +17,11 @@ pub trait BlockDevice: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes `buf`; with `fua` the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
+    /// Like `write_at`, but the device may use `buf` as scratch (an encrypted volume
+    /// encrypts it in place, saving a copy). Frontends whose buffer is their own call this.
+    fn write_at_mut(&self, buf: &mut [u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.write_at(buf, offset, fua)
+    }
     /// Makes all completed writes durable.
     fn flush(&self) -> io::Result<()>;
     /// Releases the range (punches a hole); `Unsupported` when discards are not allowed.
@@ -33,14 +38,20 @@ pub struct MemoryDevice {
 
 impl MemoryDevice {
     pub fn new(size: u64, block_size: u32) -> Self {
-        MemoryDevice { data: std::sync::RwLock::new(vec![0; size as usize]), block_size }
+        MemoryDevice {
+            data: std::sync::RwLock::new(vec![0; size as usize]),
+            block_size,
+        }
     }
 
     fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
         let end = offset.checked_add(len as u64).filter(|&e| e <= self.size());
         match end {
             Some(end) => Ok(offset as usize..end as usize),
-            None => Err(io::Error::new(io::ErrorKind::InvalidInput, "I/O past the end of the device")),
+            None => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "I/O past the end of the device",
+            )),
         }
     }
 }

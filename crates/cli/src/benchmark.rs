@@ -1,0 +1,182 @@
+//! `benchmark`: cipher and KDF speeds measured in-process on one core.
+
+use crate::error::{CliError, CliResult};
+use clap::Args;
+use cryptblk_crypto::bench::cipher_speed;
+use cryptblk_crypto::kdf::pbkdf2_iterations_per_second;
+use cryptblk_crypto::{Argon2Variant, Backend, CipherSpec, HashAlg, Kdf, KdfKind, KdfRequest};
+use serde_json::json;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct BenchmarkArgs {
+    /// Only this cipher specification.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// Only this key size in bits.
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
+    /// Only this sector size.
+    #[arg(long = "sector-size")]
+    pub sector_size: Option<u32>,
+    /// Bytes per call (the I/O request size); default: both the sector size and 4096.
+    #[arg(long = "request-size")]
+    pub request_size: Option<usize>,
+    /// vaes512, aesni or generic (default: the fastest this CPU has).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Seconds per figure.
+    #[arg(long, default_value_t = 0.25)]
+    pub seconds: f64,
+    /// Skip the KDF figures.
+    #[arg(long = "no-kdf")]
+    pub no_kdf: bool,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const CIPHERS: [&str; 7] = [
+    "aes-xts-plain64",
+    "aes-xts-plain",
+    "aes-xts-plain64be",
+    "aes-cbc-essiv:sha256",
+    "aes-cbc-plain64",
+    "aes-cbc-plain",
+    "cipher_null-ecb",
+];
+
+fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
+    if spec.cipher == cryptblk_crypto::BlockCipherAlg::Null {
+        return vec![0];
+    }
+    [16usize, 32, 64]
+        .into_iter()
+        .filter(|&k| spec.valid_key_len(k))
+        .collect()
+}
+
+pub fn run(a: BenchmarkArgs) -> CliResult<()> {
+    let backend = match &a.backend {
+        Some(b) => {
+            let b = Backend::from_name(b)?;
+            if !b.is_supported() {
+                return Err(CliError::usage(format!(
+                    "backend {b} is not supported by this CPU"
+                )));
+            }
+            b
+        }
+        None => Backend::current()?,
+    };
+    let ciphers: Vec<CipherSpec> = match &a.cipher {
+        Some(c) => vec![CipherSpec::parse(c)?],
+        None => CIPHERS
+            .iter()
+            .map(|c| CipherSpec::parse(c).expect("built-in spec"))
+            .collect(),
+    };
+    let dur = Duration::from_secs_f64(a.seconds.clamp(0.01, 60.0));
+    if !a.json {
+        println!(
+            "# Tests are approximate, in-process, one core, backend {backend} (no storage I/O)."
+        );
+        println!("# MB = 10^6 bytes.");
+        println!(
+            "{:>22} {:>6} {:>7} {:>8} {:>14} {:>14}",
+            "Algorithm", "Key", "Sector", "Request", "Encryption", "Decryption"
+        );
+    }
+    for spec in &ciphers {
+        let keys = match a.key_size {
+            Some(bits) if !spec.valid_key_len(bits / 8) => {
+                return Err(CliError::usage(format!(
+                    "key size {bits} is not valid for {spec}"
+                )));
+            }
+            Some(bits) => vec![bits / 8],
+            None => key_sizes(spec),
+        };
+        for key_len in keys {
+            let sectors = match a.sector_size {
+                Some(s) => vec![s],
+                None => vec![512, 4096],
+            };
+            for ss in sectors {
+                let mut reqs = match a.request_size {
+                    Some(r) => vec![r],
+                    None => vec![ss as usize, 4096],
+                };
+                reqs.dedup();
+                for req in reqs {
+                    let s = cipher_speed(*spec, key_len, ss, req, backend, dur)?;
+                    if a.json {
+                        println!(
+                            "{}",
+                            json!({
+                                "cipher": s.cipher, "key_bits": s.key_bits, "sector_size": s.sector_size,
+                                "request_size": s.request_size, "backend": s.backend.name(),
+                                "encrypt_mb_s": (s.encrypt_mb_s * 10.0).round() / 10.0,
+                                "decrypt_mb_s": (s.decrypt_mb_s * 10.0).round() / 10.0,
+                            })
+                        );
+                    } else {
+                        println!(
+                            "{:>22} {:>5}b {:>7} {:>8} {:>9.1} MB/s {:>9.1} MB/s",
+                            s.cipher,
+                            s.key_bits,
+                            s.sector_size,
+                            s.request_size,
+                            s.encrypt_mb_s,
+                            s.decrypt_mb_s
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if a.no_kdf || a.cipher.is_some() {
+        return Ok(());
+    }
+    for hash in [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha512] {
+        let ips = pbkdf2_iterations_per_second(hash, 32)?;
+        if a.json {
+            println!(
+                "{}",
+                json!({"kdf": "pbkdf2", "hash": hash.name(), "key_bits": 256, "iterations_per_second": ips})
+            );
+        } else {
+            println!(
+                "PBKDF2-{:<7} {:>10} iterations per second for 256-bit key",
+                hash.name(),
+                ips
+            );
+        }
+    }
+    for variant in [Argon2Variant::Argon2i, Argon2Variant::Argon2id] {
+        let mut req = KdfRequest::luks2_default();
+        req.kind = KdfKind::Argon2(variant);
+        if let Kdf::Argon2 {
+            time,
+            memory_kib,
+            parallel,
+            ..
+        } = req.resolve(32)?
+        {
+            if a.json {
+                println!(
+                    "{}",
+                    json!({"kdf": variant.name(), "key_bits": 256, "time": time, "memory_kib": memory_kib,
+                    "parallel": parallel, "target_ms": req.iter_time_ms})
+                );
+            } else {
+                println!(
+                    "{:<9} {time:>3} iterations, {memory_kib:>7} memory, {parallel} parallel threads (CPUs) for 256-bit key (requested {} ms time)",
+                    variant.name(),
+                    req.iter_time_ms
+                );
+            }
+        }
+    }
+    Ok(())
+}

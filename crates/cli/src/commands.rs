@@ -1,0 +1,568 @@
+//! LUKS header and keyslot commands, in cryptsetup's words.
+
+use crate::error::{CliError, CliResult, EXIT_NO_DEVICE, EXIT_PERMISSION, io_err};
+use crate::passphrase::{KeySource, confirm, get_passphrase, read_key_file};
+use crate::{HeaderArgs, KdfArgs, KeyArgs};
+use clap::Args;
+use cryptblk_crypto::{CipherSpec, HashAlg, KdfKind, KdfRequest, SecretBytes};
+use cryptblk_format::luks1::Luks1Header;
+use cryptblk_format::luks2::Luks2Header;
+use cryptblk_format::{FormatOptions, HeaderDevice, LuksHeader, MemDevice, load_header};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+pub struct Ctx {
+    pub batch: bool,
+    pub verbose: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// Image file or block device.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct FormatArgs {
+    pub device: PathBuf,
+    /// luks1 or luks2.
+    #[arg(long = "type", default_value = "luks2")]
+    pub kind: String,
+    /// Cipher specification, e.g. aes-xts-plain64, aes-cbc-essiv:sha256.
+    #[arg(short = 'c', long, default_value = "aes-xts-plain64")]
+    pub cipher: String,
+    /// Volume key size in bits (default: 512 for XTS, 256 otherwise).
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
+    /// Encryption sector size in bytes (LUKS2: 512-4096).
+    #[arg(long = "sector-size", default_value_t = 512)]
+    pub sector_size: u32,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// LUKS2 label.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// LUKS2 subsystem.
+    #[arg(long)]
+    pub subsystem: Option<String>,
+    /// Volume UUID instead of a random one.
+    #[arg(long)]
+    pub uuid: Option<String>,
+    /// Data offset in 512-byte sectors.
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// Keyslot for the passphrase.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    /// Use this volume key (raw bytes) instead of a random one.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
+    pub volume_key_file: Option<PathBuf>,
+    /// LUKS2 metadata area size (bytes: 16384 ... 4194304).
+    #[arg(long = "luks2-metadata-size")]
+    pub luks2_metadata_size: Option<u64>,
+    /// LUKS2 keyslots area size in bytes.
+    #[arg(long = "luks2-keyslots-size")]
+    pub luks2_keyslots_size: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// Print the metadata as JSON (LUKS2: the header's own JSON area).
+    #[arg(long)]
+    pub json: bool,
+    /// Also print the volume key (asks for a passphrase).
+    #[arg(long = "dump-volume-key", alias = "dump-master-key")]
+    pub dump_volume_key: bool,
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct AddKeyArgs {
+    pub device: PathBuf,
+    /// File holding the new passphrase (else asked, or the next line of stdin).
+    pub new_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// Existing passphrase source.
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Bytes of the new key file to use.
+    #[arg(long = "new-keyfile-size")]
+    pub new_keyfile_size: Option<usize>,
+    #[arg(long = "new-keyfile-offset", default_value_t = 0)]
+    pub new_keyfile_offset: u64,
+    /// Keyslot for the new passphrase.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoveKeyArgs {
+    pub device: PathBuf,
+    /// File holding the passphrase to remove.
+    pub remove_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct KillSlotArgs {
+    pub device: PathBuf,
+    pub slot: u32,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// A remaining passphrase (required unless --batch-mode).
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TestArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct BackupArgs {
+    pub device: PathBuf,
+    #[arg(long = "header-backup-file")]
+    pub header_backup_file: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+}
+
+impl KeyArgs {
+    pub fn source(&self) -> KeySource {
+        KeySource {
+            key_file: self.key_file.clone(),
+            keyfile_size: self.keyfile_size,
+            keyfile_offset: self.keyfile_offset,
+        }
+    }
+}
+
+/// The file holding the header: `--header` if given, else the device.
+fn header_path<'a>(device: &'a Path, h: &'a HeaderArgs) -> &'a Path {
+    h.header.as_deref().unwrap_or(device)
+}
+
+/// Opens the header device; writers take an exclusive lock so two cryptblk (or a
+/// cryptblk and a running `open`) never change metadata at once.
+pub fn open_header(device: &Path, h: &HeaderArgs, write: bool) -> CliResult<File> {
+    let path = header_path(device, h);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)
+        .map_err(|e| io_err(path, e))?;
+    if write {
+        f.try_lock().map_err(|_| {
+            CliError::new(
+                crate::error::EXIT_BUSY,
+                format!("{} is in use (locked by another process)", path.display()),
+            )
+        })?;
+    }
+    Ok(f)
+}
+
+pub fn load(dev: &mut File, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
+    load_header(dev).map_err(|e| match e {
+        cryptblk_format::Error::NotLuks => CliError::usage(format!(
+            "Device {} is not a valid LUKS device.",
+            path.display()
+        )),
+        e => CliError::from(e),
+    })
+}
+
+fn kdf_request(args: &KdfArgs, luks1: bool) -> CliResult<KdfRequest> {
+    let mut r = if luks1 {
+        KdfRequest::luks1_default()
+    } else {
+        KdfRequest::luks2_default()
+    };
+    if let Some(p) = &args.pbkdf {
+        r.kind = KdfKind::from_name(p)?;
+    }
+    if luks1 && r.kind != KdfKind::Pbkdf2 {
+        return Err(CliError::usage("LUKS1 supports only the pbkdf2 PBKDF"));
+    }
+    if let Some(h) = &args.hash {
+        r.hash = HashAlg::from_name(h)?;
+    }
+    if let Some(t) = args.iter_time {
+        r.iter_time_ms = t;
+    }
+    r.forced_iterations = args.pbkdf_force_iterations;
+    if let Some(m) = args.pbkdf_memory {
+        r.memory_kib = m;
+    }
+    if let Some(p) = args.pbkdf_parallel {
+        r.parallel = p;
+    }
+    Ok(r)
+}
+
+pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
+    let luks1 = match a.kind.as_str() {
+        "luks1" => true,
+        "luks2" | "luks" => false,
+        other => {
+            return Err(CliError::usage(format!(
+                "unsupported --type {other} (luks1, luks2)"
+            )));
+        }
+    };
+    let cipher = CipherSpec::parse(&a.cipher)?;
+    let key_len = match a.key_size {
+        Some(bits) if bits % 8 != 0 => {
+            return Err(CliError::usage("key size must be a multiple of 8 bits"));
+        }
+        Some(bits) => bits / 8,
+        None => cipher.default_key_len(),
+    };
+    if !cipher.valid_key_len(key_len) {
+        return Err(CliError::usage(format!(
+            "key size {} bits is not valid for {cipher}",
+            key_len * 8
+        )));
+    }
+    let mut opts = FormatOptions::new(kdf_request(&a.kdf, luks1)?);
+    opts.cipher = cipher;
+    opts.key_len = key_len;
+    opts.sector_size = a.sector_size;
+    if let Some(h) = &a.kdf.hash {
+        opts.hash = HashAlg::from_name(h)?;
+    }
+    opts.uuid = a.uuid.clone();
+    opts.label = a.label.clone();
+    opts.subsystem = a.subsystem.clone();
+    opts.data_offset = a.offset.map(|s| s * 512);
+    opts.detached_header = a.header.header.is_some();
+    opts.keyslot = a.key_slot;
+    opts.luks2_metadata_size = a.luks2_metadata_size;
+    opts.luks2_keyslots_size = a.luks2_keyslots_size;
+
+    // Check the data device exists before asking anything.
+    let data_size = {
+        let mut f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
+        HeaderDevice::size(&mut f).map_err(|e| io_err(&a.device, e))?
+    };
+    confirm(
+        ctx.batch,
+        &format!(
+            "This will overwrite data on {} irrevocably.",
+            header_path(&a.device, &a.header).display()
+        ),
+    )?;
+    let volume_key = match &a.volume_key_file {
+        Some(p) => {
+            let k = read_key_file(p, 0, Some(key_len))?;
+            SecretBytes::from_slice(&k)
+        }
+        None => SecretBytes::random(key_len)?,
+    };
+    let pass = get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        true,
+    )?;
+
+    let hpath = header_path(&a.device, &a.header);
+    let mut dev = if a.header.header.is_some() {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(hpath)
+    } else {
+        OpenOptions::new().read(true).write(true).open(hpath)
+    }
+    .map_err(|e| io_err(hpath, e))?;
+    dev.try_lock().map_err(|_| {
+        CliError::new(
+            crate::error::EXIT_BUSY,
+            format!("{} is in use", hpath.display()),
+        )
+    })?;
+
+    let hdr: Box<dyn LuksHeader> = if luks1 {
+        Box::new(Luks1Header::format(&mut dev, &opts, &volume_key, &pass)?)
+    } else {
+        Box::new(Luks2Header::format(&mut dev, &opts, &volume_key, &pass)?)
+    };
+    // cryptsetup refuses devices that cannot hold any data after the header.
+    if !opts.detached_header && data_size <= hdr.data_offset() {
+        return Err(CliError::usage(format!(
+            "Device {} is too small: the data segment would start at byte {} of {data_size}.",
+            a.device.display(),
+            hdr.data_offset()
+        )));
+    }
+    if ctx.verbose {
+        eprintln!(
+            "Formatted {} as LUKS{} ({}), UUID {}",
+            a.device.display(),
+            hdr.version(),
+            hdr.cipher(),
+            hdr.uuid()
+        );
+    }
+    Ok(())
+}
+
+/// Unlocks with a passphrase from `src`, mapping a failure to cryptsetup's message.
+fn unlock(
+    hdr: &dyn LuksHeader,
+    dev: &mut File,
+    src: &KeySource,
+    prompt: &str,
+    slot: Option<u32>,
+) -> CliResult<(u32, SecretBytes)> {
+    let pass = get_passphrase(src, prompt, false)?;
+    hdr.unlock(dev, &pass, slot).map_err(|e| match e {
+        cryptblk_format::Error::WrongPassphrase => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        e => e.into(),
+    })
+}
+
+fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
+    KeySource {
+        key_file: a.new_key_file.clone(),
+        keyfile_size: a.new_keyfile_size,
+        keyfile_offset: a.new_keyfile_offset,
+    }
+}
+
+pub fn add_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let (_, vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &a.key.source(),
+        "Enter any existing passphrase: ",
+        None,
+    )?;
+    let new = get_passphrase(
+        &new_passphrase_source(&a),
+        "Enter new passphrase for key slot: ",
+        true,
+    )?;
+    let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
+    let slot = hdr.add_keyslot(&mut dev, &vk, &new, a.key_slot, &kdf)?;
+    eprintln!("Key slot {slot} created.");
+    Ok(())
+}
+
+pub fn change_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let (old_slot, vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &a.key.source(),
+        "Enter passphrase to be changed: ",
+        a.key_slot,
+    )?;
+    let new = get_passphrase(&new_passphrase_source(&a), "Enter new passphrase: ", true)?;
+    let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
+    // New slot first, old one wiped after: a crash in between leaves both passphrases
+    // working, never neither.
+    let slot = hdr.add_keyslot(&mut dev, &vk, &new, None, &kdf)?;
+    hdr.kill_keyslot(&mut dev, old_slot)?;
+    eprintln!("Key slot {old_slot} changed (new passphrase in key slot {slot}).");
+    Ok(())
+}
+
+pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let src = match &a.remove_key_file {
+        Some(p) => KeySource {
+            key_file: Some(p.clone()),
+            ..Default::default()
+        },
+        None => a.key.source(),
+    };
+    let (slot, _vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &src,
+        "Enter passphrase to be deleted: ",
+        None,
+    )?;
+    if hdr.keyslots().iter().filter(|k| k.active).count() == 1 {
+        confirm(
+            ctx.batch,
+            "This is the last keyslot. Device will become unusable after purging this key.",
+        )?;
+    }
+    hdr.kill_keyslot(&mut dev, slot)?;
+    eprintln!("Key slot {slot} removed.");
+    Ok(())
+}
+
+pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let active: Vec<u32> = hdr
+        .keyslots()
+        .iter()
+        .filter(|k| k.active)
+        .map(|k| k.id)
+        .collect();
+    if !active.contains(&a.slot) {
+        return Err(CliError::usage(format!(
+            "Keyslot {} is not active.",
+            a.slot
+        )));
+    }
+    if !ctx.batch {
+        unlock(
+            &*hdr,
+            &mut dev,
+            &a.key.source(),
+            "Enter any remaining passphrase: ",
+            None,
+        )?;
+    }
+    if active.len() == 1 {
+        confirm(
+            ctx.batch,
+            "This is the last keyslot. Device will become unusable after purging this key.",
+        )?;
+    }
+    hdr.kill_keyslot(&mut dev, a.slot)?;
+    eprintln!("Key slot {} wiped.", a.slot);
+    Ok(())
+}
+
+pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, false)?;
+    let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let (slot, _vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        a.key_slot,
+    )?;
+    eprintln!("Key slot {slot} unlocked.");
+    Ok(())
+}
+
+pub fn uuid(_ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, false)?;
+    let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    println!("{}", hdr.uuid());
+    Ok(())
+}
+
+pub fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, false)?;
+    match load_header(&mut dev) {
+        Ok(h) => {
+            if ctx.verbose {
+                eprintln!("{} is a LUKS{} device.", a.device.display(), h.version());
+            }
+            Ok(())
+        }
+        Err(e) => Err(CliError::usage(if ctx.verbose {
+            format!(
+                "Device {} is not a valid LUKS device: {e}",
+                a.device.display()
+            )
+        } else {
+            String::new()
+        })),
+    }
+}
+
+pub fn header_backup(_ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, false)?;
+    let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let mut buf = vec![0u8; hdr.header_size() as usize];
+    dev.read_at(&mut buf, 0).map_err(|e| io_err(&a.device, e))?;
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&a.header_backup_file)
+        .map_err(|e| io_err(&a.header_backup_file, e))?;
+    std::io::Write::write_all(&mut out, &buf)
+        .and_then(|_| out.sync_all())
+        .map_err(|e| io_err(&a.header_backup_file, e))?;
+    Ok(())
+}
+
+pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
+    let backup =
+        std::fs::read(&a.header_backup_file).map_err(|e| io_err(&a.header_backup_file, e))?;
+    let mut mem = MemDevice { data: backup };
+    let from_backup = load_header(&mut mem).map_err(|e| {
+        CliError::usage(format!(
+            "{} is not a valid LUKS header backup: {e}",
+            a.header_backup_file.display()
+        ))
+    })?;
+    let hpath = header_path(&a.device, &a.header).to_path_buf();
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let size = HeaderDevice::size(&mut dev).map_err(|e| io_err(&hpath, e))?;
+    if size < from_backup.header_size() {
+        return Err(CliError::new(
+            EXIT_NO_DEVICE,
+            format!("{} is smaller than the header backup", hpath.display()),
+        ));
+    }
+    if let Ok(current) = load_header(&mut dev) {
+        if current.data_offset() != from_backup.data_offset() {
+            return Err(CliError::usage(
+                "Data offset differs on device and backup, restore failed.",
+            ));
+        }
+        if current.uuid() != from_backup.uuid() {
+            eprintln!(
+                "Warning: the backup's UUID {} differs from the device's {}.",
+                from_backup.uuid(),
+                current.uuid()
+            );
+        }
+    }
+    confirm(
+        ctx.batch,
+        &format!(
+            "Device {} will be overwritten with the header from {}.",
+            hpath.display(),
+            a.header_backup_file.display()
+        ),
+    )?;
+    let n = from_backup.header_size() as usize;
+    dev.write_at(&mem.data[..n], 0)
+        .and_then(|_| dev.sync())
+        .map_err(|e| io_err(&hpath, e))?;
+    Ok(())
+}

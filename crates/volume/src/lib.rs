@@ -1,0 +1,23 @@
+//! An unlocked cryptblk volume: plaintext I/O on the encrypted data segment of a LUKS1,
+//! LUKS2 or plain volume, stored in a file, a block device or memory.
+//!
+//! ```no_run
+//! use cryptblk_volume::{OpenOptions, open_luks};
+//! let vol = open_luks("disk.img".as_ref(), &OpenOptions::default(), b"passphrase").unwrap();
+//! let mut buf = vec![0u8; 4096];
+//! vol.read_sectors(0, &mut buf).unwrap();
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod open;
+mod storage;
+mod volume;
+
+pub use error::{Error, Result};
+pub use open::{
+    OpenOptions, UnlockedLuks, open_data_file, open_luks, open_plain, unlock_luks, volume_from_key,
+};
+pub use storage::{FileStorage, MemStorage, Storage};
+pub use volume::{Volume, VolumeParams, VolumeStats};

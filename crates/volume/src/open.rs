@@ -1,0 +1,89 @@
+//! Opening volumes: LUKS (unlock with a passphrase) or a raw key (plain mode, tests).
+
+use crate::storage::{FileStorage, Storage};
+use crate::{Error, Result, Volume, VolumeParams};
+use cryptblk_crypto::SectorCipher;
+use cryptblk_format::{LuksHeader, load_header};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// How to open a volume.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Detached header file.
+    pub header: Option<PathBuf>,
+    pub read_only: bool,
+    pub allow_discards: bool,
+    /// Only try this keyslot.
+    pub key_slot: Option<u32>,
+}
+
+/// An unlocked LUKS volume with the header it came from.
+pub struct UnlockedLuks {
+    pub volume: Volume,
+    pub header: Box<dyn LuksHeader>,
+    pub keyslot: u32,
+}
+
+/// Opens a file or block device for the data path, locked against a second opener
+/// (exclusive for read-write, shared for read-only).
+pub fn open_data_file(path: &Path, read_only: bool) -> Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(path)?;
+    let locked = if read_only {
+        f.try_lock_shared()
+    } else {
+        f.try_lock()
+    };
+    locked.map_err(|_| Error::Busy(path.display().to_string()))?;
+    Ok(f)
+}
+
+/// Unlocks a LUKS1/LUKS2 volume with `passphrase` and binds it to its data device.
+pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<Volume> {
+    unlock_luks(device, opts, passphrase).map(|u| u.volume)
+}
+
+/// Like [`open_luks`], also returning the header and the keyslot that opened it.
+pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<UnlockedLuks> {
+    let data = open_data_file(device, opts.read_only)?;
+    let mut hdev = match &opts.header {
+        Some(h) => File::open(h)?,
+        None => data.try_clone()?,
+    };
+    let header = load_header(&mut hdev)?;
+    let (keyslot, key) = header.unlock(&mut hdev, passphrase, opts.key_slot)?;
+    let params = VolumeParams {
+        cipher: header.cipher(),
+        sector_size: header.sector_size(),
+        iv: header.iv_options(),
+        data_offset: header.data_offset(),
+        data_length: header.data_length(),
+        read_only: opts.read_only,
+        allow_discards: opts.allow_discards,
+    };
+    let volume = volume_from_key(Box::new(FileStorage::new(data)?), &key, &params)?;
+    Ok(UnlockedLuks {
+        volume,
+        header,
+        keyslot,
+    })
+}
+
+/// A volume from a raw volume key (plain mode, memory volumes, tests).
+pub fn volume_from_key(
+    storage: Box<dyn Storage>,
+    key: &[u8],
+    params: &VolumeParams,
+) -> Result<Volume> {
+    let cipher = SectorCipher::new(params.cipher, key, params.sector_size, params.iv)?;
+    Volume::new(storage, cipher, params)
+}
+
+/// Opens a plain dm-crypt mapping of `device` with an already derived key.
+pub fn open_plain(device: &Path, key: &[u8], params: &VolumeParams) -> Result<Volume> {
+    let data = open_data_file(device, params.read_only)?;
+    volume_from_key(Box::new(FileStorage::new(data)?), key, params)
+}

@@ -1,0 +1,373 @@
+//! `Volume`: plaintext I/O on an encrypted data segment, done inline on the caller's thread.
+
+use crate::storage::Storage;
+use crate::{Error, Result};
+use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
+use cryptblk_device::BlockDevice;
+use std::cell::RefCell;
+use std::io;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// How the data segment is laid out and encrypted.
+#[derive(Debug, Clone)]
+pub struct VolumeParams {
+    pub cipher: CipherSpec,
+    pub sector_size: u32,
+    pub iv: IvOptions,
+    /// Start of the data segment on the storage, in bytes.
+    pub data_offset: u64,
+    /// Segment length in bytes; `None` = to the end of the storage.
+    pub data_length: Option<u64>,
+    pub read_only: bool,
+    /// dm-crypt's `allow_discards`: pass discards down (reveals which sectors are unused).
+    pub allow_discards: bool,
+}
+
+/// Counters for `status` and for tests of the data path's shape.
+#[derive(Debug, Default)]
+pub struct VolumeStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub discards: AtomicU64,
+    /// Calls into the sector cipher (one per request on the aligned path).
+    pub crypto_calls: AtomicU64,
+    /// Requests served by read-modify-write because they were not sector-aligned.
+    pub unaligned: AtomicU64,
+}
+
+/// An unlocked volume. Shared by all frontend threads; each request is encrypted or
+/// decrypted on the thread that submits it, all its sectors in one cipher call.
+pub struct Volume {
+    storage: Box<dyn Storage>,
+    cipher: SectorCipher,
+    offset: u64,
+    size: u64,
+    sector: u64,
+    read_only: bool,
+    allow_discards: bool,
+    /// Aligned I/O shares it; read-modify-write takes it alone, so a partial-sector write
+    /// never interleaves with another write to the same sector.
+    rmw: RwLock<()>,
+    stats: VolumeStats,
+}
+
+thread_local! {
+    /// Per-thread scratch for ciphertext of writes that cannot be encrypted in place;
+    /// grows to the largest request seen and is reused.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            s.resize(len, 0);
+        }
+        f(&mut s[..len])
+    })
+}
+
+fn crypto_io(e: cryptblk_crypto::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+}
+
+impl Volume {
+    /// Binds a cipher (already keyed) to storage. Fails if the storage cannot hold the segment.
+    pub fn new(
+        storage: Box<dyn Storage>,
+        cipher: SectorCipher,
+        params: &VolumeParams,
+    ) -> Result<Self> {
+        let sector = params.sector_size as u64;
+        let have = storage.size();
+        let size = match params.data_length {
+            Some(len) => {
+                let end = params.data_offset.checked_add(len).ok_or(Error::TooSmall {
+                    need: u64::MAX,
+                    have,
+                })?;
+                if end > have {
+                    return Err(Error::TooSmall { need: end, have });
+                }
+                len
+            }
+            None => have.saturating_sub(params.data_offset),
+        } / sector
+            * sector;
+        if size == 0 {
+            return Err(Error::TooSmall {
+                need: params.data_offset + sector,
+                have,
+            });
+        }
+        if params.data_offset % 512 != 0 {
+            return Err(Error::Invalid(format!(
+                "data offset {} is not 512-byte aligned",
+                params.data_offset
+            )));
+        }
+        Ok(Volume {
+            storage,
+            cipher,
+            offset: params.data_offset,
+            size,
+            sector,
+            read_only: params.read_only,
+            allow_discards: params.allow_discards,
+            rmw: RwLock::new(()),
+            stats: VolumeStats::default(),
+        })
+    }
+
+    pub fn cipher(&self) -> &SectorCipher {
+        &self.cipher
+    }
+    pub fn data_offset(&self) -> u64 {
+        self.offset
+    }
+    pub fn stats(&self) -> &VolumeStats {
+        &self.stats
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "I/O beyond the end of the volume",
+            )),
+        }
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.read_only {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "volume is read-only",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Reads whole sectors starting at sector `sector` of the segment into `buf`.
+    pub fn read_sectors(&self, sector: u64, buf: &mut [u8]) -> io::Result<()> {
+        let off = self.aligned(sector, buf.len())?;
+        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        self.read_raw(off, buf)
+    }
+
+    /// Writes whole sectors; the plaintext is copied once into per-thread scratch to be
+    /// encrypted. Use [`Volume::write_sectors_in_place`] when the buffer may be consumed.
+    pub fn write_sectors(&self, sector: u64, buf: &[u8]) -> io::Result<()> {
+        let off = self.aligned(sector, buf.len())?;
+        self.check_writable()?;
+        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        with_scratch(buf.len(), |s| {
+            s.copy_from_slice(buf);
+            self.write_raw(off, s)
+        })
+    }
+
+    /// Writes whole sectors, encrypting `buf` in place (its contents are ciphertext after).
+    pub fn write_sectors_in_place(&self, sector: u64, buf: &mut [u8]) -> io::Result<()> {
+        let off = self.aligned(sector, buf.len())?;
+        self.check_writable()?;
+        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        self.write_raw(off, buf)
+    }
+
+    fn aligned(&self, sector: u64, len: usize) -> io::Result<u64> {
+        if len as u64 % self.sector != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "length is not a whole number of sectors",
+            ));
+        }
+        let off = sector.checked_mul(self.sector).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "sector number overflows")
+        })?;
+        self.check(off, len as u64)?;
+        Ok(off)
+    }
+
+    /// Reads and decrypts an aligned range (segment-relative byte offset).
+    fn read_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.storage.read_at(buf, self.offset + off)?;
+        self.stats.crypto_calls.fetch_add(1, Relaxed);
+        self.cipher
+            .decrypt(off / self.sector, buf)
+            .map_err(crypto_io)
+    }
+
+    /// Encrypts `buf` in place and writes it at an aligned segment-relative offset.
+    fn write_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.stats.crypto_calls.fetch_add(1, Relaxed);
+        self.cipher
+            .encrypt(off / self.sector, buf)
+            .map_err(crypto_io)?;
+        self.storage.write_at(buf, self.offset + off)
+    }
+
+    fn is_aligned(&self, offset: u64, len: u64) -> bool {
+        offset % self.sector == 0 && len % self.sector == 0
+    }
+
+    /// Byte-granular read: aligned requests decrypt straight into `buf`.
+    fn read_bytes(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.stats.reads.fetch_add(1, Relaxed);
+        self.stats.read_bytes.fetch_add(buf.len() as u64, Relaxed);
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        if self.is_aligned(offset, buf.len() as u64) {
+            return self.read_raw(offset, buf);
+        }
+        self.stats.unaligned.fetch_add(1, Relaxed);
+        let start = offset / self.sector * self.sector;
+        let end = (offset + buf.len() as u64).div_ceil(self.sector) * self.sector;
+        with_scratch((end - start) as usize, |s| {
+            self.read_raw(start, s)?;
+            let from = (offset - start) as usize;
+            buf.copy_from_slice(&s[from..from + buf.len()]);
+            Ok(())
+        })
+    }
+
+    /// Byte-granular write. Aligned: one copy into scratch (or none, in place) and one
+    /// cipher call. Unaligned: read-modify-write of the boundary sectors, exclusively.
+    fn write_bytes(&self, data: WriteData<'_>, offset: u64, fua: bool) -> io::Result<()> {
+        let len = data.len() as u64;
+        self.check_writable()?;
+        self.check(offset, len)?;
+        self.stats.writes.fetch_add(1, Relaxed);
+        self.stats.written_bytes.fetch_add(len, Relaxed);
+        if len == 0 {
+            return Ok(());
+        }
+        if self.is_aligned(offset, len) {
+            let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+            match data {
+                WriteData::Borrowed(b) => with_scratch(b.len(), |s| {
+                    s.copy_from_slice(b);
+                    self.write_raw(offset, s)
+                })?,
+                WriteData::Consumable(b) => self.write_raw(offset, b)?,
+                WriteData::Zeroes(n) => with_scratch(n, |s| {
+                    s.fill(0);
+                    self.write_raw(offset, s)
+                })?,
+            }
+        } else {
+            self.stats.unaligned.fetch_add(1, Relaxed);
+            let _excl = self.rmw.write().unwrap_or_else(|e| e.into_inner());
+            let start = offset / self.sector * self.sector;
+            let end = (offset + len).div_ceil(self.sector) * self.sector;
+            let ss = self.sector as usize;
+            with_scratch((end - start) as usize, |s| -> io::Result<()> {
+                let n = s.len();
+                let from = (offset - start) as usize;
+                if from != 0 {
+                    self.read_raw(start, &mut s[..ss])?;
+                }
+                if (offset + len) % self.sector != 0 && (n > ss || from == 0) {
+                    self.read_raw(end - self.sector, &mut s[n - ss..])?;
+                }
+                let dst = &mut s[from..from + len as usize];
+                match data {
+                    WriteData::Borrowed(b) => dst.copy_from_slice(b),
+                    WriteData::Consumable(b) => dst.copy_from_slice(b),
+                    WriteData::Zeroes(_) => dst.fill(0),
+                }
+                self.write_raw(start, s)
+            })?;
+        }
+        if fua { self.storage.sync() } else { Ok(()) }
+    }
+}
+
+/// The three ways bytes to write arrive.
+enum WriteData<'a> {
+    Borrowed(&'a [u8]),
+    /// The caller's buffer may be encrypted in place.
+    Consumable(&'a mut [u8]),
+    Zeroes(usize),
+}
+
+impl WriteData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            WriteData::Borrowed(b) => b.len(),
+            WriteData::Consumable(b) => b.len(),
+            WriteData::Zeroes(n) => *n,
+        }
+    }
+}
+
+/// Largest write-zeroes chunk encrypted at once (bounds the scratch buffer).
+const ZERO_CHUNK: u64 = 1 << 20;
+
+impl BlockDevice for Volume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn block_size(&self) -> u32 {
+        self.sector as u32
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn can_discard(&self) -> bool {
+        self.allow_discards && !self.read_only
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_bytes(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.write_bytes(WriteData::Borrowed(buf), offset, fua)
+    }
+    fn write_at_mut(&self, buf: &mut [u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.write_bytes(WriteData::Consumable(buf), offset, fua)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.stats.flushes.fetch_add(1, Relaxed);
+        self.storage.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.can_discard() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "discards are not allowed on this volume",
+            ));
+        }
+        self.check(offset, len)?;
+        self.stats.discards.fetch_add(1, Relaxed);
+        // Only whole sectors can be released; partial ones are left as they are (a discard
+        // is advisory).
+        let start = offset.div_ceil(self.sector) * self.sector;
+        let end = (offset + len) / self.sector * self.sector;
+        if end > start {
+            self.storage.punch_hole(self.offset + start, end - start)?;
+        }
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _may_unmap: bool) -> io::Result<()> {
+        // A hole would read back as decrypted zero ciphertext, i.e. garbage, so zeroes are
+        // always written encrypted.
+        self.check_writable()?;
+        self.check(offset, len)?;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(ZERO_CHUNK);
+            self.write_bytes(WriteData::Zeroes(n as usize), offset + done, false)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
