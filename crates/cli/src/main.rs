@@ -6,6 +6,7 @@ mod commands;
 mod dump;
 mod error;
 mod passphrase;
+mod transfer;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -98,6 +99,10 @@ enum Command {
     HeaderRestore(commands::BackupArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
+    /// Decrypt the volume's plaintext to a file or stdout.
+    Export(transfer::TransferArgs),
+    /// Encrypt a file or stdin into the volume at an offset.
+    Import(transfer::TransferArgs),
 }
 
 fn main() {
@@ -119,6 +124,8 @@ fn main() {
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::Export(a) => transfer::export(&ctx, a),
+        Command::Import(a) => transfer::import(&ctx, a),
     };
     match result {
         Ok(()) => std::process::exit(error::EXIT_OK),

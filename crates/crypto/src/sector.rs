@@ -243,7 +243,7 @@ impl SectorCipher {
                 },
                 Engine::Null | Engine::Ecb { .. } => unreachable!("handled above"),
             }
-            first += n as u64;
+            first = first.wrapping_add(n as u64);
             // The fast XTS paths leave encrypted tweaks here: wipe what was used.
             ivs.as_flattened_mut().zeroize();
         }
@@ -407,7 +407,7 @@ mod tests {
                             large_sectors: large,
                             offset: seed % 7,
                         };
-                        let start = (seed * 0x1234_5678_9) % (1 << 40);
+                        let start = (seed * 0x12_3456_7890) % (1 << 40);
                         let g = SectorCipher::with_backend(spec, &key, ss, iv, Backend::Generic)
                             .unwrap();
                         let mut want = pt.clone();
