@@ -1,1 +1,605 @@
+//! An NBD server (fixed newstyle handshake, simple and structured replies) over any
+//! [`cryptblk_device::BlockDevice`].
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use cryptblk_device::MemoryDevice;
+//! use cryptblk_nbd::NbdServer;
+//!
+//! let server = NbdServer::builder()
+//!     .export("disk", Arc::new(MemoryDevice::new(64 << 20, 512)))
+//!     .description("a RAM disk")
+//!     .threads_per_connection(4)
+//!     .build()?;
+//! let handle = server.shutdown_handle();
+//! // elsewhere: handle.shutdown();
+//! server.serve_unix("/tmp/disk.sock")?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! # Threading
+//!
+//! One thread per connection does the handshake; in transmission it becomes one of
+//! `threads_per_connection` threads that share the connection leader/follower style: a thread
+//! holds the socket's read lock only while it reads one request (header and write payload),
+//! then serves it by calling the device itself and sends the reply under the write lock
+//! (header and data in one `write`). Requests are thus served on the thread that read them,
+//! several are in flight per connection, and replies go out in completion order. Each thread
+//! reuses its own data buffer, grown to the largest request it has seen (at most 32 MiB).
+//!
+//! Writing to a socket whose peer is gone raises `SIGPIPE`; Rust programs ignore it by
+//! default, other hosts must ignore it too.
+
 #![forbid(unsafe_code)]
+
+mod conn;
+pub mod proto;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use conn::AnyStream;
+use cryptblk_device::BlockDevice;
+
+/// Default number of threads serving one connection.
+pub const DEFAULT_THREADS_PER_CONNECTION: usize = 4;
+/// Default cap on simultaneous connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
+/// Longest export name or description accepted (the protocol's string limit).
+pub const MAX_STRING_LEN: usize = 4096;
+/// How long `serve_*` waits at shutdown for connections to finish their in-flight requests
+/// before forcibly closing them (a client that stopped reading replies would otherwise block
+/// shutdown forever).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Refused connections answered at once (each gets a short-lived thread); beyond, dropped.
+const MAX_REJECTING: usize = 16;
+
+pub(crate) struct Export {
+    pub(crate) name: String,
+    pub(crate) description: Option<String>,
+    pub(crate) device: Arc<dyn BlockDevice>,
+    pub(crate) read_only: bool,
+    pub(crate) can_discard: bool,
+    /// Advertised size: the device size rounded down to the block size.
+    pub(crate) size: u64,
+    pub(crate) block_size: u32,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) connections_active: AtomicU64,
+    pub(crate) connections_total: AtomicU64,
+    pub(crate) connections_rejected: AtomicU64,
+    pub(crate) reads: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) write_bytes: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) trims: AtomicU64,
+    pub(crate) trim_bytes: AtomicU64,
+    pub(crate) write_zeroes: AtomicU64,
+    pub(crate) write_zeroes_bytes: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+}
+
+/// A snapshot of the server's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections open now (handshake or transmission; refused ones not counted).
+    pub connections_active: u64,
+    /// Connections accepted since the server was built (refused ones not counted).
+    pub connections_total: u64,
+    /// Connections refused because `max_connections` were open.
+    pub connections_rejected: u64,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub flushes: u64,
+    pub trims: u64,
+    pub trim_bytes: u64,
+    pub write_zeroes: u64,
+    pub write_zeroes_bytes: u64,
+    /// Requests answered with an error (invalid requests and backend failures).
+    pub errors: u64,
+    /// Connections dropped for protocol violations (bad magic, oversized option or payload,
+    /// unknown client flags, handshake timeout...).
+    pub protocol_errors: u64,
+}
+
+enum WakeAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+pub(crate) struct Shared {
+    pub(crate) exports: Vec<Export>,
+    pub(crate) threads_per_connection: usize,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) shutting_down: AtomicBool,
+    pub(crate) counters: Counters,
+    max_connections: usize,
+    allow_remote: bool,
+    rejecting: AtomicUsize,
+    next_id: AtomicU64,
+    /// Open connections (a second handle on each socket, to shut it down from outside).
+    conns: Mutex<HashMap<u64, AnyStream>>,
+    conns_changed: Condvar,
+    wake: Mutex<Option<WakeAddr>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn stats(&self) -> Stats {
+        let c = &self.counters;
+        Stats {
+            connections_active: c.connections_active.load(Relaxed),
+            connections_total: c.connections_total.load(Relaxed),
+            connections_rejected: c.connections_rejected.load(Relaxed),
+            reads: c.reads.load(Relaxed),
+            read_bytes: c.read_bytes.load(Relaxed),
+            writes: c.writes.load(Relaxed),
+            write_bytes: c.write_bytes.load(Relaxed),
+            flushes: c.flushes.load(Relaxed),
+            trims: c.trims.load(Relaxed),
+            trim_bytes: c.trim_bytes.load(Relaxed),
+            write_zeroes: c.write_zeroes.load(Relaxed),
+            write_zeroes_bytes: c.write_zeroes_bytes.load(Relaxed),
+            errors: c.errors.load(Relaxed),
+            protocol_errors: c.protocol_errors.load(Relaxed),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shutting_down.store(true, Relaxed);
+        // Wake the accept loop with a connection of our own; it sees the flag and stops.
+        match &*lock(&self.wake) {
+            Some(WakeAddr::Unix(p)) => drop(UnixStream::connect(p)),
+            Some(WakeAddr::Tcp(a)) => drop(TcpStream::connect_timeout(a, Duration::from_secs(1))),
+            None => {}
+        }
+    }
+
+    /// Registers an accepted connection; `None` if the server is over its limit.
+    /// The caller must turn the id into a [`ConnGuard`].
+    fn register(&self, stream: &AnyStream, enforce_limit: bool) -> Option<u64> {
+        let clone = stream.try_clone().ok()?;
+        let mut conns = lock(&self.conns);
+        if enforce_limit && conns.len() >= self.max_connections {
+            return None;
+        }
+        let id = self.next_id.fetch_add(1, Relaxed);
+        conns.insert(id, clone);
+        self.counters
+            .connections_active
+            .store(conns.len() as u64, Relaxed);
+        self.counters.connections_total.fetch_add(1, Relaxed);
+        Some(id)
+    }
+
+    /// Stops all connections: first lets them finish what they have read, then (after the
+    /// grace period) closes them outright; returns when none is left.
+    fn drain(&self) {
+        let mut conns = lock(&self.conns);
+        for s in conns.values() {
+            s.shutdown(Shutdown::Read);
+        }
+        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
+        while !conns.is_empty() {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                for s in conns.values() {
+                    s.shutdown(Shutdown::Both);
+                }
+                conns = self
+                    .conns_changed
+                    .wait(conns)
+                    .unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            conns = self
+                .conns_changed
+                .wait_timeout(conns, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn flush_all(&self) -> io::Result<()> {
+        let mut result = Ok(());
+        for e in &self.exports {
+            if !e.read_only
+                && let Err(err) = e.device.flush()
+            {
+                result = Err(err);
+            }
+        }
+        result
+    }
+}
+
+/// Unregisters a connection when its thread ends (even by panic).
+struct ConnGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for ConnGuard<'_> {
+    fn drop(&mut self) {
+        let mut conns = lock(&self.shared.conns);
+        conns.remove(&self.id);
+        self.shared
+            .counters
+            .connections_active
+            .store(conns.len() as u64, Relaxed);
+        self.shared.conns_changed.notify_all();
+    }
+}
+
+struct ExportConfig {
+    name: String,
+    description: Option<String>,
+    device: Arc<dyn BlockDevice>,
+    read_only: bool,
+}
+
+/// Builds an [`NbdServer`]; see [`NbdServer::builder`].
+pub struct NbdServerBuilder {
+    exports: Vec<ExportConfig>,
+    threads_per_connection: usize,
+    max_connections: usize,
+    allow_remote: bool,
+    handshake_timeout: Duration,
+    misuse: Option<&'static str>,
+}
+
+impl NbdServerBuilder {
+    /// Adds an export. The first export is also the default one (empty name).
+    pub fn export(mut self, name: impl Into<String>, device: Arc<dyn BlockDevice>) -> Self {
+        self.exports.push(ExportConfig {
+            name: name.into(),
+            description: None,
+            device,
+            read_only: false,
+        });
+        self
+    }
+
+    /// Sets the description of the export added last.
+    pub fn description(mut self, description: impl Into<String>) -> Self {
+        match self.exports.last_mut() {
+            Some(e) => e.description = Some(description.into()),
+            None => self.misuse = Some("description() called before export()"),
+        }
+        self
+    }
+
+    /// Serves the export added last read-only (it is anyway if the device is).
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        match self.exports.last_mut() {
+            Some(e) => e.read_only = read_only,
+            None => self.misuse = Some("read_only() called before export()"),
+        }
+        self
+    }
+
+    /// Threads serving each connection (requests in flight per connection); 1 to 64, default 4.
+    pub fn threads_per_connection(mut self, k: usize) -> Self {
+        self.threads_per_connection = k;
+        self
+    }
+
+    /// Connections served at once; more are refused politely. Default 32.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Allows `serve_tcp` on non-loopback addresses (the protocol has no authentication
+    /// here and no encryption: anyone who can connect reads and writes the plaintext).
+    pub fn allow_remote(mut self, allow: bool) -> Self {
+        self.allow_remote = allow;
+        self
+    }
+
+    /// Longest wait for each handshake read before the connection is dropped. Default 10 s.
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    pub fn build(self) -> io::Result<NbdServer> {
+        let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        if let Some(m) = self.misuse {
+            return invalid(m.into());
+        }
+        if self.exports.is_empty() {
+            return invalid("an NBD server needs at least one export".into());
+        }
+        if !(1..=64).contains(&self.threads_per_connection) {
+            return invalid(format!(
+                "threads_per_connection must be 1..=64, not {}",
+                self.threads_per_connection
+            ));
+        }
+        if self.max_connections == 0 {
+            return invalid("max_connections must be at least 1".into());
+        }
+        if self.handshake_timeout.is_zero() {
+            return invalid("handshake_timeout must not be zero".into());
+        }
+        let mut exports = Vec::new();
+        for e in self.exports {
+            if e.name.len() > MAX_STRING_LEN
+                || e.description
+                    .as_ref()
+                    .is_some_and(|d| d.len() > MAX_STRING_LEN)
+            {
+                return invalid(format!(
+                    "export name or description longer than {MAX_STRING_LEN} bytes"
+                ));
+            }
+            if exports.iter().any(|x: &Export| x.name == e.name) {
+                return invalid(format!("duplicate export name {:?}", e.name));
+            }
+            let bs = e.device.block_size();
+            if !bs.is_power_of_two() || bs > 65536 {
+                return invalid(format!(
+                    "export {:?}: block size {bs} is not a power of two up to 64 KiB",
+                    e.name
+                ));
+            }
+            let size = e.device.size() / bs as u64 * bs as u64;
+            exports.push(Export {
+                name: e.name,
+                description: e.description,
+                read_only: e.read_only || e.device.read_only(),
+                can_discard: e.device.can_discard(),
+                device: e.device,
+                size,
+                block_size: bs,
+            });
+        }
+        Ok(NbdServer {
+            shared: Arc::new(Shared {
+                exports,
+                threads_per_connection: self.threads_per_connection,
+                handshake_timeout: self.handshake_timeout,
+                shutting_down: AtomicBool::new(false),
+                counters: Counters::default(),
+                max_connections: self.max_connections,
+                allow_remote: self.allow_remote,
+                rejecting: AtomicUsize::new(0),
+                next_id: AtomicU64::new(0),
+                conns: Mutex::new(HashMap::new()),
+                conns_changed: Condvar::new(),
+                wake: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// Stops a running server from another thread; cloneable.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    shared: Arc<Shared>,
+}
+
+impl ShutdownHandle {
+    /// Stops accepting connections; the `serve_*` call then lets in-flight requests finish,
+    /// closes the connections, flushes the devices and returns. Calling it before `serve_*`
+    /// makes `serve_*` return at once.
+    pub fn shutdown(&self) {
+        self.shared.shutdown();
+    }
+
+    /// Counters, readable while the server runs.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+}
+
+/// An NBD server over one or more [`BlockDevice`]s. A server is meant to serve once: after a
+/// shutdown, further `serve_*` calls return immediately.
+pub struct NbdServer {
+    shared: Arc<Shared>,
+}
+
+impl NbdServer {
+    pub fn builder() -> NbdServerBuilder {
+        NbdServerBuilder {
+            exports: Vec::new(),
+            threads_per_connection: DEFAULT_THREADS_PER_CONNECTION,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            allow_remote: false,
+            handshake_timeout: Duration::from_secs(10),
+            misuse: None,
+        }
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// Listens on a Unix socket at `path` and serves until shut down (blocking). A stale
+    /// socket file (nothing listening) is replaced; a live one or a non-socket file is an
+    /// error. The socket file is removed on return.
+    pub fn serve_unix(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let path = path.as_ref();
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
+                Ok(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("{}: a server is already listening", path.display()),
+                    ));
+                }
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path)?
+                }
+                Err(e) => return Err(e),
+            },
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(path)?;
+        let result = self.serve_unix_listener(listener);
+        let _ = std::fs::remove_file(path);
+        result
+    }
+
+    /// Serves on an already bound Unix listener (bound to a path) until shut down.
+    pub fn serve_unix_listener(&self, listener: UnixListener) -> io::Result<()> {
+        let path = listener.local_addr()?.as_pathname().map(Path::to_path_buf);
+        let Some(path) = path else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the Unix listener must be bound to a path",
+            ));
+        };
+        self.serve(WakeAddr::Unix(path), || {
+            listener.accept().map(|(s, _)| AnyStream::Unix(s))
+        })
+    }
+
+    /// Listens on TCP and serves until shut down (blocking). Non-loopback addresses are
+    /// refused unless the builder had `allow_remote(true)`.
+    pub fn serve_tcp(&self, addr: impl ToSocketAddrs) -> io::Result<()> {
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        for a in &addrs {
+            self.check_remote(a)?;
+        }
+        self.serve_tcp_listener(TcpListener::bind(&addrs[..])?)
+    }
+
+    /// Serves on an already bound TCP listener until shut down (same loopback rule).
+    pub fn serve_tcp_listener(&self, listener: TcpListener) -> io::Result<()> {
+        let mut local = listener.local_addr()?;
+        self.check_remote(&local)?;
+        if local.ip().is_unspecified() {
+            local.set_ip(match local {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        self.serve(WakeAddr::Tcp(local), || {
+            let (s, _) = listener.accept()?;
+            let _ = s.set_nodelay(true);
+            Ok(AnyStream::Tcp(s))
+        })
+    }
+
+    /// Serves one already connected client on the calling thread until it disconnects
+    /// (counted in the stats; not subject to `max_connections`).
+    pub fn serve_unix_stream(&self, stream: UnixStream) {
+        let stream = AnyStream::Unix(stream);
+        if let Some(id) = self.shared.register(&stream, false) {
+            let _guard = ConnGuard {
+                shared: &self.shared,
+                id,
+            };
+            conn::serve(&self.shared, &stream, false);
+        }
+    }
+
+    fn check_remote(&self, a: &SocketAddr) -> io::Result<()> {
+        if !self.shared.allow_remote && !a.ip().is_loopback() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "refusing to serve NBD on non-loopback address {a} without allow_remote(true)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn serve(
+        &self,
+        wake: WakeAddr,
+        mut accept: impl FnMut() -> io::Result<AnyStream>,
+    ) -> io::Result<()> {
+        *lock(&self.shared.wake) = Some(wake);
+        while !self.shared.shutting_down.load(Relaxed) {
+            let stream = match accept() {
+                Ok(s) => s,
+                Err(e) => match e.kind() {
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => continue,
+                    // Out of descriptors or memory: back off instead of spinning.
+                    _ => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                },
+            };
+            if self.shared.shutting_down.load(Relaxed) {
+                break;
+            }
+            self.spawn_connection(stream);
+        }
+        *lock(&self.shared.wake) = None;
+        self.shared.drain();
+        self.shared.flush_all()
+    }
+
+    fn spawn_connection(&self, stream: AnyStream) {
+        let shared = self.shared.clone();
+        let builder = std::thread::Builder::new().name("nbd-conn".into());
+        if let Some(id) = shared.register(&stream, true) {
+            let spawned = builder.spawn(move || {
+                let _guard = ConnGuard {
+                    shared: &shared,
+                    id,
+                };
+                conn::serve(&shared, &stream, false);
+            });
+            if let Err(_e) = spawned {
+                // The closure never ran: unregister here.
+                drop(ConnGuard {
+                    shared: &self.shared,
+                    id,
+                });
+            }
+            return;
+        }
+        shared.counters.connections_rejected.fetch_add(1, Relaxed);
+        if shared.rejecting.fetch_add(1, Relaxed) >= MAX_REJECTING {
+            shared.rejecting.fetch_sub(1, Relaxed);
+            stream.shutdown(Shutdown::Both);
+            return;
+        }
+        let spawned = builder.spawn(move || {
+            conn::serve(&shared, &stream, true);
+            shared.rejecting.fetch_sub(1, Relaxed);
+        });
+        if spawned.is_err() {
+            self.shared.rejecting.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,716 @@
+//! One client connection: fixed newstyle handshake, then leader/follower transmission.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::proto::*;
+use crate::{Export, Shared};
+
+/// A connected client socket (Unix or TCP); all methods take `&self` so the read and write
+/// halves can be used by different threads at the same time.
+pub(crate) enum AnyStream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl AnyStream {
+    pub(crate) fn try_clone(&self) -> io::Result<AnyStream> {
+        Ok(match self {
+            AnyStream::Unix(s) => AnyStream::Unix(s.try_clone()?),
+            AnyStream::Tcp(s) => AnyStream::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let r = match self {
+                AnyStream::Unix(s) => (&*s).read(buf),
+                AnyStream::Tcp(s) => (&*s).read(buf),
+            };
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+
+    fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            AnyStream::Unix(s) => (&*s).write_all(buf),
+            AnyStream::Tcp(s) => (&*s).write_all(buf),
+        }
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            AnyStream::Unix(s) => s.shutdown(how),
+            AnyStream::Tcp(s) => s.shutdown(how),
+        };
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) {
+        let _ = match self {
+            AnyStream::Unix(s) => s.set_read_timeout(t),
+            AnyStream::Tcp(s) => s.set_read_timeout(t),
+        };
+    }
+}
+
+/// Receive buffer shared by the threads of a connection (whoever holds the read lock owns it).
+/// One `read` usually brings in a request header together with its write payload, and at
+/// higher queue depths several requests; large payloads are read straight into the
+/// destination buffer instead of being copied through this one.
+pub(crate) struct ReadBuf {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+const READ_BUF_LEN: usize = 128 << 10;
+/// Payload remainders at least this large bypass the receive buffer.
+const DIRECT_READ_MIN: usize = 32 << 10;
+
+impl ReadBuf {
+    pub(crate) fn new() -> ReadBuf {
+        ReadBuf {
+            buf: vec![0; READ_BUF_LEN].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn read_exact(&mut self, s: &AnyStream, dst: &mut [u8]) -> io::Result<()> {
+        let n = (self.end - self.start).min(dst.len());
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        let mut filled = n;
+        while filled < dst.len() {
+            // The buffer is empty here.
+            let need = dst.len() - filled;
+            if need >= DIRECT_READ_MIN {
+                match s.read_some(&mut dst[filled..])? {
+                    0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    r => filled += r,
+                }
+            } else {
+                let r = s.read_some(&mut self.buf)?;
+                if r == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                let n = r.min(need);
+                dst[filled..filled + n].copy_from_slice(&self.buf[..n]);
+                self.start = n;
+                self.end = r;
+                filled += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_u32(&mut self, s: &AnyStream) -> io::Result<u32> {
+        let mut b = [0u8; 4];
+        self.read_exact(s, &mut b)?;
+        Ok(u32::from_be_bytes(b))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How the handshake ended.
+enum Negotiated {
+    Transmission { export: usize, structured: bool },
+    Close,
+}
+
+/// Serves one connection until the client disconnects (or is disconnected).
+/// With `reject` set the client gets a polite refusal (too many connections) instead.
+pub(crate) fn serve(shared: &Shared, stream: &AnyStream, reject: bool) {
+    let mut rb = ReadBuf::new();
+    stream.set_read_timeout(Some(shared.handshake_timeout));
+    let negotiated = handshake(shared, stream, &mut rb, reject);
+    match negotiated {
+        Ok(Negotiated::Transmission { export, structured }) => {
+            stream.set_read_timeout(None);
+            transmission(shared, &shared.exports[export], stream, rb, structured);
+        }
+        Ok(Negotiated::Close) => {}
+        Err(_) => {
+            shared.counters.protocol_errors.fetch_add(1, Relaxed);
+        }
+    }
+    stream.shutdown(Shutdown::Both);
+}
+
+/// Options a client may send before it must have picked an export.
+const MAX_OPTIONS: usize = 256;
+/// Options answered on a connection being refused before it is closed.
+const MAX_REJECTED_OPTIONS: usize = 8;
+
+fn find_export<'a>(shared: &'a Shared, name: &[u8]) -> Option<(usize, &'a Export)> {
+    if name.is_empty() {
+        return shared.exports.first().map(|e| (0, e));
+    }
+    shared
+        .exports
+        .iter()
+        .enumerate()
+        .find(|(_, e)| e.name.as_bytes() == name)
+}
+
+/// Transmission flags for `export`.
+pub(crate) fn transmission_flags(export: &Export, structured: bool) -> u16 {
+    // CAN_MULTI_CONN: every connection calls the same shared `BlockDevice`, whose `flush`
+    // makes *all* completed writes durable (not only this connection's), and the server keeps
+    // no per-connection cache; so a FLUSH or FUA reply on one connection covers writes
+    // completed on every other connection, which is exactly what the flag promises.
+    let mut f = FLAG_HAS_FLAGS
+        | FLAG_SEND_FLUSH
+        | FLAG_SEND_FUA
+        | FLAG_SEND_WRITE_ZEROES
+        | FLAG_CAN_MULTI_CONN;
+    if export.read_only {
+        f |= FLAG_READ_ONLY;
+    }
+    if export.can_discard {
+        f |= FLAG_SEND_TRIM;
+    }
+    if structured {
+        // Reads are always answered with a single data chunk, so "don't fragment" is free.
+        f |= FLAG_SEND_DF;
+    }
+    f
+}
+
+fn handshake(
+    shared: &Shared,
+    s: &AnyStream,
+    rb: &mut ReadBuf,
+    reject: bool,
+) -> io::Result<Negotiated> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&out)?;
+
+    let client_flags = rb.read_u32(s)?;
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "unknown client flags",
+        ));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut structured = false;
+    let mut data = Vec::new();
+    let max_options = if reject {
+        MAX_REJECTED_OPTIONS
+    } else {
+        MAX_OPTIONS
+    };
+
+    for _ in 0..max_options {
+        let mut hdr = [0u8; 16];
+        rb.read_exact(s, &mut hdr)?;
+        let magic = u64::from_be_bytes(hdr[0..8].try_into().unwrap());
+        let opt = u32::from_be_bytes(hdr[8..12].try_into().unwrap());
+        let len = u32::from_be_bytes(hdr[12..16].try_into().unwrap());
+        if magic != IHAVEOPT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad option magic",
+            ));
+        }
+        if len > MAX_OPTION_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "option too long",
+            ));
+        }
+        data.resize(len as usize, 0);
+        rb.read_exact(s, &mut data)?;
+        out.clear();
+
+        let shutting_down = shared.shutting_down.load(Relaxed);
+        if reject || shutting_down {
+            match opt {
+                OPT_ABORT => {
+                    option_reply(&mut out, opt, REP_ACK, &[]);
+                    let _ = s.write_all(&out);
+                    return Ok(Negotiated::Close);
+                }
+                // No way to send an error: the only option is to hang up.
+                OPT_EXPORT_NAME => return Ok(Negotiated::Close),
+                _ if reject => option_reply(
+                    &mut out,
+                    opt,
+                    REP_ERR_POLICY,
+                    b"too many connections, try again later",
+                ),
+                _ => option_reply(&mut out, opt, REP_ERR_SHUTDOWN, b"server is shutting down"),
+            }
+            s.write_all(&out)?;
+            continue;
+        }
+
+        match opt {
+            OPT_EXPORT_NAME => {
+                let Some((idx, export)) = find_export(shared, &data) else {
+                    return Ok(Negotiated::Close);
+                };
+                out.extend_from_slice(&export.size.to_be_bytes());
+                out.extend_from_slice(&transmission_flags(export, structured).to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                s.write_all(&out)?;
+                return Ok(Negotiated::Transmission {
+                    export: idx,
+                    structured,
+                });
+            }
+            OPT_ABORT => {
+                option_reply(&mut out, opt, REP_ACK, &[]);
+                let _ = s.write_all(&out);
+                return Ok(Negotiated::Close);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    option_reply(
+                        &mut out,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_LIST takes no data",
+                    );
+                } else {
+                    let mut item = Vec::new();
+                    for e in &shared.exports {
+                        item.clear();
+                        item.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+                        item.extend_from_slice(e.name.as_bytes());
+                        if let Some(d) = &e.description {
+                            item.extend_from_slice(d.as_bytes());
+                        }
+                        option_reply(&mut out, opt, REP_SERVER, &item);
+                    }
+                    option_reply(&mut out, opt, REP_ACK, &[]);
+                }
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    option_reply(
+                        &mut out,
+                        opt,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
+                } else {
+                    structured = true;
+                    option_reply(&mut out, opt, REP_ACK, &[]);
+                }
+            }
+            OPT_INFO | OPT_GO => {
+                if let Some(idx) = info_reply(shared, opt, &data, structured, &mut out) {
+                    s.write_all(&out)?;
+                    if opt == OPT_GO {
+                        return Ok(Negotiated::Transmission {
+                            export: idx,
+                            structured,
+                        });
+                    }
+                    continue;
+                }
+            }
+            _ => {
+                let msg = if opt == OPT_STARTTLS {
+                    &b"TLS is not supported"[..]
+                } else {
+                    &b"unsupported option"[..]
+                };
+                option_reply(&mut out, opt, REP_ERR_UNSUP, msg);
+            }
+        }
+        s.write_all(&out)?;
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "too many options",
+    ))
+}
+
+/// Builds the reply to NBD_OPT_INFO/NBD_OPT_GO into `out`; returns the export on success.
+fn info_reply(
+    shared: &Shared,
+    opt: u32,
+    data: &[u8],
+    structured: bool,
+    out: &mut Vec<u8>,
+) -> Option<usize> {
+    let invalid = |out: &mut Vec<u8>, msg: &[u8]| {
+        option_reply(out, opt, REP_ERR_INVALID, msg);
+        None
+    };
+    if data.len() < 6 {
+        return invalid(out, b"option data too short");
+    }
+    let name_len = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize;
+    if name_len > data.len() - 6 {
+        return invalid(out, b"export name length exceeds option length");
+    }
+    let name = &data[4..4 + name_len];
+    let nreq = u16::from_be_bytes(data[4 + name_len..6 + name_len].try_into().unwrap()) as usize;
+    let reqs = &data[6 + name_len..];
+    if reqs.len() != 2 * nreq {
+        return invalid(
+            out,
+            b"information request count does not match option length",
+        );
+    }
+    let wants = |t: u16| {
+        reqs.chunks_exact(2)
+            .any(|c| u16::from_be_bytes([c[0], c[1]]) == t)
+    };
+    let Some((idx, export)) = find_export(shared, name) else {
+        option_reply(out, opt, REP_ERR_UNKNOWN, b"no such export");
+        return None;
+    };
+
+    let mut item = Vec::with_capacity(64);
+    item.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+    item.extend_from_slice(&export.size.to_be_bytes());
+    item.extend_from_slice(&transmission_flags(export, structured).to_be_bytes());
+    option_reply(out, opt, REP_INFO, &item);
+
+    // Always sent: the export enforces its minimum block size whether or not it was asked.
+    item.clear();
+    item.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    item.extend_from_slice(&export.block_size.to_be_bytes());
+    item.extend_from_slice(&export.block_size.max(4096).to_be_bytes());
+    item.extend_from_slice(&MAX_PAYLOAD.to_be_bytes());
+    option_reply(out, opt, REP_INFO, &item);
+
+    if wants(INFO_NAME) {
+        item.clear();
+        item.extend_from_slice(&INFO_NAME.to_be_bytes());
+        item.extend_from_slice(export.name.as_bytes());
+        option_reply(out, opt, REP_INFO, &item);
+    }
+    if wants(INFO_DESCRIPTION)
+        && let Some(d) = &export.description
+    {
+        item.clear();
+        item.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
+        item.extend_from_slice(d.as_bytes());
+        option_reply(out, opt, REP_INFO, &item);
+    }
+    option_reply(out, opt, REP_ACK, &[]);
+    Some(idx)
+}
+
+/// Bytes kept free in front of a thread's data buffer for the reply header, so a read reply
+/// (header + data) goes out in one `write` without copying the data.
+const HEADROOM: usize = STRUCTURED_HDR_LEN + 8;
+const _: () = assert!(HEADROOM >= SIMPLE_REPLY_LEN);
+
+struct Conn<'a> {
+    shared: &'a Shared,
+    export: &'a Export,
+    stream: &'a AnyStream,
+    rd: Mutex<ReadBuf>,
+    wr: Mutex<()>,
+    closing: AtomicBool,
+    dirty: AtomicBool,
+    structured: bool,
+}
+
+fn transmission(
+    shared: &Shared,
+    export: &Export,
+    stream: &AnyStream,
+    rb: ReadBuf,
+    structured: bool,
+) {
+    let conn = Conn {
+        shared,
+        export,
+        stream,
+        rd: Mutex::new(rb),
+        wr: Mutex::new(()),
+        closing: AtomicBool::new(false),
+        dirty: AtomicBool::new(false),
+        structured,
+    };
+    // Leader/follower: every thread takes turns reading one request under the read lock and
+    // then serves and answers it itself; the calling thread is one of them.
+    std::thread::scope(|scope| {
+        for _ in 1..shared.threads_per_connection {
+            let spawned = std::thread::Builder::new()
+                .name("nbd-worker".into())
+                .spawn_scoped(scope, || conn.worker());
+            if spawned.is_err() {
+                break; // fewer threads: still correct, only less parallel
+            }
+        }
+        conn.worker();
+    });
+    // All requests read have been answered. Make writes durable before hanging up
+    // (NBD_CMD_DISC, or the client went away, or the server is shutting down).
+    if conn.dirty.load(Relaxed) {
+        let _ = export.device.flush();
+    }
+}
+
+/// Outcome of executing one request.
+type Outcome = Result<usize, (u32, &'static str)>;
+
+impl Conn<'_> {
+    fn hang_up(&self) {
+        self.closing.store(true, Relaxed);
+        self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn worker(&self) {
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let req = {
+                let mut rd = lock(&self.rd);
+                if self.closing.load(Relaxed) {
+                    return;
+                }
+                let mut hdr = [0u8; REQUEST_LEN];
+                if rd.read_exact(self.stream, &mut hdr).is_err() {
+                    // Client gone (or server shutting down): answer nothing more.
+                    self.closing.store(true, Relaxed);
+                    return;
+                }
+                let req = Request::parse(&hdr);
+                if req.magic != REQUEST_MAGIC {
+                    self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+                    drop(rd);
+                    self.hang_up();
+                    return;
+                }
+                match req.typ {
+                    CMD_WRITE if req.len > MAX_PAYLOAD => {
+                        // The payload cannot be skipped safely: answer, then hang up.
+                        self.closing.store(true, Relaxed);
+                        drop(rd);
+                        self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+                        let _ = self.send_error(
+                            &req,
+                            EINVAL,
+                            "write payload exceeds the 32 MiB maximum",
+                        );
+                        self.hang_up();
+                        return;
+                    }
+                    CMD_WRITE => {
+                        let need = HEADROOM + req.len as usize;
+                        if buf.len() < need {
+                            buf.resize(need, 0);
+                        }
+                        if rd
+                            .read_exact(self.stream, &mut buf[HEADROOM..need])
+                            .is_err()
+                        {
+                            self.closing.store(true, Relaxed);
+                            return;
+                        }
+                    }
+                    CMD_DISC => {
+                        // Others finish what they already read; nobody reads further.
+                        self.closing.store(true, Relaxed);
+                        return;
+                    }
+                    _ => {}
+                }
+                req
+            };
+            let outcome = self.execute(&req, &mut buf);
+            let sent = match outcome {
+                Ok(n) if req.typ == CMD_READ => self.send_read(&req, &mut buf, n),
+                Ok(_) => {
+                    let mut r = [0u8; SIMPLE_REPLY_LEN];
+                    simple_reply(&mut r, 0, req.cookie);
+                    self.send(&r)
+                }
+                Err((errno, msg)) => {
+                    self.shared.counters.errors.fetch_add(1, Relaxed);
+                    self.send_error(&req, errno, msg)
+                }
+            };
+            if sent.is_err() {
+                self.hang_up();
+                return;
+            }
+        }
+    }
+
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        let _w = lock(&self.wr);
+        self.stream.write_all(bytes)
+    }
+
+    fn send_read(&self, req: &Request, buf: &mut [u8], n: usize) -> io::Result<()> {
+        if self.structured {
+            if n == 0 {
+                let mut r = [0u8; STRUCTURED_HDR_LEN];
+                structured_header(&mut r, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0);
+                return self.send(&r);
+            }
+            let start = HEADROOM - STRUCTURED_HDR_LEN - 8;
+            structured_header(
+                &mut buf[start..start + STRUCTURED_HDR_LEN],
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                req.cookie,
+                8 + n as u32,
+            );
+            buf[HEADROOM - 8..HEADROOM].copy_from_slice(&req.offset.to_be_bytes());
+            self.send(&buf[start..HEADROOM + n])
+        } else {
+            let start = HEADROOM - SIMPLE_REPLY_LEN;
+            simple_reply(&mut buf[start..HEADROOM], 0, req.cookie);
+            self.send(&buf[start..HEADROOM + n])
+        }
+    }
+
+    fn send_error(&self, req: &Request, errno: u32, msg: &str) -> io::Result<()> {
+        if self.structured {
+            let mut r = [0u8; STRUCTURED_HDR_LEN + 6 + 96];
+            let msg = &msg.as_bytes()[..msg.len().min(96)];
+            let len = 6 + msg.len();
+            structured_header(
+                &mut r,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_ERROR,
+                req.cookie,
+                len as u32,
+            );
+            r[20..24].copy_from_slice(&errno.to_be_bytes());
+            r[24..26].copy_from_slice(&(msg.len() as u16).to_be_bytes());
+            r[26..26 + msg.len()].copy_from_slice(msg);
+            self.send(&r[..STRUCTURED_HDR_LEN + len])
+        } else {
+            let mut r = [0u8; SIMPLE_REPLY_LEN];
+            simple_reply(&mut r, errno, req.cookie);
+            self.send(&r)
+        }
+    }
+
+    /// Validates and performs one request; returns the number of bytes read into
+    /// `buf[HEADROOM..]` for reads.
+    fn execute(&self, req: &Request, buf: &mut Vec<u8>) -> Outcome {
+        let e = self.export;
+        let c = &self.shared.counters;
+        let fua = req.flags & CMD_FLAG_FUA != 0;
+        let extra_flags = match req.typ {
+            CMD_READ if self.structured => CMD_FLAG_DF,
+            CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE,
+            CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM => 0,
+            _ => return Err((EINVAL, "unknown command")),
+        };
+        if req.flags & !(CMD_FLAG_FUA | extra_flags) != 0 {
+            return Err((EINVAL, "unsupported command flags"));
+        }
+        if req.typ == CMD_FLUSH {
+            c.flushes.fetch_add(1, Relaxed);
+            return e.device.flush().map(|_| 0).map_err(io_err);
+        }
+        let writes = req.typ != CMD_READ;
+        if writes && e.read_only {
+            return Err((EPERM, "export is read-only"));
+        }
+        if req.typ == CMD_TRIM && !e.can_discard {
+            return Err((EINVAL, "trim is not supported by this export"));
+        }
+        if req.typ == CMD_READ && req.len > MAX_PAYLOAD {
+            let errno = if self.structured { EOVERFLOW } else { EINVAL };
+            return Err((errno, "read exceeds the 32 MiB maximum"));
+        }
+        let len = req.len as u64;
+        if req.offset.checked_add(len).is_none_or(|end| end > e.size) {
+            return Err(match req.typ {
+                CMD_WRITE | CMD_WRITE_ZEROES => {
+                    (ENOSPC, "request extends past the end of the export")
+                }
+                _ => (EINVAL, "request extends past the end of the export"),
+            });
+        }
+        let bs = e.block_size as u64;
+        if !(req.offset | len).is_multiple_of(bs) {
+            return Err((EINVAL, "request not aligned to the minimum block size"));
+        }
+        if len == 0 {
+            return Ok(0);
+        }
+        let n = req.len as usize;
+        match req.typ {
+            CMD_READ => {
+                if buf.len() < HEADROOM + n {
+                    buf.resize(HEADROOM + n, 0);
+                }
+                e.device
+                    .read_at(&mut buf[HEADROOM..HEADROOM + n], req.offset)
+                    .map_err(io_err)?;
+                c.reads.fetch_add(1, Relaxed);
+                c.read_bytes.fetch_add(len, Relaxed);
+                Ok(n)
+            }
+            CMD_WRITE => {
+                self.dirty.store(true, Relaxed);
+                e.device
+                    .write_at(&buf[HEADROOM..HEADROOM + n], req.offset, fua)
+                    .map_err(io_err)?;
+                c.writes.fetch_add(1, Relaxed);
+                c.write_bytes.fetch_add(len, Relaxed);
+                Ok(0)
+            }
+            CMD_TRIM => {
+                self.dirty.store(true, Relaxed);
+                match e.device.discard(req.offset, len) {
+                    // TRIM is only a hint.
+                    Err(err) if err.kind() == io::ErrorKind::Unsupported => {}
+                    r => r.map_err(io_err)?,
+                }
+                if fua {
+                    e.device.flush().map_err(io_err)?;
+                }
+                c.trims.fetch_add(1, Relaxed);
+                c.trim_bytes.fetch_add(len, Relaxed);
+                Ok(0)
+            }
+            _ => {
+                self.dirty.store(true, Relaxed);
+                let may_unmap = req.flags & CMD_FLAG_NO_HOLE == 0;
+                e.device
+                    .write_zeroes(req.offset, len, may_unmap)
+                    .map_err(io_err)?;
+                if fua {
+                    e.device.flush().map_err(io_err)?;
+                }
+                c.write_zeroes.fetch_add(1, Relaxed);
+                c.write_zeroes_bytes.fetch_add(len, Relaxed);
+                Ok(0)
+            }
+        }
+    }
+}
+
+fn io_err(e: io::Error) -> (u32, &'static str) {
+    let errno = errno_of(&e);
+    let msg = match errno {
+        EPERM => "operation not permitted by the backend",
+        EINVAL => "invalid argument (backend)",
+        ENOSPC => "no space left on the backend",
+        ENOMEM => "out of memory (backend)",
+        _ => "I/O error in the backend",
+    };
+    (errno, msg)
+}
