@@ -36,9 +36,10 @@ pub struct FormatArgs {
     /// Volume key size in bits (default: 512 for XTS, 256 otherwise).
     #[arg(short = 's', long = "key-size")]
     pub key_size: Option<usize>,
-    /// Encryption sector size in bytes (LUKS2: 512-4096).
-    #[arg(long = "sector-size", default_value_t = 512)]
-    pub sector_size: u32,
+    /// Encryption sector size in bytes (LUKS2: 512-4096). Default: 512 for LUKS1; for
+    /// LUKS2 4096 when the data area allows it (as cryptsetup picks for image files), else 512.
+    #[arg(long = "sector-size")]
+    pub sector_size: Option<u32>,
     #[command(flatten)]
     pub kdf: KdfArgs,
     #[command(flatten)]
@@ -251,7 +252,7 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     let mut opts = FormatOptions::new(kdf_request(&a.kdf, luks1)?);
     opts.cipher = cipher;
     opts.key_len = key_len;
-    opts.sector_size = a.sector_size;
+    opts.sector_size = a.sector_size.unwrap_or(512);
     if let Some(h) = &a.kdf.hash {
         opts.hash = HashAlg::from_name(h)?;
     }

@@ -7,6 +7,7 @@ mod dump;
 mod error;
 mod passphrase;
 mod transfer;
+mod unlock;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;

@@ -39,7 +39,9 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(size: usize) -> Self {
-        MemDevice { data: vec![0; size] }
+        MemDevice {
+            data: vec![0; size],
+        }
     }
 }
 

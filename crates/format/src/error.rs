@@ -12,7 +12,10 @@ pub enum Error {
     /// No LUKS magic at the start of the header device.
     NotLuks,
     /// The header is shorter than its format needs (truncated file or device).
-    Truncated { need: u64, have: u64 },
+    Truncated {
+        need: u64,
+        have: u64,
+    },
     /// No keyslot accepted the passphrase.
     WrongPassphrase,
     /// Keyslot number out of range or not in the state the operation needs.

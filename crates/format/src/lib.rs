@@ -140,7 +140,9 @@ pub fn load_header(dev: &mut dyn HeaderDevice) -> Result<Box<dyn LuksHeader>> {
     let version = u16::from_be_bytes([magic[6], magic[7]]);
     match (&magic[..6], version) {
         (luks1::MAGIC, 1) => Ok(Box::new(luks1::Luks1Header::read(dev)?)),
-        (luks1::MAGIC, 2) | (luks2::SECONDARY_MAGIC, 2) => Ok(Box::new(luks2::Luks2Header::read(dev)?)),
+        (luks1::MAGIC, 2) | (luks2::SECONDARY_MAGIC, 2) => {
+            Ok(Box::new(luks2::Luks2Header::read(dev)?))
+        }
         // The primary may be wiped or damaged: LUKS2 can still be found from its secondary copy.
         _ => luks2::Luks2Header::read(dev).map(|h| Box::new(h) as Box<dyn LuksHeader>),
     }

@@ -1,35 +1,938 @@
-//! LUKS2 (to be written).
-pub const SECONDARY_MAGIC: &[u8] = b"SKUL\xba\xbe";
-#[derive(Debug)]
-pub enum Luks2Error {}
-impl std::fmt::Display for Luks2Error {
-    fn fmt(&self, _f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//! LUKS2: binary headers + JSON metadata, bit-compatible with cryptsetup.
+//!
+//! On disk: a primary copy at offset 0 and a secondary copy at `hdr_size`, each a 4096-byte
+//! binary header followed by the JSON area; then the keyslots area (`keyslots_size` bytes
+//! from `2 * hdr_size`), then (unless the header is detached) the data segment.
+//!
+//! The parsed JSON ([`Luks2Header::json`]) is the source of truth: every change edits a
+//! copy of it surgically and writes it back, so tokens, unknown fields and unknown objects
+//! survive. A typed, validated view (`model::Model`) is rebuilt from it after each change.
+//!
+//! Crash safety of metadata updates: the new JSON gets `seqid + 1` and is written to the
+//! primary copy, synced, then to the secondary copy, synced. A torn write leaves a copy
+//! with a bad checksum, which `read` ignores; of two good copies the higher seqid wins.
+//! So after a crash anywhere the volume opens with exactly the old or the new metadata.
+//! Key material is written and synced into a free area before the metadata that points at
+//! it; an area is wiped only after the metadata no longer points at it.
+
+mod binary;
+mod digest;
+mod error;
+mod keyslot;
+mod model;
+#[cfg(test)]
+mod tests;
+
+use cryptblk_crypto::{CipherSpec, IvOptions, KdfRequest, SecretBytes, random_bytes};
+use serde_json::{Map, Value, json};
+
+pub use binary::HDR_SIZES;
+pub use error::Luks2Error;
+pub use model::Priority;
+
+use crate::{Error, FormatOptions, HeaderDevice, KeyslotInfo, LuksHeader, Result};
+use binary::{BIN_HDR_LEN, BinHeader, LABEL_LEN, RawCopy, SALT_LEN};
+use model::{MAX_KEYSLOTS_SIZE, MAX_OBJECTS, Model};
+
+/// Magic of the secondary header copy (the primary uses LUKS1's `LUKS\xba\xbe`).
+pub const SECONDARY_MAGIC: &[u8] = binary::SECONDARY_MAGIC;
+/// cryptsetup's default size of one header copy (16 KiB).
+pub const DEFAULT_HDR_SIZE: u64 = 0x4000;
+/// Header copies plus keyslots area end here by default (16 MiB), which is also the
+/// default data offset.
+pub const DEFAULT_METADATA_END: u64 = 16 * 1024 * 1024;
+/// Data offset alignment cryptsetup uses when it cannot read the device topology (1 MiB).
+const DEFAULT_ALIGNMENT: u64 = 1024 * 1024;
+
+/// What `read` found in each header copy: `None` if the copy is valid, else why not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CopyStatus {
+    pub primary_error: Option<String>,
+    pub secondary_error: Option<String>,
+}
+
+impl CopyStatus {
+    /// Both copies valid (they may still differ in seqid; see [`Luks2Header::copies_in_sync`]).
+    pub fn both_valid(&self) -> bool {
+        self.primary_error.is_none() && self.secondary_error.is_none()
+    }
+}
+
+/// A LUKS2 header as read from (or written to) a device.
+#[derive(Debug, Clone)]
+pub struct Luks2Header {
+    hdr_size: u64,
+    seqid: u64,
+    label: String,
+    subsystem: String,
+    uuid: String,
+    checksum_alg: String,
+    salt1: [u8; SALT_LEN],
+    salt2: [u8; SALT_LEN],
+    json: Value,
+    model: Model,
+    segment_id: u32,
+    cipher: CipherSpec,
+    key_len: usize,
+    status: CopyStatus,
+    in_sync: bool,
+    /// Set when read with [`Luks2Header::read_ignoring_requirements`] despite requirements.
+    unmet_requirements: bool,
+}
+
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Luks2(Luks2Error::InvalidMetadata(msg.into()))
+}
+
+fn check_label(s: &str) -> Result<()> {
+    if s.len() >= LABEL_LEN || s.contains('\0') {
+        return Err(
+            Luks2Error::InvalidLabel(format!("'{s}' (at most {} bytes)", LABEL_LEN - 1)).into(),
+        );
+    }
+    Ok(())
+}
+
+/// A mutable section (`keyslots`, `digests`, ...) of the top-level JSON object.
+fn section_mut<'a>(json: &'a mut Value, name: &str) -> Result<&'a mut Map<String, Value>> {
+    json.get_mut(name)
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| bad(format!("no \"{name}\" object")))
+}
+
+/// Removes `id` from the `keyslots` arrays of every object in `section`.
+fn unassign(json: &mut Value, section: &str, id: u32) -> Result<()> {
+    let key = id.to_string();
+    for obj in section_mut(json, section)?.values_mut() {
+        if let Some(arr) = obj.get_mut("keyslots").and_then(Value::as_array_mut) {
+            arr.retain(|v| v.as_str() != Some(key.as_str()));
+        }
+    }
+    Ok(())
+}
+
+/// Removes keyslot `id` and every reference to it (digests, tokens), like cryptsetup's wipe.
+fn remove_keyslot_json(json: &mut Value, id: u32) -> Result<()> {
+    section_mut(json, "keyslots")?.shift_remove(&id.to_string());
+    unassign(json, "digests", id)?;
+    unassign(json, "tokens", id)
+}
+
+/// Where cryptsetup puts the keyslots area end and the data: returns
+/// `(keyslots_size, data_offset)` (`LUKS2_generate_hdr` with default topology alignment).
+pub(crate) fn compute_layout(
+    hdr_size: u64,
+    keyslots_size: Option<u64>,
+    data_offset: Option<u64>,
+    detached: bool,
+) -> Result<(u64, u64)> {
+    let min = 2 * hdr_size;
+    let mut off = data_offset.unwrap_or(0);
+    if off != 0 && off < min {
+        return Err(Error::InvalidOption(format!(
+            "requested data offset {off} is too small (header needs {min})"
+        )));
+    }
+    let mut ks = keyslots_size.unwrap_or(0);
+    if ks == 0 && off != 0 {
+        ks = off - min;
+    }
+    ks -= ks % 4096;
+    ks = ks.min(MAX_KEYSLOTS_SIZE);
+    if ks == 0 {
+        ks = DEFAULT_METADATA_END - min;
+    }
+    if off != 0 && ks + min > off {
+        ks = (off - min) / 4096 * 4096;
+    }
+    // A detached header takes the data offset as given (default 0); otherwise the data
+    // starts at the next 1 MiB boundary after the keyslots area.
+    if off == 0 && !detached {
+        off = (min + ks).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
+    }
+    Ok((ks, off))
+}
+
+impl Luks2Header {
+    /// Reads the header: the valid copy with the highest seqid (primary first on a tie).
+    /// Looks for the secondary copy at every offset the format allows when the primary is
+    /// unusable. Never writes. Refuses headers with mandatory requirements.
+    pub fn read(dev: &mut dyn HeaderDevice) -> Result<Self> {
+        let h = Self::read_ignoring_requirements(dev)?;
+        if h.unmet_requirements {
+            return Err(Luks2Error::UnmetRequirements(h.model.requirements.clone()).into());
+        }
+        Ok(h)
+    }
+
+    /// Like [`Luks2Header::read`], but loads headers with mandatory requirements (for
+    /// `dump`); such a header refuses `unlock` and every change.
+    pub fn read_ignoring_requirements(dev: &mut dyn HeaderDevice) -> Result<Self> {
+        let check = |c: std::result::Result<RawCopy, binary::CopyFailure>| match c {
+            Ok(c) => match Model::from_json(&c.json, c.bin.hdr_size) {
+                Ok(m) => Ok((c, m)),
+                Err(e) => Err((true, e.to_string())),
+            },
+            Err(f) => Err((f.magic, f.reason)),
+        };
+        let primary = check(binary::read_copy(dev, 0));
+        let secondary = match &primary {
+            Ok((c, _)) => check(binary::read_copy(dev, c.bin.hdr_size)),
+            Err(_) => {
+                let mut found = Err((false, "not found".to_string()));
+                for off in HDR_SIZES {
+                    match check(binary::read_copy(dev, off)) {
+                        Ok(c) => {
+                            found = Ok(c);
+                            break;
+                        }
+                        Err((true, reason)) if found.is_err() => {
+                            found = Err((true, format!("at offset {off}: {reason}")))
+                        }
+                        Err(_) => {}
+                    }
+                }
+                found
+            }
+        };
+        let status = CopyStatus {
+            primary_error: primary.as_ref().err().map(|e| e.1.clone()),
+            secondary_error: secondary.as_ref().err().map(|e| e.1.clone()),
+        };
+        let salts = (
+            primary.as_ref().ok().map(|(c, _)| c.bin.salt),
+            secondary.as_ref().ok().map(|(c, _)| c.bin.salt),
+        );
+        let in_sync = match (&primary, &secondary) {
+            (Ok((p, _)), Ok((s, _))) => p.bin.seqid == s.bin.seqid,
+            _ => false,
+        };
+        let (copy, model) = match (primary, secondary) {
+            (Ok(p), Ok(s)) => {
+                if s.0.bin.seqid > p.0.bin.seqid {
+                    s
+                } else {
+                    p
+                }
+            }
+            (Ok(p), Err(_)) => p,
+            (Err(_), Ok(s)) => s,
+            (Err((false, _)), Err((false, _))) => return Err(Error::NotLuks),
+            (Err((_, p)), Err((_, s))) => {
+                return Err(Luks2Error::NoValidCopy {
+                    primary: p,
+                    secondary: s,
+                }
+                .into());
+            }
+        };
+        let need = 2 * copy.bin.hdr_size + model.keyslots_size;
+        let have = dev.size()?;
+        if have < need {
+            return Err(Error::Truncated { need, have });
+        }
+        let salt1 = salts.0.unwrap_or(copy.bin.salt);
+        let salt2 = salts.1.unwrap_or(copy.bin.salt);
+        let mut h = Self::from_parts(copy.bin, salt1, salt2, copy.json, model)?;
+        h.status = status;
+        h.in_sync = in_sync;
+        Ok(h)
+    }
+
+    fn from_parts(
+        bin: BinHeader,
+        salt1: [u8; SALT_LEN],
+        salt2: [u8; SALT_LEN],
+        json: Value,
+        model: Model,
+    ) -> Result<Self> {
+        binary::checksum_hash(&bin.checksum_alg).map_err(Luks2Error::Unsupported)?;
+        let mut h = Luks2Header {
+            hdr_size: bin.hdr_size,
+            seqid: bin.seqid,
+            label: bin.label,
+            subsystem: bin.subsystem,
+            uuid: bin.uuid,
+            checksum_alg: bin.checksum_alg,
+            salt1,
+            salt2,
+            json,
+            model,
+            segment_id: 0,
+            cipher: CipherSpec::parse("aes-xts-plain64")?,
+            key_len: 0,
+            status: CopyStatus::default(),
+            in_sync: true,
+            unmet_requirements: false,
+        };
+        h.refresh(h.model.clone())?;
+        Ok(h)
+    }
+
+    /// Recomputes the cached segment and key facts from a freshly validated model.
+    fn refresh(&mut self, model: Model) -> Result<()> {
+        let (seg_id, seg) = model
+            .default_segment()
+            .ok_or_else(|| Luks2Error::Unsupported("header without a data segment".into()))?;
+        if seg.kind != "crypt" {
+            return Err(
+                Luks2Error::Unsupported(format!("data segment of type '{}'", seg.kind)).into(),
+            );
+        }
+        let cipher = CipherSpec::parse(&seg.encryption)
+            .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
+        let key_len = model
+            .segment_digest(seg_id)
+            .and_then(|(_, d)| d.keyslots.iter().find_map(|k| model.keyslots.get(k)))
+            .map(|k| k.key_size as usize);
+        self.segment_id = seg_id;
+        self.cipher = cipher;
+        // With every keyslot gone the size is unknown on disk; keep what we knew.
+        if let Some(k) = key_len {
+            self.key_len = k;
+        }
+        self.unmet_requirements = !model.requirements.is_empty();
+        self.model = model;
+        Ok(())
+    }
+
+    /// Creates a new LUKS2 volume header with `volume_key` in one keyslot, as
+    /// `cryptsetup luksFormat --type luks2` does (layout, digest, keyslot parameters).
+    pub fn format(
+        dev: &mut dyn HeaderDevice,
+        opts: &FormatOptions,
+        volume_key: &[u8],
+        passphrase: &[u8],
+    ) -> Result<Self> {
+        let key_len = opts.key_len;
+        if volume_key.len() != key_len || !opts.cipher.valid_key_len(key_len) {
+            return Err(Error::InvalidOption(format!(
+                "{}-bit key for {} (volume key has {} bytes)",
+                key_len * 8,
+                opts.cipher,
+                volume_key.len()
+            )));
+        }
+        if !matches!(opts.sector_size, 512 | 1024 | 2048 | 4096) {
+            return Err(Error::InvalidOption(format!(
+                "sector size {}",
+                opts.sector_size
+            )));
+        }
+        let hdr_size = opts.luks2_metadata_size.unwrap_or(DEFAULT_HDR_SIZE);
+        if !HDR_SIZES.contains(&hdr_size) {
+            return Err(Error::InvalidOption(format!(
+                "unsupported LUKS2 metadata size {hdr_size}"
+            )));
+        }
+        if let Some(ks) = opts.luks2_keyslots_size
+            && (ks % 4096 != 0 || ks > MAX_KEYSLOTS_SIZE)
+        {
+            return Err(Error::InvalidOption(format!(
+                "unsupported LUKS2 keyslots size {ks}"
+            )));
+        }
+        if let Some(off) = opts.data_offset
+            && off % (opts.sector_size as u64).max(512) != 0
+        {
+            return Err(Error::InvalidOption(format!(
+                "data offset {off} is not aligned to the {}-byte sector size",
+                opts.sector_size
+            )));
+        }
+        let (keyslots_size, data_offset) = compute_layout(
+            hdr_size,
+            opts.luks2_keyslots_size,
+            opts.data_offset,
+            opts.detached_header,
+        )?;
+        let label = opts.label.clone().unwrap_or_default();
+        let subsystem = opts.subsystem.clone().unwrap_or_default();
+        check_label(&label)?;
+        check_label(&subsystem)?;
+        let uuid = match &opts.uuid {
+            Some(u) => uuid::Uuid::parse_str(u).map_err(|_| Luks2Error::InvalidUuid(u.clone()))?,
+            None => uuid::Uuid::new_v4(),
+        }
+        .hyphenated()
+        .to_string();
+        let slot = opts.keyslot.unwrap_or(0);
+        if slot >= MAX_OBJECTS {
+            return Err(Error::Keyslot(format!(
+                "keyslot {slot} out of range (0..{MAX_OBJECTS})"
+            )));
+        }
+        let area_offset = 2 * hdr_size;
+        let area_size = keyslot::area_size_for(key_len);
+        if area_size > keyslots_size {
+            return Err(Luks2Error::NoKeyslotSpace.into());
+        }
+        if !opts.detached_header {
+            let have = dev.size()?;
+            if have < data_offset {
+                return Err(Error::InvalidOption(format!(
+                    "device is too small ({have} bytes): LUKS2 needs at least {data_offset}"
+                )));
+            }
+        }
+
+        let mut req = opts.kdf.clone();
+        req.hash = opts.hash;
+        let kdf = req.resolve(key_len)?;
+        let iterations =
+            digest::iterations(opts.hash, key_len, opts.kdf.forced_iterations.is_some())?;
+        let (area_cipher, area_key_size) = keyslot_cipher(&opts.cipher, key_len);
+
+        // Wipe: zeros over the header copies (and up to the data), random over the keyslots area.
+        let meta_end = 2 * hdr_size + keyslots_size;
+        let zero_end = if opts.detached_header {
+            meta_end
+        } else {
+            data_offset.max(meta_end)
+        };
+        wipe_zero(dev, 0, zero_end)?;
+        keyslot::wipe_area(dev, 2 * hdr_size, keyslots_size)?;
+
+        let ks_json = keyslot::create(
+            dev,
+            &keyslot::NewKeyslot {
+                kdf,
+                af_hash: opts.hash,
+                area_cipher: &area_cipher,
+                area_key_size,
+                area_offset,
+                area_size,
+            },
+            volume_key,
+            passphrase,
+        )?;
+        dev.sync()?;
+        let digest = digest::create(volume_key, opts.hash, iterations, &[slot], &[0])?;
+        let mut keyslots = Map::new();
+        keyslots.insert(slot.to_string(), ks_json);
+        let json = json!({
+            "keyslots": keyslots,
+            "tokens": {},
+            "segments": {
+                "0": {
+                    "type": "crypt",
+                    "offset": data_offset.to_string(),
+                    "size": "dynamic",
+                    "iv_tweak": "0",
+                    "encryption": opts.cipher.to_string(),
+                    "sector_size": opts.sector_size,
+                }
+            },
+            "digests": { "0": digest },
+            "config": {
+                "json_size": (hdr_size - BIN_HDR_LEN as u64).to_string(),
+                "keyslots_size": keyslots_size.to_string(),
+            },
+        });
+        let model = Model::from_json(&json, hdr_size)?;
+        let mut salt1 = [0u8; SALT_LEN];
+        let mut salt2 = [0u8; SALT_LEN];
+        random_bytes(&mut salt1)?;
+        random_bytes(&mut salt2)?;
+        let bin = BinHeader {
+            secondary: false,
+            hdr_size,
+            seqid: 0,
+            label,
+            checksum_alg: "sha256".into(),
+            salt: salt1,
+            uuid,
+            subsystem,
+            hdr_offset: 0,
+        };
+        let mut h = Self::from_parts(bin, salt1, salt2, json, model)?;
+        h.key_len = key_len;
+        let json = h.json.clone();
+        h.commit(dev, json)?;
+        Ok(h)
+    }
+
+    /// Refuses to touch headers with mandatory requirements we do not implement.
+    fn check_usable(&self) -> Result<()> {
+        if self.unmet_requirements {
+            return Err(Luks2Error::UnmetRequirements(self.model.requirements.clone()).into());
+        }
+        Ok(())
+    }
+
+    /// Writes `json` (and the current label/subsystem) as the next seqid to both copies:
+    /// primary, sync, secondary, sync. Validates before writing anything.
+    fn commit(&mut self, dev: &mut dyn HeaderDevice, json: Value) -> Result<()> {
+        let model = Model::from_json(&json, self.hdr_size)?;
+        let text = serde_json::to_vec(&json).map_err(|e| bad(e.to_string()))?;
+        let have = self.hdr_size - BIN_HDR_LEN as u64;
+        if text.len() as u64 >= have {
+            return Err(Luks2Error::JsonTooLarge {
+                need: text.len() as u64 + 1,
+                have,
+            }
+            .into());
+        }
+        let seqid = self
+            .seqid
+            .checked_add(1)
+            .ok_or_else(|| bad("seqid overflow"))?;
+        let mut bin = BinHeader {
+            secondary: false,
+            hdr_size: self.hdr_size,
+            seqid,
+            label: self.label.clone(),
+            checksum_alg: self.checksum_alg.clone(),
+            salt: self.salt1,
+            uuid: self.uuid.clone(),
+            subsystem: self.subsystem.clone(),
+            hdr_offset: 0,
+        };
+        let primary = binary::encode_copy(&bin, &text).map_err(bad)?;
+        bin.secondary = true;
+        bin.hdr_offset = self.hdr_size;
+        bin.salt = self.salt2;
+        let secondary = binary::encode_copy(&bin, &text).map_err(bad)?;
+        // Checked before any write, so a failure leaves the device as it was.
+        let mut next = self.clone();
+        next.refresh(model)?;
+        next.json = json;
+        next.seqid = seqid;
+
+        dev.write_at(&primary, 0)?;
+        dev.sync()?;
+        dev.write_at(&secondary, self.hdr_size)?;
+        dev.sync()?;
+        next.status = CopyStatus::default();
+        next.in_sync = true;
+        *self = next;
+        Ok(())
+    }
+
+    /// The segment digest's id, and the digest.
+    fn segment_digest(&self) -> Result<(u32, &model::Digest)> {
+        self.model.segment_digest(self.segment_id).ok_or_else(|| {
+            Luks2Error::Unsupported("data segment without a key digest".into()).into()
+        })
+    }
+
+    /// Writes a new keyslot `slot` (or the first free one) for `volume_key` into a free area,
+    /// and in the same metadata update removes keyslot `replace` (whose area is wiped after).
+    fn store_keyslot(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf_req: &KdfRequest,
+        replace: Option<u32>,
+    ) -> Result<u32> {
+        self.check_usable()?;
+        let (digest_id, digest) = self.segment_digest()?;
+        if !digest::verify(digest, volume_key)? {
+            return Err(Luks2Error::VolumeKeyMismatch.into());
+        }
+        let free = |id: &u32| !self.model.keyslots.contains_key(id) || Some(*id) == replace;
+        let id = match slot {
+            Some(s) if s >= MAX_OBJECTS => {
+                return Err(Error::Keyslot(format!(
+                    "keyslot {s} out of range (0..{MAX_OBJECTS})"
+                )));
+            }
+            Some(s) if !free(&s) => return Err(Error::Keyslot(format!("keyslot {s} is in use"))),
+            Some(s) => s,
+            None => (0..MAX_OBJECTS)
+                .find(|i| !self.model.keyslots.contains_key(i))
+                .or(replace)
+                .ok_or(Error::NoFreeKeyslot)?,
+        };
+        let area_size = keyslot::area_size_for(volume_key.len());
+        let area_offset = keyslot::find_area_gap(&self.model, self.hdr_size, area_size)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let kdf = kdf_req.resolve(volume_key.len())?;
+        // cryptsetup's AF hash is its PBKDF hash setting (`--hash`), whatever the KDF.
+        let af_hash = kdf_req.hash;
+        let (area_cipher, area_key_size) = keyslot_cipher(&self.cipher, volume_key.len());
+        let ks_json = keyslot::create(
+            dev,
+            &keyslot::NewKeyslot {
+                kdf,
+                af_hash,
+                area_cipher: &area_cipher,
+                area_key_size,
+                area_offset,
+                area_size,
+            },
+            volume_key,
+            passphrase,
+        )?;
+        dev.sync()?;
+
+        let mut json = self.json.clone();
+        let old_area = replace
+            .and_then(|r| self.model.keyslots.get(&r))
+            .map(|k| (k.area_offset, k.area_size));
+        if let Some(old) = replace {
+            // The new slot inherits the old one's token assignments (as luksChangeKey does).
+            let old_key = old.to_string();
+            let inherit: Vec<String> = section_mut(&mut json, "tokens")?
+                .iter()
+                .filter(|(_, t)| {
+                    t.get("keyslots")
+                        .and_then(Value::as_array)
+                        .is_some_and(|a| a.iter().any(|v| v.as_str() == Some(old_key.as_str())))
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            remove_keyslot_json(&mut json, old)?;
+            let tokens = section_mut(&mut json, "tokens")?;
+            for t in inherit {
+                if let Some(arr) = tokens
+                    .get_mut(&t)
+                    .and_then(|t| t.get_mut("keyslots"))
+                    .and_then(Value::as_array_mut)
+                {
+                    arr.push(Value::String(id.to_string()));
+                }
+            }
+        }
+        section_mut(&mut json, "keyslots")?.insert(id.to_string(), ks_json);
+        let digests = section_mut(&mut json, "digests")?;
+        let arr = digests
+            .get_mut(&digest_id.to_string())
+            .and_then(|d| d.get_mut("keyslots"))
+            .and_then(Value::as_array_mut)
+            .ok_or_else(|| bad("digest without keyslots array"))?;
+        arr.push(Value::String(id.to_string()));
+        self.commit(dev, json)?;
+        if let Some((off, len)) = old_area {
+            keyslot::wipe_area(dev, off, len)?;
+            dev.sync()?;
+        }
+        Ok(id)
+    }
+
+    /// `luksChangeKey`: stores the volume key under `new_passphrase` and removes the old slot
+    /// in one metadata update. The new slot is `new_slot`, else the first free slot, else the
+    /// old slot's number; its material always goes to a free area first, so a crash leaves
+    /// either the old or the new passphrase working (never neither). Returns the new slot.
+    pub fn change_keyslot(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        old_passphrase: &[u8],
+        new_passphrase: &[u8],
+        old_slot: Option<u32>,
+        new_slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        self.check_usable()?;
+        let (old, key) = self.unlock(dev, old_passphrase, old_slot)?;
+        self.store_keyslot(dev, &key, new_passphrase, new_slot, kdf, Some(old))
+    }
+
+    /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).
+    pub fn repair(&mut self, dev: &mut dyn HeaderDevice) -> Result<()> {
+        self.check_usable()?;
+        let json = self.json.clone();
+        self.commit(dev, json)
+    }
+
+    /// Sets the label (`None` or "" clears it) and writes the header.
+    pub fn set_label(&mut self, dev: &mut dyn HeaderDevice, label: Option<&str>) -> Result<()> {
+        self.set_labels(dev, label.unwrap_or(""), &self.subsystem.clone())
+    }
+
+    /// Sets the subsystem (`None` or "" clears it) and writes the header.
+    pub fn set_subsystem(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        subsystem: Option<&str>,
+    ) -> Result<()> {
+        self.set_labels(dev, &self.label.clone(), subsystem.unwrap_or(""))
+    }
+
+    fn set_labels(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        label: &str,
+        subsystem: &str,
+    ) -> Result<()> {
+        self.check_usable()?;
+        check_label(label)?;
+        check_label(subsystem)?;
+        let (old_l, old_s) = (
+            std::mem::replace(&mut self.label, label.into()),
+            std::mem::replace(&mut self.subsystem, subsystem.into()),
+        );
+        let json = self.json.clone();
+        if let Err(e) = self.commit(dev, json) {
+            self.label = old_l;
+            self.subsystem = old_s;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Persistent activation flags (`config.flags`, e.g. "allow-discards", "no-read-workqueue").
+    pub fn config_flags(&self) -> &[String] {
+        &self.model.flags
+    }
+
+    /// Replaces the persistent activation flags and writes the header; an empty list removes
+    /// the `flags` array.
+    pub fn set_config_flags(&mut self, dev: &mut dyn HeaderDevice, flags: &[&str]) -> Result<()> {
+        self.check_usable()?;
+        if let Some(f) = flags.iter().find(|f| f.is_empty()) {
+            return Err(Error::InvalidOption(format!("invalid flag '{f}'")));
+        }
+        let mut json = self.json.clone();
+        let config = section_mut(&mut json, "config")?;
+        if flags.is_empty() {
+            config.shift_remove("flags");
+        } else {
+            let mut uniq: Vec<&str> = Vec::new();
+            for f in flags {
+                if !uniq.contains(f) {
+                    uniq.push(f);
+                }
+            }
+            config.insert("flags".into(), uniq.into());
+        }
+        self.commit(dev, json)
+    }
+
+    /// Mandatory requirements (`config.requirements.mandatory`); non-empty only for headers
+    /// loaded with [`Luks2Header::read_ignoring_requirements`].
+    pub fn requirements(&self) -> &[String] {
+        &self.model.requirements
+    }
+
+    /// The whole JSON metadata (for `luksDump --dump-json-metadata`).
+    pub fn json(&self) -> &Value {
+        &self.json
+    }
+
+    /// Tokens by id (read-only).
+    pub fn tokens(&self) -> Vec<(u32, &Value)> {
+        let Some(t) = self.json.get("tokens").and_then(Value::as_object) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(u32, &Value)> = t
+            .iter()
+            .filter_map(|(k, v)| model::parse_id(k, "token").ok().map(|id| (id, v)))
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+
+    /// Priority of an existing keyslot.
+    pub fn keyslot_priority(&self, slot: u32) -> Option<Priority> {
+        self.model.keyslots.get(&slot).map(|k| k.priority)
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+    pub fn subsystem(&self) -> &str {
+        &self.subsystem
+    }
+    /// The sequence id ("Epoch" in luksDump).
+    pub fn seqid(&self) -> u64 {
+        self.seqid
+    }
+    /// Size of one header copy (binary header + JSON area).
+    pub fn hdr_size(&self) -> u64 {
+        self.hdr_size
+    }
+    /// Size of the JSON area.
+    pub fn json_size(&self) -> u64 {
+        self.model.json_size
+    }
+    pub fn keyslots_size(&self) -> u64 {
+        self.model.keyslots_size
+    }
+    /// Which copies `read` found valid.
+    pub fn copy_status(&self) -> &CopyStatus {
+        &self.status
+    }
+    /// Both copies valid and with the same seqid (otherwise `repair` would rewrite one).
+    pub fn copies_in_sync(&self) -> bool {
+        self.in_sync
+    }
+}
+
+/// Keyslot area encryption as cryptsetup picks it (`crypt_keyslot_get_encryption`): the
+/// data segment's cipher with the volume key size, unless that cipher cannot protect a
+/// keyslot (cipher_null), then aes-xts-plain64 with a 512-bit key.
+fn keyslot_cipher(cipher: &CipherSpec, key_len: usize) -> (String, usize) {
+    if cipher.cipher == cryptblk_crypto::BlockCipherAlg::Null {
+        ("aes-xts-plain64".into(), 64)
+    } else {
+        (cipher.to_string(), key_len)
+    }
+}
+
+fn wipe_zero(dev: &mut dyn HeaderDevice, offset: u64, len: u64) -> Result<()> {
+    let buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        dev.write_at(&buf[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+impl LuksHeader for Luks2Header {
+    fn version(&self) -> u8 {
+        2
+    }
+    fn uuid(&self) -> &str {
+        &self.uuid
+    }
+    fn cipher(&self) -> CipherSpec {
+        self.cipher
+    }
+    fn key_len(&self) -> usize {
+        self.key_len
+    }
+    fn sector_size(&self) -> u32 {
+        self.segment().sector_size
+    }
+    /// cryptsetup never sets dm-crypt's `iv_large_sectors` for LUKS2 (only BITLK and plain
+    /// `--iv-large-sectors` do; see lib/libdevmapper.c and lib/luks2/luks2_json_metadata.c:
+    /// the LUKS2 table gets `sector_size:N` but not the IV flag), so IVs count 512-byte
+    /// sectors even with 4096-byte encryption sectors. `iv_tweak` is dm-crypt's `iv_offset`,
+    /// also in 512-byte sectors.
+    fn iv_options(&self) -> IvOptions {
+        IvOptions {
+            large_sectors: false,
+            offset: self.segment().iv_tweak,
+        }
+    }
+    fn data_offset(&self) -> u64 {
+        self.segment().offset
+    }
+    fn data_length(&self) -> Option<u64> {
+        self.segment().size
+    }
+    fn header_size(&self) -> u64 {
+        2 * self.hdr_size + self.model.keyslots_size
+    }
+    /// Only the keyslots present in the JSON (all `active`), in id order.
+    fn keyslots(&self) -> Vec<KeyslotInfo> {
+        self.model
+            .keyslots
+            .iter()
+            .map(|(id, k)| {
+                let p = k.params.as_ref().ok();
+                KeyslotInfo {
+                    id: *id,
+                    active: true,
+                    kdf: p.map(|p| p.kdf.clone()),
+                    salt: p.map(|p| p.salt.clone()).unwrap_or_default(),
+                    area_offset: k.area_offset,
+                    area_size: k.area_size,
+                    stripes: p.map_or(0, |p| p.stripes),
+                    af_hash: p.map_or(cryptblk_crypto::HashAlg::Sha256, |p| p.af_hash),
+                }
+            })
+            .collect()
+    }
+    fn max_keyslots(&self) -> u32 {
+        MAX_OBJECTS
+    }
+    /// Tries `slot`, or every keyslot bound to the data segment: "prefer" slots first, then
+    /// "normal" ones; "ignore" slots only when named.
+    fn unlock(
+        &self,
+        dev: &mut dyn HeaderDevice,
+        passphrase: &[u8],
+        slot: Option<u32>,
+    ) -> Result<(u32, SecretBytes)> {
+        self.check_usable()?;
+        let (_, digest) = self.segment_digest()?;
+        let candidates: Vec<u32> = match slot {
+            Some(s) => {
+                if !self.model.keyslots.contains_key(&s) {
+                    return Err(Error::Keyslot(format!("keyslot {s} is not active")));
+                }
+                if !digest.keyslots.contains(&s) {
+                    return Err(Error::Keyslot(format!(
+                        "keyslot {s} is not bound to the data segment"
+                    )));
+                }
+                vec![s]
+            }
+            None => {
+                let mut c: Vec<(model::Priority, u32)> = digest
+                    .keyslots
+                    .iter()
+                    .filter_map(|id| self.model.keyslots.get(id).map(|k| (k.priority, *id)))
+                    .filter(|(p, _)| *p != Priority::Ignore)
+                    .collect();
+                c.sort_by_key(|&(p, id)| (std::cmp::Reverse(p), id));
+                c.dedup();
+                c.into_iter().map(|(_, id)| id).collect()
+            }
+        };
+        let mut unsupported = None;
+        for id in candidates {
+            let k = &self.model.keyslots[&id];
+            let p = match &k.params {
+                Ok(p) => p,
+                Err(e) => {
+                    unsupported = Some(format!("keyslot {id}: {e}"));
+                    continue;
+                }
+            };
+            let key = keyslot::open(dev, p, k.key_size as usize, k.area_offset, passphrase)?;
+            if digest::verify(digest, &key)? {
+                return Ok((id, key));
+            }
+        }
+        match (slot, unsupported) {
+            (Some(_), Some(u)) => Err(Luks2Error::Unsupported(u).into()),
+            _ => Err(Error::WrongPassphrase),
+        }
+    }
+    fn verify_volume_key(&self, key: &[u8]) -> Result<bool> {
+        let (_, digest) = self.segment_digest()?;
+        digest::verify(digest, key)
+    }
+    fn add_keyslot(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        self.store_keyslot(dev, volume_key, passphrase, slot, kdf, None)
+    }
+    /// Removes the slot from the metadata (and from digests and tokens), commits, then
+    /// wipes its area: a crash in between leaves unreferenced material, never a listed
+    /// slot whose material is gone.
+    fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()> {
+        self.check_usable()?;
+        let k = self
+            .model
+            .keyslots
+            .get(&slot)
+            .ok_or_else(|| Error::Keyslot(format!("keyslot {slot} is not active")))?;
+        let (off, len) = (k.area_offset, k.area_size);
+        let mut json = self.json.clone();
+        remove_keyslot_json(&mut json, slot)?;
+        self.commit(dev, json)?;
+        keyslot::wipe_area(dev, off, len)?;
+        dev.sync()?;
         Ok(())
     }
 }
 
-// Scaffold so the crate builds while the real module is written; replaced wholesale.
-#[derive(Debug)]
-pub struct Luks2Header;
 impl Luks2Header {
-    pub fn read(_dev: &mut dyn crate::HeaderDevice) -> crate::Result<Self> {
-        Err(crate::Error::NotLuks)
+    fn segment(&self) -> &model::Segment {
+        // refresh() guarantees the default segment exists.
+        &self.model.segments[&self.segment_id]
     }
-}
-impl crate::LuksHeader for Luks2Header {
-    fn version(&self) -> u8 { unimplemented!() }
-    fn uuid(&self) -> &str { unimplemented!() }
-    fn cipher(&self) -> cryptblk_crypto::CipherSpec { unimplemented!() }
-    fn key_len(&self) -> usize { unimplemented!() }
-    fn sector_size(&self) -> u32 { unimplemented!() }
-    fn iv_options(&self) -> cryptblk_crypto::IvOptions { unimplemented!() }
-    fn data_offset(&self) -> u64 { unimplemented!() }
-    fn data_length(&self) -> Option<u64> { unimplemented!() }
-    fn header_size(&self) -> u64 { unimplemented!() }
-    fn keyslots(&self) -> Vec<crate::KeyslotInfo> { unimplemented!() }
-    fn max_keyslots(&self) -> u32 { unimplemented!() }
-    fn unlock(&self, _: &mut dyn crate::HeaderDevice, _: &[u8], _: Option<u32>) -> crate::Result<(u32, cryptblk_crypto::SecretBytes)> { unimplemented!() }
-    fn verify_volume_key(&self, _: &[u8]) -> crate::Result<bool> { unimplemented!() }
-    fn add_keyslot(&mut self, _: &mut dyn crate::HeaderDevice, _: &[u8], _: &[u8], _: Option<u32>, _: &cryptblk_crypto::KdfRequest) -> crate::Result<u32> { unimplemented!() }
-    fn kill_keyslot(&mut self, _: &mut dyn crate::HeaderDevice, _: u32) -> crate::Result<()> { unimplemented!() }
 }

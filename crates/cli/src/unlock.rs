@@ -1,0 +1,166 @@
+//! Opening a volume for the data path: LUKS (passphrase → keyslot) or plain mode
+//! (passphrase hashed, or raw key file), with cryptsetup's option names.
+
+use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_PERMISSION, io_err};
+use crate::passphrase::{get_passphrase, read_key_file};
+use crate::{HeaderArgs, KeyArgs};
+use clap::Args;
+use cryptblk_crypto::CipherSpec;
+use cryptblk_format::plain::PlainParams;
+use cryptblk_volume::{OpenOptions, Volume, VolumeParams, open_plain, unlock_luks};
+use std::path::Path;
+
+/// Everything that says how to unlock and map a volume.
+#[derive(Args, Debug, Clone, Default)]
+pub struct VolumeArgs {
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// luks (LUKS1 or LUKS2, detected) or plain.
+    #[arg(long = "type", default_value = "luks")]
+    pub kind: String,
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    /// Open read-only.
+    #[arg(short = 'r', long = "readonly", alias = "read-only")]
+    pub read_only: bool,
+    /// Pass discards (TRIM) down to the storage (reveals unused blocks; off by default).
+    #[arg(long = "allow-discards")]
+    pub allow_discards: bool,
+    /// Plain mode: cipher specification.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// Plain mode: key size in bits.
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
+    /// Plain mode: passphrase hash (sha256, ripemd160, plain, sha256:LEN, ...).
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
+    /// Plain mode: data start on the device, in 512-byte sectors.
+    #[arg(short = 'o', long)]
+    pub offset: Option<u64>,
+    /// Plain mode: IV offset in 512-byte sectors.
+    #[arg(short = 'p', long)]
+    pub skip: Option<u64>,
+    /// Plain mode: size in 512-byte sectors.
+    #[arg(short = 'b', long)]
+    pub size: Option<u64>,
+    /// Plain mode: encryption sector size.
+    #[arg(long = "sector-size")]
+    pub sector_size: Option<u32>,
+    /// Plain mode: IVs count encryption sectors, not 512-byte sectors.
+    #[arg(long = "iv-large-sectors")]
+    pub iv_large_sectors: bool,
+}
+
+/// What `status` reports about how the volume was opened.
+pub struct OpenedVolume {
+    pub volume: Volume,
+    /// "LUKS1", "LUKS2" or "PLAIN".
+    pub kind: String,
+    pub key_bits: usize,
+    pub keyslot: Option<u32>,
+}
+
+fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
+    match e {
+        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        cryptblk_volume::Error::Format(cryptblk_format::Error::NotLuks) => CliError::usage(
+            format!("Device {} is not a valid LUKS device.", device.display()),
+        ),
+        cryptblk_volume::Error::Busy(s) => {
+            CliError::new(EXIT_BUSY, format!("{s} is in use by another process"))
+        }
+        cryptblk_volume::Error::Io(e) => io_err(device, e),
+        e => CliError::usage(e.to_string()),
+    }
+}
+
+pub fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
+    let mut p = PlainParams::default();
+    if let Some(c) = &a.cipher {
+        p.cipher = CipherSpec::parse(c)?;
+        p.key_len = p.cipher.default_key_len();
+    }
+    if let Some(bits) = a.key_size {
+        p.key_len = bits / 8;
+    }
+    if let Some(h) = &a.hash {
+        p.set_hash_spec(h)?;
+    }
+    p.offset = a.offset.unwrap_or(0);
+    p.skip = a.skip.unwrap_or(0);
+    p.size = a.size;
+    if let Some(ss) = a.sector_size {
+        p.sector_size = ss;
+    }
+    p.iv_large_sectors = a.iv_large_sectors;
+    p.validate()?;
+    Ok(p)
+}
+
+/// Unlocks `device` as the options say.
+pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    match a.kind.as_str() {
+        "luks" | "luks1" | "luks2" => {
+            let pass = get_passphrase(
+                &a.key.source(),
+                &format!("Enter passphrase for {}: ", device.display()),
+                false,
+            )?;
+            let opts = OpenOptions {
+                header: a.header.header.clone(),
+                read_only: a.read_only,
+                allow_discards: a.allow_discards,
+                key_slot: a.key_slot,
+            };
+            let u = unlock_luks(device, &opts, &pass).map_err(|e| volume_error(device, e))?;
+            Ok(OpenedVolume {
+                kind: format!("LUKS{}", u.header.version()),
+                key_bits: u.header.key_len() * 8,
+                keyslot: Some(u.keyslot),
+                volume: u.volume,
+            })
+        }
+        "plain" => {
+            let p = plain_params(a)?;
+            // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
+            let key = match &a.key.key_file {
+                Some(f) if f.as_os_str() != "-" => {
+                    let raw = read_key_file(f, 0, None)?;
+                    p.key_from_keyfile(&raw, a.key.keyfile_offset)?
+                }
+                _ => {
+                    let pass = get_passphrase(
+                        &a.key.source(),
+                        &format!("Enter passphrase for {}: ", device.display()),
+                        false,
+                    )?;
+                    p.derive_key(&pass)?
+                }
+            };
+            let params = VolumeParams {
+                cipher: p.cipher,
+                sector_size: p.sector_size,
+                iv: p.iv_options(),
+                data_offset: p.data_offset_bytes(),
+                data_length: p.data_length_bytes(),
+                read_only: a.read_only,
+                allow_discards: a.allow_discards,
+            };
+            let volume = open_plain(device, &key, &params).map_err(|e| volume_error(device, e))?;
+            Ok(OpenedVolume {
+                volume,
+                kind: "PLAIN".into(),
+                key_bits: p.key_len * 8,
+                keyslot: None,
+            })
+        }
+        other => Err(CliError::usage(format!(
+            "unsupported --type {other} (luks, plain)"
+        ))),
+    }
+}

@@ -1,0 +1,65 @@
+//! Errors specific to LUKS2 metadata.
+
+use std::fmt;
+
+/// What can be wrong with LUKS2 metadata, or with an operation on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Luks2Error {
+    /// One header copy is unusable (bad magic, version, size, checksum, JSON, ...).
+    InvalidCopy { copy: &'static str, reason: String },
+    /// Neither the primary nor the secondary header copy is usable.
+    NoValidCopy { primary: String, secondary: String },
+    /// The JSON metadata parses but violates the LUKS2 rules (as cryptsetup validates them).
+    InvalidMetadata(String),
+    /// The header carries mandatory requirements this implementation does not support
+    /// (e.g. an interrupted reencryption); the volume must not be opened or changed.
+    UnmetRequirements(Vec<String>),
+    /// A keyslot, digest or segment uses something this implementation cannot compute.
+    Unsupported(String),
+    /// The new JSON does not fit the JSON area.
+    JsonTooLarge { need: u64, have: u64 },
+    /// No gap in the keyslots area is large enough for another keyslot.
+    NoKeyslotSpace,
+    /// The volume key given does not match the volume's digest.
+    VolumeKeyMismatch,
+    /// Label or subsystem too long (47 bytes max) or containing NUL.
+    InvalidLabel(String),
+    /// `--uuid` is not a UUID.
+    InvalidUuid(String),
+}
+
+impl fmt::Display for Luks2Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Luks2Error::InvalidCopy { copy, reason } => {
+                write!(f, "{copy} header invalid: {reason}")
+            }
+            Luks2Error::NoValidCopy { primary, secondary } => write!(
+                f,
+                "no valid header copy (primary: {primary}; secondary: {secondary})"
+            ),
+            Luks2Error::InvalidMetadata(s) => write!(f, "invalid JSON metadata: {s}"),
+            Luks2Error::UnmetRequirements(r) => write!(
+                f,
+                "unmet mandatory requirements [{}]; refusing to use this device",
+                r.join(", ")
+            ),
+            Luks2Error::Unsupported(s) => write!(f, "unsupported: {s}"),
+            Luks2Error::JsonTooLarge { need, have } => {
+                write!(
+                    f,
+                    "JSON metadata needs {need} bytes but the area has {have}"
+                )
+            }
+            Luks2Error::NoKeyslotSpace => {
+                write!(f, "no space for a new keyslot in the keyslots area")
+            }
+            Luks2Error::VolumeKeyMismatch => write!(f, "volume key does not match the volume"),
+            Luks2Error::InvalidLabel(s) => write!(f, "invalid label or subsystem: {s}"),
+            Luks2Error::InvalidUuid(s) => write!(f, "wrong LUKS UUID format provided: '{s}'"),
+        }
+    }
+}
+
+impl std::error::Error for Luks2Error {}

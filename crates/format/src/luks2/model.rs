@@ -1,0 +1,582 @@
+//! Typed view of the LUKS2 JSON metadata, built by validating the JSON the way
+//! cryptsetup validates it (`LUKS2_hdr_validate` and the keyslot/digest handlers).
+//!
+//! The JSON itself stays the source of truth (see `Luks2Header::json`): this view is
+//! rebuilt from it after every change, so unknown fields survive untouched.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use cryptblk_crypto::kdf::ARGON2_MAX_MEMORY_KIB;
+use cryptblk_crypto::{Argon2Variant, CipherSpec, HashAlg, Kdf};
+use serde_json::{Map, Value};
+
+use super::Luks2Error;
+use super::binary::BIN_HDR_LEN;
+
+/// Keyslots, tokens and segments are numbered 0..32.
+pub const MAX_OBJECTS: u32 = 32;
+/// cryptsetup's ceiling for the keyslots area.
+pub const MAX_KEYSLOTS_SIZE: u64 = 128 * 1024 * 1024;
+/// The only AF stripe count cryptsetup reads or writes.
+pub const STRIPES: u32 = 4000;
+
+type Obj = Map<String, Value>;
+
+fn bad(msg: impl Into<String>) -> Luks2Error {
+    Luks2Error::InvalidMetadata(msg.into())
+}
+
+fn as_obj<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, Luks2Error> {
+    v.as_object()
+        .ok_or_else(|| bad(format!("{what} is not an object")))
+}
+
+fn get<'a>(o: &'a Obj, key: &str, what: &str) -> Result<&'a Value, Luks2Error> {
+    o.get(key)
+        .ok_or_else(|| bad(format!("{what} is missing \"{key}\"")))
+}
+
+fn get_obj<'a>(o: &'a Obj, key: &str, what: &str) -> Result<&'a Obj, Luks2Error> {
+    as_obj(get(o, key, what)?, &format!("{what} \"{key}\""))
+}
+
+/// A non-empty string field.
+fn get_str<'a>(o: &'a Obj, key: &str, what: &str) -> Result<&'a str, Luks2Error> {
+    match get(o, key, what)? {
+        Value::String(s) if !s.is_empty() => Ok(s),
+        _ => Err(bad(format!("{what} \"{key}\" is not a non-empty string"))),
+    }
+}
+
+/// A decimal number stored as a string (LUKS2 stores 64-bit values this way).
+pub fn parse_u64_str(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn get_u64_str(o: &Obj, key: &str, what: &str) -> Result<u64, Luks2Error> {
+    let s = get_str(o, key, what)?;
+    parse_u64_str(s).ok_or_else(|| {
+        bad(format!(
+            "{what} \"{key}\" is not a 64-bit number string: '{s}'"
+        ))
+    })
+}
+
+/// A JSON integer in 0..=u32::MAX.
+fn get_u32_int(o: &Obj, key: &str, what: &str) -> Result<u32, Luks2Error> {
+    get(o, key, what)?
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| bad(format!("{what} \"{key}\" is not a 32-bit unsigned integer")))
+}
+
+fn get_b64(o: &Obj, key: &str, what: &str) -> Result<Vec<u8>, Luks2Error> {
+    B64.decode(get_str(o, key, what)?)
+        .map_err(|e| bad(format!("{what} \"{key}\" is not base64: {e}")))
+}
+
+fn get_str_array<'a>(o: &'a Obj, key: &str, what: &str) -> Result<Vec<&'a str>, Luks2Error> {
+    let arr = get(o, key, what)?
+        .as_array()
+        .ok_or_else(|| bad(format!("{what} \"{key}\" is not an array")))?;
+    arr.iter()
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| bad(format!("{what} \"{key}\" has a non-string member")))
+        })
+        .collect()
+}
+
+fn opt_str_array<'a>(o: &'a Obj, key: &str, what: &str) -> Result<Vec<&'a str>, Luks2Error> {
+    if o.contains_key(key) {
+        get_str_array(o, key, what)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// An object id ("0".."31"), in canonical decimal form so that no two keys map to one id.
+pub fn parse_id(key: &str, what: &str) -> Result<u32, Luks2Error> {
+    let id = parse_u64_str(key)
+        .filter(|&n| n < MAX_OBJECTS as u64 && n.to_string() == key)
+        .ok_or_else(|| {
+            bad(format!(
+                "{what} id \"{key}\" is not a number below {MAX_OBJECTS}"
+            ))
+        })?;
+    Ok(id as u32)
+}
+
+/// Keyslot priority (`priority` field; absent means normal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    /// Only used when the slot is named explicitly.
+    Ignore = 0,
+    Normal = 1,
+    /// Tried before normal slots.
+    Prefer = 2,
+}
+
+/// The parameters of a `luks2` keyslot we can compute with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Luks2Keyslot {
+    pub area_cipher: CipherSpec,
+    pub area_key_size: usize,
+    pub kdf: Kdf,
+    pub salt: Vec<u8>,
+    pub af_hash: HashAlg,
+    pub stripes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyslotEntry {
+    pub kind: String,
+    pub key_size: u32,
+    pub area_offset: u64,
+    pub area_size: u64,
+    pub priority: Priority,
+    /// `Err` when the slot's type or algorithms are not supported here (it is kept and
+    /// preserved, only not usable).
+    pub params: Result<Luks2Keyslot, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub kind: String,
+    pub offset: u64,
+    /// `None` = "dynamic" (to the end of the device).
+    pub size: Option<u64>,
+    pub iv_tweak: u64,
+    pub encryption: String,
+    pub sector_size: u32,
+    pub flags: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pbkdf2Digest {
+    pub hash: HashAlg,
+    pub iterations: u32,
+    pub salt: Vec<u8>,
+    pub digest: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digest {
+    pub kind: String,
+    pub keyslots: Vec<u32>,
+    pub segments: Vec<u32>,
+    pub pbkdf2: Result<Pbkdf2Digest, String>,
+}
+
+/// The validated metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    pub json_size: u64,
+    pub keyslots_size: u64,
+    pub flags: Vec<String>,
+    pub requirements: Vec<String>,
+    pub keyslots: BTreeMap<u32, KeyslotEntry>,
+    pub segments: BTreeMap<u32, Segment>,
+    pub digests: BTreeMap<u32, Digest>,
+    pub tokens: BTreeMap<u32, Vec<u32>>,
+}
+
+fn parse_kdf(kdf: &Obj, what: &str) -> Result<Result<(Kdf, Vec<u8>), String>, Luks2Error> {
+    let ty = get_str(kdf, "type", what)?;
+    let salt = get_b64(kdf, "salt", what)?;
+    let kdf = match ty {
+        "pbkdf2" => {
+            let hash = get_str(kdf, "hash", what)?;
+            let iterations = get_u32_int(kdf, "iterations", what)?;
+            let Ok(hash) = HashAlg::from_name(hash) else {
+                return Ok(Err(format!("PBKDF2 hash '{hash}'")));
+            };
+            if iterations == 0 {
+                return Err(bad(format!("{what}: PBKDF2 iterations 0")));
+            }
+            Kdf::Pbkdf2 { hash, iterations }
+        }
+        "argon2i" | "argon2id" => {
+            let time = get_u32_int(kdf, "time", what)?;
+            let memory_kib = get_u32_int(kdf, "memory", what)?;
+            let parallel = get_u32_int(kdf, "cpus", what)?;
+            if time == 0 || memory_kib == 0 || parallel == 0 {
+                return Err(bad(format!("{what}: zero Argon2 cost")));
+            }
+            if memory_kib > ARGON2_MAX_MEMORY_KIB || parallel > 16 {
+                return Ok(Err(format!(
+                    "Argon2 costs memory={memory_kib} cpus={parallel}"
+                )));
+            }
+            let variant = if ty == "argon2i" {
+                Argon2Variant::Argon2i
+            } else {
+                Argon2Variant::Argon2id
+            };
+            Kdf::Argon2 {
+                variant,
+                time,
+                memory_kib,
+                parallel,
+            }
+        }
+        other => return Ok(Err(format!("KDF type '{other}'"))),
+    };
+    Ok(Ok((kdf, salt)))
+}
+
+fn parse_keyslot(v: &Value, what: &str) -> Result<KeyslotEntry, Luks2Error> {
+    let o = as_obj(v, what)?;
+    let kind = get_str(o, "type", what)?.to_string();
+    let key_size = get_u32_int(o, "key_size", what)?;
+    let area = get_obj(o, "area", what)?;
+    get_str(area, "type", what)?;
+    let area_offset = get_u64_str(area, "offset", what)?;
+    let area_size = get_u64_str(area, "size", what)?;
+    let priority = match o.get("priority") {
+        None => Priority::Normal,
+        Some(p) => match p.as_u64() {
+            Some(0) => Priority::Ignore,
+            Some(1) => Priority::Normal,
+            Some(2) => Priority::Prefer,
+            _ => return Err(bad(format!("{what}: invalid priority {p}"))),
+        },
+    };
+    let params = if kind == "luks2" {
+        parse_luks2_params(o, key_size, area_size, what)?
+    } else {
+        Err(format!("keyslot type '{kind}'"))
+    };
+    Ok(KeyslotEntry {
+        kind,
+        key_size,
+        area_offset,
+        area_size,
+        priority,
+        params,
+    })
+}
+
+/// The `luks2` keyslot fields: structural problems are errors, unsupported algorithms `Err`.
+fn parse_luks2_params(
+    o: &Obj,
+    key_size: u32,
+    area_size: u64,
+    what: &str,
+) -> Result<Result<Luks2Keyslot, String>, Luks2Error> {
+    let area = get_obj(o, "area", what)?;
+    let area_type = get_str(area, "type", what)?;
+    let encryption = get_str(area, "encryption", what)?;
+    let area_key_size = get_u32_int(area, "key_size", what)?;
+    let kdf = parse_kdf(get_obj(o, "kdf", what)?, what)?;
+    let af = get_obj(o, "af", what)?;
+    let af_type = get_str(af, "type", what)?;
+    let stripes = get_u32_int(af, "stripes", what)?;
+    let af_hash = get_str(af, "hash", what)?;
+    if key_size == 0 {
+        return Err(bad(format!("{what}: key_size 0")));
+    }
+    // The AF material must fit the area (this also bounds what unlock allocates).
+    let material = (key_size as u64)
+        .checked_mul(stripes as u64)
+        .map(|n| n.div_ceil(512) * 512)
+        .ok_or_else(|| bad(format!("{what}: key material size overflows")))?;
+    if material > area_size {
+        return Err(bad(format!(
+            "{what}: key material ({material} bytes) larger than its area ({area_size})"
+        )));
+    }
+    Ok((|| {
+        if area_type != "raw" {
+            return Err(format!("keyslot area type '{area_type}'"));
+        }
+        if af_type != "luks1" || stripes != STRIPES {
+            return Err(format!("AF type '{af_type}' with {stripes} stripes"));
+        }
+        let area_cipher =
+            CipherSpec::parse(encryption).map_err(|_| format!("keyslot cipher '{encryption}'"))?;
+        if !area_cipher.valid_key_len(area_key_size as usize) {
+            return Err(format!(
+                "keyslot cipher '{encryption}' with a {area_key_size}-byte key"
+            ));
+        }
+        let af_hash = HashAlg::from_name(af_hash).map_err(|_| format!("AF hash '{af_hash}'"))?;
+        let (kdf, salt) = kdf?;
+        Ok(Luks2Keyslot {
+            area_cipher,
+            area_key_size: area_key_size as usize,
+            kdf,
+            salt,
+            af_hash,
+            stripes,
+        })
+    })())
+}
+
+fn parse_segment(v: &Value, what: &str) -> Result<Segment, Luks2Error> {
+    let o = as_obj(v, what)?;
+    let kind = get_str(o, "type", what)?.to_string();
+    let offset = get_u64_str(o, "offset", what)?;
+    let size = match get_str(o, "size", what)? {
+        "dynamic" => None,
+        s => Some(parse_u64_str(s).ok_or_else(|| bad(format!("{what}: invalid size '{s}'")))?),
+    };
+    let flags = opt_str_array(o, "flags", what)?
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let mut seg = Segment {
+        kind,
+        offset,
+        size,
+        iv_tweak: 0,
+        encryption: String::new(),
+        sector_size: 512,
+        flags,
+    };
+    if seg.kind == "crypt" {
+        seg.iv_tweak = get_u64_str(o, "iv_tweak", what)?;
+        seg.encryption = get_str(o, "encryption", what)?.to_string();
+        seg.sector_size = get_u32_int(o, "sector_size", what)?;
+        if !matches!(seg.sector_size, 512 | 1024 | 2048 | 4096) {
+            return Err(bad(format!(
+                "{what}: illegal sector size {}",
+                seg.sector_size
+            )));
+        }
+        if seg.size.is_some_and(|s| s % seg.sector_size as u64 != 0) {
+            return Err(bad(format!("{what}: size not aligned to the sector size")));
+        }
+    }
+    Ok(seg)
+}
+
+fn parse_digest(v: &Value, what: &str) -> Result<Digest, Luks2Error> {
+    let o = as_obj(v, what)?;
+    let kind = get_str(o, "type", what)?.to_string();
+    let ids = |key: &str| -> Result<Vec<u32>, Luks2Error> {
+        get_str_array(o, key, what)?
+            .into_iter()
+            .map(|s| parse_id(s, what))
+            .collect()
+    };
+    let keyslots = ids("keyslots")?;
+    let segments = ids("segments")?;
+    let pbkdf2 = if kind == "pbkdf2" {
+        let hash = get_str(o, "hash", what)?;
+        let iterations = get_u32_int(o, "iterations", what)?;
+        let salt = get_b64(o, "salt", what)?;
+        let digest = get_b64(o, "digest", what)?;
+        if iterations == 0 || digest.is_empty() {
+            return Err(bad(format!("{what}: empty digest or zero iterations")));
+        }
+        match HashAlg::from_name(hash) {
+            Ok(hash) if digest.len() == hash.output_len() => Ok(Pbkdf2Digest {
+                hash,
+                iterations,
+                salt,
+                digest,
+            }),
+            Ok(_) => return Err(bad(format!("{what}: digest length does not match {hash}"))),
+            Err(_) => Err(format!("digest hash '{hash}'")),
+        }
+    } else {
+        Err(format!("digest type '{kind}'"))
+    };
+    Ok(Digest {
+        kind,
+        keyslots,
+        segments,
+        pbkdf2,
+    })
+}
+
+fn section<'a>(root: &'a Obj, key: &str) -> Result<&'a Obj, Luks2Error> {
+    get_obj(root, key, "JSON area")
+}
+
+impl Model {
+    /// Validates `json` for a header copy of `hdr_size` bytes.
+    pub fn from_json(json: &Value, hdr_size: u64) -> Result<Model, Luks2Error> {
+        let root = as_obj(json, "JSON metadata")?;
+
+        // config
+        let config = section(root, "config")?;
+        let json_size = get_u64_str(config, "json_size", "config")?;
+        let keyslots_size = get_u64_str(config, "keyslots_size", "config")?;
+        if json_size.checked_add(BIN_HDR_LEN as u64) != Some(hdr_size) {
+            return Err(bad(format!(
+                "config json_size {json_size} does not match header size {hdr_size}"
+            )));
+        }
+        if keyslots_size % 4096 != 0 || keyslots_size > MAX_KEYSLOTS_SIZE {
+            return Err(bad(format!("unsupported keyslots_size {keyslots_size}")));
+        }
+        let flags = opt_str_array(config, "flags", "config")?
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let requirements = match config.get("requirements") {
+            None => Vec::new(),
+            Some(r) => opt_str_array(
+                as_obj(r, "config requirements")?,
+                "mandatory",
+                "requirements",
+            )?
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        };
+
+        // keyslots
+        let mut keyslots = BTreeMap::new();
+        for (k, v) in section(root, "keyslots")? {
+            let id = parse_id(k, "keyslot")?;
+            keyslots.insert(id, parse_keyslot(v, &format!("keyslot {k}"))?);
+        }
+
+        // tokens
+        let mut tokens = BTreeMap::new();
+        for (k, v) in section(root, "tokens")? {
+            let id = parse_id(k, "token")?;
+            let what = format!("token {k}");
+            let o = as_obj(v, &what)?;
+            get_str(o, "type", &what)?;
+            let mut slots = Vec::new();
+            for s in get_str_array(o, "keyslots", &what)? {
+                let ks = parse_id(s, &what)?;
+                if !keyslots.contains_key(&ks) {
+                    return Err(bad(format!("{what} references missing keyslot {s}")));
+                }
+                slots.push(ks);
+            }
+            tokens.insert(id, slots);
+        }
+
+        // segments
+        let mut segments = BTreeMap::new();
+        for (k, v) in section(root, "segments")? {
+            let id = parse_id(k, "segment")?;
+            segments.insert(id, parse_segment(v, &format!("segment {k}"))?);
+        }
+
+        // digests
+        let mut digests = BTreeMap::new();
+        for (k, v) in section(root, "digests")? {
+            let id = parse_id(k, "digest")?;
+            let what = format!("digest {k}");
+            let d = parse_digest(v, &what)?;
+            if let Some(ks) = d.keyslots.iter().find(|ks| !keyslots.contains_key(ks)) {
+                return Err(bad(format!("{what} references missing keyslot {ks}")));
+            }
+            if let Some(s) = d.segments.iter().find(|s| !segments.contains_key(s)) {
+                return Err(bad(format!("{what} references missing segment {s}")));
+            }
+            digests.insert(id, d);
+        }
+
+        let model = Model {
+            json_size,
+            keyslots_size,
+            flags,
+            requirements,
+            keyslots,
+            segments,
+            digests,
+            tokens,
+        };
+        model.check_layout(hdr_size)?;
+        Ok(model)
+    }
+
+    /// Segments and keyslot areas: no overlaps, areas inside the keyslots area, data after it.
+    fn check_layout(&self, hdr_size: u64) -> Result<(), Luks2Error> {
+        // Crypt segments must have a digest; segments must not overlap; only the last may be dynamic.
+        let mut segs: Vec<(u64, Option<u64>)> = Vec::new();
+        for (id, s) in &self.segments {
+            if s.kind == "crypt" && !self.digests.values().any(|d| d.segments.contains(id)) {
+                return Err(bad(format!(
+                    "crypt segment {id} is not assigned to a key digest"
+                )));
+            }
+            if let Some(len) = s.size
+                && s.offset.checked_add(len).is_none()
+            {
+                return Err(bad(format!("segment {id} offset+size overflows")));
+            }
+            segs.push((s.offset, s.size));
+        }
+        segs.sort();
+        for w in segs.windows(2) {
+            match w[0].1 {
+                None => return Err(bad("only the last segment may have a dynamic size")),
+                Some(len) if w[0].0 + len > w[1].0 => return Err(bad("overlapping segments")),
+                Some(_) => {}
+            }
+        }
+
+        let meta_end = 2 * hdr_size;
+        let area_end = meta_end + self.keyslots_size;
+        // Data must start after the keyslots area, unless the header is detached (offset 0).
+        if let Some(min_off) = self.segments.values().map(|s| s.offset).min()
+            && min_off != 0
+            && min_off < area_end
+        {
+            return Err(bad(format!(
+                "keyslots area (ends at {area_end}) overlaps the data segment at {min_off}"
+            )));
+        }
+        let mut areas: Vec<(u64, u64, u32)> = Vec::new();
+        for (id, k) in &self.keyslots {
+            let (off, len) = (k.area_offset, k.area_size);
+            if off < meta_end {
+                return Err(bad(format!(
+                    "keyslot {id} area offset {off} is inside the metadata"
+                )));
+            }
+            if len == 0 {
+                return Err(bad(format!("keyslot {id} area is empty")));
+            }
+            match off.checked_add(len) {
+                Some(end) if end <= area_end => {}
+                _ => {
+                    return Err(bad(format!(
+                        "keyslot {id} area [{off}, +{len}] overflows the keyslots area (ends at {area_end})"
+                    )));
+                }
+            }
+            areas.push((off, len, *id));
+        }
+        areas.sort();
+        for w in areas.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return Err(bad(format!(
+                    "keyslot areas {} and {} overlap",
+                    w[0].2, w[1].2
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The segment data goes through: the lowest-numbered crypt segment that is not a backup.
+    pub fn default_segment(&self) -> Option<(u32, &Segment)> {
+        self.segments
+            .iter()
+            .find(|(_, s)| !s.flags.iter().any(|f| f.starts_with("backup-")))
+            .map(|(id, s)| (*id, s))
+    }
+
+    /// The digest that checks the volume key of segment `seg`.
+    pub fn segment_digest(&self, seg: u32) -> Option<(u32, &Digest)> {
+        self.digests
+            .iter()
+            .find(|(_, d)| d.segments.contains(&seg))
+            .map(|(id, d)| (*id, d))
+    }
+}

@@ -1,0 +1,728 @@
+use super::binary::{BinHeader, encode_copy};
+use super::*;
+use crate::MemDevice;
+use cryptblk_crypto::{Argon2Variant, HashAlg, Kdf, KdfKind};
+
+const MIB: u64 = 1024 * 1024;
+
+fn fast_kdf() -> KdfRequest {
+    KdfRequest {
+        kind: KdfKind::Pbkdf2,
+        hash: HashAlg::Sha256,
+        iter_time_ms: 10,
+        forced_iterations: Some(1000),
+        memory_kib: 32,
+        parallel: 1,
+    }
+}
+
+fn opts() -> FormatOptions {
+    let mut o = FormatOptions::new(fast_kdf());
+    o.key_len = 32;
+    o
+}
+
+fn vk() -> Vec<u8> {
+    (0..32u8).collect()
+}
+
+fn fresh() -> (MemDevice, Luks2Header) {
+    let mut dev = MemDevice::new((17 * MIB) as usize);
+    let h = Luks2Header::format(&mut dev, &opts(), &vk(), b"pass0").unwrap();
+    (dev, h)
+}
+
+fn luks2_err(r: Result<Luks2Header>) -> Luks2Error {
+    match r {
+        Err(Error::Luks2(e)) => e,
+        other => panic!("expected a LUKS2 error, got {other:?}"),
+    }
+}
+
+/// Writes `text` as the JSON of both copies, with valid checksums and a higher seqid.
+fn put_json_text(dev: &mut MemDevice, h: &Luks2Header, text: &[u8]) {
+    for (secondary, off) in [(false, 0), (true, h.hdr_size())] {
+        let bin = BinHeader {
+            secondary,
+            hdr_size: h.hdr_size(),
+            seqid: h.seqid() + 1,
+            label: String::new(),
+            checksum_alg: "sha256".into(),
+            salt: [7; 64],
+            uuid: h.uuid().to_string(),
+            subsystem: String::new(),
+            hdr_offset: off,
+        };
+        dev.write_at(&encode_copy(&bin, text).unwrap(), off)
+            .unwrap();
+    }
+}
+
+/// Re-reads after changing the JSON with `f`.
+fn with_json(f: impl FnOnce(&mut Value)) -> Result<Luks2Header> {
+    let (mut dev, h) = fresh();
+    let mut j = h.json().clone();
+    f(&mut j);
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    Luks2Header::read(&mut dev)
+}
+
+fn metadata_error(f: impl FnOnce(&mut Value), needle: &str) {
+    match luks2_err(with_json(f)) {
+        Luks2Error::NoValidCopy { primary, secondary } => {
+            assert!(
+                primary.contains(needle),
+                "primary: {primary} (want {needle})"
+            );
+            assert!(secondary.contains(needle), "secondary: {secondary}");
+        }
+        e => panic!("unexpected {e:?}"),
+    }
+}
+
+#[test]
+fn format_matches_cryptsetup_layout_and_roundtrips() {
+    let (mut dev, h) = fresh();
+    assert_eq!(h.hdr_size(), 16384);
+    assert_eq!(h.json_size(), 12288);
+    assert_eq!(h.keyslots_size(), 16744448);
+    assert_eq!(h.data_offset(), 16 * MIB);
+    assert_eq!(h.data_length(), None);
+    assert_eq!(h.header_size(), 16 * MIB);
+    assert_eq!(
+        h.iv_options(),
+        IvOptions {
+            large_sectors: false,
+            offset: 0
+        }
+    );
+    let ks = h.keyslots();
+    assert_eq!(ks.len(), 1);
+    assert_eq!(
+        (ks[0].id, ks[0].area_offset, ks[0].area_size, ks[0].stripes),
+        (0, 32768, 131072, 4000)
+    );
+    assert_eq!(
+        ks[0].kdf,
+        Some(Kdf::Pbkdf2 {
+            hash: HashAlg::Sha256,
+            iterations: 1000
+        })
+    );
+    let j = h.json();
+    assert_eq!(
+        j["digests"]["0"]["iterations"], 1000,
+        "forced PBKDF cost → digest minimum"
+    );
+    assert_eq!(j["keyslots"]["0"]["area"]["encryption"], "aes-xts-plain64");
+    assert_eq!(j["segments"]["0"]["offset"], "16777216");
+    let order: Vec<&String> = j.as_object().unwrap().keys().collect();
+    assert_eq!(
+        order,
+        ["keyslots", "tokens", "segments", "digests", "config"]
+    );
+
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.json(), h.json());
+    assert_eq!(
+        (r.uuid(), r.seqid(), r.key_len(), r.sector_size()),
+        (h.uuid(), 1, 32, 512)
+    );
+    assert!(r.copy_status().both_valid() && r.copies_in_sync());
+    let (slot, key) = r.unlock(&mut dev, b"pass0", None).unwrap();
+    assert_eq!((slot, &key[..]), (0, &vk()[..]));
+    assert!(matches!(
+        r.unlock(&mut dev, b"wrong", None),
+        Err(Error::WrongPassphrase)
+    ));
+    assert!(r.verify_volume_key(&vk()).unwrap());
+    assert!(!r.verify_volume_key(&[0u8; 32]).unwrap());
+    assert!(matches!(crate::load_header(&mut dev).unwrap().version(), 2));
+}
+
+#[test]
+fn layout_follows_cryptsetup() {
+    let l = |ks, off, det| compute_layout(0x4000, ks, off, det).unwrap();
+    assert_eq!(l(None, None, false), (16744448, 16 * MIB));
+    assert_eq!(l(None, None, true), (16744448, 0));
+    assert_eq!(l(None, Some(2 * MIB), false), (2 * MIB - 32768, 2 * MIB));
+    assert_eq!(l(None, Some(2 * MIB), true), (2 * MIB - 32768, 2 * MIB));
+    assert_eq!(l(Some(MIB), None, false), (MIB, 2 * MIB));
+    assert_eq!(
+        compute_layout(0x10000, None, None, false).unwrap(),
+        (16 * MIB - 0x20000, 16 * MIB)
+    );
+    assert!(compute_layout(0x4000, None, Some(16384), false).is_err());
+}
+
+#[test]
+fn format_options_are_honoured() {
+    let mut o = opts();
+    o.label = Some("my label".into());
+    o.subsystem = Some("sub".into());
+    o.uuid = Some("12345678-1234-1234-1234-123456789ABC".into());
+    o.sector_size = 4096;
+    o.luks2_metadata_size = Some(0x8000);
+    o.luks2_keyslots_size = Some(MIB);
+    o.keyslot = Some(5);
+    o.detached_header = true;
+    let mut dev = MemDevice::default();
+    let h = Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!((r.label(), r.subsystem()), ("my label", "sub"));
+    assert_eq!(r.uuid(), "12345678-1234-1234-1234-123456789abc");
+    assert_eq!(
+        (r.hdr_size(), r.keyslots_size(), r.data_offset()),
+        (0x8000, MIB, 0)
+    );
+    assert_eq!(r.sector_size(), 4096);
+    assert_eq!(dev.data.len() as u64, 0x10000 + MIB);
+    assert_eq!(r.unlock(&mut dev, b"p", None).unwrap().0, 5);
+    assert_eq!(r.json(), h.json());
+
+    o.uuid = Some("not-a-uuid".into());
+    assert!(matches!(
+        Luks2Header::format(&mut MemDevice::default(), &o, &vk(), b"p"),
+        Err(Error::Luks2(Luks2Error::InvalidUuid(_)))
+    ));
+    o.uuid = None;
+    o.label = Some("x".repeat(48));
+    assert!(matches!(
+        Luks2Header::format(&mut MemDevice::default(), &o, &vk(), b"p"),
+        Err(Error::Luks2(Luks2Error::InvalidLabel(_)))
+    ));
+    o.label = None;
+    o.luks2_metadata_size = Some(0x5000);
+    assert!(Luks2Header::format(&mut MemDevice::default(), &o, &vk(), b"p").is_err());
+    // Not detached: the device must hold the data offset.
+    let mut o = opts();
+    o.detached_header = false;
+    assert!(Luks2Header::format(&mut MemDevice::new(MIB as usize), &o, &vk(), b"p").is_err());
+}
+
+#[test]
+fn argon2_keyslot_and_cipher_null_keyslot_cipher() {
+    let mut o = opts();
+    o.cipher = CipherSpec::parse("cipher_null-ecb").unwrap();
+    o.kdf = KdfRequest {
+        kind: KdfKind::Argon2(Argon2Variant::Argon2id),
+        forced_iterations: Some(4),
+        ..fast_kdf()
+    };
+    // cipher_null ignores its key, but LUKS2 still needs a volume key for the digest, and
+    // cryptsetup protects the keyslot with aes-xts-plain64/512 instead of the null cipher.
+    o.key_len = 32;
+    let mut dev = MemDevice::new((17 * MIB) as usize);
+    let h = Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
+    assert_eq!(
+        h.json()["keyslots"]["0"]["area"]["encryption"],
+        "aes-xts-plain64"
+    );
+    assert_eq!(h.json()["keyslots"]["0"]["area"]["key_size"], 64);
+    assert_eq!(h.json()["keyslots"]["0"]["kdf"]["type"], "argon2id");
+    assert_eq!(h.json()["keyslots"]["0"]["kdf"]["memory"], 32);
+    assert_eq!(h.unlock(&mut dev, b"p", None).unwrap().1[..], vk()[..]);
+}
+
+#[test]
+fn corrupt_primary_opens_from_secondary_and_read_never_writes() {
+    for corrupt in [0usize, 4096 + 3, 448, 200] {
+        let (mut dev, h) = fresh();
+        dev.data[corrupt] ^= 0x55;
+        let before = dev.data.clone();
+        let r = Luks2Header::read(&mut dev).unwrap();
+        assert_eq!(r.json(), h.json());
+        assert!(r.copy_status().primary_error.is_some(), "offset {corrupt}");
+        assert!(r.copy_status().secondary_error.is_none());
+        assert_eq!(dev.data, before, "read must not write");
+        assert!(r.unlock(&mut dev, b"pass0", None).is_ok());
+    }
+    // Primary wiped entirely (e.g. by wipefs): found through the secondary's magic.
+    let (mut dev, _) = fresh();
+    dev.data[..16384].fill(0);
+    let mut r = Luks2Header::read(&mut dev).unwrap();
+    assert!(r.copy_status().primary_error.is_some());
+    assert!(crate::load_header(&mut dev).is_ok());
+    // Explicit repair restores both copies.
+    r.repair(&mut dev).unwrap();
+    let r2 = Luks2Header::read(&mut dev).unwrap();
+    assert!(r2.copy_status().both_valid() && r2.copies_in_sync());
+    assert_eq!(r2.seqid(), r.seqid());
+}
+
+#[test]
+fn secondary_found_at_every_header_size() {
+    let mut o = opts();
+    o.luks2_metadata_size = Some(0x40000);
+    let mut dev = MemDevice::new((17 * MIB) as usize);
+    Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
+    dev.data[..4096].fill(0xff);
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.hdr_size(), 0x40000);
+}
+
+#[test]
+fn both_corrupt_and_not_luks_are_clear_errors() {
+    let (mut dev, h) = fresh();
+    dev.data[5000] ^= 1;
+    dev.data[h.hdr_size() as usize + 5000] ^= 1;
+    match luks2_err(Luks2Header::read(&mut dev)) {
+        Luks2Error::NoValidCopy { primary, secondary } => {
+            assert!(
+                primary.contains("checksum") && secondary.contains("checksum"),
+                "{primary} / {secondary}"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(
+        Luks2Header::read(&mut dev)
+            .unwrap_err()
+            .to_string()
+            .contains("no valid header copy")
+    );
+    let mut zero = MemDevice::new(MIB as usize);
+    assert!(matches!(Luks2Header::read(&mut zero), Err(Error::NotLuks)));
+    // Bad version in the primary, secondary wiped.
+    let (mut dev, _) = fresh();
+    dev.data[7] = 3;
+    dev.data[16384..16390].fill(0);
+    assert!(matches!(
+        Luks2Header::read(&mut dev),
+        Err(Error::Luks2(Luks2Error::NoValidCopy { .. }))
+    ));
+}
+
+#[test]
+fn truncated_devices_error_without_panic() {
+    let (dev, _) = fresh();
+    for len in [
+        0usize,
+        7,
+        4000,
+        4096,
+        10000,
+        16384,
+        20000,
+        40000,
+        (16 * MIB - 1) as usize,
+    ] {
+        let mut d = MemDevice {
+            data: dev.data[..len].to_vec(),
+        };
+        assert!(Luks2Header::read(&mut d).is_err(), "len {len}");
+    }
+    let mut d = MemDevice {
+        data: dev.data[..40000].to_vec(),
+    };
+    assert!(
+        matches!(Luks2Header::read(&mut d), Err(Error::Truncated { need, .. }) if need == 16 * MIB)
+    );
+}
+
+#[test]
+fn higher_seqid_wins() {
+    let (mut dev, mut h) = fresh();
+    let old = dev.data.clone();
+    h.add_keyslot(&mut dev, &vk(), b"pass1", None, &fast_kdf())
+        .unwrap();
+    let hs = h.hdr_size() as usize;
+    // New primary + old secondary → new.
+    let mut d = dev.clone();
+    d.data[hs..2 * hs].copy_from_slice(&old[hs..2 * hs]);
+    let r = Luks2Header::read(&mut d).unwrap();
+    assert_eq!(r.keyslots().len(), 2);
+    assert!(!r.copies_in_sync());
+    // Old primary + new secondary → new as well.
+    let mut d = dev.clone();
+    d.data[..hs].copy_from_slice(&old[..hs]);
+    assert_eq!(Luks2Header::read(&mut d).unwrap().keyslots().len(), 2);
+}
+
+#[test]
+fn hostile_metadata_is_rejected() {
+    metadata_error(
+        |j| j["keyslots"]["0"]["area"]["offset"] = "0".into(),
+        "inside the metadata",
+    );
+    metadata_error(
+        |j| j["keyslots"]["0"]["area"]["offset"] = "16777216".into(),
+        "overflows the keyslots area",
+    );
+    metadata_error(
+        |j| {
+            let mut k = j["keyslots"]["0"].clone();
+            k["area"]["offset"] = "36864".into();
+            j["keyslots"]["1"] = k;
+        },
+        "overlap",
+    );
+    metadata_error(
+        |j| j["segments"]["0"]["offset"] = "1048576".into(),
+        "overlaps the data segment",
+    );
+    metadata_error(
+        |j| j["config"]["json_size"] = "999999999999".into(),
+        "json_size",
+    );
+    metadata_error(
+        |j| j["config"]["keyslots_size"] = "18446744073709551615".into(),
+        "keyslots_size",
+    );
+    metadata_error(
+        |j| j["config"]["keyslots_size"] = "-1".into(),
+        "number string",
+    );
+    metadata_error(
+        |j| j["digests"]["0"]["keyslots"] = json!(["0", "3"]),
+        "missing keyslot 3",
+    );
+    metadata_error(
+        |j| j["digests"]["0"]["segments"] = json!(["7"]),
+        "missing segment 7",
+    );
+    metadata_error(
+        |j| j["digests"]["0"]["segments"] = json!([]),
+        "not assigned to a key digest",
+    );
+    metadata_error(
+        |j| j["keyslots"]["0"]["af"]["stripes"] = 4_000_000_000u32.into(),
+        "larger than its area",
+    );
+    metadata_error(|j| j["keyslots"]["0"]["key_size"] = (-1).into(), "key_size");
+    metadata_error(
+        |j| j["keyslots"]["0"]["kdf"]["salt"] = "!!".into(),
+        "base64",
+    );
+    metadata_error(|j| j["keyslots"]["0"]["area"] = json!([]), "not an object");
+    metadata_error(
+        |j| j["segments"]["0"]["sector_size"] = 1000.into(),
+        "sector size",
+    );
+    metadata_error(|j| j["segments"]["0"]["size"] = "12".into(), "aligned");
+    metadata_error(
+        |j| {
+            let v = j["keyslots"]["0"].clone();
+            j["keyslots"]["00"] = v;
+        },
+        "keyslot id",
+    );
+    metadata_error(
+        |j| j["tokens"]["0"] = json!({"type": "x", "keyslots": ["9"]}),
+        "missing keyslot 9",
+    );
+    metadata_error(|j| *j = json!([1, 2]), "not an object");
+    metadata_error(
+        |j| {
+            j.as_object_mut()
+                .unwrap()
+                .shift_remove("config")
+                .map(|_| ())
+                .unwrap()
+        },
+        "config",
+    );
+
+    let (mut dev, h) = fresh();
+    put_json_text(&mut dev, &h, b"{\"keyslots\": {");
+    assert!(
+        format!("{}", Luks2Header::read(&mut dev).unwrap_err()).contains("JSON does not parse")
+    );
+    let deep = "[".repeat(10_000);
+    put_json_text(&mut dev, &h, deep.as_bytes());
+    assert!(Luks2Header::read(&mut dev).is_err());
+}
+
+#[test]
+fn unknown_mandatory_requirement_refuses() {
+    let (mut dev, h) = fresh();
+    let mut j = h.json().clone();
+    j["config"]["requirements"] = json!({"mandatory": ["online-reencrypt-v2", "future-thing"]});
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    let e = Luks2Header::read(&mut dev).unwrap_err();
+    assert!(e.to_string().contains("future-thing"), "{e}");
+    let mut r = Luks2Header::read_ignoring_requirements(&mut dev).unwrap();
+    assert_eq!(r.requirements(), ["online-reencrypt-v2", "future-thing"]);
+    assert!(r.unlock(&mut dev, b"pass0", None).is_err());
+    assert!(r.kill_keyslot(&mut dev, 0).is_err());
+    assert!(r.set_label(&mut dev, Some("x")).is_err());
+}
+
+#[test]
+fn unsupported_algorithms_are_kept_not_fatal() {
+    let (mut dev, h) = fresh();
+    let mut j = h.json().clone();
+    let mut k = j["keyslots"]["0"].clone();
+    k["area"]["offset"] = "163840".into();
+    k["area"]["encryption"] = "serpent-xts-plain64".into();
+    j["keyslots"]["1"] = k;
+    j["digests"]["0"]["keyslots"] = json!(["0", "1"]);
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.keyslots().len(), 2);
+    assert_eq!(r.keyslots()[1].kdf, None);
+    assert_eq!(r.unlock(&mut dev, b"pass0", None).unwrap().0, 0);
+    assert!(matches!(
+        r.unlock(&mut dev, b"pass0", Some(1)),
+        Err(Error::Luks2(Luks2Error::Unsupported(_)))
+    ));
+}
+
+#[test]
+fn unknown_fields_and_tokens_survive_add_and_kill() {
+    let (mut dev, h) = fresh();
+    let mut j = h.json().clone();
+    j["x-vendor"] = json!({"keep": [1, 2, {"deep": "yes"}]});
+    j["keyslots"]["0"]["x-extra"] = "slot-extra".into();
+    j["segments"]["0"]["x-seg"] = 42.into();
+    j["tokens"]["0"] = json!({"type": "luks2-keyring", "keyslots": ["0"], "key_description": "k"});
+    j["tokens"]["3"] = json!({"type": "systemd-tpm2", "keyslots": [], "tpm2-blob": "AAAA"});
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    let mut h = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(h.tokens().len(), 2);
+
+    let s = h
+        .add_keyslot(&mut dev, &vk(), b"pass1", None, &fast_kdf())
+        .unwrap();
+    assert_eq!(s, 1);
+    assert_eq!(h.keyslots()[1].area_offset, 32768 + 131072);
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.json()["x-vendor"], j["x-vendor"]);
+    assert_eq!(r.json()["keyslots"]["0"]["x-extra"], "slot-extra");
+    assert_eq!(r.json()["segments"]["0"]["x-seg"], 42);
+    assert_eq!(r.json()["tokens"], j["tokens"]);
+    assert_eq!(r.json()["digests"]["0"]["keyslots"], json!(["0", "1"]));
+
+    h.kill_keyslot(&mut dev, 0).unwrap();
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.json()["x-vendor"], j["x-vendor"]);
+    assert_eq!(r.json()["tokens"]["0"]["keyslots"], json!([]));
+    assert_eq!(r.json()["tokens"]["3"], j["tokens"]["3"]);
+    assert_eq!(r.json()["digests"]["0"]["keyslots"], json!(["1"]));
+    assert!(r.json()["keyslots"].get("0").is_none());
+    // The killed area is wiped.
+    assert!(!dev.data[32768..32768 + 131072].iter().all(|&b| b == 0));
+    assert!(matches!(
+        r.unlock(&mut dev, b"pass0", None),
+        Err(Error::WrongPassphrase)
+    ));
+    assert_eq!(r.unlock(&mut dev, b"pass1", None).unwrap().0, 1);
+    assert_eq!(r.key_len(), 32);
+
+    // The freed gap is reused first, as cryptsetup does.
+    let mut h = r;
+    assert_eq!(
+        h.add_keyslot(&mut dev, &vk(), b"pass2", Some(7), &fast_kdf())
+            .unwrap(),
+        7
+    );
+    assert_eq!(
+        h.keyslots().iter().find(|k| k.id == 7).unwrap().area_offset,
+        32768
+    );
+    assert!(matches!(
+        h.add_keyslot(&mut dev, &vk(), b"x", Some(7), &fast_kdf()),
+        Err(Error::Keyslot(_))
+    ));
+    assert!(matches!(
+        h.add_keyslot(&mut dev, &[1u8; 32], b"x", None, &fast_kdf()),
+        Err(Error::Luks2(Luks2Error::VolumeKeyMismatch))
+    ));
+    assert!(h.kill_keyslot(&mut dev, 9).is_err());
+}
+
+#[test]
+fn keyslots_area_fills_up() {
+    let mut o = opts();
+    o.luks2_keyslots_size = Some(3 * 131072);
+    let mut dev = MemDevice::new((17 * MIB) as usize);
+    let mut h = Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
+    h.add_keyslot(&mut dev, &vk(), b"q", None, &fast_kdf())
+        .unwrap();
+    h.add_keyslot(&mut dev, &vk(), b"r", None, &fast_kdf())
+        .unwrap();
+    assert!(matches!(
+        h.add_keyslot(&mut dev, &vk(), b"s", None, &fast_kdf()),
+        Err(Error::Luks2(Luks2Error::NoKeyslotSpace))
+    ));
+}
+
+#[test]
+fn change_keyslot_swaps_atomically() {
+    let (mut dev, mut h) = fresh();
+    let mut j = h.json().clone();
+    j["tokens"]["0"] = json!({"type": "t", "keyslots": ["0"]});
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    h = Luks2Header::read(&mut dev).unwrap();
+    let new = h
+        .change_keyslot(&mut dev, b"pass0", b"new", None, None, &fast_kdf())
+        .unwrap();
+    assert_eq!(new, 1);
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.keyslots().len(), 1);
+    assert_eq!(r.json()["tokens"]["0"]["keyslots"], json!(["1"]));
+    assert!(r.unlock(&mut dev, b"pass0", None).is_err());
+    assert_eq!(r.unlock(&mut dev, b"new", None).unwrap().0, 1);
+    // Same slot number kept when asked.
+    let mut h = r;
+    assert_eq!(
+        h.change_keyslot(&mut dev, b"new", b"newer", Some(1), Some(1), &fast_kdf())
+            .unwrap(),
+        1
+    );
+    assert_eq!(h.unlock(&mut dev, b"newer", Some(1)).unwrap().0, 1);
+    assert!(
+        h.change_keyslot(&mut dev, b"bad", b"x", None, None, &fast_kdf())
+            .is_err()
+    );
+}
+
+#[test]
+fn labels_flags_and_priorities() {
+    let (mut dev, mut h) = fresh();
+    h.set_label(&mut dev, Some("data")).unwrap();
+    h.set_subsystem(&mut dev, Some("backup")).unwrap();
+    h.set_config_flags(
+        &mut dev,
+        &["allow-discards", "no-read-workqueue", "allow-discards"],
+    )
+    .unwrap();
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!((r.label(), r.subsystem(), r.seqid()), ("data", "backup", 4));
+    assert_eq!(r.config_flags(), ["allow-discards", "no-read-workqueue"]);
+    assert!(h.set_label(&mut dev, Some(&"l".repeat(48))).is_err());
+    assert_eq!(Luks2Header::read(&mut dev).unwrap().label(), "data");
+    h.set_config_flags(&mut dev, &[]).unwrap();
+    h.set_label(&mut dev, None).unwrap();
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert!(r.config_flags().is_empty() && r.json()["config"].get("flags").is_none());
+    assert_eq!(r.label(), "");
+
+    // Priorities: "ignore" slots are skipped unless named, "prefer" ones tried first.
+    let mut h = r;
+    h.add_keyslot(&mut dev, &vk(), b"pass0", None, &fast_kdf())
+        .unwrap();
+    let mut j = h.json().clone();
+    j["keyslots"]["0"]["priority"] = 0.into();
+    j["keyslots"]["1"]["priority"] = 2.into();
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.keyslot_priority(0), Some(Priority::Ignore));
+    assert_eq!(r.unlock(&mut dev, b"pass0", None).unwrap().0, 1);
+    assert_eq!(r.unlock(&mut dev, b"pass0", Some(0)).unwrap().0, 0);
+}
+
+/// Records writes so that every crash point of an operation can be replayed.
+#[derive(Default)]
+struct Recorder {
+    dev: MemDevice,
+    writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl HeaderDevice for Recorder {
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.writes.push((offset, buf.to_vec()));
+        self.dev.write_at(buf, offset)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn size(&mut self) -> std::io::Result<u64> {
+        self.dev.size()
+    }
+}
+
+#[test]
+fn every_crash_point_leaves_old_or_new_keyslots() {
+    type Op = fn(&mut Luks2Header, &mut Recorder);
+    let ops: [(Op, &[u32], &[u32]); 3] = [
+        (
+            |h, d| {
+                h.add_keyslot(d, &vk(), b"pass1", None, &fast_kdf())
+                    .unwrap();
+            },
+            &[0],
+            &[0, 1],
+        ),
+        (|h, d| h.kill_keyslot(d, 0).unwrap(), &[0, 1], &[1]),
+        (
+            |h, d| {
+                h.change_keyslot(d, b"pass0", b"pass2", Some(0), Some(0), &fast_kdf())
+                    .unwrap();
+            },
+            &[0, 1],
+            &[0, 1],
+        ),
+    ];
+    for (i, (op, old, new)) in ops.into_iter().enumerate() {
+        let (mut base, mut h) = fresh();
+        if i > 0 {
+            h.add_keyslot(&mut base, &vk(), b"pass1", None, &fast_kdf())
+                .unwrap();
+        }
+        let mut rec = Recorder {
+            dev: base.clone(),
+            writes: Vec::new(),
+        };
+        op(&mut h, &mut rec);
+        let slots = |d: &mut MemDevice| {
+            let r = Luks2Header::read(d).unwrap();
+            // Every listed slot must still open with its passphrase.
+            for k in r.keyslots() {
+                let pass: &[u8] = match k.id {
+                    1 => b"pass1",
+                    _ if i == 2 && r.seqid() == h.seqid() => b"pass2",
+                    _ => b"pass0",
+                };
+                assert!(
+                    r.unlock(d, pass, Some(k.id)).is_ok(),
+                    "op {i} slot {}",
+                    k.id
+                );
+            }
+            r.keyslots().iter().map(|k| k.id).collect::<Vec<u32>>()
+        };
+        for n in 0..=rec.writes.len() {
+            for torn in [false, true] {
+                let mut d = base.clone();
+                for (off, data) in &rec.writes[..n] {
+                    d.write_at(data, *off).unwrap();
+                }
+                if torn && let Some((off, data)) = rec.writes.get(n) {
+                    d.write_at(&data[..data.len() / 2], *off).unwrap();
+                }
+                let got = slots(&mut d);
+                assert!(
+                    got == old || got == new,
+                    "op {i} after {n} writes (torn {torn}): {got:?}"
+                );
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #[test]
+    fn mutated_json_never_panics(pos in 0usize..2000, byte in 0u8..128, cut in 0usize..2000) {
+        let (mut dev, h) = fresh_cached();
+        let mut text = serde_json::to_vec(h.json()).unwrap();
+        let p = pos % text.len();
+        text[p] = byte.max(1);
+        text.truncate(text.len() - cut % 4);
+        put_json_text(&mut dev, &h, &text);
+        if let Ok(r) = Luks2Header::read(&mut dev) {
+            let _ = r.unlock(&mut dev, b"pass0", None);
+            let _ = r.keyslots();
+        }
+    }
+}
+
+fn fresh_cached() -> (MemDevice, Luks2Header) {
+    use std::sync::OnceLock;
+    static CELL: OnceLock<(MemDevice, Luks2Header)> = OnceLock::new();
+    CELL.get_or_init(fresh).clone()
+}
