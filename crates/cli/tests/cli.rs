@@ -1,0 +1,475 @@
+//! The `cryptblk` binary end to end, checked against the real cryptsetup.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cryptblk")
+}
+
+fn cryptsetup() -> &'static str {
+    for p in [
+        "/usr/sbin/cryptsetup",
+        "/sbin/cryptsetup",
+        "/usr/bin/cryptsetup",
+    ] {
+        if Path::new(p).exists() {
+            return p;
+        }
+    }
+    panic!(
+        "cryptsetup not found: install the Debian package cryptsetup-bin (scripts/setup.sh does)"
+    );
+}
+
+fn run(cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn cb(args: &[&str]) -> Output {
+    run(bin(), args, b"")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn s(&self, name: &str) -> String {
+        self.path(name).to_str().unwrap().to_string()
+    }
+    fn file(&self, name: &str, content: &[u8]) -> String {
+        std::fs::write(self.path(name), content).unwrap();
+        self.s(name)
+    }
+    fn image(&self, name: &str, mib: u64) -> String {
+        let f = std::fs::File::create(self.path(name)).unwrap();
+        f.set_len(mib << 20).unwrap();
+        self.s(name)
+    }
+}
+
+const CHEAP: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+fn format(env: &Env, img: &str, kind: &str, extra: &[&str]) -> String {
+    let pw = env.file("pw", b"first passphrase");
+    let mut args = vec!["format", "-q", "--type", kind, "--key-file", &pw];
+    args.extend_from_slice(&CHEAP);
+    args.extend_from_slice(extra);
+    args.push(img);
+    ok(&cb(&args));
+    pw
+}
+
+fn sha(path: &str) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+#[test]
+fn formatted_volumes_open_in_cryptsetup_and_dump_agrees() {
+    for kind in ["luks1", "luks2"] {
+        for cipher in ["aes-xts-plain64", "aes-cbc-essiv:sha256"] {
+            let env = Env::new();
+            let img = env.image("v.img", 20);
+            let pw = format(
+                &env,
+                &img,
+                kind,
+                &[
+                    "--cipher",
+                    cipher,
+                    "--uuid",
+                    "0a1b2c3d-1111-2222-3333-444455556666",
+                ],
+            );
+            let o = run(
+                cryptsetup(),
+                &["open", "--test-passphrase", "--key-file", &pw, &img],
+                b"",
+            );
+            ok(&o);
+            let dump = ok(&run(cryptsetup(), &["luksDump", &img], b""));
+            assert!(
+                dump.contains("0a1b2c3d-1111-2222-3333-444455556666"),
+                "{dump}"
+            );
+            assert!(
+                dump.contains(if kind == "luks1" {
+                    "Version:       \t1"
+                } else {
+                    "Version:       \t2"
+                }),
+                "{dump}"
+            );
+            let j: serde_json::Value =
+                serde_json::from_str(&ok(&cb(&["dump", "--json", &img]))).unwrap();
+            assert_eq!(j["cipher"], cipher);
+            assert_eq!(j["uuid"], "0a1b2c3d-1111-2222-3333-444455556666");
+            assert_eq!(j["version"], if kind == "luks1" { 1 } else { 2 });
+            assert_eq!(j["keyslots"].as_array().unwrap().len(), 1);
+            let uuid = ok(&cb(&["uuid", &img]));
+            assert_eq!(uuid.trim(), "0a1b2c3d-1111-2222-3333-444455556666");
+            ok(&cb(&["is-luks", &img]));
+        }
+    }
+}
+
+#[test]
+fn volume_key_matches_cryptsetup() {
+    let env = Env::new();
+    let img = env.image("v.img", 20);
+    let pw = format(&env, &img, "luks2", &[]);
+    let mine: serde_json::Value = serde_json::from_str(&ok(&cb(&[
+        "dump",
+        "--json",
+        "--dump-volume-key",
+        "--key-file",
+        &pw,
+        &img,
+    ])))
+    .unwrap();
+    let theirs = ok(&run(
+        cryptsetup(),
+        &[
+            "luksDump",
+            "--dump-volume-key",
+            "--batch-mode",
+            "--key-file",
+            &pw,
+            &img,
+        ],
+        b"",
+    ));
+    let hex: String = theirs
+        .lines()
+        .skip_while(|l| !l.starts_with("MK dump:"))
+        .flat_map(|l| {
+            l.trim_start_matches("MK dump:")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(mine["volume_key"].as_str().unwrap(), hex);
+}
+
+#[test]
+fn keyslot_commands_round_trip_with_cryptsetup() {
+    for kind in ["luks1", "luks2"] {
+        let env = Env::new();
+        let img = env.image("v.img", 20);
+        let pw = format(&env, &img, kind, &[]);
+        let pw2 = env.file("pw2", b"second passphrase");
+        let pw3 = env.file("pw3", b"third passphrase");
+        // add-key with the existing key from --key-file, the new one from a file.
+        let mut add = vec!["add-key", "--key-file", &pw];
+        add.extend_from_slice(&CHEAP);
+        add.extend([img.as_str(), pw2.as_str()]);
+        ok(&cb(&add));
+        ok(&run(
+            cryptsetup(),
+            &["open", "--test-passphrase", "--key-file", &pw2, &img],
+            b"",
+        ));
+        // A key cryptsetup adds opens in cryptblk.
+        ok(&run(
+            cryptsetup(),
+            &[
+                "luksAddKey",
+                "--batch-mode",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--pbkdf",
+                "pbkdf2",
+                "--key-file",
+                &pw,
+                &img,
+                &pw3,
+            ],
+            b"",
+        ));
+        ok(&cb(&["test-passphrase", "--key-file", &pw3, &img]));
+        // change-key: pw2 → new, pw2 no longer works anywhere.
+        let pw4 = env.file("pw4", b"fourth passphrase");
+        let mut change = vec!["change-key", "--key-file", &pw2];
+        change.extend_from_slice(&CHEAP);
+        change.extend([img.as_str(), pw4.as_str()]);
+        ok(&cb(&change));
+        assert_eq!(
+            cb(&["test-passphrase", "--key-file", &pw2, &img])
+                .status
+                .code(),
+            Some(2)
+        );
+        ok(&run(
+            cryptsetup(),
+            &["open", "--test-passphrase", "--key-file", &pw4, &img],
+            b"",
+        ));
+        // remove-key pw3; cryptsetup no longer accepts it.
+        ok(&cb(&["remove-key", "-q", &img, &pw3]));
+        assert_eq!(
+            run(
+                cryptsetup(),
+                &["open", "--test-passphrase", "--key-file", &pw3, &img],
+                b""
+            )
+            .status
+            .code(),
+            Some(2)
+        );
+        // kill-slot 0 (the first passphrase), with a remaining passphrase as proof.
+        ok(&cb(&["kill-slot", "--key-file", &pw4, &img, "0"]));
+        assert_eq!(
+            cb(&["test-passphrase", "--key-file", &pw, &img])
+                .status
+                .code(),
+            Some(2)
+        );
+        ok(&cb(&["test-passphrase", "--key-file", &pw4, &img]));
+    }
+}
+
+#[test]
+fn passphrase_from_stdin_and_wrong_passphrase_writes_nothing() {
+    let env = Env::new();
+    let img = env.image("v.img", 20);
+    let mut args = vec!["format", "-q", "--type", "luks2"];
+    args.extend_from_slice(&CHEAP);
+    args.push(&img);
+    ok(&run(bin(), &args, b"typed secret\n"));
+    ok(&run(bin(), &["test-passphrase", &img], b"typed secret\n"));
+    ok(&run(
+        cryptsetup(),
+        &["open", "--test-passphrase", &img],
+        b"typed secret",
+    ));
+    let before = sha(&img);
+    let o = run(bin(), &["add-key", &img], b"wrong secret\nnew secret\n");
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No key available"));
+    assert!(sha(&img) == before, "a failed add-key changed the image");
+}
+
+#[test]
+fn bad_input_gives_clear_errors_and_changes_nothing() {
+    let env = Env::new();
+    let img = env.image("v.img", 20);
+    let pw = format(&env, &img, "luks2", &[]);
+    // Missing device: exit 4.
+    assert_eq!(cb(&["dump", &env.s("absent.img")]).status.code(), Some(4));
+    // Not LUKS.
+    let junk = env.file("junk.img", &[0x42u8; 65536]);
+    let o = cb(&["dump", &junk]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not a valid LUKS device"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(cb(&["is-luks", &junk]).status.code(), Some(1));
+    // Truncated header (LUKS1 and LUKS2).
+    for kind in ["luks1", "luks2"] {
+        let img2 = env.image(&format!("t-{kind}.img"), 20);
+        format(&env, &img2, kind, &[]);
+        let data = std::fs::read(&img2).unwrap();
+        let trunc = env.file(&format!("trunc-{kind}.img"), &data[..3000]);
+        let before = sha(&trunc);
+        let o = cb(&["test-passphrase", "--key-file", &pw, &trunc]);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{kind}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+        assert!(sha(&trunc) == before);
+    }
+    // Bad checksum in the primary LUKS2 copy: falls back to the secondary, read-only.
+    let mut data = std::fs::read(&img).unwrap();
+    data[0x1000 + 10] ^= 0xff; // inside the primary's JSON area
+    std::fs::write(&img, &data).unwrap();
+    ok(&cb(&["test-passphrase", "--key-file", &pw, &img]));
+    assert!(sha(&img) == data, "reading must not repair or write");
+    // Too small for the default layout.
+    let tiny = env.image("tiny.img", 1);
+    let o = cb(&[
+        "format",
+        "-q",
+        "--key-file",
+        &pw,
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        &tiny,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("too small"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Unknown cipher.
+    let o = cb(&[
+        "format",
+        "-q",
+        "--cipher",
+        "twofish-xts-plain64",
+        "--key-file",
+        &pw,
+        &img,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn header_backup_and_restore() {
+    let env = Env::new();
+    let img = env.image("v.img", 20);
+    let pw = format(&env, &img, "luks2", &[]);
+    let bak = env.s("hdr.bak");
+    ok(&cb(&["header-backup", "--header-backup-file", &bak, &img]));
+    let mut data = std::fs::read(&img).unwrap();
+    data[..1 << 20].fill(0);
+    std::fs::write(&img, &data).unwrap();
+    assert_ne!(
+        cb(&["test-passphrase", "--key-file", &pw, &img])
+            .status
+            .code(),
+        Some(0)
+    );
+    // Refused without confirmation and without a terminal.
+    assert_ne!(
+        cb(&["header-restore", "--header-backup-file", &bak, &img])
+            .status
+            .code(),
+        Some(0)
+    );
+    ok(&cb(&[
+        "header-restore",
+        "-q",
+        "--header-backup-file",
+        &bak,
+        &img,
+    ]));
+    ok(&cb(&["test-passphrase", "--key-file", &pw, &img]));
+    ok(&run(
+        cryptsetup(),
+        &["open", "--test-passphrase", "--key-file", &pw, &img],
+        b"",
+    ));
+}
+
+#[test]
+fn detached_header_and_data_roundtrip() {
+    for kind in ["luks1", "luks2"] {
+        let env = Env::new();
+        let img = env.image("data.img", 8);
+        let hdr = env.s("hdr.img");
+        let pw = format(&env, &img, kind, &["--header", &hdr]);
+        ok(&run(
+            cryptsetup(),
+            &[
+                "open",
+                "--test-passphrase",
+                "--header",
+                &hdr,
+                "--key-file",
+                &pw,
+                &img,
+            ],
+            b"",
+        ));
+        let j: serde_json::Value =
+            serde_json::from_str(&ok(&cb(&["dump", "--json", "--header", &hdr, &img]))).unwrap();
+        assert_eq!(j["data_offset"], 0);
+        let payload: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let src = env.file("payload", &payload);
+        ok(&cb(&[
+            "import",
+            "--header",
+            &hdr,
+            "--key-file",
+            &pw,
+            &img,
+            &src,
+        ]));
+        let out = env.s("out");
+        ok(&cb(&[
+            "export",
+            "--header",
+            &hdr,
+            "--key-file",
+            &pw,
+            "--length",
+            &payload.len().to_string(),
+            &img,
+            &out,
+        ]));
+        assert!(std::fs::read(&out).unwrap() == payload);
+        // The data device holds no plaintext.
+        let raw = std::fs::read(&img).unwrap();
+        assert!(!raw.windows(64).any(|w| w == &payload[1000..1064]));
+    }
+}
+
+#[test]
+fn benchmark_json_has_the_documented_fields() {
+    let o = ok(&cb(&[
+        "benchmark",
+        "--json",
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "512",
+        "--seconds",
+        "0.02",
+    ]));
+    let rows: Vec<serde_json::Value> = o
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3, "512/512, 512/4096 and 4096/4096: {o}");
+    for r in &rows {
+        assert_eq!(r["cipher"], "aes-xts-plain64");
+        assert_eq!(r["key_bits"], 512);
+        assert!(
+            r["encrypt_mb_s"].as_f64().unwrap() > 1.0 && r["decrypt_mb_s"].as_f64().unwrap() > 1.0,
+            "{r}"
+        );
+        assert!(r["request_size"].as_u64().unwrap() >= r["sector_size"].as_u64().unwrap());
+    }
+}
