@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up and runs every test: format and lint checks, the workspace tests (unit,
+# known-answer, property and interop tests with the real cryptsetup/openssl/qemu/nbd
+# tools), the crypto tests again on software AES, and the kernel dm-crypt interop tests
+# in ../shared/vmlab.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export CARGO_TERM_COLOR=never
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --release -- -D warnings
+echo "== cargo test (workspace)"
+cargo build --release --workspace --bins --examples
+CRYPTBLK_BIN="$PWD/target/release/cryptblk" cargo test --release --workspace
+echo "== crypto tests on the portable constant-time AES (aes_backend=soft)"
+RUSTFLAGS='--cfg aes_backend="soft"' cargo test --release -p cryptblk-crypto --target-dir target/soft-aes
+echo "== kernel dm-crypt interop (vmlab)"
+bash tests/vm/run.sh
