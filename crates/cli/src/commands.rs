@@ -270,7 +270,11 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
         let mut f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
         HeaderDevice::size(&mut f).map_err(|e| io_err(&a.device, e))?
     };
-    if a.sector_size.is_none() && !luks1 && data_size % 4096 == 0 && a.offset.is_none_or(|o| o % 8 == 0) {
+    if a.sector_size.is_none()
+        && !luks1
+        && data_size.is_multiple_of(4096)
+        && a.offset.is_none_or(|o| o.is_multiple_of(8))
+    {
         opts.sector_size = 4096;
     }
     confirm(

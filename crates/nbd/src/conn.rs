@@ -665,8 +665,9 @@ impl Conn<'_> {
             }
             CMD_WRITE => {
                 self.dirty.store(true, Relaxed);
+                // The payload buffer is this thread's own: let the device encrypt in place.
                 e.device
-                    .write_at(&buf[HEADROOM..HEADROOM + n], req.offset, fua)
+                    .write_at_mut(&mut buf[HEADROOM..HEADROOM + n], req.offset, fua)
                     .map_err(io_err)?;
                 c.writes.fetch_add(1, Relaxed);
                 c.write_bytes.fetch_add(len, Relaxed);

@@ -104,7 +104,7 @@ impl Volume {
                 have,
             });
         }
-        if params.data_offset % 512 != 0 {
+        if !params.data_offset.is_multiple_of(512) {
             return Err(Error::Invalid(format!(
                 "data offset {} is not 512-byte aligned",
                 params.data_offset
@@ -182,7 +182,7 @@ impl Volume {
     }
 
     fn aligned(&self, sector: u64, len: usize) -> io::Result<u64> {
-        if len as u64 % self.sector != 0 {
+        if !(len as u64).is_multiple_of(self.sector) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "length is not a whole number of sectors",
@@ -214,7 +214,7 @@ impl Volume {
     }
 
     fn is_aligned(&self, offset: u64, len: u64) -> bool {
-        offset % self.sector == 0 && len % self.sector == 0
+        offset.is_multiple_of(self.sector) && len.is_multiple_of(self.sector)
     }
 
     /// Byte-granular read: aligned requests decrypt straight into `buf`.
@@ -276,7 +276,7 @@ impl Volume {
                 if from != 0 {
                     self.read_raw(start, &mut s[..ss])?;
                 }
-                if (offset + len) % self.sector != 0 && (n > ss || from == 0) {
+                if !(offset + len).is_multiple_of(self.sector) && (n > ss || from == 0) {
                     self.read_raw(end - self.sector, &mut s[n - ss..])?;
                 }
                 let dst = &mut s[from..from + len as usize];
