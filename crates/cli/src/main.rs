@@ -6,6 +6,7 @@ mod commands;
 mod dump;
 mod error;
 mod passphrase;
+mod serve;
 mod transfer;
 mod unlock;
 
@@ -100,6 +101,14 @@ enum Command {
     HeaderRestore(commands::BackupArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
+    /// Unlock a volume and serve it as a block device (NBD).
+    Open(serve::OpenArgs),
+    /// Stop serving a volume: drain in-flight requests, flush, exit.
+    Close(serve::NameArgs),
+    /// Show an open volume (cryptsetup status).
+    Status(serve::NameArgs),
+    /// List open volumes.
+    List(serve::ListArgs),
     /// Decrypt the volume's plaintext to a file or stdout.
     Export(transfer::TransferArgs),
     /// Encrypt a file or stdin into the volume at an offset.
@@ -125,6 +134,10 @@ fn main() {
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::Open(a) => serve::open(&ctx, a),
+        Command::Close(a) => serve::close(&ctx, a),
+        Command::Status(a) => serve::status(&ctx, a),
+        Command::List(a) => serve::list(&ctx, a),
         Command::Export(a) => transfer::export(&ctx, a),
         Command::Import(a) => transfer::import(&ctx, a),
     };

@@ -102,8 +102,75 @@ pub fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
     Ok(p)
 }
 
+/// Parses `mem:SIZE` (K, M, G, T suffixes, powers of 1024).
+pub fn parse_mem(device: &Path) -> Option<CliResult<u64>> {
+    let s = device.to_str()?.strip_prefix("mem:")?;
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Some(Err(CliError::usage(format!("bad size suffix in {s}")))),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    Some(
+        num.parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(mult))
+            .filter(|&n| n >= 4096)
+            .ok_or_else(|| CliError::usage(format!("bad memory size '{s}' (e.g. mem:1G)"))),
+    )
+}
+
+/// A RAM-backed plain volume (like brd under dm-crypt): the key is random unless a key
+/// file is given, since the contents die with the process anyway.
+fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    let mut p = plain_params(a)?;
+    if a.cipher.is_none() {
+        p.cipher = CipherSpec::parse("aes-xts-plain64")?;
+        p.key_len = a.key_size.map(|b| b / 8).unwrap_or(64);
+    }
+    if a.sector_size.is_none() {
+        p.sector_size = 4096;
+    }
+    p.validate()?;
+    let key = match &a.key.key_file {
+        Some(f) => p.key_from_keyfile(
+            &read_key_file(f, 0, Some(p.key_len + a.key.keyfile_offset as usize))?,
+            a.key.keyfile_offset,
+        )?,
+        None => cryptblk_crypto::SecretBytes::random(p.key_len)?,
+    };
+    let params = VolumeParams {
+        cipher: p.cipher,
+        sector_size: p.sector_size,
+        iv: p.iv_options(),
+        data_offset: 0,
+        data_length: None,
+        read_only: a.read_only,
+        allow_discards: a.allow_discards,
+    };
+    let storage = Box::new(cryptblk_volume::MemStorage::new(size));
+    let volume = cryptblk_volume::volume_from_key(storage, &key, &params)
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    Ok(OpenedVolume {
+        volume,
+        kind: "PLAIN (memory)".into(),
+        key_bits: p.key_len * 8,
+        keyslot: None,
+    })
+}
+
 /// Unlocks `device` as the options say.
 pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    if let Some(size) = parse_mem(device) {
+        return open_memory(size?, a);
+    }
     match a.kind.as_str() {
         "luks" | "luks1" | "luks2" => {
             let pass = get_passphrase(

@@ -1,0 +1,456 @@
+//! `open` / `close` / `status` / `list`: serve an unlocked volume as a block device.
+//!
+//! A running volume has a run directory entry: NAME.pid, NAME.ctl (a unix control socket
+//! answering `status` and `close`) and NAME.log (the daemon's stderr).
+
+use crate::commands::Ctx;
+use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
+use crate::unlock::{OpenedVolume, VolumeArgs, open_volume};
+use clap::Args;
+use cryptblk_device::BlockDevice;
+use cryptblk_nbd::{NbdServer, ShutdownHandle};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+#[derive(Args, Debug)]
+pub struct OpenArgs {
+    /// Image file, block device, or `mem:SIZE` (RAM, e.g. mem:1G; plain mode, for benchmarks).
+    pub device: PathBuf,
+    /// Name of the mapping (used by close/status).
+    pub name: String,
+    /// Serve over NBD: `unix:PATH` or `tcp:127.0.0.1:PORT`.
+    #[arg(long)]
+    pub nbd: Option<String>,
+    /// Detach and run in the background once ready.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Directory for pid, control socket and log (default: $XDG_RUNTIME_DIR/cryptblk,
+    /// /run/cryptblk as root).
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+    /// NBD threads per connection (requests in flight per client).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Internal: set in the detached child of `--daemon`.
+    #[arg(long = "daemon-child", hide = true)]
+    pub daemon_child: bool,
+    #[command(flatten)]
+    pub vol: VolumeArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct NameArgs {
+    pub name: String,
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn default_run_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Path::new(&d).join("cryptblk");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 {
+        PathBuf::from("/run/cryptblk")
+    } else {
+        std::env::temp_dir().join(format!("cryptblk-{uid}"))
+    }
+}
+
+fn run_dir(d: &Option<PathBuf>) -> PathBuf {
+    d.clone().unwrap_or_else(default_run_dir)
+}
+
+fn check_name(name: &str) -> CliResult<()> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        || name.starts_with('.')
+    {
+        return Err(CliError::usage(format!(
+            "invalid name '{name}' (letters, digits, - _ . ; up to 64)"
+        )));
+    }
+    Ok(())
+}
+
+enum Listen {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+fn parse_nbd(spec: &str) -> CliResult<Listen> {
+    if let Some(p) = spec.strip_prefix("unix:") {
+        return Ok(Listen::Unix(PathBuf::from(p)));
+    }
+    if let Some(a) = spec.strip_prefix("tcp:") {
+        return Ok(Listen::Tcp(a.to_string()));
+    }
+    Err(CliError::usage(format!(
+        "--nbd takes unix:PATH or tcp:HOST:PORT, not '{spec}'"
+    )))
+}
+
+/// Everything `status` reports, fixed at open time.
+struct Served {
+    name: String,
+    device: String,
+    kind: String,
+    key_bits: usize,
+    keyslot: Option<u32>,
+    frontend: String,
+}
+
+fn status_json(s: &Served, vol: &cryptblk_volume::Volume, nbd: &ShutdownHandle) -> Value {
+    let st = vol.stats();
+    let n = nbd.stats();
+    let c = vol.cipher();
+    json!({
+        "name": s.name, "device": s.device, "type": s.kind,
+        "cipher": c.spec().to_string(), "key_bits": s.key_bits, "keyslot": s.keyslot,
+        "sector_size": c.sector_size(), "backend": c.backend().name(),
+        "offset_sectors": vol.data_offset() / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
+        "mode": if vol.read_only() { "readonly" } else { "read/write" },
+        "discards": vol.can_discard(),
+        "frontend": s.frontend, "pid": std::process::id(),
+        "clients": n.connections_active, "clients_total": n.connections_total,
+        "reads": st.reads.load(Relaxed), "writes": st.writes.load(Relaxed),
+        "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
+        "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
+        "unaligned": st.unaligned.load(Relaxed), "errors": n.errors,
+    })
+}
+
+pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+    check_name(&a.name)?;
+    let Some(nbd) = a.nbd.as_deref() else {
+        return Err(CliError::usage(
+            "open needs a frontend: --nbd unix:PATH or --nbd tcp:127.0.0.1:PORT",
+        ));
+    };
+    let listen = parse_nbd(nbd)?;
+    let dir = run_dir(&a.run_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    if a.daemon && !a.daemon_child {
+        return spawn_daemon(&a, &dir);
+    }
+    let ctl_path = dir.join(format!("{}.ctl", a.name));
+    if UnixStream::connect(&ctl_path).is_ok() {
+        return Err(CliError::new(
+            EXIT_BUSY,
+            format!("a volume named {} is already open", a.name),
+        ));
+    }
+    let OpenedVolume {
+        volume,
+        kind,
+        key_bits,
+        keyslot,
+    } = open_volume(&a.device, &a.vol)?;
+    let vol = Arc::new(volume);
+    let server = NbdServer::builder()
+        .export(a.name.clone(), vol.clone() as Arc<dyn BlockDevice>)
+        .read_only(a.vol.read_only)
+        .threads_per_connection(a.threads)
+        .build()
+        .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
+    let handle = server.shutdown_handle();
+    let frontend = match &listen {
+        Listen::Unix(p) => format!("nbd unix:{}", p.display()),
+        Listen::Tcp(t) => format!("nbd tcp:{t}"),
+    };
+    let served = Arc::new(Served {
+        name: a.name.clone(),
+        device: a.device.display().to_string(),
+        kind,
+        key_bits,
+        keyslot,
+        frontend,
+    });
+
+    // Bind first, so readiness means clients can connect.
+    let _ = std::fs::remove_file(&ctl_path);
+    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&ctl_path, e))?;
+    enum Bound {
+        Unix(UnixListener, PathBuf),
+        Tcp(std::net::TcpListener),
+    }
+    let bound = match &listen {
+        Listen::Unix(p) => {
+            if UnixStream::connect(p).is_ok() {
+                return Err(CliError::new(
+                    EXIT_BUSY,
+                    format!("{} is already served by another process", p.display()),
+                ));
+            }
+            let _ = std::fs::remove_file(p);
+            Bound::Unix(UnixListener::bind(p).map_err(|e| io_err(p, e))?, p.clone())
+        }
+        Listen::Tcp(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .map_err(|e| CliError::usage(format!("{addr}: {e}")))?;
+            let ip = l
+                .local_addr()
+                .map_err(|e| CliError::usage(e.to_string()))?
+                .ip();
+            if !ip.is_loopback() {
+                return Err(CliError::usage(format!(
+                    "refusing to serve on non-loopback address {ip}"
+                )));
+            }
+            Bound::Tcp(l)
+        }
+    };
+    let pid_path = dir.join(format!("{}.pid", a.name));
+    std::fs::write(&pid_path, format!("{}\n", std::process::id()))
+        .map_err(|e| io_err(&pid_path, e))?;
+
+    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0.
+    {
+        let h = handle.clone();
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ])
+        .map_err(|e| CliError::usage(format!("signals: {e}")))?;
+        std::thread::spawn(move || {
+            if signals.forever().next().is_some() {
+                h.shutdown();
+            }
+        });
+    }
+    {
+        let (h, served, vol) = (handle.clone(), served.clone(), vol.clone());
+        std::thread::spawn(move || control_loop(ctl, &h, &served, &vol));
+    }
+    if ctx.verbose || !a.daemon_child {
+        eprintln!(
+            "{}: {} {} served at {}",
+            a.name,
+            served.kind,
+            vol.cipher().spec(),
+            served.frontend
+        );
+    }
+    if a.daemon_child {
+        // Tell the parent we are ready; it closes its end and exits.
+        let mut out = std::io::stdout();
+        let _ = out.write_all(b"READY\n").and_then(|_| out.flush());
+    }
+    let result = match bound {
+        Bound::Unix(l, p) => {
+            let r = server.serve_unix_listener(l);
+            let _ = std::fs::remove_file(p);
+            r
+        }
+        Bound::Tcp(l) => server.serve_tcp_listener(l),
+    };
+    let _ = std::fs::remove_file(&ctl_path);
+    let _ = std::fs::remove_file(&pid_path);
+    vol.flush().map_err(|e| io_err(&a.device, e))?;
+    result.map_err(|e| CliError::usage(format!("NBD server: {e}")))
+}
+
+fn control_loop(
+    ctl: UnixListener,
+    h: &ShutdownHandle,
+    served: &Served,
+    vol: &cryptblk_volume::Volume,
+) {
+    for conn in ctl.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let mut line = String::new();
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        if BufReader::new(&mut conn)
+            .take(256)
+            .read_line(&mut line)
+            .is_err()
+        {
+            continue;
+        }
+        match line.trim() {
+            "status" => {
+                let _ = writeln!(conn, "{}", status_json(served, vol, h));
+            }
+            "close" => {
+                let _ = writeln!(conn, "closing");
+                h.shutdown();
+                return;
+            }
+            _ => {
+                let _ = writeln!(conn, "error: unknown command");
+            }
+        }
+    }
+}
+
+fn ask(dir: &Path, name: &str, cmd: &str) -> CliResult<String> {
+    check_name(name)?;
+    let p = dir.join(format!("{name}.ctl"));
+    let mut s = UnixStream::connect(&p)
+        .map_err(|_| CliError::new(EXIT_NO_DEVICE, format!("Device {name} is not active.")))?;
+    writeln!(s, "{cmd}").map_err(|e| io_err(&p, e))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| io_err(&p, e))?;
+    Ok(out)
+}
+
+pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+    let dir = run_dir(&a.run_dir);
+    let pid: Option<i32> = std::fs::read_to_string(dir.join(format!("{}.pid", a.name)))
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    ask(&dir, &a.name, "close")?;
+    // Wait for the server to drain, flush and exit (its pid file goes last).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while dir.join(format!("{}.pid", a.name)).exists()
+        || pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists() && !is_zombie(p))
+    {
+        if std::time::Instant::now() > deadline {
+            return Err(CliError::new(
+                EXIT_BUSY,
+                format!("{} did not close within 60 s", a.name),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+    let dir = run_dir(&a.run_dir);
+    let out = ask(&dir, &a.name, "status")?;
+    let v: Value = serde_json::from_str(out.trim())
+        .map_err(|e| CliError::usage(format!("bad status reply: {e}")))?;
+    println!(
+        "/dev/cryptblk/{} is active{}.",
+        a.name,
+        if v["clients"].as_u64().unwrap_or(0) > 0 {
+            " and is in use"
+        } else {
+            ""
+        }
+    );
+    println!("  type:    {}", v["type"].as_str().unwrap_or(""));
+    println!("  cipher:  {}", v["cipher"].as_str().unwrap_or(""));
+    println!("  keysize: {} bits", v["key_bits"]);
+    println!("  key location: process memory (pid {})", v["pid"]);
+    println!("  device:  {}", v["device"].as_str().unwrap_or(""));
+    println!("  sector size:  {}", v["sector_size"]);
+    println!("  offset:  {} sectors", v["offset_sectors"]);
+    println!("  size:    {} sectors", v["size_sectors"]);
+    println!("  mode:    {}", v["mode"].as_str().unwrap_or(""));
+    println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
+    println!("  clients: {}", v["clients"]);
+    println!(
+        "  I/O:     {} reads ({} bytes), {} writes ({} bytes), {} flushes",
+        v["reads"], v["read_bytes"], v["writes"], v["written_bytes"], v["flushes"]
+    );
+    Ok(())
+}
+
+pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
+    let dir = run_dir(&a.run_dir);
+    let mut rows = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(&dir) {
+        for e in rd.flatten() {
+            let file = e.file_name().to_string_lossy().into_owned();
+            if let Some(name) = file.strip_suffix(".ctl")
+                && let Ok(out) = ask(&dir, name, "status")
+                && let Ok(v) = serde_json::from_str::<Value>(out.trim())
+            {
+                rows.push(v);
+            }
+        }
+    }
+    rows.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    if a.json {
+        println!("{}", Value::Array(rows));
+    } else {
+        for v in rows {
+            println!(
+                "{}\t{}\t{}\t{}",
+                v["name"].as_str().unwrap_or(""),
+                v["type"].as_str().unwrap_or(""),
+                v["device"].as_str().unwrap_or(""),
+                v["frontend"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Re-runs this command detached; the child signals readiness on its stdout.
+fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let log_path = dir.join(format!("{}.log", a.name));
+    let log = std::fs::File::create(&log_path).map_err(|e| io_err(&log_path, e))?;
+    // The passphrase is read here (terminal or stdin) and handed over a pipe, never argv.
+    let needs_pass =
+        a.vol.key.key_file.is_none() && !a.device.to_string_lossy().starts_with("mem:");
+    let pass = if needs_pass {
+        Some(crate::passphrase::get_passphrase(
+            &a.vol.key.source(),
+            &format!("Enter passphrase for {}: ", a.device.display()),
+            false,
+        )?)
+    } else {
+        None
+    };
+    let exe = std::env::current_exe().map_err(|e| CliError::usage(e.to_string()))?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    args.retain(|x| x != "--daemon");
+    args.push("--daemon-child".into());
+    let mut child = Command::new(exe)
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| CliError::usage(format!("cannot start daemon: {e}")))?;
+    {
+        let mut stdin = child.stdin.take().expect("piped");
+        if let Some(p) = &pass {
+            let _ = stdin.write_all(p).and_then(|_| stdin.write_all(b"\n"));
+        }
+    }
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    if line.trim() == "READY" {
+        println!("{}", a.name);
+        return Ok(());
+    }
+    let status = child.wait().map_err(|e| CliError::usage(e.to_string()))?;
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    Err(CliError::new(
+        status.code().unwrap_or(1).max(1),
+        log.trim_end().to_string(),
+    ))
+}

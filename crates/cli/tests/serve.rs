@@ -1,0 +1,326 @@
+//! `open --nbd` end to end with the real NBD clients (fio, qemu-img, nbdinfo, nbdcopy).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cryptblk")
+}
+
+fn tool(name: &str, pkg: &str) -> String {
+    for d in ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"] {
+        let p = format!("{d}/{name}");
+        if Path::new(&p).exists() {
+            return p;
+        }
+    }
+    panic!("{name} not found: install the Debian package {pkg} (scripts/setup.sh does)");
+}
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+struct Served {
+    dir: tempfile::TempDir,
+    name: String,
+}
+
+impl Served {
+    fn p(&self, f: &str) -> String {
+        self.dir.path().join(f).to_str().unwrap().to_string()
+    }
+    fn uri(&self) -> String {
+        format!("nbd+unix:///{}?socket={}", self.name, self.p("s.sock"))
+    }
+    fn open(&self, extra: &[&str]) -> Output {
+        let (img, pw, sock, run_dir) = (
+            self.p("v.img"),
+            self.p("pw"),
+            format!("unix:{}", self.p("s.sock")),
+            self.p("run"),
+        );
+        let mut args = vec![
+            "open",
+            img.as_str(),
+            self.name.as_str(),
+            "--nbd",
+            &sock,
+            "--daemon",
+            "--run-dir",
+            &run_dir,
+            "--key-file",
+            &pw,
+        ];
+        args.extend_from_slice(extra);
+        run(bin(), &args)
+    }
+    fn close(&self) {
+        ok(run(
+            bin(),
+            &["close", &self.name, "--run-dir", &self.p("run")],
+        ));
+    }
+}
+
+fn setup(kind: &str, cipher: &str, ss: &str) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served {
+        dir,
+        name: "vol".into(),
+    };
+    std::fs::write(s.p("pw"), b"served passphrase").unwrap();
+    std::fs::File::create(s.p("v.img"))
+        .unwrap()
+        .set_len(96 << 20)
+        .unwrap();
+    let mut args = vec![
+        "format",
+        "-q",
+        "--type",
+        kind,
+        "--cipher",
+        cipher,
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+    ];
+    if kind == "luks2" {
+        args.extend(["--sector-size", ss]);
+    }
+    let (pw, img) = (s.p("pw"), s.p("v.img"));
+    args.extend(["--key-file", &pw, &img]);
+    ok(run(bin(), &args));
+    s
+}
+
+#[test]
+fn fio_verify_over_nbd_every_cipher_and_sector_size() {
+    let fio = tool("fio", "fio");
+    for (kind, cipher, ss) in [
+        ("luks2", "aes-xts-plain64", "4096"),
+        ("luks2", "aes-xts-plain64", "512"),
+        ("luks2", "aes-cbc-essiv:sha256", "4096"),
+        ("luks1", "aes-xts-plain", "512"),
+    ] {
+        let s = setup(kind, cipher, ss);
+        ok(s.open(&[]));
+        let info: serde_json::Value = serde_json::from_str(&ok(run(
+            &tool("nbdinfo", "libnbd-bin"),
+            &["--json", &s.uri()],
+        )))
+        .unwrap();
+        let e = &info["exports"][0];
+        assert_eq!(
+            e["block_size_minimum"].as_u64().unwrap(),
+            ss.parse::<u64>().unwrap()
+        );
+        let expect_size = (96u64 << 20) - if kind == "luks2" { 16 << 20 } else { 2 << 20 };
+        assert_eq!(
+            e["export-size"].as_u64().unwrap(),
+            expect_size,
+            "{kind} {cipher}"
+        );
+        let uri = s.uri();
+        for (rw, bs, qd) in [
+            ("randrw", "4k", "32"),
+            ("write", "1m", "4"),
+            ("randwrite", "64k", "8"),
+            ("readwrite", "16k", "1"),
+        ] {
+            let out = ok(run(
+                &fio,
+                &[
+                    "--name=v",
+                    "--ioengine=nbd",
+                    &format!("--uri={uri}"),
+                    &format!("--rw={rw}"),
+                    &format!("--bs={bs}"),
+                    &format!("--iodepth={qd}"),
+                    "--size=8M",
+                    "--offset_increment=8M",
+                    "--numjobs=2",
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                    "--verify_fatal=1",
+                    "--output-format=json",
+                    &format!("--directory={}", s.p("")),
+                ],
+            ));
+            let j: serde_json::Value =
+                serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+            for job in j["jobs"].as_array().unwrap() {
+                assert_eq!(job["error"], 0, "{kind} {cipher} {ss} {rw} {bs}");
+            }
+        }
+        s.close();
+    }
+}
+
+#[test]
+fn qemu_img_and_nbdcopy_round_trip_and_data_survives_reopen() {
+    let s = setup("luks2", "aes-xts-plain64", "4096");
+    let src = s.p("src.raw");
+    let data: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    ok(s.open(&[]));
+    ok(run(
+        &tool("qemu-img", "qemu-utils"),
+        &["convert", "-n", "-f", "raw", "-O", "raw", &src, &s.uri()],
+    ));
+    let out = s.p("out.raw");
+    ok(run(&tool("nbdcopy", "libnbd-bin"), &[&s.uri(), &out]));
+    assert!(std::fs::read(&out).unwrap()[..data.len()] == data[..]);
+    // Status shows the traffic.
+    let st = ok(run(bin(), &["status", "vol", "--run-dir", &s.p("run")]));
+    assert!(
+        st.contains("LUKS2") && st.contains("aes-xts-plain64") && st.contains("nbd unix:"),
+        "{st}"
+    );
+    // A second opener of the same image is refused: it is locked.
+    let second = run(
+        bin(),
+        &[
+            "open",
+            &s.p("v.img"),
+            "other",
+            "--nbd",
+            &format!("unix:{}", s.p("t.sock")),
+            "--run-dir",
+            &s.p("run"),
+            "--key-file",
+            &s.p("pw"),
+        ],
+    );
+    assert_eq!(
+        second.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    s.close();
+    assert!(
+        !Path::new(&s.p("s.sock")).exists(),
+        "close removes the socket"
+    );
+    // Closed and reopened through another path: the bytes are on disk, encrypted.
+    let back = s.p("back.raw");
+    ok(run(
+        bin(),
+        &[
+            "export",
+            "--key-file",
+            &s.p("pw"),
+            "--length",
+            &data.len().to_string(),
+            &s.p("v.img"),
+            &back,
+        ],
+    ));
+    assert!(std::fs::read(&back).unwrap() == data);
+    ok(s.open(&["--readonly"]));
+    let cmp = run(
+        &tool("qemu-img", "qemu-utils"),
+        &["convert", "-n", "-f", "raw", "-O", "raw", &src, &s.uri()],
+    );
+    assert!(
+        !cmp.status.success(),
+        "writes to a read-only export must fail"
+    );
+    s.close();
+}
+
+#[test]
+fn wrong_passphrase_and_sigterm() {
+    let s = setup("luks2", "aes-xts-plain64", "4096");
+    std::fs::write(s.p("bad"), b"not it").unwrap();
+    let o = run(
+        bin(),
+        &[
+            "open",
+            &s.p("v.img"),
+            "vol",
+            "--nbd",
+            &format!("unix:{}", s.p("s.sock")),
+            "--daemon",
+            "--run-dir",
+            &s.p("run"),
+            "--key-file",
+            &s.p("bad"),
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No key available"));
+    ok(s.open(&[]));
+    let pid: i32 = std::fs::read_to_string(s.p("run/vol.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    ok(run("/bin/kill", &["-TERM", &pid.to_string()]));
+    for _ in 0..500 {
+        if !Path::new(&s.p("run/vol.pid")).exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        !Path::new(&s.p("run/vol.pid")).exists(),
+        "SIGTERM closes the volume cleanly"
+    );
+    let st = run(bin(), &["status", "vol", "--run-dir", &s.p("run")]);
+    assert_eq!(st.status.code(), Some(4));
+}
+
+#[test]
+fn memory_backend_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("m.sock");
+    let run_dir = dir.path().join("run");
+    ok(run(
+        bin(),
+        &[
+            "open",
+            "mem:64M",
+            "m",
+            "--nbd",
+            &format!("unix:{}", sock.display()),
+            "--daemon",
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+        ],
+    ));
+    let info = ok(run(
+        &tool("nbdinfo", "libnbd-bin"),
+        &[
+            "--size",
+            &format!("nbd+unix:///m?socket={}", sock.display()),
+        ],
+    ));
+    assert_eq!(info.trim(), (64u64 << 20).to_string());
+    ok(run(
+        bin(),
+        &["close", "m", "--run-dir", run_dir.to_str().unwrap()],
+    ));
+}
