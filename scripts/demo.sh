@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job, end to end on a fresh machine: build, format a LUKS2 image, put data in it,
-# show that cryptsetup accepts the image, read the data back, show the result.
+# The main job, end to end on a fresh machine: build, format a LUKS2 image, show that
+# cryptsetup accepts it, serve it over NBD, write through it, close, reopen, verify.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,12 +14,20 @@ echo "== cryptblk format (LUKS2, aes-xts-plain64, argon2id)"
 "$CB" dump "$W/disk.img" | sed -n '1,12p'
 echo "== cryptsetup accepts it"
 cryptsetup open --test-passphrase --key-file "$W/pw" "$W/disk.img" && echo "cryptsetup: passphrase OK"
-echo "== write 16 MiB of plaintext through cryptblk, read it back"
+echo "== serve it over NBD (unix socket), write 16 MiB with qemu-img, close"
 head -c 16M /dev/urandom > "$W/data"
-"$CB" import --key-file "$W/pw" "$W/disk.img" "$W/data"
-"$CB" export --key-file "$W/pw" --length $((16 << 20)) "$W/disk.img" "$W/back"
+SOCK=$W/nbd.sock; URI="nbd+unix:///demo?socket=$SOCK"
+"$CB" open "$W/disk.img" demo --nbd "unix:$SOCK" --daemon --run-dir "$W/run" --key-file "$W/pw"
+nbdinfo --size "$URI" | awk '{printf "NBD export size: %d MiB\n", $1/1048576}'
+qemu-img convert -n -f raw -O raw "$W/data" "$URI"
+"$CB" status demo --run-dir "$W/run"
+"$CB" close demo --run-dir "$W/run"
+echo "== reopen, read the 16 MiB back with nbdcopy, verify"
+"$CB" open "$W/disk.img" demo --nbd "unix:$SOCK" --daemon --run-dir "$W/run" --key-file "$W/pw" --readonly
+nbdcopy "$URI" "$W/back.full" && head -c 16M "$W/back.full" > "$W/back"
+"$CB" close demo --run-dir "$W/run"
 sha256sum "$W/data" "$W/back" | sed "s|$W/||"
-cmp "$W/data" "$W/back" && echo "plaintext round trip: identical"
+cmp "$W/data" "$W/back" && echo "plaintext round trip through NBD: identical"
 if cmp -s <(head -c 1M "$W/data") <(dd if="$W/disk.img" bs=1M skip=16 count=1 status=none); then
   echo "ERROR: plaintext found on disk"; exit 1
 fi
