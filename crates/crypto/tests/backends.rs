@@ -170,9 +170,10 @@ proptest! {
         let mut padded = split.to_vec();
         padded.extend(std::iter::repeat_n(0xa5u8, extra));
         prop_assert_eq!(&af_merge(&padded, key.len(), stripes, h).unwrap()[..], &key[..]);
-        // Splitting is randomised: two splits of one key differ (except for one stripe).
+        // Splitting is randomised: two splits of one key differ (except for one stripe). Only
+        // asserted with at least 64 random bits, else equal splits happen by chance.
         let again = af_split(&key, stripes, h).unwrap();
-        if stripes > 1 {
+        if key.len() * (stripes as usize - 1) >= 8 {
             prop_assert_ne!(&again[..], &split[..]);
         }
         prop_assert_eq!(&af_merge(&again, key.len(), stripes, h).unwrap()[..], &key[..]);
