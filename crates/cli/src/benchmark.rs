@@ -36,16 +36,6 @@ pub struct BenchmarkArgs {
     pub json: bool,
 }
 
-const CIPHERS: [&str; 7] = [
-    "aes-xts-plain64",
-    "aes-xts-plain",
-    "aes-xts-plain64be",
-    "aes-cbc-essiv:sha256",
-    "aes-cbc-plain64",
-    "aes-cbc-plain",
-    "cipher_null-ecb",
-];
-
 fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
     if spec.cipher == cryptblk_crypto::BlockCipherAlg::Null {
         return vec![0];

@@ -47,6 +47,17 @@ pub struct CipherSpec {
 }
 
 impl CipherSpec {
+    /// The specifications cryptblk implements, in the order `benchmark` lists them.
+    pub const SUPPORTED: [&'static str; 7] = [
+        "aes-xts-plain64",
+        "aes-xts-plain",
+        "aes-xts-plain64be",
+        "aes-cbc-essiv:sha256",
+        "aes-cbc-plain64",
+        "aes-cbc-plain",
+        "cipher_null-ecb",
+    ];
+
     /// Parses the joined form (`aes-xts-plain64`, `aes-cbc-essiv:sha256`, `cipher_null-ecb`).
     pub fn parse(spec: &str) -> Result<Self> {
         let unsupported = || Error::UnsupportedCipher(spec.to_string());
