@@ -61,7 +61,7 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
     };
     let ciphers: Vec<CipherSpec> = match &a.cipher {
         Some(c) => vec![CipherSpec::parse(c)?],
-        None => CIPHERS
+        None => CipherSpec::SUPPORTED
             .iter()
             .map(|c| CipherSpec::parse(c).expect("built-in spec"))
             .collect(),
