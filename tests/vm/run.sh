@@ -11,4 +11,9 @@ fi
 "$VMLAB" setup >/dev/null
 BIN=$PWD/target/release/cryptblk
 [ -x "$BIN" ] || cargo build --release -p cryptblk
-VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run "bash $PWD/tests/vm/dmcrypt-interop.sh $BIN"
+# The guest sees the host's / read-only but has its own /tmp, so hand the script and the
+# binary over through the results directory (mounted at /results in the guest).
+xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
+trap 'rm -rf "$xfer"' EXIT
+cp tests/vm/dmcrypt-interop.sh "$BIN" "$xfer/"
+VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk"
