@@ -1,52 +1,17 @@
 //! The `cryptblk` binary end to end, checked against the real cryptsetup.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cryptblk")
-}
+use common::{bin, ok, run_in as run, tool};
+use std::path::PathBuf;
+use std::process::Output;
 
-fn cryptsetup() -> &'static str {
-    for p in [
-        "/usr/sbin/cryptsetup",
-        "/sbin/cryptsetup",
-        "/usr/bin/cryptsetup",
-    ] {
-        if Path::new(p).exists() {
-            return p;
-        }
-    }
-    panic!(
-        "cryptsetup not found: install the Debian package cryptsetup-bin (scripts/setup.sh does)"
-    );
-}
-
-fn run(cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+fn cryptsetup() -> String {
+    tool("cryptsetup", "cryptsetup-bin")
 }
 
 fn cb(args: &[&str]) -> Output {
     run(bin(), args, b"")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 struct Env {
@@ -110,12 +75,12 @@ fn formatted_volumes_open_in_cryptsetup_and_dump_agrees() {
                 ],
             );
             let o = run(
-                cryptsetup(),
+                &cryptsetup(),
                 &["open", "--test-passphrase", "--key-file", &pw, &img],
                 b"",
             );
             ok(&o);
-            let dump = ok(&run(cryptsetup(), &["luksDump", &img], b""));
+            let dump = ok(&run(&cryptsetup(), &["luksDump", &img], b""));
             assert!(
                 dump.contains("0a1b2c3d-1111-2222-3333-444455556666"),
                 "{dump}"
@@ -156,7 +121,7 @@ fn volume_key_matches_cryptsetup() {
     ])))
     .unwrap();
     let theirs = ok(&run(
-        cryptsetup(),
+        &cryptsetup(),
         &[
             "luksDump",
             "--dump-volume-key",
@@ -194,13 +159,13 @@ fn keyslot_commands_round_trip_with_cryptsetup() {
         add.extend([img.as_str(), pw2.as_str()]);
         ok(&cb(&add));
         ok(&run(
-            cryptsetup(),
+            &cryptsetup(),
             &["open", "--test-passphrase", "--key-file", &pw2, &img],
             b"",
         ));
         // A key cryptsetup adds opens in cryptblk.
         ok(&run(
-            cryptsetup(),
+            &cryptsetup(),
             &[
                 "luksAddKey",
                 "--batch-mode",
@@ -229,7 +194,7 @@ fn keyslot_commands_round_trip_with_cryptsetup() {
             Some(2)
         );
         ok(&run(
-            cryptsetup(),
+            &cryptsetup(),
             &["open", "--test-passphrase", "--key-file", &pw4, &img],
             b"",
         ));
@@ -237,7 +202,7 @@ fn keyslot_commands_round_trip_with_cryptsetup() {
         ok(&cb(&["remove-key", "-q", &img, &pw3]));
         assert_eq!(
             run(
-                cryptsetup(),
+                &cryptsetup(),
                 &["open", "--test-passphrase", "--key-file", &pw3, &img],
                 b""
             )
@@ -267,7 +232,7 @@ fn passphrase_from_stdin_and_wrong_passphrase_writes_nothing() {
     ok(&run(bin(), &args, b"typed secret\n"));
     ok(&run(bin(), &["test-passphrase", &img], b"typed secret\n"));
     ok(&run(
-        cryptsetup(),
+        &cryptsetup(),
         &["open", "--test-passphrase", &img],
         b"typed secret",
     ));
@@ -387,7 +352,7 @@ fn header_backup_and_restore() {
     ]));
     ok(&cb(&["test-passphrase", "--key-file", &pw, &img]));
     ok(&run(
-        cryptsetup(),
+        &cryptsetup(),
         &["open", "--test-passphrase", "--key-file", &pw, &img],
         b"",
     ));
@@ -401,7 +366,7 @@ fn detached_header_and_data_roundtrip() {
         let hdr = env.s("hdr.img");
         let pw = format(&env, &img, kind, &["--header", &hdr]);
         ok(&run(
-            cryptsetup(),
+            &cryptsetup(),
             &[
                 "open",
                 "--test-passphrase",

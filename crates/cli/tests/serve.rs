@@ -1,37 +1,17 @@
 //! `open --nbd` end to end with the real NBD clients (fio, qemu-img, nbdinfo, nbdcopy).
 
+mod common;
+
+use common::{bin, tool};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cryptblk")
-}
-
-fn tool(name: &str, pkg: &str) -> String {
-    for d in ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"] {
-        let p = format!("{d}/{name}");
-        if Path::new(&p).exists() {
-            return p;
-        }
-    }
-    panic!("{name} not found: install the Debian package {pkg} (scripts/setup.sh does)");
-}
+use std::process::Output;
 
 fn run(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+    common::run_in(cmd, args, b"")
 }
 
 fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::ok(&o)
 }
 
 struct Served {

@@ -157,28 +157,20 @@ impl Volume {
     /// Reads whole sectors starting at sector `sector` of the segment into `buf`.
     pub fn read_sectors(&self, sector: u64, buf: &mut [u8]) -> io::Result<()> {
         let off = self.aligned(sector, buf.len())?;
-        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
-        self.read_raw(off, buf)
+        self.read_bytes(buf, off)
     }
 
     /// Writes whole sectors; the plaintext is copied once into per-thread scratch to be
     /// encrypted. Use [`Volume::write_sectors_in_place`] when the buffer may be consumed.
     pub fn write_sectors(&self, sector: u64, buf: &[u8]) -> io::Result<()> {
         let off = self.aligned(sector, buf.len())?;
-        self.check_writable()?;
-        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
-        with_scratch(buf.len(), |s| {
-            s.copy_from_slice(buf);
-            self.write_raw(off, s)
-        })
+        self.write_bytes(WriteData::Borrowed(buf), off, false)
     }
 
     /// Writes whole sectors, encrypting `buf` in place (its contents are ciphertext after).
     pub fn write_sectors_in_place(&self, sector: u64, buf: &mut [u8]) -> io::Result<()> {
         let off = self.aligned(sector, buf.len())?;
-        self.check_writable()?;
-        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
-        self.write_raw(off, buf)
+        self.write_bytes(WriteData::Consumable(buf), off, false)
     }
 
     fn aligned(&self, sector: u64, len: usize) -> io::Result<u64> {
