@@ -13,6 +13,8 @@ have qemu-io || need+=(qemu-utils)
 have openssl || need+=(openssl)
 have mkfs.ext4 || need+=(e2fsprogs)
 have fusermount3 || need+=(fuse3)
+have nbd-client || need+=(nbd-client)
+have mkfs.xfs || need+=(xfsprogs)
 have python3 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the kernel interop tests in ../shared/vmlab (a throwaway VM with dm-crypt).
+# Runs the kernel interop tests in ../shared/vmlab (a throwaway VM with dm-crypt, nbd and
+# fuse): dm-crypt both ways, then the NBD (kernel nbd-client) and FUSE (loop) frontends.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VMLAB=${VMLAB:-../shared/vmlab/vmlab}
@@ -15,5 +16,5 @@ BIN=$PWD/target/release/cryptblk
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
-cp tests/vm/dmcrypt-interop.sh "$BIN" "$xfer/"
-VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk"
+cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh "$BIN" "$xfer/"
+VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk && bash /results/frontends.sh /results/cryptblk"

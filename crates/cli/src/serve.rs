@@ -8,6 +8,7 @@ use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
 use crate::unlock::{OpenedVolume, VolumeArgs, open_volume};
 use clap::Args;
 use cryptblk_device::BlockDevice;
+use cryptblk_fuse::{FuseExport, FuseMount, FuseStats};
 use cryptblk_nbd::{NbdServer, ShutdownHandle};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -23,8 +24,14 @@ pub struct OpenArgs {
     /// Name of the mapping (used by close/status).
     pub name: String,
     /// Serve over NBD: `unix:PATH` or `tcp:127.0.0.1:PORT`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fuse")]
     pub nbd: Option<String>,
+    /// Serve as the file DIR/NAME in a FUSE mount on DIR (loop-mount it, or use it directly).
+    #[arg(long, value_name = "DIR")]
+    pub fuse: Option<PathBuf>,
+    /// With --fuse: let other users (root included) open the file.
+    #[arg(long = "allow-other", requires = "fuse")]
+    pub allow_other: bool,
     /// Detach and run in the background once ready.
     #[arg(long)]
     pub daemon: bool,
@@ -32,7 +39,7 @@ pub struct OpenArgs {
     /// /run/cryptblk as root).
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
-    /// NBD threads per connection (requests in flight per client).
+    /// NBD: threads per connection (requests in flight per client); FUSE: worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
     /// Internal: set in the detached child of `--daemon`.
@@ -116,9 +123,49 @@ struct Served {
     frontend: String,
 }
 
-fn status_json(s: &Served, vol: &cryptblk_volume::Volume, nbd: &ShutdownHandle) -> Value {
+/// The frontend a volume is served through, as `close` and `status` see it.
+enum Frontend {
+    Nbd(ShutdownHandle),
+    Fuse {
+        mountpoint: PathBuf,
+        stats: Arc<FuseStats>,
+    },
+}
+
+impl Frontend {
+    /// Starts a clean stop: drain, then the main thread flushes and exits. A FUSE file
+    /// that is still in use (open, loop device attached) is not pulled away: busy error.
+    fn stop(&self) -> Result<(), String> {
+        match self {
+            Frontend::Nbd(h) => {
+                h.shutdown();
+                Ok(())
+            }
+            Frontend::Fuse { mountpoint, .. } => {
+                FuseMount::request_unmount(mountpoint).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// (clients now, clients ever, requests failed)
+    fn counters(&self) -> (u64, u64, u64) {
+        match self {
+            Frontend::Nbd(h) => {
+                let n = h.stats();
+                (n.connections_active, n.connections_total, n.errors)
+            }
+            Frontend::Fuse { stats, .. } => (
+                stats.open_handles.load(Relaxed),
+                stats.opens_total.load(Relaxed),
+                stats.errors.load(Relaxed),
+            ),
+        }
+    }
+}
+
+fn status_json(s: &Served, vol: &cryptblk_volume::Volume, fe: &Frontend) -> Value {
     let st = vol.stats();
-    let n = nbd.stats();
+    let (clients, clients_total, errors) = fe.counters();
     let c = vol.cipher();
     json!({
         "name": s.name, "device": s.device, "type": s.kind,
@@ -128,69 +175,22 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, nbd: &ShutdownHandle) 
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
         "discards": vol.can_discard(),
         "frontend": s.frontend, "pid": std::process::id(),
-        "clients": n.connections_active, "clients_total": n.connections_total,
+        "clients": clients, "clients_total": clients_total,
         "reads": st.reads.load(Relaxed), "writes": st.writes.load(Relaxed),
         "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
         "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
-        "unaligned": st.unaligned.load(Relaxed), "errors": n.errors,
+        "unaligned": st.unaligned.load(Relaxed), "errors": errors,
     })
 }
 
-pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
-    check_name(&a.name)?;
-    let Some(nbd) = a.nbd.as_deref() else {
-        return Err(CliError::usage(
-            "open needs a frontend: --nbd unix:PATH or --nbd tcp:127.0.0.1:PORT",
-        ));
-    };
-    let listen = parse_nbd(nbd)?;
-    let dir = run_dir(&a.run_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-    if a.daemon && !a.daemon_child {
-        return spawn_daemon(&a, &dir);
-    }
-    let ctl_path = dir.join(format!("{}.ctl", a.name));
-    if UnixStream::connect(&ctl_path).is_ok() {
-        return Err(CliError::new(
-            EXIT_BUSY,
-            format!("a volume named {} is already open", a.name),
-        ));
-    }
-    let OpenedVolume {
-        volume,
-        kind,
-        key_bits,
-        keyslot,
-    } = open_volume(&a.device, &a.vol)?;
-    let vol = Arc::new(volume);
-    let server = NbdServer::builder()
-        .export(a.name.clone(), vol.clone() as Arc<dyn BlockDevice>)
-        .read_only(a.vol.read_only)
-        .threads_per_connection(a.threads)
-        .build()
-        .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
-    let handle = server.shutdown_handle();
-    let frontend = match &listen {
-        Listen::Unix(p) => format!("nbd unix:{}", p.display()),
-        Listen::Tcp(t) => format!("nbd tcp:{t}"),
-    };
-    let served = Arc::new(Served {
-        name: a.name.clone(),
-        device: a.device.display().to_string(),
-        kind,
-        key_bits,
-        keyslot,
-        frontend,
-    });
+enum Bound {
+    Unix(UnixListener, PathBuf),
+    Tcp(std::net::TcpListener),
+}
 
-    // Bind first, so readiness means clients can connect.
-    let _ = std::fs::remove_file(&ctl_path);
-    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&ctl_path, e))?;
-    enum Bound {
-        Unix(UnixListener, PathBuf),
-        Tcp(std::net::TcpListener),
-    }
-    let bound = match &listen {
+/// Binds the NBD listener before readiness is announced, so "ready" means clients can connect.
+fn bind_nbd(listen: &Listen) -> CliResult<Bound> {
+    Ok(match listen {
         Listen::Unix(p) => {
             if UnixStream::connect(p).is_ok() {
                 return Err(CliError::new(
@@ -215,28 +215,117 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
             }
             Bound::Tcp(l)
         }
+    })
+}
+
+/// What the main thread waits on until the volume is closed.
+enum Running {
+    Nbd(NbdServer, Bound),
+    Fuse(FuseMount),
+}
+
+pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+    check_name(&a.name)?;
+    let listen = match (&a.nbd, &a.fuse) {
+        (Some(nbd), None) => Some(parse_nbd(nbd)?),
+        (None, Some(_)) => None,
+        _ => {
+            return Err(CliError::usage(
+                "open needs one frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT or --fuse DIR",
+            ));
+        }
     };
+    let dir = run_dir(&a.run_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    if a.daemon && !a.daemon_child {
+        return spawn_daemon(&a, &dir);
+    }
+    let ctl_path = dir.join(format!("{}.ctl", a.name));
+    if UnixStream::connect(&ctl_path).is_ok() {
+        return Err(CliError::new(
+            EXIT_BUSY,
+            format!("a volume named {} is already open", a.name),
+        ));
+    }
+    let OpenedVolume {
+        volume,
+        kind,
+        key_bits,
+        keyslot,
+    } = open_volume(&a.device, &a.vol)?;
+    let vol = Arc::new(volume);
+    let device = vol.clone() as Arc<dyn BlockDevice>;
+
+    let (running, frontend, desc) = match (&listen, &a.fuse) {
+        (Some(listen), _) => {
+            let server = NbdServer::builder()
+                .export(a.name.clone(), device)
+                .read_only(a.vol.read_only)
+                .threads_per_connection(a.threads)
+                .build()
+                .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
+            let fe = Frontend::Nbd(server.shutdown_handle());
+            let desc = match listen {
+                Listen::Unix(p) => format!("nbd unix:{}", p.display()),
+                Listen::Tcp(t) => format!("nbd tcp:{t}"),
+            };
+            (Running::Nbd(server, bind_nbd(listen)?), fe, desc)
+        }
+        (None, Some(mnt)) => {
+            std::fs::create_dir_all(mnt).map_err(|e| io_err(mnt, e))?;
+            let mount = FuseExport::builder(mnt, device)
+                .file_name(a.name.clone())
+                .threads(a.threads)
+                .read_only(a.vol.read_only)
+                .allow_other(a.allow_other)
+                .mount()
+                .map_err(|e| CliError::usage(format!("FUSE mount on {}: {e}", mnt.display())))?;
+            let fe = Frontend::Fuse {
+                mountpoint: mnt.clone(),
+                stats: mount.stats().clone(),
+            };
+            let desc = format!("fuse {}", mount.file().display());
+            (Running::Fuse(mount), fe, desc)
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    let frontend = Arc::new(frontend);
+    let served = Arc::new(Served {
+        name: a.name.clone(),
+        device: a.device.display().to_string(),
+        kind,
+        key_bits,
+        keyslot,
+        frontend: desc,
+    });
+
+    let _ = std::fs::remove_file(&ctl_path);
+    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&ctl_path, e))?;
     let pid_path = dir.join(format!("{}.pid", a.name));
     std::fs::write(&pid_path, format!("{}\n", std::process::id()))
         .map_err(|e| io_err(&pid_path, e))?;
 
-    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0.
+    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up).
     {
-        let h = handle.clone();
+        let fe = frontend.clone();
+        let name = a.name.clone();
         let mut signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGTERM,
             signal_hook::consts::SIGINT,
         ])
         .map_err(|e| CliError::usage(format!("signals: {e}")))?;
         std::thread::spawn(move || {
-            if signals.forever().next().is_some() {
-                h.shutdown();
+            for _ in signals.forever() {
+                match fe.stop() {
+                    Ok(()) => return,
+                    Err(e) => eprintln!("{name}: cannot close yet: {e}"),
+                }
             }
         });
     }
     {
-        let (h, served, vol) = (handle.clone(), served.clone(), vol.clone());
-        std::thread::spawn(move || control_loop(ctl, &h, &served, &vol));
+        let (fe, served, vol) = (frontend.clone(), served.clone(), vol.clone());
+        std::thread::spawn(move || control_loop(ctl, &fe, &served, &vol));
     }
     if ctx.verbose || !a.daemon_child {
         eprintln!(
@@ -252,23 +341,28 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         let mut out = std::io::stdout();
         let _ = out.write_all(b"READY\n").and_then(|_| out.flush());
     }
-    let result = match bound {
-        Bound::Unix(l, p) => {
+    let result = match running {
+        Running::Nbd(server, Bound::Unix(l, p)) => {
             let r = server.serve_unix_listener(l);
             let _ = std::fs::remove_file(p);
-            r
+            r.map_err(|e| CliError::usage(format!("NBD server: {e}")))
         }
-        Bound::Tcp(l) => server.serve_tcp_listener(l),
+        Running::Nbd(server, Bound::Tcp(l)) => server
+            .serve_tcp_listener(l)
+            .map_err(|e| CliError::usage(format!("NBD server: {e}"))),
+        Running::Fuse(mut mount) => mount
+            .join()
+            .map_err(|e| CliError::usage(format!("FUSE session: {e}"))),
     };
     let _ = std::fs::remove_file(&ctl_path);
     let _ = std::fs::remove_file(&pid_path);
     vol.flush().map_err(|e| io_err(&a.device, e))?;
-    result.map_err(|e| CliError::usage(format!("NBD server: {e}")))
+    result
 }
 
 fn control_loop(
     ctl: UnixListener,
-    h: &ShutdownHandle,
+    fe: &Frontend,
     served: &Served,
     vol: &cryptblk_volume::Volume,
 ) {
@@ -285,13 +379,17 @@ fn control_loop(
         }
         match line.trim() {
             "status" => {
-                let _ = writeln!(conn, "{}", status_json(served, vol, h));
+                let _ = writeln!(conn, "{}", status_json(served, vol, fe));
             }
-            "close" => {
-                let _ = writeln!(conn, "closing");
-                h.shutdown();
-                return;
-            }
+            "close" => match fe.stop() {
+                Ok(()) => {
+                    let _ = writeln!(conn, "closing");
+                    return;
+                }
+                Err(e) => {
+                    let _ = writeln!(conn, "busy: {e}");
+                }
+            },
             _ => {
                 let _ = writeln!(conn, "error: unknown command");
             }
@@ -315,7 +413,13 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     let pid: Option<i32> = std::fs::read_to_string(dir.join(format!("{}.pid", a.name)))
         .ok()
         .and_then(|s| s.trim().parse().ok());
-    ask(&dir, &a.name, "close")?;
+    let reply = ask(&dir, &a.name, "close")?;
+    if let Some(why) = reply.trim().strip_prefix("busy: ") {
+        return Err(CliError::new(
+            EXIT_BUSY,
+            format!("Device {} is still in use: {why}", a.name),
+        ));
+    }
     // Wait for the server to drain, flush and exit (its pid file goes last).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while dir.join(format!("{}.pid", a.name)).exists()

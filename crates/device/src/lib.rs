@@ -12,6 +12,13 @@ pub trait BlockDevice: Send + Sync {
     /// Smallest unit of I/O (the encryption sector size for encrypted volumes).
     fn block_size(&self) -> u32;
     fn read_only(&self) -> bool;
+    /// Whether reads, writes, write-zeroes and discards may start and end anywhere, not only
+    /// on block boundaries (the device then does read-modify-write itself). Frontends may
+    /// pass such requests through instead of refusing them: a kernel NBD client set up
+    /// with 512-byte blocks on a 4096-byte-sector volume keeps working.
+    fn byte_granular(&self) -> bool {
+        false
+    }
     /// Whether `discard` does anything (off by default for encrypted volumes, as in dm-crypt).
     fn can_discard(&self) -> bool;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

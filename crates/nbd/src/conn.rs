@@ -644,7 +644,7 @@ impl Conn<'_> {
             });
         }
         let bs = e.block_size as u64;
-        if !(req.offset | len).is_multiple_of(bs) {
+        if !(req.offset | len).is_multiple_of(bs) && !e.device.byte_granular() {
             return Err((EINVAL, "request not aligned to the minimum block size"));
         }
         if len == 0 {

@@ -26,6 +26,8 @@ struct TestDevice {
     gate_lock: Mutex<()>,
     /// Writes sleep this long (to keep requests in flight).
     write_delay: Duration,
+    /// Claims byte-granular I/O (as an encrypted volume with read-modify-write does).
+    byte_granular: bool,
 }
 
 impl TestDevice {
@@ -49,6 +51,7 @@ impl TestDevice {
             gate: Condvar::new(),
             gate_lock: Mutex::new(()),
             write_delay: Duration::ZERO,
+            byte_granular: false,
         }
     }
     fn injected(&self) -> io::Result<()> {
@@ -69,6 +72,9 @@ impl BlockDevice for TestDevice {
     }
     fn read_only(&self) -> bool {
         self.read_only
+    }
+    fn byte_granular(&self) -> bool {
+        self.byte_granular
     }
     fn can_discard(&self) -> bool {
         self.discard
@@ -663,6 +669,35 @@ fn hostile_requests_get_errors_and_the_connection_survives() {
     let mut b = [1u8; 512];
     dev.mem.read_at(&mut b, 0).unwrap();
     assert_eq!(b, [0; 512]);
+}
+
+#[test]
+fn unaligned_requests_reach_a_byte_granular_device() {
+    let mut dev = TestDevice::new(MIB, 4096);
+    dev.byte_granular = true;
+    let dev = Arc::new(dev);
+    let srv = server_with(dev.clone(), |b| b);
+    let mut c = Client::pair(&srv);
+    c.go(false);
+    c.request(0, CMD_WRITE, 1, 1000, 100, &[5; 100]);
+    assert_eq!(c.simple(), (0, 1));
+    c.request(0, CMD_READ, 2, 999, 102, &[]);
+    assert_eq!(c.simple(), (0, 2));
+    let data = c.read_n(102);
+    let mut want = vec![5u8; 102];
+    (want[0], want[101]) = (0, 0);
+    assert_eq!(data, want);
+    c.request(0, CMD_WRITE_ZEROES, 3, 1010, 10, &[]);
+    assert_eq!(c.simple(), (0, 3));
+    let mut back = [9u8; 100];
+    dev.mem.read_at(&mut back, 1000).unwrap();
+    assert_eq!(&back[..10], &[5; 10]);
+    assert_eq!(&back[10..20], &[0; 10]);
+    assert_eq!(&back[20..], &[5; 80]);
+    // Bounds are still enforced.
+    c.request(0, CMD_READ, 4, MIB - 10, 11, &[]);
+    assert_eq!(c.simple(), (EINVAL, 4));
+    c.finish();
 }
 
 #[test]

@@ -315,6 +315,9 @@ impl BlockDevice for Volume {
     fn read_only(&self) -> bool {
         self.read_only
     }
+    fn byte_granular(&self) -> bool {
+        true
+    }
     fn can_discard(&self) -> bool {
         self.allow_discards && !self.read_only
     }
