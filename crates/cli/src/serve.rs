@@ -360,12 +360,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     result
 }
 
-fn control_loop(
-    ctl: UnixListener,
-    fe: &Frontend,
-    served: &Served,
-    vol: &cryptblk_volume::Volume,
-) {
+fn control_loop(ctl: UnixListener, fe: &Frontend, served: &Served, vol: &cryptblk_volume::Volume) {
     for conn in ctl.incoming() {
         let Ok(mut conn) = conn else { continue };
         let mut line = String::new();

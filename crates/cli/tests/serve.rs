@@ -116,7 +116,10 @@ fn fio_verify_over_nbd_every_cipher_and_sector_size() {
             "{kind} {cipher}"
         );
         let uri = s.uri();
+        // The smallest block the volume takes (512 B or 4 KiB) at queue depth 64.
+        let small = if ss == "512" { "512" } else { "4k" };
         for (rw, bs, qd) in [
+            ("randrw", small, "64"),
             ("randrw", "4k", "32"),
             ("write", "1m", "4"),
             ("randwrite", "64k", "8"),

@@ -69,7 +69,10 @@ pub struct FuseExportBuilder {
 pub struct FuseExport;
 
 impl FuseExport {
-    pub fn builder(mountpoint: impl AsRef<Path>, device: Arc<dyn BlockDevice>) -> FuseExportBuilder {
+    pub fn builder(
+        mountpoint: impl AsRef<Path>,
+        device: Arc<dyn BlockDevice>,
+    ) -> FuseExportBuilder {
         FuseExportBuilder {
             mountpoint: mountpoint.as_ref().to_path_buf(),
             device,
@@ -436,7 +439,9 @@ impl Filesystem for VolumeFs {
             return reply.error(Errno::EROFS);
         }
         // Writing past the end of a block device is ENOSPC, as for a real one.
-        let Some(len) = self.clip(offset, data.len() as u64).filter(|&l| l > 0 || data.is_empty())
+        let Some(len) = self
+            .clip(offset, data.len() as u64)
+            .filter(|&l| l > 0 || data.is_empty())
         else {
             return reply.error(Errno::ENOSPC);
         };

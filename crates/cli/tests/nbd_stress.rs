@@ -1,0 +1,384 @@
+//! `open --nbd` under hostile conditions, with a minimal NBD client of our own so the test
+//! controls every byte: several connections writing overlapping ranges against a model,
+//! clients vanishing in the middle of a request, and a backing filesystem that fills up.
+
+mod common;
+
+use common::{bin, ok, run_in, tool};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::Output;
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    run_in(cmd, args, b"")
+}
+
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const ENOSPC: u32 = 28;
+
+/// Oldstyle-free minimal client: fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies,
+/// one request at a time.
+struct Client {
+    s: UnixStream,
+    size: u64,
+    cookie: u64,
+}
+
+impl Client {
+    fn connect(sock: &str, export: &str) -> Client {
+        let mut s = UnixStream::connect(sock).unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        // FIXED_NEWSTYLE | NO_ZEROES
+        s.write_all(&3u32.to_be_bytes()).unwrap();
+        let mut opt = Vec::new();
+        opt.extend_from_slice(b"IHAVEOPT");
+        opt.extend_from_slice(&1u32.to_be_bytes()); // EXPORT_NAME
+        opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        opt.extend_from_slice(export.as_bytes());
+        s.write_all(&opt).unwrap();
+        let mut info = [0u8; 10];
+        s.read_exact(&mut info).unwrap();
+        let size = u64::from_be_bytes(info[..8].try_into().unwrap());
+        Client { s, size, cookie: 0 }
+    }
+
+    fn header(&mut self, typ: u16, offset: u64, len: u32) -> Vec<u8> {
+        self.cookie += 1;
+        let mut h = Vec::with_capacity(28);
+        h.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        h.extend_from_slice(&0u16.to_be_bytes());
+        h.extend_from_slice(&typ.to_be_bytes());
+        h.extend_from_slice(&self.cookie.to_be_bytes());
+        h.extend_from_slice(&offset.to_be_bytes());
+        h.extend_from_slice(&len.to_be_bytes());
+        h
+    }
+
+    /// Reads a simple reply to the last request: the NBD error code.
+    fn reply(&mut self) -> u32 {
+        let mut r = [0u8; 16];
+        self.s.read_exact(&mut r).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(r[..4].try_into().unwrap()),
+            SIMPLE_REPLY_MAGIC
+        );
+        assert_eq!(u64::from_be_bytes(r[8..].try_into().unwrap()), self.cookie);
+        u32::from_be_bytes(r[4..8].try_into().unwrap())
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
+        let mut req = self.header(CMD_WRITE, offset, data.len() as u32);
+        req.extend_from_slice(data);
+        self.s.write_all(&req).unwrap();
+        self.reply()
+    }
+
+    fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, u32> {
+        let h = self.header(CMD_READ, offset, len as u32);
+        self.s.write_all(&h).unwrap();
+        match self.reply() {
+            0 => {
+                let mut buf = vec![0u8; len];
+                self.s.read_exact(&mut buf).unwrap();
+                Ok(buf)
+            }
+            e => Err(e),
+        }
+    }
+
+    fn flush(&mut self) -> u32 {
+        let h = self.header(CMD_FLUSH, 0, 0);
+        self.s.write_all(&h).unwrap();
+        self.reply()
+    }
+
+    fn disconnect(mut self) {
+        let h = self.header(CMD_DISC, 0, 0);
+        let _ = self.s.write_all(&h);
+    }
+}
+
+struct Served {
+    dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn p(&self, f: &str) -> String {
+        self.dir.path().join(f).to_str().unwrap().to_string()
+    }
+    /// Formats `img` (LUKS2, given sector size) and serves it with `--daemon`.
+    fn start(img: &str, size: u64, sector: &str, dir: tempfile::TempDir) -> Served {
+        let s = Served { dir };
+        std::fs::write(s.p("pw"), b"stress passphrase").unwrap();
+        std::fs::File::create(img).unwrap().set_len(size).unwrap();
+        let pw = s.p("pw");
+        ok(&run(
+            bin(),
+            &[
+                "format",
+                "-q",
+                "--type",
+                "luks2",
+                "--sector-size",
+                sector,
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                &pw,
+                img,
+            ],
+        ));
+        let (sock, run_dir) = (format!("unix:{}", s.p("s.sock")), s.p("run"));
+        ok(&run(
+            bin(),
+            &[
+                "open",
+                img,
+                "vol",
+                "--nbd",
+                &sock,
+                "--daemon",
+                "--run-dir",
+                &run_dir,
+                "--key-file",
+                &pw,
+            ],
+        ));
+        s
+    }
+    fn sock(&self) -> String {
+        self.p("s.sock")
+    }
+    fn status(&self) -> String {
+        ok(&run(bin(), &["status", "vol", "--run-dir", &self.p("run")]))
+    }
+    fn close(&self) {
+        ok(&run(bin(), &["close", "vol", "--run-dir", &self.p("run")]));
+    }
+}
+
+/// Deterministic bytes for (writer, round, write), different for every writer.
+fn pattern(w: usize, round: usize, k: usize, len: usize) -> Vec<u8> {
+    let mut x = ((w as u64 + 1) * 0x9E37_79B9_7F4A_7C15) ^ (((round * 64 + k) as u64) << 17);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn connections_writing_overlapping_ranges_match_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img").to_str().unwrap().to_string();
+    let s = Served::start(&img, 40 << 20, "4096", dir);
+    const WRITERS: usize = 4;
+    const ROUNDS: usize = 6;
+    let size = Client::connect(&s.sock(), "vol").size as usize;
+    let window = 256 << 10; // all writers crowd into 256 KiB, so they overlap a lot
+    let mut model = Client::connect(&s.sock(), "vol").read(0, window).unwrap();
+    assert!(size > window);
+    let mut clients: Vec<Client> = (0..WRITERS)
+        .map(|_| Client::connect(&s.sock(), "vol"))
+        .collect();
+    for round in 0..ROUNDS {
+        // Each writer's requests for this round: aligned and unaligned, 1 B to 64 KiB.
+        let plans: Vec<Vec<(usize, Vec<u8>)>> = (0..WRITERS)
+            .map(|w| {
+                (0..12)
+                    .map(|k| {
+                        let seed = pattern(w, round, k, 8);
+                        let aligned = k % 3 != 0;
+                        let len = if aligned {
+                            4096 * (1 + seed[0] as usize % 16)
+                        } else {
+                            1 + (u16::from_le_bytes([seed[1], seed[2]]) as usize % 20000)
+                        };
+                        let mut off = u32::from_le_bytes(seed[3..7].try_into().unwrap()) as usize
+                            % (window - len);
+                        if aligned {
+                            off -= off % 4096;
+                        }
+                        (off, pattern(w, round, k + 100, len))
+                    })
+                    .collect()
+            })
+            .collect();
+        std::thread::scope(|sc| {
+            for (c, plan) in clients.iter_mut().zip(&plans) {
+                sc.spawn(move || {
+                    for (off, data) in plan {
+                        assert_eq!(c.write(*off as u64, data), 0);
+                    }
+                    assert_eq!(c.flush(), 0);
+                });
+            }
+        });
+        // A byte written in this round by one writer must hold that writer's value; by
+        // several, one of theirs (concurrent writes to the same place may land in any
+        // order); by none, what it held before.
+        let got = clients[0].read(0, window).unwrap();
+        // Requests on one connection are sequential: only each writer's last write to a
+        // byte counts for it.
+        let mut candidates: Vec<Vec<u8>> = vec![Vec::new(); window];
+        for plan in &plans {
+            let mut last: Vec<Option<u8>> = vec![None; window];
+            for (off, data) in plan {
+                for (i, b) in data.iter().enumerate() {
+                    last[off + i] = Some(*b);
+                }
+            }
+            for (i, b) in last.into_iter().enumerate() {
+                candidates[i].extend(b);
+            }
+        }
+        let mut contested = 0;
+        for i in 0..window {
+            let c = &candidates[i];
+            if c.is_empty() {
+                assert_eq!(
+                    got[i], model[i],
+                    "round {round}: untouched byte {i} changed"
+                );
+            } else {
+                assert!(
+                    c.contains(&got[i]),
+                    "round {round}: byte {i} holds {} not written",
+                    got[i]
+                );
+                contested += usize::from(c.len() > 1);
+            }
+        }
+        assert!(contested > 0, "the plan must make writers overlap");
+        model = got;
+    }
+    for c in clients {
+        c.disconnect();
+    }
+    s.close();
+    // What the model says is what the image holds, read again after close.
+    let back = dir_export(&s, &img, window);
+    assert!(back == model);
+}
+
+fn dir_export(s: &Served, img: &str, len: usize) -> Vec<u8> {
+    let out = s.p("export.raw");
+    ok(&run(
+        bin(),
+        &[
+            "export",
+            "--key-file",
+            &s.p("pw"),
+            "--length",
+            &len.to_string(),
+            img,
+            &out,
+        ],
+    ));
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn clients_vanishing_mid_request_leave_the_server_and_data_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("v.img").to_str().unwrap().to_string();
+    let s = Served::start(&img, 64 << 20, "512", dir);
+    let mut c = Client::connect(&s.sock(), "vol");
+    let base = pattern(9, 9, 9, 2 << 20);
+    assert_eq!(c.write(0, &base), 0);
+    assert_eq!(c.flush(), 0);
+    for _ in 0..20 {
+        // A write whose payload stops halfway.
+        let mut v = Client::connect(&s.sock(), "vol");
+        let mut req = v.header(CMD_WRITE, 0, 1 << 20);
+        req.extend_from_slice(&[0xEE; 300_000]);
+        v.s.write_all(&req).unwrap();
+        drop(v);
+        // A large read whose reply nobody reads.
+        let mut v = Client::connect(&s.sock(), "vol");
+        let h = v.header(CMD_READ, 0, 16 << 20);
+        v.s.write_all(&h).unwrap();
+        drop(v);
+        // A header cut short.
+        let mut v = Client::connect(&s.sock(), "vol");
+        let h = v.header(CMD_WRITE, 0, 4096);
+        v.s.write_all(&h[..11]).unwrap();
+        drop(v);
+    }
+    // The half-sent write was never applied; the server still answers everyone.
+    assert!(c.read(0, base.len()).unwrap() == base);
+    let st = s.status();
+    assert!(st.contains("is active"), "{st}");
+    c.disconnect();
+    s.close();
+}
+
+/// A tmpfs of `mb` MiB mounted on `dir`, unmounted on drop.
+struct SmallFs(String);
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = run(&tool("umount", "mount"), &["-l", &self.0]);
+    }
+}
+
+#[test]
+fn full_backing_filesystem_is_enospc_for_the_client_and_the_server_stays_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs_dir = dir.path().join("small");
+    std::fs::create_dir(&fs_dir).unwrap();
+    let fsp = fs_dir.to_str().unwrap().to_string();
+    ok(&run(
+        &tool("mount", "mount"),
+        &["-t", "tmpfs", "-o", "size=24m", "tmpfs", &fsp],
+    ));
+    let _guard = SmallFs(fsp.clone());
+    // A sparse 64 MiB image on a 24 MiB file system: it fills up long before its end.
+    let img = format!("{fsp}/v.img");
+    let filler = format!("{fsp}/filler");
+    std::fs::write(&filler, vec![1u8; 4 << 20]).unwrap();
+    let s = Served::start(&img, 64 << 20, "4096", dir);
+    let mut c = Client::connect(&s.sock(), "vol");
+    let chunk = pattern(1, 1, 1, 1 << 20);
+    let mut written = 0u64;
+    let err = loop {
+        let e = c.write(written, &chunk);
+        if e != 0 {
+            break e;
+        }
+        written += chunk.len() as u64;
+        assert!(written < c.size, "the small file system never filled up");
+    };
+    assert_eq!(
+        err, ENOSPC,
+        "a full backing file system is ENOSPC for the client"
+    );
+    // The connection and the server stay up; what was acknowledged reads back.
+    assert!(written >= 1 << 20);
+    assert!(c.read(0, chunk.len()).unwrap() == chunk);
+    assert!(c.read(written - chunk.len() as u64, chunk.len()).unwrap() == chunk);
+    let mut other = Client::connect(&s.sock(), "vol");
+    assert!(other.read(0, 4096).is_ok());
+    assert!(s.status().contains("is active"));
+    // Once there is room again, the same write goes through.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(c.write(written, &chunk), 0);
+    assert_eq!(c.flush(), 0);
+    assert!(c.read(written, chunk.len()).unwrap() == chunk);
+    other.disconnect();
+    c.disconnect();
+    s.close();
+    assert!(Path::new(&img).exists());
+}
