@@ -7,7 +7,7 @@ use crate::{HeaderArgs, KeyArgs};
 use clap::Args;
 use cryptblk_crypto::CipherSpec;
 use cryptblk_format::plain::PlainParams;
-use cryptblk_volume::{OpenOptions, Volume, VolumeParams, open_plain, unlock_luks};
+use cryptblk_volume::{OpenOptions, Volume, VolumeParams, open_plain_with, unlock_luks};
 use std::path::Path;
 
 /// Everything that says how to unlock and map a volume.
@@ -52,6 +52,21 @@ pub struct VolumeArgs {
     /// Plain mode: IVs count encryption sectors, not 512-byte sectors.
     #[arg(long = "iv-large-sectors")]
     pub iv_large_sectors: bool,
+    /// How the image is read and written: psync (pread/pwrite) or io_uring.
+    #[arg(long = "io-engine", default_value = "psync")]
+    pub io_engine: cryptblk_volume::IoEngine,
+    /// Bypass the page cache (O_DIRECT) for the image.
+    #[arg(long = "direct-io")]
+    pub direct_io: bool,
+}
+
+impl VolumeArgs {
+    fn file_io(&self) -> cryptblk_volume::FileIo {
+        cryptblk_volume::FileIo {
+            engine: self.io_engine,
+            direct: self.direct_io,
+        }
+    }
 }
 
 /// What `status` reports about how the volume was opened.
@@ -183,6 +198,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 read_only: a.read_only,
                 allow_discards: a.allow_discards,
                 key_slot: a.key_slot,
+                io: a.file_io(),
             };
             let u = unlock_luks(device, &opts, &pass).map_err(|e| volume_error(device, e))?;
             Ok(OpenedVolume {
@@ -218,7 +234,8 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 read_only: a.read_only,
                 allow_discards: a.allow_discards,
             };
-            let volume = open_plain(device, &key, &params).map_err(|e| volume_error(device, e))?;
+            let volume = open_plain_with(device, &key, &params, a.file_io())
+                .map_err(|e| volume_error(device, e))?;
             Ok(OpenedVolume {
                 volume,
                 kind: "PLAIN".into(),

@@ -8,16 +8,19 @@
 //! vol.read_sectors(0, &mut buf).unwrap();
 //! ```
 
-#![forbid(unsafe_code)]
+// Only the io_uring engine needs unsafe (the kernel reads and writes our buffers).
+#![deny(unsafe_code)]
 
 mod error;
 mod open;
 mod storage;
+mod uring;
 mod volume;
 
 pub use error::{Error, Result};
 pub use open::{
-    OpenOptions, UnlockedLuks, open_data_file, open_luks, open_plain, unlock_luks, volume_from_key,
+    FileIo, OpenOptions, UnlockedLuks, open_data_file, open_luks, open_plain, open_plain_with,
+    unlock_luks, volume_from_key,
 };
-pub use storage::{FileStorage, MemStorage, Storage};
+pub use storage::{FileStorage, IoEngine, MemStorage, Storage};
 pub use volume::{Volume, VolumeParams, VolumeStats};

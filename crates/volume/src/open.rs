@@ -1,6 +1,6 @@
 //! Opening volumes: LUKS (unlock with a passphrase) or a raw key (plain mode, tests).
 
-use crate::storage::{FileStorage, Storage};
+use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
 use cryptblk_format::{LuksHeader, load_header};
@@ -16,6 +16,25 @@ pub struct OpenOptions {
     pub allow_discards: bool,
     /// Only try this keyslot.
     pub key_slot: Option<u32>,
+    pub io: FileIo,
+}
+
+/// How the data file is read and written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileIo {
+    pub engine: IoEngine,
+    /// O_DIRECT (bypass the page cache); an error if the file system cannot.
+    pub direct: bool,
+}
+
+impl FileIo {
+    fn storage(&self, data: File, sector_size: u32) -> Result<FileStorage> {
+        let mut st = FileStorage::new(data)?.with_engine(self.engine)?;
+        if self.direct {
+            st = st.direct(sector_size)?;
+        }
+        Ok(st)
+    }
 }
 
 /// An unlocked LUKS volume with the header it came from.
@@ -64,7 +83,8 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
         read_only: opts.read_only,
         allow_discards: opts.allow_discards,
     };
-    let volume = volume_from_key(Box::new(FileStorage::new(data)?), &key, &params)?;
+    let storage = opts.io.storage(data, params.sector_size)?;
+    let volume = volume_from_key(Box::new(storage), &key, &params)?;
     Ok(UnlockedLuks {
         volume,
         header,
@@ -84,6 +104,17 @@ pub fn volume_from_key(
 
 /// Opens a plain dm-crypt mapping of `device` with an already derived key.
 pub fn open_plain(device: &Path, key: &[u8], params: &VolumeParams) -> Result<Volume> {
+    open_plain_with(device, key, params, FileIo::default())
+}
+
+/// [`open_plain`] with a choice of I/O engine and O_DIRECT.
+pub fn open_plain_with(
+    device: &Path,
+    key: &[u8],
+    params: &VolumeParams,
+    io: FileIo,
+) -> Result<Volume> {
     let data = open_data_file(device, params.read_only)?;
-    volume_from_key(Box::new(FileStorage::new(data)?), key, params)
+    let storage = io.storage(data, params.sector_size)?;
+    volume_from_key(Box::new(storage), key, params)
 }

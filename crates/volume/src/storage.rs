@@ -16,10 +16,36 @@ pub trait Storage: Send + Sync {
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()>;
 }
 
+/// How a [`FileStorage`] reaches the kernel. Both run on the calling (frontend) thread:
+/// the request that needs the data waits for it, nothing is handed to another thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoEngine {
+    /// `pread`/`pwrite`: one system call per request. The default: measured fastest for
+    /// one request at a time per thread (docs/benchmarks.md).
+    #[default]
+    Psync,
+    /// A per-thread io_uring, one submission and completion per request.
+    Uring,
+}
+
+impl std::str::FromStr for IoEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "psync" | "pread" => Ok(IoEngine::Psync),
+            "uring" | "io_uring" | "io-uring" => Ok(IoEngine::Uring),
+            _ => Err(format!("unknown I/O engine '{s}' (psync or io_uring)")),
+        }
+    }
+}
+
 /// A regular file or block device.
 pub struct FileStorage {
     file: File,
     size: u64,
+    engine: IoEngine,
+    /// With O_DIRECT: the memory alignment the kernel wants for buffers.
+    direct_mem_align: Option<usize>,
 }
 
 impl FileStorage {
@@ -28,12 +54,93 @@ impl FileStorage {
         let mut f = file;
         // Block devices report 0 in metadata; seeking to the end works for both.
         let size = f.seek(io::SeekFrom::End(0))?;
-        Ok(FileStorage { file: f, size })
+        Ok(FileStorage {
+            file: f,
+            size,
+            engine: IoEngine::Psync,
+            direct_mem_align: None,
+        })
+    }
+
+    /// Chooses the I/O engine.
+    pub fn with_engine(mut self, engine: IoEngine) -> io::Result<Self> {
+        if engine == IoEngine::Uring {
+            crate::uring::probe()?;
+        }
+        self.engine = engine;
+        Ok(self)
+    }
+
+    /// Bypasses the page cache (O_DIRECT) when the file system or device allows it for
+    /// I/O of `sector_size` blocks; errors say why not. Buffers that are not aligned as
+    /// the kernel wants are bounced through an aligned per-thread buffer.
+    pub fn direct(mut self, sector_size: u32) -> io::Result<Self> {
+        use rustix::fs::{AtFlags, OFlags, StatxFlags, fcntl_getfl, fcntl_setfl, statx};
+        let st = statx(&self.file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN)
+            .map_err(io::Error::from)?;
+        let (mem, off) = (st.stx_dio_mem_align, st.stx_dio_offset_align);
+        if StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::DIOALIGN) && off == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this file system does not support O_DIRECT",
+            ));
+        }
+        if off > sector_size {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "O_DIRECT needs {off}-byte aligned I/O here, the volume's sectors are {sector_size} bytes"
+                ),
+            ));
+        }
+        let flags = fcntl_getfl(&self.file).map_err(io::Error::from)?;
+        fcntl_setfl(&self.file, flags | OFlags::DIRECT).map_err(io::Error::from)?;
+        self.direct_mem_align = Some((mem.max(512)) as usize);
+        Ok(self)
     }
 
     pub fn file(&self) -> &File {
         &self.file
     }
+
+    pub fn engine(&self) -> IoEngine {
+        self.engine
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct_mem_align.is_some()
+    }
+
+    fn raw_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self.engine {
+            IoEngine::Psync => self.file.read_exact_at(buf, offset),
+            IoEngine::Uring => crate::uring::read_exact_at(&self.file, buf, offset),
+        }
+    }
+
+    fn raw_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        match self.engine {
+            IoEngine::Psync => self.file.write_all_at(buf, offset),
+            IoEngine::Uring => crate::uring::write_all_at(&self.file, buf, offset),
+        }
+    }
+}
+
+thread_local! {
+    /// Aligned bounce buffer for O_DIRECT I/O on unaligned caller buffers.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on an `align`-aligned buffer of `len` bytes.
+fn with_aligned<R>(len: usize, align: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    BOUNCE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len + align {
+            b.resize(len + align, 0);
+        }
+        let start = b.as_ptr().align_offset(align);
+        f(&mut b[start..start + len])
+    })
 }
 
 impl Storage for FileStorage {
@@ -41,10 +148,23 @@ impl Storage for FileStorage {
         self.size
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
+        match self.direct_mem_align {
+            Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b| {
+                self.raw_read(b, offset)?;
+                buf.copy_from_slice(b);
+                Ok(())
+            }),
+            _ => self.raw_read(buf, offset),
+        }
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
+        match self.direct_mem_align {
+            Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b| {
+                b.copy_from_slice(buf);
+                self.raw_write(b, offset)
+            }),
+            _ => self.raw_write(buf, offset),
+        }
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
