@@ -34,6 +34,9 @@ pub struct BenchmarkArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also draw the cipher figures: DIR (gets cipher-speed.svg and .png) or FILE.svg/.png.
+    #[arg(long, value_name = "DIR|FILE")]
+    pub chart: Option<std::path::PathBuf>,
 }
 
 fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
@@ -67,6 +70,13 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
             .collect(),
     };
     let dur = Duration::from_secs_f64(a.seconds.clamp(0.01, 60.0));
+    let chart_base = a
+        .chart
+        .as_deref()
+        .map(cryptblk_bench::chart::chart_base)
+        .transpose()
+        .map_err(CliError::usage)?;
+    let mut rows = Vec::new();
     if !a.json {
         println!(
             "# Tests are approximate, in-process, one core, backend {backend} (no storage I/O)."
@@ -100,6 +110,14 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
                 reqs.dedup();
                 for req in reqs {
                     let s = cipher_speed(*spec, key_len, ss, req, backend, dur)?;
+                    rows.push(cryptblk_bench::chart::CipherRow {
+                        cipher: s.cipher.to_string(),
+                        key_bits: s.key_bits,
+                        sector_size: s.sector_size,
+                        request_size: s.request_size,
+                        encrypt_mb_s: s.encrypt_mb_s,
+                        decrypt_mb_s: s.decrypt_mb_s,
+                    });
                     if a.json {
                         println!(
                             "{}",
@@ -124,6 +142,15 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
                 }
             }
         }
+    }
+    if let Some(base) = &chart_base {
+        let svg = cryptblk_bench::chart::cipher_chart(&rows, backend.name());
+        cryptblk_bench::chart::write_svg_png(&svg, base).map_err(CliError::usage)?;
+        eprintln!(
+            "chart: {} and {}",
+            base.with_extension("svg").display(),
+            base.with_extension("png").display()
+        );
     }
     if a.no_kdf || a.cipher.is_some() {
         return Ok(());

@@ -1,6 +1,7 @@
 //! `cryptblk`: cryptsetup's LUKS commands and dm-crypt's data path, in userspace.
 //! The work is done by the library crates; this binary parses arguments and prints.
 
+mod bench;
 mod benchmark;
 mod commands;
 mod dump;
@@ -101,6 +102,8 @@ enum Command {
     HeaderRestore(commands::BackupArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
+    /// Benchmark block I/O with fio over NBD (and vmlab): report.md, raw JSON, charts.
+    Bench(bench::BenchArgs),
     /// Unlock a volume and serve it as a block device (NBD).
     Open(serve::OpenArgs),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
@@ -134,6 +137,7 @@ fn main() {
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Open(a) => serve::open(&ctx, a),
         Command::Close(a) => serve::close(&ctx, a),
         Command::Status(a) => serve::status(&ctx, a),

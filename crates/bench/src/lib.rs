@@ -1,0 +1,18 @@
+//! `cryptblk bench`: drives the real fio over NBD servers (cryptblk, nbdkit, qemu-nbd) and,
+//! in a vmlab guest, over kernel block devices (brd, dm-crypt, ublk); writes the raw fio
+//! JSON, `report.md` and SVG/PNG charts.
+
+#![forbid(unsafe_code)]
+
+pub mod chart;
+pub mod fio;
+pub mod model;
+pub mod preset;
+pub mod report;
+pub mod runner;
+pub mod target;
+pub mod vm;
+
+pub use preset::Preset;
+pub use runner::{Config, run};
+pub use target::CipherChoice;
