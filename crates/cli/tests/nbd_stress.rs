@@ -382,3 +382,63 @@ fn full_backing_filesystem_is_enospc_for_the_client_and_the_server_stays_up() {
     s.close();
     assert!(Path::new(&img).exists());
 }
+
+#[test]
+fn backing_file_too_small_is_refused_clearly_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    std::fs::write(p("pw"), b"small").unwrap();
+    let img = p("v.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(40 << 20)
+        .unwrap();
+    ok(&run(
+        bin(),
+        &[
+            "format",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &p("pw"),
+            &img,
+        ],
+    ));
+    // Cut inside the header area, and exactly at the start of the data segment.
+    for (len, says) in [(10u64 << 20, "truncated"), (16 << 20, "too small")] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let before = std::fs::read(&img).unwrap();
+        let o = run(
+            bin(),
+            &[
+                "open",
+                &img,
+                "vol",
+                "--nbd",
+                &format!("unix:{}", p("s.sock")),
+                "--run-dir",
+                &p("run"),
+                "--key-file",
+                &p("pw"),
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(says), "{len}: {err}");
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "open wrote to the image"
+        );
+        assert!(!Path::new(&p("s.sock")).exists());
+    }
+}
