@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The data-path speed bars: ../shared/peerbench.sh (fio over NBD on a unix socket, one
+# LUKS1 image in tmpfs) with cryptblk (aes-xts-plain64) and cryptblk with cipher_null on the
+# same image's data area, beside nbdkit (file plugin, luks filter) and qemu-nbd (raw, LUKS),
+# all in one run. Then prints the ratios the issue asks for.
+# usage: scripts/bench-nbd.sh [runtime_s]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RT=${1:-5}
+B=$PWD/target/release/cryptblk
+[ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
+P=/dev/shm/peer; mkdir -p $P; head -c 32 /dev/urandom > $P/null.key
+OUT=$(mktemp); trap 'rm -f "$OUT"' EXIT
+S="--nbd unix:$P/nbd.sock --run-dir $P/run"
+bash ../shared/peerbench.sh "$RT" \
+  "cryptblk=$B open luks1.img pb $S --key-file pw" \
+  "cryptblk-null=$B open luks1.img pb $S --key-file null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096" \
+  | tee "$OUT"
+python3 - "$OUT" <<'PY'
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 6 and f[0] != "server":
+        rows[f[0]] = [float(x) if x != "ERR" else 0.0 for x in f[1:]]
+wl = ["4k-rw-qd1", "4k-randread-qd16", "4k-randwrite-qd16", "128k-read-qd8", "128k-write-qd8"]
+def ratio(a, b, i):
+    return rows[a][i] / rows[b][i] if rows.get(b) and rows[b][i] else float("nan")
+print("\n| workload | ÷ nbdkit luks (≥1.5) | ÷ qemu-nbd LUKS (≥2) | aes ÷ cipher_null (≥0.9) | cipher_null ÷ nbdkit file (≥0.9) |")
+print("|---|---|---|---|---|")
+for i, w in enumerate(wl):
+    print(f"| {w} | {ratio('cryptblk','nbdkit-luks',i):.2f}× | {ratio('cryptblk','qemu-nbd-luks',i):.2f}× "
+          f"| {ratio('cryptblk','cryptblk-null',i):.2f} | {ratio('cryptblk-null','nbdkit-raw',i):.2f} |")
+PY
