@@ -171,6 +171,7 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, fe: &Frontend) -> Valu
         "name": s.name, "device": s.device, "type": s.kind,
         "cipher": c.spec().to_string(), "key_bits": s.key_bits, "keyslot": s.keyslot,
         "sector_size": c.sector_size(), "backend": c.backend().name(),
+        "storage": vol.storage_description(),
         "offset_sectors": vol.data_offset() / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
         "discards": vol.can_discard(),
@@ -460,6 +461,8 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  keysize: {} bits", v["key_bits"]);
     println!("  key location: process memory (pid {})", v["pid"]);
     println!("  device:  {}", v["device"].as_str().unwrap_or(""));
+    println!("  storage: {}", v["storage"].as_str().unwrap_or(""));
+    println!("  crypto:  {}", v["backend"].as_str().unwrap_or(""));
     println!("  sector size:  {}", v["sector_size"]);
     println!("  offset:  {} sectors", v["offset_sectors"]);
     println!("  size:    {} sectors", v["size_sectors"]);

@@ -14,6 +14,10 @@ pub trait Storage: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Deallocates the range (the range then reads as zero ciphertext, i.e. garbage plaintext).
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// How the storage is reached, for `status` (e.g. "file, psync, O_DIRECT").
+    fn describe(&self) -> String {
+        "custom".into()
+    }
 }
 
 /// How a [`FileStorage`] reaches the kernel. Both run on the calling (frontend) thread:
@@ -169,6 +173,14 @@ impl Storage for FileStorage {
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+    fn describe(&self) -> String {
+        let engine = match self.engine {
+            IoEngine::Psync => "psync",
+            IoEngine::Uring => "io_uring",
+        };
+        let cache = if self.is_direct() { "O_DIRECT" } else { "page cache" };
+        format!("file, {engine}, {cache}")
+    }
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         use rustix::fs::{FallocateFlags, fallocate};
         fallocate(
@@ -252,6 +264,9 @@ impl Storage for MemStorage {
     }
     fn sync(&self) -> io::Result<()> {
         Ok(())
+    }
+    fn describe(&self) -> String {
+        "memory".into()
     }
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len as usize)?;

@@ -76,6 +76,11 @@ fn crypto_io(e: cryptblk_crypto::Error) -> io::Error {
 }
 
 impl Volume {
+    /// How the ciphertext storage is reached (for `status`).
+    pub fn storage_description(&self) -> String {
+        self.storage.describe()
+    }
+
     /// Binds a cipher (already keyed) to storage. Fails if the storage cannot hold the segment.
     pub fn new(
         storage: Box<dyn Storage>,
