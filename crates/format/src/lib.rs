@@ -11,7 +11,7 @@ pub mod luks1;
 pub mod luks2;
 pub mod plain;
 
-pub use device::{HeaderDevice, MemDevice};
+pub use device::{CrashDevice, HeaderDevice, MemDevice, Tear};
 pub use error::{Error, Result};
 
 use cryptblk_crypto::{CipherSpec, HashAlg, IvOptions, Kdf, KdfRequest, SecretBytes};
@@ -143,6 +143,9 @@ pub fn load_header(dev: &mut dyn HeaderDevice) -> Result<Box<dyn LuksHeader>> {
         (luks1::MAGIC, 2) | (luks2::SECONDARY_MAGIC, 2) => {
             Ok(Box::new(luks2::Luks2Header::read(dev)?))
         }
+        // A readable primary of another version (as cryptsetup does): the volume may have
+        // been converted, so an older secondary copy must not be used behind its back.
+        (luks1::MAGIC, v) => Err(luks1::Luks1Error::UnsupportedVersion(v).into()),
         // The primary may be wiped or damaged: LUKS2 can still be found from its secondary copy.
         _ => luks2::Luks2Header::read(dev).map(|h| Box::new(h) as Box<dyn LuksHeader>),
     }

@@ -216,24 +216,13 @@ fn handshake(
     };
 
     for _ in 0..max_options {
-        let mut hdr = [0u8; 16];
+        let mut hdr = [0u8; OPTION_HDR_LEN];
         rb.read_exact(s, &mut hdr)?;
-        let magic = u64::from_be_bytes(hdr[0..8].try_into().unwrap());
-        let opt = u32::from_be_bytes(hdr[8..12].try_into().unwrap());
-        let len = u32::from_be_bytes(hdr[12..16].try_into().unwrap());
-        if magic != IHAVEOPT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "bad option magic",
-            ));
-        }
-        if len > MAX_OPTION_LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "option too long",
-            ));
-        }
-        data.resize(len as usize, 0);
+        let h = OptionHeader::parse(&hdr);
+        h.check()
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidData, m))?;
+        let opt = h.option;
+        data.resize(h.len as usize, 0);
         rb.read_exact(s, &mut data)?;
         out.clear();
 
@@ -352,30 +341,15 @@ fn info_reply(
     structured: bool,
     out: &mut Vec<u8>,
 ) -> Option<usize> {
-    let invalid = |out: &mut Vec<u8>, msg: &[u8]| {
-        option_reply(out, opt, REP_ERR_INVALID, msg);
-        None
+    let req = match InfoRequest::parse(data) {
+        Ok(r) => r,
+        Err(msg) => {
+            option_reply(out, opt, REP_ERR_INVALID, msg);
+            return None;
+        }
     };
-    if data.len() < 6 {
-        return invalid(out, b"option data too short");
-    }
-    let name_len = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize;
-    if name_len > data.len() - 6 {
-        return invalid(out, b"export name length exceeds option length");
-    }
-    let name = &data[4..4 + name_len];
-    let nreq = u16::from_be_bytes(data[4 + name_len..6 + name_len].try_into().unwrap()) as usize;
-    let reqs = &data[6 + name_len..];
-    if reqs.len() != 2 * nreq {
-        return invalid(
-            out,
-            b"information request count does not match option length",
-        );
-    }
-    let wants = |t: u16| {
-        reqs.chunks_exact(2)
-            .any(|c| u16::from_be_bytes([c[0], c[1]]) == t)
-    };
+    let wants = |t: u16| req.wants(t);
+    let name = req.name;
     let Some((idx, export)) = find_export(shared, name) else {
         option_reply(out, opt, REP_ERR_UNKNOWN, b"no such export");
         return None;
@@ -575,6 +549,12 @@ impl Conn<'_> {
             buf[HEADROOM - 8..HEADROOM].copy_from_slice(&req.offset.to_be_bytes());
             self.send(&buf[start..HEADROOM + n])
         } else {
+            if n == 0 {
+                // A zero-length read: this thread's buffer may not even hold the headroom.
+                let mut r = [0u8; SIMPLE_REPLY_LEN];
+                simple_reply(&mut r, 0, req.cookie);
+                return self.send(&r);
+            }
             let start = HEADROOM - SIMPLE_REPLY_LEN;
             simple_reply(&mut buf[start..HEADROOM], 0, req.cookie);
             self.send(&buf[start..HEADROOM + n])

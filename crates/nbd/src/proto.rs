@@ -125,6 +125,80 @@ impl Request {
     }
 }
 
+/// Bytes of an option header in the handshake (magic, option, length).
+pub const OPTION_HDR_LEN: usize = 16;
+
+/// An option header sent by the client during the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionHeader {
+    pub magic: u64,
+    pub option: u32,
+    pub len: u32,
+}
+
+impl OptionHeader {
+    pub fn parse(b: &[u8; OPTION_HDR_LEN]) -> OptionHeader {
+        OptionHeader {
+            magic: u64::from_be_bytes(b[0..8].try_into().unwrap()),
+            option: u32::from_be_bytes(b[8..12].try_into().unwrap()),
+            len: u32::from_be_bytes(b[12..16].try_into().unwrap()),
+        }
+    }
+
+    /// Checks magic and length before the payload is read; the error says why the
+    /// connection must be closed.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.magic != IHAVEOPT {
+            return Err("bad option magic");
+        }
+        if self.len > MAX_OPTION_LEN {
+            return Err("option too long");
+        }
+        Ok(())
+    }
+}
+
+/// The payload of NBD_OPT_INFO / NBD_OPT_GO: export name and requested information types.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InfoRequest<'a> {
+    pub name: &'a [u8],
+    /// Raw big-endian u16 info types, two bytes each.
+    requests: &'a [u8],
+}
+
+impl<'a> InfoRequest<'a> {
+    /// Parses the option data; the error is the message for NBD_REP_ERR_INVALID.
+    pub fn parse(data: &'a [u8]) -> Result<InfoRequest<'a>, &'static [u8]> {
+        if data.len() < 6 {
+            return Err(b"option data too short");
+        }
+        let name_len = u32::from_be_bytes(data[0..4].try_into().unwrap()) as usize;
+        if name_len > data.len() - 6 {
+            return Err(b"export name length exceeds option length");
+        }
+        let name = &data[4..4 + name_len];
+        let nreq =
+            u16::from_be_bytes(data[4 + name_len..6 + name_len].try_into().unwrap()) as usize;
+        let requests = &data[6 + name_len..];
+        if requests.len() != 2 * nreq {
+            return Err(b"information request count does not match option length");
+        }
+        Ok(InfoRequest { name, requests })
+    }
+
+    /// The requested information types, in order.
+    pub fn types(&self) -> impl Iterator<Item = u16> + '_ {
+        self.requests
+            .chunks_exact(2)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]))
+    }
+
+    /// Whether information type `t` was requested.
+    pub fn wants(&self, t: u16) -> bool {
+        self.types().any(|x| x == t)
+    }
+}
+
 /// Writes a simple reply header into `out` (16 bytes).
 pub fn simple_reply(out: &mut [u8], error: u32, cookie: u64) {
     out[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -212,6 +286,28 @@ mod tests {
         assert_eq!(v.len(), 21);
         assert_eq!(&v[0..8], &OPT_REPLY_MAGIC.to_be_bytes());
         assert_eq!(&v[12..16], &[0x80, 0, 0, 1]);
+    }
+
+    #[test]
+    fn option_and_info_parsing() {
+        let mut h = [0u8; OPTION_HDR_LEN];
+        h[..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        h[8..12].copy_from_slice(&OPT_GO.to_be_bytes());
+        h[12..16].copy_from_slice(&(MAX_OPTION_LEN + 1).to_be_bytes());
+        let o = OptionHeader::parse(&h);
+        assert_eq!((o.option, o.check()), (OPT_GO, Err("option too long")));
+        h[0] = 0;
+        assert_eq!(OptionHeader::parse(&h).check(), Err("bad option magic"));
+
+        let data = [0, 0, 0, 2, b'h', b'd', 0, 2, 0, 1, 0, 3];
+        let r = InfoRequest::parse(&data).unwrap();
+        assert_eq!(r.name, b"hd");
+        assert_eq!(r.types().collect::<Vec<_>>(), [INFO_NAME, INFO_BLOCK_SIZE]);
+        assert!(r.wants(INFO_NAME) && !r.wants(INFO_DESCRIPTION));
+        assert!(InfoRequest::parse(&data[..5]).is_err());
+        assert!(InfoRequest::parse(&data[..11]).is_err());
+        // Name length larger than the data, including values that overflow 32 bits.
+        assert!(InfoRequest::parse(&[0xff, 0xff, 0xff, 0xff, 0, 0]).is_err());
     }
 
     #[test]

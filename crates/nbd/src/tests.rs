@@ -595,6 +595,27 @@ fn structured_reads() {
     c.finish();
 }
 
+/// Regression (fuzz target nbd_session): a zero-length read with simple replies as the
+/// first request a thread serves panicked on its still empty data buffer.
+#[test]
+fn zero_length_reads_with_simple_replies() {
+    let (_dev, srv) = mem_server();
+    let mut c = Client::pair(&srv);
+    c.go(false);
+    // More requests than threads, so every thread's first request is such a read.
+    for cookie in 0..16 {
+        c.request(0, CMD_READ, cookie, 4096, 0, &[]);
+    }
+    let mut got: Vec<(u32, u64)> = (0..16).map(|_| c.simple()).collect();
+    got.sort_by_key(|&(_, k)| k);
+    assert_eq!(got, (0..16).map(|k| (0, k)).collect::<Vec<_>>());
+    c.request(0, CMD_READ, 99, 0, 512, &[]);
+    assert_eq!(c.simple(), (0, 99));
+    assert_eq!(c.read_n(512), vec![0; 512]);
+    c.finish();
+    assert_eq!(srv.stats().errors, 0);
+}
+
 #[test]
 fn hostile_requests_get_errors_and_the_connection_survives() {
     let (dev, srv) = mem_server();

@@ -248,12 +248,12 @@ impl Phdr {
             .into()
         };
         for (i, s) in self.slots.iter().enumerate() {
-            // cryptsetup insists on 4000 stripes in every slot; we accept any non-zero
-            // count (the area is sized by it), free slots included since they get reused.
-            if s.stripes == 0 {
+            // cryptsetup (LUKS_check_keyslots) insists on 4000 stripes in every slot, free
+            // ones included since they get reused, and refuses the header otherwise.
+            if s.stripes != STRIPES {
                 return Err(Luks1Error::Stripes {
                     slot: i as u32,
-                    stripes: 0,
+                    stripes: s.stripes,
                 }
                 .into());
             }

@@ -654,11 +654,10 @@ impl LuksHeader for Luks1Header {
         if !self.phdr.slots[i].active {
             return Err(Error::Keyslot(format!("keyslot {slot} is not active")));
         }
-        // cryptsetup overwrites the area 39 times and finally with random data; on today's
-        // storage one random pass leaves the same final state.
-        let (start, end) = self.phdr.slot_area(i);
-        keyslot::wipe_random(dev, start * SECTOR_SIZE, (end - start) * SECTOR_SIZE)?;
-        dev.sync()?;
+        // The header first, then the wipe (cryptsetup wipes first): a crash in between
+        // leaves unreferenced key material, never an ENABLED slot whose material is gone.
+        // The descriptors of slots 0-5 lie in the header's first sector, so for them the
+        // header write is a single atomic sector write.
         let old = self.phdr.slots[i].clone();
         let s = &mut self.phdr.slots[i];
         s.active = false;
@@ -668,6 +667,11 @@ impl LuksHeader for Luks1Header {
             self.phdr.slots[i] = old;
             return Err(e);
         }
+        // cryptsetup overwrites the area 39 times and finally with random data; on today's
+        // storage one random pass leaves the same final state.
+        let (start, end) = self.phdr.slot_area(i);
+        keyslot::wipe_random(dev, start * SECTOR_SIZE, (end - start) * SECTOR_SIZE)?;
+        dev.sync()?;
         Ok(())
     }
 }

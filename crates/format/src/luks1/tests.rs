@@ -394,3 +394,41 @@ fn debug_output_has_no_surprises() {
     let s = format!("{hdr:?}");
     assert!(s.contains("mk_digest") && s.contains("aes"));
 }
+
+/// Regression (damaged-header suite): cryptsetup refuses a header with a stripe count other
+/// than 4000 in any slot, free ones included; so do we.
+#[test]
+fn non_standard_stripes_in_a_free_slot_are_refused() {
+    let (dev, _, _) = formatted("aes-xts-plain64", 32);
+    let mut d = damage(&dev, |b| {
+        b[slot_field(5, 44)..slot_field(5, 48)].copy_from_slice(&3999u32.to_be_bytes())
+    });
+    assert_luks1_err(&mut d, |e| {
+        *e == Luks1Error::Stripes {
+            slot: 5,
+            stripes: 3999,
+        }
+    });
+}
+
+/// Regression (crash-point suite): kill-slot disables the slot in the header before it
+/// wipes the key material, so power loss during the wipe never leaves an ENABLED slot
+/// whose material is half gone.
+#[test]
+fn kill_writes_the_header_before_wiping() {
+    let (mut dev, mut hdr, vk) = formatted("aes-xts-plain64", 32);
+    hdr.add_keyslot(&mut dev, &vk, b"second", None, &fast_kdf())
+        .unwrap();
+    let base = dev.clone();
+    let mut dry = crate::CrashDevice::new(base.clone(), None, crate::Tear::Lost, true);
+    hdr.clone().kill_keyslot(&mut dry, 0).unwrap();
+    let writes = dry.writes();
+    assert_eq!(writes, 2, "header, then the wipe");
+    // Power fails during the wipe, half of it on disk.
+    let mut crashing = crate::CrashDevice::new(base, Some(2), crate::Tear::Prefix, false);
+    assert!(hdr.clone().kill_keyslot(&mut crashing, 0).is_err());
+    let mut img = crashing.after_power_loss();
+    let r = Luks1Header::read(&mut img).unwrap();
+    assert!(!r.slot(0).unwrap().active);
+    assert_eq!(r.unlock(&mut img, b"second", None).unwrap().0, 1);
+}

@@ -279,6 +279,14 @@ impl Luks2Header {
                 Luks2Error::Unsupported(format!("data segment of type '{}'", seg.kind)).into(),
             );
         }
+        if seg.integrity {
+            // The data lives on a dm-integrity device with interleaved tags; reading it as
+            // plain dm-crypt would serve garbage.
+            return Err(Luks2Error::Unsupported(
+                "data segment with integrity protection (dm-integrity)".into(),
+            )
+            .into());
+        }
         let cipher = CipherSpec::parse(&seg.encryption)
             .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
         let key_len = model
@@ -628,6 +636,30 @@ impl Luks2Header {
         self.check_usable()?;
         let (old, key) = self.unlock(dev, old_passphrase, old_slot)?;
         self.store_keyslot(dev, &key, new_passphrase, new_slot, kdf, Some(old))
+    }
+
+    /// [`Luks2Header::change_keyslot`] for a caller that already unlocked `old_slot` and
+    /// holds the volume key: one metadata update adds the new slot and removes the old one.
+    pub fn change_keyslot_with_key(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        old_slot: u32,
+        volume_key: &[u8],
+        new_passphrase: &[u8],
+        new_slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        if !self.model.keyslots.contains_key(&old_slot) {
+            return Err(Error::Keyslot(format!("keyslot {old_slot} is not active")));
+        }
+        self.store_keyslot(
+            dev,
+            volume_key,
+            new_passphrase,
+            new_slot,
+            kdf,
+            Some(old_slot),
+        )
     }
 
     /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).

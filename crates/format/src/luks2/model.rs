@@ -155,6 +155,8 @@ pub struct Segment {
     pub encryption: String,
     pub sector_size: u32,
     pub flags: Vec<String>,
+    /// The segment has an `integrity` object (dm-integrity / AEAD under the encryption).
+    pub integrity: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -338,6 +340,7 @@ fn parse_segment(v: &Value, what: &str) -> Result<Segment, Luks2Error> {
         encryption: String::new(),
         sector_size: 512,
         flags,
+        integrity: o.contains_key("integrity"),
     };
     if seg.kind == "crypt" {
         seg.iv_tweak = get_u64_str(o, "iv_tweak", what)?;

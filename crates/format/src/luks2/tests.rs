@@ -726,3 +726,30 @@ fn fresh_cached() -> (MemDevice, Luks2Header) {
     static CELL: OnceLock<(MemDevice, Luks2Header)> = OnceLock::new();
     CELL.get_or_init(fresh).clone()
 }
+
+/// Regression (damaged-header suite): a data segment with dm-integrity cannot be served as
+/// plain dm-crypt; the header is refused instead of decrypting garbage.
+#[test]
+fn integrity_segments_are_refused() {
+    let err = with_json(|j| {
+        j["segments"]["0"]["integrity"] = json!({
+            "type": "hmac(sha256)",
+            "journal_encryption": "none",
+            "journal_integrity": "none"
+        })
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("integrity"), "{err}");
+}
+
+/// Regression (damaged-header suite): a readable primary header of an unknown version is
+/// not bypassed by using the secondary copy (cryptsetup refuses such devices too).
+#[test]
+fn unknown_primary_version_is_not_bypassed() {
+    let (mut dev, _) = fresh();
+    dev.data[7] = 3;
+    // The secondary copy is intact, and Luks2Header::read (used by repair) still finds it.
+    assert!(Luks2Header::read(&mut dev).is_ok());
+    let err = crate::load_header(&mut dev).unwrap_err();
+    assert!(err.to_string().contains("version 3"), "{err}");
+}
