@@ -21,21 +21,13 @@ pub struct KeySource {
 
 /// Reads a key file (`-` = standard input): `size` bytes after `offset`, or all of it.
 pub fn read_key_file(path: &Path, offset: u64, size: Option<usize>) -> CliResult<SecretBytes> {
-    let mut raw = Vec::new();
     let limit = size.unwrap_or(KEYFILE_MAX) as u64 + offset;
-    let res = if path == Path::new("-") {
-        std::io::stdin()
-            .lock()
-            .take(limit + 1)
-            .read_to_end(&mut raw)
+    let mut file = if path == Path::new("-") {
+        unbuffered_stdin().map_err(|e| io_err(path, e))?
     } else {
-        std::fs::File::open(path)
-            .map_err(|e| io_err(path, e))?
-            .take(limit + 1)
-            .read_to_end(&mut raw)
+        std::fs::File::open(path).map_err(|e| io_err(path, e))?
     };
-    let mut raw = SecretBytes::from_vec(raw);
-    res.map_err(|e| io_err(path, e))?;
+    let mut raw = read_secret(&mut file, (limit + 1) as usize).map_err(|e| io_err(path, e))?;
     let start = (offset as usize).min(raw.len());
     let avail = &mut raw[start..];
     let key = match size {
@@ -65,26 +57,61 @@ pub fn read_key_file(path: &Path, offset: u64, size: Option<usize>) -> CliResult
 
 /// One line of standard input without its newline (how cryptsetup reads a piped passphrase).
 fn read_stdin_line() -> CliResult<SecretBytes> {
-    let mut line = Vec::new();
-    let stdin = std::io::stdin();
-    let mut lock = stdin.lock();
-    let mut byte = [0u8; 1];
+    let err = |e: std::io::Error| CliError::usage(format!("reading passphrase from stdin: {e}"));
+    // Unbuffered, one byte at a time, straight into locked memory: no copy of the
+    // passphrase is left in a stdin buffer or in a grown-and-freed vector.
+    let mut stdin = unbuffered_stdin().map_err(err)?;
+    let mut line = SecretBytes::zeroed(PASSPHRASE_MAX + 1);
+    let mut n = 0;
     loop {
-        match lock.read(&mut byte) {
+        match stdin.read(&mut line[n..n + 1]) {
             Ok(0) => break,
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => line.push(byte[0]),
-            Err(e) => {
-                return Err(CliError::usage(format!(
-                    "reading passphrase from stdin: {e}"
-                )));
+            Ok(_) if line[n] == b'\n' => {
+                line[n] = 0;
+                break;
             }
+            Ok(_) => n += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(err(e)),
         }
-        if line.len() > PASSPHRASE_MAX {
+        if n > PASSPHRASE_MAX {
             return Err(CliError::usage("passphrase on stdin is too long"));
         }
     }
-    Ok(SecretBytes::from_vec(line))
+    Ok(SecretBytes::from_slice(&line[..n]))
+}
+
+/// Standard input without the process-wide buffer of `std::io::stdin()` (which would keep
+/// a copy of whatever secret went through it).
+fn unbuffered_stdin() -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    Ok(std::fs::File::from(
+        std::io::stdin().as_fd().try_clone_to_owned()?,
+    ))
+}
+
+/// Reads until EOF or `limit` bytes into locked memory; when the buffer must grow, the
+/// old one is wiped (a `Vec` would leave copies behind in freed memory).
+fn read_secret(r: &mut impl Read, limit: usize) -> std::io::Result<SecretBytes> {
+    let mut buf = SecretBytes::zeroed(limit.min(4096));
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            if n == limit {
+                break;
+            }
+            let mut bigger = SecretBytes::zeroed((n * 2).min(limit));
+            bigger[..n].copy_from_slice(&buf[..n]);
+            buf = bigger;
+        }
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(SecretBytes::from_slice(&buf[..n]))
 }
 
 fn prompt_tty(prompt: &str) -> CliResult<SecretBytes> {

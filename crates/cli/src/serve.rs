@@ -181,6 +181,7 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, fe: &Frontend) -> Valu
         "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
         "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
         "unaligned": st.unaligned.load(Relaxed), "errors": errors,
+        "dumpable": is_dumpable(),
     })
 }
 
@@ -226,6 +227,10 @@ enum Running {
 }
 
 pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+    // From here on this process holds the passphrase and the volume key: no core dumps,
+    // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
+    // flag, so the `--daemon` child, which runs this function too, sets it again itself.
+    set_not_dumpable();
     check_name(&a.name)?;
     let listen = match (&a.nbd, &a.fuse) {
         (Some(nbd), None) => Some(parse_nbd(nbd)?),
@@ -359,6 +364,18 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     let _ = std::fs::remove_file(&pid_path);
     vol.flush().map_err(|e| io_err(&a.device, e))?;
     result
+}
+
+fn set_not_dumpable() {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}
+
+fn is_dumpable() -> bool {
+    // SAFETY: prctl(PR_GET_DUMPABLE) takes plain integers and touches no memory of ours.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
 }
 
 fn control_loop(ctl: UnixListener, fe: &Frontend, served: &Served, vol: &cryptblk_volume::Volume) {

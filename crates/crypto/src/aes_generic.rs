@@ -3,13 +3,25 @@
 use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
 use aes::{Aes128, Aes192, Aes256, Block};
 
+use crate::secret::LockedBox;
 use crate::{Error, Result};
 
-/// AES with a 128, 192 or 256-bit key. The `aes` crate zeroizes its round keys on drop.
+/// AES with a 128, 192 or 256-bit key. The `aes` crate zeroizes its round keys on drop;
+/// they live on locked pages of their own.
 pub(crate) enum AesKey {
-    A128(Box<Aes128>),
-    A192(Box<Aes192>),
-    A256(Box<Aes256>),
+    A128(LockedBox<Aes128>),
+    A192(LockedBox<Aes192>),
+    A256(LockedBox<Aes256>),
+}
+
+/// `C` keyed with `key`, built over a blank (all-zero key) instance already in locked memory.
+/// The keyed value passes through the stack on its way in: `SectorCipher` scrubs the stack
+/// once all its keys are set up.
+fn locked<C: KeyInit>(key: &[u8]) -> std::result::Result<LockedBox<C>, ()> {
+    LockedBox::new_with(C::new(&Default::default()), |c| {
+        *c = C::new_from_slice(key).map_err(|_| ())?;
+        Ok(())
+    })
 }
 
 fn blocks_mut(data: &mut [u8]) -> &mut [Block] {
@@ -25,9 +37,9 @@ impl AesKey {
             len: key.len(),
         };
         Ok(match key.len() {
-            16 => AesKey::A128(Box::new(Aes128::new_from_slice(key).map_err(|_| bad())?)),
-            24 => AesKey::A192(Box::new(Aes192::new_from_slice(key).map_err(|_| bad())?)),
-            32 => AesKey::A256(Box::new(Aes256::new_from_slice(key).map_err(|_| bad())?)),
+            16 => AesKey::A128(locked(key).map_err(|_| bad())?),
+            24 => AesKey::A192(locked(key).map_err(|_| bad())?),
+            32 => AesKey::A256(locked(key).map_err(|_| bad())?),
             _ => return Err(bad()),
         })
     }

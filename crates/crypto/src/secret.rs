@@ -4,28 +4,54 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use zeroize::Zeroize;
 
+/// One page, page-aligned: a secret of up to a page gets pages of its own, so that
+/// `munlock` when it is dropped cannot unlock another secret sharing the page (mlock does
+/// not nest: one `munlock` undoes every `mlock` of the page).
+#[repr(C, align(4096))]
+struct Page([u8; PAGE]);
+
+const PAGE: usize = 4096;
+
+enum Store {
+    /// Secrets up to a page (keys, passphrases): an exclusive page.
+    Page(Box<Page>),
+    /// Larger ones (key files): a plain allocation.
+    Heap(Box<[u8]>),
+}
+
 /// A heap buffer for keys and passphrases.
 ///
-/// The allocation never moves (it is a boxed slice that is never resized), so the
-/// `mlock` taken on creation covers the key for its whole life. Locking is best-effort:
-/// an unprivileged process with a small `RLIMIT_MEMLOCK` still works, just without it.
+/// The allocation never moves (it is boxed and never resized), so the `mlock` taken on
+/// creation covers the key for its whole life. Secrets up to 4 KiB live on a page of their
+/// own. Locking is best-effort: an unprivileged process with a small `RLIMIT_MEMLOCK` still
+/// works, just without it.
 pub struct SecretBytes {
-    buf: Box<[u8]>,
+    store: Store,
+    len: usize,
     locked: bool,
 }
 
 impl SecretBytes {
     /// A zero-filled secret of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
-        let buf = vec![0u8; len].into_boxed_slice();
-        let locked = lock(&buf);
-        SecretBytes { buf, locked }
+        let store = if len <= PAGE {
+            Store::Page(Box::new(Page([0; PAGE])))
+        } else {
+            Store::Heap(vec![0u8; len].into_boxed_slice())
+        };
+        let mut s = SecretBytes {
+            store,
+            len,
+            locked: false,
+        };
+        s.locked = len > 0 && lock(s.whole());
+        s
     }
 
     /// Copies `data` into a new secret. The caller stays responsible for wiping `data`.
     pub fn from_slice(data: &[u8]) -> Self {
         let mut s = Self::zeroed(data.len());
-        s.buf.copy_from_slice(data);
+        s.copy_from_slice(data);
         s
     }
 
@@ -39,13 +65,28 @@ impl SecretBytes {
     /// A secret filled from the operating system's random source.
     pub fn random(len: usize) -> crate::Result<Self> {
         let mut s = Self::zeroed(len);
-        crate::random_bytes(&mut s.buf)?;
+        crate::random_bytes(&mut s)?;
         Ok(s)
     }
 
     /// Whether `mlock` succeeded for this buffer.
     pub fn is_locked(&self) -> bool {
         self.locked
+    }
+
+    /// The whole allocation (a full page for small secrets).
+    fn whole(&self) -> &[u8] {
+        match &self.store {
+            Store::Page(p) => &p.0,
+            Store::Heap(b) => b,
+        }
+    }
+
+    fn whole_mut(&mut self) -> &mut [u8] {
+        match &mut self.store {
+            Store::Page(p) => &mut p.0,
+            Store::Heap(b) => b,
+        }
     }
 }
 
@@ -57,47 +98,174 @@ fn lock(buf: &[u8]) -> bool {
     unsafe { libc::mlock(buf.as_ptr().cast(), buf.len()) == 0 }
 }
 
+fn unlock(buf: &[u8]) {
+    // SAFETY: munlock only reads the address range, a live allocation owned by the caller.
+    unsafe {
+        libc::munlock(buf.as_ptr().cast(), buf.len());
+    }
+}
+
 impl Drop for SecretBytes {
     fn drop(&mut self) {
-        self.buf.zeroize();
+        self.whole_mut().zeroize();
         if self.locked {
-            // SAFETY: the range was locked by `lock` on this same allocation, still alive here.
+            unlock(self.whole());
+        }
+    }
+}
+
+/// A value (expanded key schedules) on pages of its own, mlocked for its whole life.
+/// `T` must wipe itself on drop; this only adds the locking, and never moves the value
+/// once it is in place (build it with [`LockedBox::new_with`] from a blank value and fill
+/// it in place, so no copy of the key material is left in a moved-from stack slot).
+pub(crate) struct LockedBox<T> {
+    inner: Box<Paged<T>>,
+    locked: bool,
+}
+
+#[repr(C, align(4096))]
+struct Paged<T>(T);
+
+impl<T> LockedBox<T> {
+    /// Boxes `blank` (which must hold no secret yet), locks it, then lets `fill` write the
+    /// secret into it in place; fails if `fill` does.
+    pub(crate) fn new_with<E>(
+        blank: T,
+        fill: impl FnOnce(&mut T) -> Result<(), E>,
+    ) -> Result<Self, E> {
+        let inner = Box::new(Paged(blank));
+        // SAFETY: mlock only reads the address range: the live allocation just made, whose
+        // size (a multiple of the page size, from the alignment) is that of `Paged<T>`.
+        let locked = unsafe {
+            libc::mlock(
+                (&*inner as *const Paged<T>).cast(),
+                std::mem::size_of::<Paged<T>>(),
+            ) == 0
+        };
+        let mut b = LockedBox { inner, locked };
+        fill(&mut b.inner.0)?;
+        Ok(b)
+    }
+
+    /// Whether `mlock` succeeded.
+    #[cfg(test)]
+    pub(crate) fn is_locked(&self) -> bool {
+        self.locked
+    }
+}
+
+impl<T> Drop for LockedBox<T> {
+    fn drop(&mut self) {
+        // The value wipes itself right after (field drop); the pages are ours alone.
+        if self.locked {
+            // SAFETY: the range locked in `new_with`, still allocated here.
             unsafe {
-                libc::munlock(self.buf.as_ptr().cast(), self.buf.len());
+                libc::munlock(
+                    (&*self.inner as *const Paged<T>).cast(),
+                    std::mem::size_of::<Paged<T>>(),
+                );
             }
         }
     }
 }
 
+impl<T> Deref for LockedBox<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner.0
+    }
+}
+
+impl<T> DerefMut for LockedBox<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.inner.0
+    }
+}
+
+impl<T> fmt::Debug for LockedBox<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LockedBox([REDACTED])")
+    }
+}
+
+/// How much of a thread's stack below the first cipher call is locked and wiped.
+const STACK_GUARD: usize = 64 << 10;
+
+/// Locks the stack region the ciphers use on this thread, and wipes it when the thread ends.
+struct StackGuard;
+
+impl StackGuard {
+    fn new() -> StackGuard {
+        let marker = 0u8;
+        let here = std::hint::black_box(&marker) as *const u8 as usize;
+        let top = (here + PAGE) & !(PAGE - 1);
+        let bottom = here.saturating_sub(STACK_GUARD) & !(PAGE - 1);
+        // SAFETY: mlock only changes page attributes of the range, which is this thread's
+        // stack (below the current frame, where deeper calls run); if part of it is not
+        // mapped (a main thread stack not grown that far) it fails and nothing happens.
+        unsafe {
+            libc::mlock(bottom as *const libc::c_void, top - bottom);
+        }
+        StackGuard
+    }
+}
+
+impl Drop for StackGuard {
+    fn drop(&mut self) {
+        // Runs at thread exit, near the top of the stack: wipes the frames the ciphers used
+        // (thread stacks are cached and reused without being cleared).
+        scrub_stack();
+    }
+}
+
+thread_local! {
+    static STACK_GUARD_TLS: StackGuard = StackGuard::new();
+}
+
+/// Called before cipher work on a thread: the first call locks the stack below it.
+pub(crate) fn guard_stack() {
+    STACK_GUARD_TLS.with(|_| {});
+}
+
+/// Overwrites the stack below the caller with zeros: key setup (key expansion into values
+/// that are then moved into place) leaves copies in dead stack frames, which a call made
+/// right after it from the same frame reuses and wipes.
+#[inline(never)]
+pub(crate) fn scrub_stack() {
+    let mut z = [0u8; STACK_GUARD];
+    std::hint::black_box(&mut z);
+}
+
 impl Clone for SecretBytes {
     fn clone(&self) -> Self {
-        Self::from_slice(&self.buf)
+        Self::from_slice(self)
     }
 }
 
 impl Deref for SecretBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf
+        &self.whole()[..self.len]
     }
 }
 
 impl DerefMut for SecretBytes {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
+        let len = self.len;
+        &mut self.whole_mut()[..len]
     }
 }
 
 impl PartialEq for SecretBytes {
     /// Constant-time in the contents (length is not secret).
     fn eq(&self, other: &Self) -> bool {
-        constant_time_eq(&self.buf, &other.buf)
+        constant_time_eq(self, other)
     }
 }
 
 impl fmt::Debug for SecretBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SecretBytes([REDACTED; {}])", self.buf.len())
+        write!(f, "SecretBytes([REDACTED; {}])", self.len)
     }
 }
 
@@ -120,6 +288,45 @@ mod tests {
         let d = format!("{s:?}");
         assert!(!d.contains("hunter2") && !d.contains("104"), "{d}");
         assert_eq!(&s[..], b"hunter2");
+    }
+
+    #[test]
+    fn small_secrets_get_exclusive_locked_pages() {
+        let a = SecretBytes::from_slice(b"first key");
+        let b = SecretBytes::from_slice(b"second key");
+        let page = |s: &SecretBytes| s.as_ptr() as usize / PAGE;
+        assert_ne!(page(&a), page(&b), "two secrets share a page");
+        assert_eq!(a.as_ptr() as usize % PAGE, 0);
+        assert_eq!((a.len(), &a[..]), (9, &b"first key"[..]));
+        // Locking may fail without privileges; as root (the test machines) it must not.
+        if is_root() {
+            assert!(a.is_locked() && b.is_locked());
+        }
+        let big = SecretBytes::zeroed(3 * PAGE + 5);
+        assert_eq!(big.len(), 3 * PAGE + 5);
+        assert_eq!(SecretBytes::zeroed(0).len(), 0);
+    }
+
+    #[test]
+    fn locked_box_is_page_aligned_and_redacted() {
+        let b: LockedBox<[u8; 32]> = LockedBox::new_with([0u8; 32], |k| {
+            k.copy_from_slice(&[7; 32]);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert_eq!(&*b as *const [u8; 32] as usize % PAGE, 0);
+        assert_eq!(*b, [7; 32]);
+        assert_eq!(format!("{b:?}"), "LockedBox([REDACTED])");
+        if is_root() {
+            assert!(b.is_locked());
+        }
+    }
+
+    fn is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
     }
 
     #[test]

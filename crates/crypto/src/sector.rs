@@ -23,11 +23,11 @@ enum Engine {
     Xts {
         data: AesKey,
         tweak: AesKey,
-        fast: Option<Box<crate::x86::XtsKeys>>,
+        fast: Option<crate::secret::LockedBox<crate::x86::XtsKeys>>,
     },
     Cbc {
         key: AesKey,
-        fast: Option<Box<crate::x86::AesKeys>>,
+        fast: Option<crate::secret::LockedBox<crate::x86::AesKeys>>,
     },
     Ecb {
         key: AesKey,
@@ -110,7 +110,7 @@ impl SectorCipher {
                     data: AesKey::new(k1)?,
                     tweak: AesKey::new(k2)?,
                     fast: if use_fast {
-                        crate::x86::XtsKeys::new(k1, k2).map(Box::new)
+                        crate::x86::XtsKeys::new(k1, k2)
                     } else {
                         None
                     },
@@ -119,7 +119,7 @@ impl SectorCipher {
             (BlockCipherAlg::Aes, ChainMode::Cbc) => Engine::Cbc {
                 key: AesKey::new(key)?,
                 fast: if use_fast {
-                    crate::x86::AesKeys::new(key).map(Box::new)
+                    crate::x86::AesKeys::new(key)
                 } else {
                     None
                 },
@@ -128,6 +128,8 @@ impl SectorCipher {
                 key: AesKey::new(key)?,
             },
         };
+        // Key schedules were built on this thread's stack before moving into locked memory.
+        crate::secret::scrub_stack();
         Ok(SectorCipher {
             spec,
             sector_size,
@@ -204,6 +206,9 @@ impl SectorCipher {
     }
 
     fn process(&self, sector: u64, data: &mut [u8], enc: bool) -> Result<()> {
+        // Round keys get spilled to this thread's stack: keep that part of it locked in RAM
+        // and wiped when the thread ends.
+        crate::secret::guard_stack();
         let ss = self.sector_size as usize;
         if !data.len().is_multiple_of(ss) {
             return Err(Error::UnalignedLength {
@@ -337,6 +342,28 @@ mod tests {
                 x as u8
             })
             .collect()
+    }
+
+    #[test]
+    fn debug_output_never_shows_key_material() {
+        let key: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(29) ^ 0xb7).collect();
+        for spec in ["aes-xts-plain64", "aes-cbc-essiv:sha256", "aes-ecb"] {
+            let spec = CipherSpec::parse(spec).unwrap();
+            let k = &key[..spec.default_key_len()];
+            for backend in [Backend::Generic, Backend::current().unwrap()] {
+                let c = SectorCipher::with_backend(spec, k, 512, IvOptions::default(), backend)
+                    .unwrap();
+                let d = format!("{c:?} {c:#?}");
+                let hex: String = k[..4].iter().map(|b| format!("{b:02x}")).collect();
+                let dec = format!("{}, {}", k[0], k[1]);
+                assert!(d.contains("SectorCipher") && !d.contains(&hex) && !d.contains(&dec));
+                assert!(!d.contains("enc") && !d.contains("round"), "{d}");
+            }
+        }
+        let s = crate::SecretBytes::from_slice(&key);
+        let d = format!("{s:?} {s:#?}");
+        assert!(!d.contains(&format!("{}, {}", key[0], key[1])), "{d}");
+        assert!(d.contains("REDACTED"));
     }
 
     #[test]

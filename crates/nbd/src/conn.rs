@@ -5,7 +5,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::proto::*;
 use crate::{Export, Shared};
@@ -58,6 +58,13 @@ impl AnyStream {
             AnyStream::Tcp(s) => s.set_read_timeout(t),
         };
     }
+
+    fn set_write_timeout(&self, t: Option<Duration>) {
+        let _ = match self {
+            AnyStream::Unix(s) => s.set_write_timeout(t),
+            AnyStream::Tcp(s) => s.set_write_timeout(t),
+        };
+    }
 }
 
 /// Receive buffer shared by the threads of a connection (whoever holds the read lock owns it).
@@ -68,6 +75,10 @@ pub(crate) struct ReadBuf {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// While set (the handshake, large write payloads), every read must complete before
+    /// this instant, so a client dribbling one byte at a time cannot hold the connection
+    /// (or its buffer) past it.
+    deadline: Option<Instant>,
 }
 
 const READ_BUF_LEN: usize = 128 << 10;
@@ -80,6 +91,7 @@ impl ReadBuf {
             buf: vec![0; READ_BUF_LEN].into_boxed_slice(),
             start: 0,
             end: 0,
+            deadline: None,
         }
     }
 
@@ -89,6 +101,13 @@ impl ReadBuf {
         self.start += n;
         let mut filled = n;
         while filled < dst.len() {
+            if let Some(deadline) = self.deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "client too slow"));
+                }
+                s.set_read_timeout(Some(left));
+            }
             // The buffer is empty here.
             let need = dst.len() - filled;
             if need >= DIRECT_READ_MIN {
@@ -132,11 +151,14 @@ enum Negotiated {
 /// With `reject` set the client gets a polite refusal (too many connections) instead.
 pub(crate) fn serve(shared: &Shared, stream: &AnyStream, reject: bool) {
     let mut rb = ReadBuf::new();
-    stream.set_read_timeout(Some(shared.handshake_timeout));
+    rb.deadline = Some(Instant::now() + shared.handshake_timeout);
     let negotiated = handshake(shared, stream, &mut rb, reject);
     match negotiated {
         Ok(Negotiated::Transmission { export, structured }) => {
+            rb.deadline = None;
             stream.set_read_timeout(None);
+            // Replies: a client that stops reading them is dropped (see `stall_timeout`).
+            stream.set_write_timeout(Some(shared.stall_timeout));
             transmission(shared, &shared.exports[export], stream, rb, structured);
         }
         Ok(Negotiated::Close) => {}
@@ -389,8 +411,11 @@ fn info_reply(
 
 /// Bytes kept free in front of a thread's data buffer for the reply header, so a read reply
 /// (header + data) goes out in one `write` without copying the data.
-const HEADROOM: usize = STRUCTURED_HDR_LEN + 8;
+pub(crate) const HEADROOM: usize = STRUCTURED_HDR_LEN + 8;
 const _: () = assert!(HEADROOM >= SIMPLE_REPLY_LEN);
+/// Requests up to this size (headroom included) use the thread's own buffer; larger ones
+/// take one from the server's [`crate::BufferPool`].
+const SMALL_BUF_MAX: usize = HEADROOM + (128 << 10);
 
 struct Conn<'a> {
     shared: &'a Shared,
@@ -449,9 +474,28 @@ impl Conn<'_> {
         self.stream.shutdown(Shutdown::Both);
     }
 
+    /// The data buffer for a request needing `need` bytes: the thread's own small one, or
+    /// one from the pool (waiting for it if the pool is exhausted), left in `big`.
+    fn buffer<'b>(
+        &self,
+        small: &'b mut Vec<u8>,
+        big: &'b mut Option<Vec<u8>>,
+        need: usize,
+    ) -> &'b mut Vec<u8> {
+        if need <= SMALL_BUF_MAX {
+            if small.len() < need {
+                small.resize(need, 0);
+            }
+            small
+        } else {
+            big.insert(self.shared.buffers.take(need))
+        }
+    }
+
     fn worker(&self) {
-        let mut buf: Vec<u8> = Vec::new();
+        let mut small: Vec<u8> = Vec::new();
         loop {
+            let mut big: Option<Vec<u8>> = None;
             let req = {
                 let mut rd = lock(&self.rd);
                 if self.closing.load(Relaxed) {
@@ -486,14 +530,33 @@ impl Conn<'_> {
                     }
                     CMD_WRITE => {
                         let need = HEADROOM + req.len as usize;
-                        if buf.len() < need {
-                            buf.resize(need, 0);
+                        let buf = self.buffer(&mut small, &mut big, need);
+                        let pooled = need > SMALL_BUF_MAX;
+                        if pooled {
+                            // Pool memory is held until the payload is in: bound the wait.
+                            rd.deadline = Some(Instant::now() + self.shared.stall_timeout);
                         }
-                        if rd
-                            .read_exact(self.stream, &mut buf[HEADROOM..need])
-                            .is_err()
-                        {
-                            self.closing.store(true, Relaxed);
+                        let r = rd.read_exact(self.stream, &mut buf[HEADROOM..need]);
+                        if pooled {
+                            rd.deadline = None;
+                            self.stream.set_read_timeout(None);
+                        }
+                        if let Err(e) = r {
+                            drop(rd);
+                            if let Some(b) = big {
+                                self.shared.buffers.give(b);
+                            }
+                            if matches!(
+                                e.kind(),
+                                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                            ) {
+                                // Stalled: drop the client.
+                                self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+                                self.hang_up();
+                            } else {
+                                // Gone: answer nothing more.
+                                self.closing.store(true, Relaxed);
+                            }
                             return;
                         }
                     }
@@ -506,9 +569,16 @@ impl Conn<'_> {
                 }
                 req
             };
-            let outcome = self.execute(&req, &mut buf);
+            if req.typ == CMD_READ && req.len <= MAX_PAYLOAD {
+                self.buffer(&mut small, &mut big, HEADROOM + req.len as usize);
+            }
+            let buf = match &mut big {
+                Some(b) => b,
+                None => &mut small,
+            };
+            let outcome = self.execute(&req, buf);
             let sent = match outcome {
-                Ok(n) if req.typ == CMD_READ => self.send_read(&req, &mut buf, n),
+                Ok(n) if req.typ == CMD_READ => self.send_read(&req, buf, n),
                 Ok(_) => {
                     let mut r = [0u8; SIMPLE_REPLY_LEN];
                     simple_reply(&mut r, 0, req.cookie);
@@ -519,6 +589,9 @@ impl Conn<'_> {
                     self.send_error(&req, errno, msg)
                 }
             };
+            if let Some(b) = big {
+                self.shared.buffers.give(b);
+            }
             if sent.is_err() {
                 self.hang_up();
                 return;

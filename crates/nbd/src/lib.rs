@@ -24,8 +24,23 @@
 //! holds the socket's read lock only while it reads one request (header and write payload),
 //! then serves it by calling the device itself and sends the reply under the write lock
 //! (header and data in one `write`). Requests are thus served on the thread that read them,
-//! several are in flight per connection, and replies go out in completion order. Each thread
-//! reuses its own data buffer, grown to the largest request it has seen (at most 32 MiB).
+//! several are in flight per connection, and replies go out in completion order.
+//!
+//! # Memory
+//!
+//! Each thread keeps a small data buffer of its own (up to 128 KiB of data) for small
+//! requests. Larger requests (up to the protocol's 32 MiB) take a buffer from a server-wide
+//! pool capped at `max_buffer_bytes` (default 256 MiB): when the pool is exhausted, the
+//! request waits until another one returns its buffer. Buffers are held only while a request
+//! is being read, served and answered, never by an idle thread; a client that stalls while
+//! holding one (payload not coming, replies not read) is dropped after `stall_timeout`, so
+//! the wait always ends. Worst case for the whole server:
+//!
+//! `max_connections × (threads_per_connection + 1) × 128 KiB + max_buffer_bytes`
+//!
+//! (the `+ 1` is the connection's receive buffer), i.e. 276 MiB with the defaults, plus
+//! thread stacks and up to 16 connections being refused (128 KiB each). The pool is emptied
+//! whenever the last connection closes.
 //!
 //! Writing to a socket whose peer is gone raises `SIGPIPE`; Rust programs ignore it by
 //! default, other hosts must ignore it too.
@@ -60,6 +75,90 @@ pub const MAX_STRING_LEN: usize = 4096;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Refused connections answered at once (each gets a short-lived thread); beyond, dropped.
 const MAX_REJECTING: usize = 16;
+/// Default cap on the bytes of all large-request buffers of the server together.
+pub const DEFAULT_MAX_BUFFER_BYTES: usize = 256 << 20;
+/// Smallest accepted `max_buffer_bytes`: one maximum-size request must fit.
+pub const MIN_MAX_BUFFER_BYTES: usize = proto::MAX_PAYLOAD as usize + conn::HEADROOM;
+
+/// The server-wide pool of large-request buffers: at most `limit` bytes allocated (in use or
+/// kept free for reuse); a request that does not fit waits for one to come back.
+pub(crate) struct BufferPool {
+    limit: usize,
+    state: Mutex<PoolState>,
+    returned: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    /// Bytes of all buffers, free or in use.
+    allocated: usize,
+    peak: usize,
+    waits: u64,
+    free: Vec<Vec<u8>>,
+}
+
+impl BufferPool {
+    fn new(limit: usize) -> BufferPool {
+        BufferPool {
+            limit,
+            state: Mutex::new(PoolState::default()),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// A buffer of at least `len` bytes (`len` ≤ `limit`, checked at build time); blocks
+    /// while the pool is exhausted. Give it back with [`BufferPool::give`].
+    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
+        debug_assert!(len <= self.limit);
+        let mut st = lock(&self.state);
+        let mut waited = false;
+        loop {
+            // Best fit among the free buffers.
+            let best = st
+                .free
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.len() >= len)
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return st.free.swap_remove(i);
+            }
+            // Make room by dropping free buffers that are too small.
+            while st.allocated + len > self.limit {
+                let Some(b) = st.free.pop() else { break };
+                st.allocated -= b.len();
+            }
+            if st.allocated + len <= self.limit {
+                st.allocated += len;
+                st.peak = st.peak.max(st.allocated);
+                drop(st);
+                return vec![0; len];
+            }
+            if !waited {
+                waited = true;
+                st.waits += 1;
+            }
+            st = self.returned.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Frees the pooled buffers not in use (when the server goes idle).
+    fn trim(&self) {
+        let free = {
+            let mut st = lock(&self.state);
+            let free = std::mem::take(&mut st.free);
+            st.allocated -= free.iter().map(Vec::len).sum::<usize>();
+            free
+        };
+        drop(free);
+    }
+
+    pub(crate) fn give(&self, buf: Vec<u8>) {
+        lock(&self.state).free.push(buf);
+        self.returned.notify_all();
+    }
+}
 
 pub(crate) struct Export {
     pub(crate) name: String,
@@ -113,6 +212,12 @@ pub struct Stats {
     /// Connections dropped for protocol violations (bad magic, oversized option or payload,
     /// unknown client flags, handshake timeout...).
     pub protocol_errors: u64,
+    /// Bytes of large-request buffers allocated now (in use or pooled for reuse).
+    pub buffer_bytes: u64,
+    /// Highest `buffer_bytes` so far; never above `max_buffer_bytes`.
+    pub buffer_bytes_peak: u64,
+    /// Requests that had to wait for the buffer pool.
+    pub buffer_waits: u64,
 }
 
 enum WakeAddr {
@@ -124,8 +229,10 @@ pub(crate) struct Shared {
     pub(crate) exports: Vec<Export>,
     pub(crate) threads_per_connection: usize,
     pub(crate) handshake_timeout: Duration,
+    pub(crate) stall_timeout: Duration,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) counters: Counters,
+    pub(crate) buffers: BufferPool,
     max_connections: usize,
     allow_remote: bool,
     rejecting: AtomicUsize,
@@ -143,7 +250,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn stats(&self) -> Stats {
         let c = &self.counters;
+        let (buffer_bytes, buffer_bytes_peak, buffer_waits) = {
+            let p = lock(&self.buffers.state);
+            (p.allocated as u64, p.peak as u64, p.waits)
+        };
         Stats {
+            buffer_bytes,
+            buffer_bytes_peak,
+            buffer_waits,
             connections_active: c.connections_active.load(Relaxed),
             connections_total: c.connections_total.load(Relaxed),
             connections_rejected: c.connections_rejected.load(Relaxed),
@@ -243,6 +357,10 @@ impl Drop for ConnGuard<'_> {
             .counters
             .connections_active
             .store(conns.len() as u64, Relaxed);
+        if conns.is_empty() {
+            // Idle: give the pooled buffers back to the system.
+            self.shared.buffers.trim();
+        }
         self.shared.conns_changed.notify_all();
     }
 }
@@ -261,6 +379,8 @@ pub struct NbdServerBuilder {
     max_connections: usize,
     allow_remote: bool,
     handshake_timeout: Duration,
+    stall_timeout: Duration,
+    max_buffer_bytes: usize,
     misuse: Option<&'static str>,
 }
 
@@ -313,9 +433,26 @@ impl NbdServerBuilder {
         self
     }
 
-    /// Longest wait for each handshake read before the connection is dropped. Default 10 s.
+    /// Longest time a client may take for the whole handshake (from accept to choosing an
+    /// export) before the connection is dropped, however it dribbles its bytes. Default 10 s.
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Longest a client may stall while it holds pool memory or a reply: the payload of a
+    /// write over 128 KiB must arrive in full, and each reply must be taken by the socket,
+    /// within this time, or the connection is dropped (a stalled client would otherwise pin
+    /// its buffers forever and starve the others). Default 60 s.
+    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// Cap on the memory of all large-request buffers together (see the crate docs,
+    /// "Memory"); at least [`MIN_MAX_BUFFER_BYTES`]. Default 256 MiB.
+    pub fn max_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.max_buffer_bytes = bytes;
         self
     }
 
@@ -336,8 +473,13 @@ impl NbdServerBuilder {
         if self.max_connections == 0 {
             return invalid("max_connections must be at least 1".into());
         }
-        if self.handshake_timeout.is_zero() {
-            return invalid("handshake_timeout must not be zero".into());
+        if self.handshake_timeout.is_zero() || self.stall_timeout.is_zero() {
+            return invalid("handshake_timeout and stall_timeout must not be zero".into());
+        }
+        if self.max_buffer_bytes < MIN_MAX_BUFFER_BYTES {
+            return invalid(format!(
+                "max_buffer_bytes must be at least {MIN_MAX_BUFFER_BYTES} (one 32 MiB request)"
+            ));
         }
         let mut exports = Vec::new();
         for e in self.exports {
@@ -376,8 +518,10 @@ impl NbdServerBuilder {
                 exports,
                 threads_per_connection: self.threads_per_connection,
                 handshake_timeout: self.handshake_timeout,
+                stall_timeout: self.stall_timeout,
                 shutting_down: AtomicBool::new(false),
                 counters: Counters::default(),
+                buffers: BufferPool::new(self.max_buffer_bytes),
                 max_connections: self.max_connections,
                 allow_remote: self.allow_remote,
                 rejecting: AtomicUsize::new(0),
@@ -424,6 +568,8 @@ impl NbdServer {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allow_remote: false,
             handshake_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(60),
+            max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
             misuse: None,
         }
     }

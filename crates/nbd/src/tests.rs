@@ -1011,6 +1011,14 @@ fn builder_rejects_bad_configuration() {
             .build()
             .is_err()
     );
+    assert!(
+        NbdServer::builder()
+            .export("a", dev.clone())
+            .max_buffer_bytes(MIN_MAX_BUFFER_BYTES - 1)
+            .build()
+            .is_err(),
+        "the buffer pool must hold one maximum-size request"
+    );
     let odd: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(MIB, 1000));
     assert!(NbdServer::builder().export("a", odd).build().is_err());
     // Size not a multiple of the block size: the tail is not advertised.
@@ -1183,4 +1191,305 @@ fn tcp_loopback_only_unless_allowed() {
     handle.shutdown();
     serving.join().unwrap().unwrap();
     assert_eq!(s.read(&mut r).unwrap(), 0);
+}
+
+/// Sends `bytes` one at a time, `gap` apart; stops quietly at the first failed write.
+fn dribble(s: &mut UnixStream, bytes: &[u8], gap: Duration) -> usize {
+    for (i, b) in bytes.iter().enumerate() {
+        if s.write_all(std::slice::from_ref(b)).is_err() {
+            return i;
+        }
+        thread::sleep(gap);
+    }
+    bytes.len()
+}
+
+#[test]
+fn slowloris_handshake_is_cut_off_at_the_handshake_deadline() {
+    // Each byte arrives well within the timeout, but the handshake as a whole does not.
+    let dev = Arc::new(MemoryDevice::new(MIB, 512));
+    let srv = server_with(dev, |b| b.handshake_timeout(Duration::from_secs(1)));
+    let mut c = Client::pair(&srv);
+    let mut hs = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    hs.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hs.extend_from_slice(&OPT_LIST.to_be_bytes());
+    hs.extend_from_slice(&0u32.to_be_bytes());
+    assert_eq!(hs.len(), 20);
+    let t = Instant::now();
+    let mut w = c.s.try_clone().unwrap();
+    let sender = thread::spawn(move || dribble(&mut w, &hs, Duration::from_millis(100)));
+    c.expect_closed();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(1800),
+        "closed after {took:?}, expected about 1 s"
+    );
+    let sent = sender.join().unwrap();
+    assert!(sent < 20, "the whole dribbled handshake was accepted");
+    c.finish();
+    assert_eq!(srv.stats().protocol_errors, 1);
+    // A prompt client is still served.
+    let mut c = Client::pair(&srv);
+    c.go(false);
+    c.request(0, CMD_READ, 1, 0, 512, &[]);
+    assert_eq!(c.simple(), (0, 1));
+    assert_eq!(c.read_n(512), vec![0; 512]);
+    c.finish();
+}
+
+#[test]
+fn slowloris_request_header_stalls_only_its_own_connection() {
+    let dir = temp_dir();
+    let path = dir.path().join("nbd.sock");
+    let dev = Arc::new(MemoryDevice::new(MIB, 512));
+    let srv = server_with(dev.clone(), |b| b);
+    let handle = srv.shutdown_handle();
+    let (s2, p2) = (srv.clone(), path.clone());
+    let serving = thread::spawn(move || s2.serve_unix(&p2));
+    wait_for_socket(&path);
+
+    // One client dribbles a write request (header and payload) at 100 ms per byte of header.
+    let mut slow = Client::connect(&path);
+    slow.go(false);
+    let r = Request {
+        magic: REQUEST_MAGIC,
+        flags: 0,
+        typ: CMD_WRITE,
+        cookie: 77,
+        offset: 4096,
+        len: 512,
+    };
+    let hdr = r.encode().to_vec();
+    let mut w = slow.s.try_clone().unwrap();
+    let dribbler = thread::spawn(move || {
+        let n = dribble(&mut w, &hdr, Duration::from_millis(100));
+        w.write_all(&[0x5a; 512]).unwrap();
+        n
+    });
+    // Meanwhile another client gets prompt answers.
+    let mut fast = Client::connect(&path);
+    fast.go(true);
+    for i in 0..20u64 {
+        let t = Instant::now();
+        fast.request(0, CMD_WRITE, i, i * 512, 512, &[i as u8; 512]);
+        assert_eq!(fast.any_reply(), (i, 0, vec![]));
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(dribbler.join().unwrap(), 28);
+    // The dribbled request is served correctly in the end.
+    assert_eq!(slow.simple(), (0, 77));
+    let mut b = [0u8; 512];
+    dev.read_at(&mut b, 4096).unwrap();
+    assert_eq!(b, [0x5a; 512]);
+    handle.shutdown();
+    serving.join().unwrap().unwrap();
+}
+
+#[test]
+fn connection_storm_is_refused_beyond_the_limit_and_others_keep_working() {
+    const STORM: usize = 300;
+    let dir = temp_dir();
+    let path = dir.path().join("nbd.sock");
+    let dev = Arc::new(MemoryDevice::new(4 * MIB, 512));
+    let srv = server_with(dev.clone(), |b| b); // default max_connections (32)
+    let handle = srv.shutdown_handle();
+    let (s2, p2) = (srv.clone(), path.clone());
+    let serving = thread::spawn(move || s2.serve_unix(&p2));
+    wait_for_socket(&path);
+
+    // A client connected before the storm.
+    let mut before = Client::connect(&path);
+    before.go(false);
+
+    // 300 clients at once; each accepted one writes its own block, reads it back, and stays
+    // connected until all have tried, so the limit is really reached.
+    let barrier = Arc::new(std::sync::Barrier::new(STORM + 1));
+    let threads: Vec<_> = (0..STORM)
+        .map(|i| {
+            let (path, barrier) = (path.clone(), barrier.clone());
+            thread::spawn(move || {
+                let outcome = (|| -> io::Result<Option<UnixStream>> {
+                    let mut s = UnixStream::connect(&path)?;
+                    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+                    let mut hello = [0u8; 18];
+                    s.read_exact(&mut hello)?;
+                    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())?;
+                    let mut d = Vec::new();
+                    d.extend_from_slice(&4u32.to_be_bytes());
+                    d.extend_from_slice(b"disk");
+                    d.extend_from_slice(&0u16.to_be_bytes());
+                    let mut o = IHAVEOPT.to_be_bytes().to_vec();
+                    o.extend_from_slice(&OPT_GO.to_be_bytes());
+                    o.extend_from_slice(&(d.len() as u32).to_be_bytes());
+                    o.extend_from_slice(&d);
+                    s.write_all(&o)?;
+                    loop {
+                        let mut h = [0u8; 20];
+                        s.read_exact(&mut h)?;
+                        let typ = u32::from_be_bytes(h[12..16].try_into().unwrap());
+                        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+                        let mut body = vec![0u8; len as usize];
+                        s.read_exact(&mut body)?;
+                        match typ {
+                            REP_INFO => continue,
+                            REP_ACK => break,
+                            REP_ERR_POLICY => return Ok(None),
+                            t => panic!("unexpected option reply {t:#x}"),
+                        }
+                    }
+                    let r = Request {
+                        magic: REQUEST_MAGIC,
+                        flags: 0,
+                        typ: CMD_WRITE,
+                        cookie: i as u64,
+                        offset: i as u64 * 4096,
+                        len: 4096,
+                    };
+                    let mut req = r.encode().to_vec();
+                    req.extend_from_slice(&[i as u8; 4096]);
+                    s.write_all(&req)?;
+                    let mut rep = [0u8; 16];
+                    s.read_exact(&mut rep)?;
+                    assert_eq!(u32::from_be_bytes(rep[4..8].try_into().unwrap()), 0);
+                    assert_eq!(u64::from_be_bytes(rep[8..16].try_into().unwrap()), i as u64);
+                    Ok(Some(s)) // kept open until everyone has tried
+                })();
+                barrier.wait();
+                // Refused: polite error or hung up (beyond the 16 being answered at once).
+                matches!(outcome, Ok(Some(_)))
+            })
+        })
+        .collect();
+    // During the storm the early client is served.
+    for k in 0..10 {
+        before.request(0, CMD_READ, k, 0, 512, &[]);
+        assert_eq!(before.simple(), (0, k));
+        before.read_n(512);
+    }
+    barrier.wait();
+    let accepted: Vec<usize> = threads
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.join().unwrap().then_some(i))
+        .collect();
+    let st = handle.stats();
+    assert!(
+        accepted.len() == DEFAULT_MAX_CONNECTIONS - 1,
+        "{} accepted",
+        accepted.len()
+    );
+    assert_eq!(
+        st.connections_rejected as usize,
+        STORM - accepted.len(),
+        "{st:?}"
+    );
+    // Every accepted client's write landed.
+    for &i in &accepted {
+        let mut b = [0u8; 4096];
+        dev.read_at(&mut b, i as u64 * 4096).unwrap();
+        assert_eq!(b, [i as u8; 4096], "client {i}");
+    }
+    // Once the storm has gone, new clients are accepted again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handle.stats().connections_active > 1 {
+        assert!(Instant::now() < deadline, "storm connections never closed");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let mut after = Client::connect(&path);
+    after.go(false);
+    after.request(0, CMD_READ, 2, 0, 512, &[]);
+    assert_eq!(after.simple(), (0, 2));
+    after.read_n(512);
+    before.request(0, CMD_DISC, 99, 0, 0, &[]);
+    handle.shutdown();
+    serving.join().unwrap().unwrap();
+}
+
+/// A server whose buffer pool holds exactly one maximum-size request, so one stalled
+/// client holding it blocks every other large request until `stall_timeout` frees it.
+fn one_buffer_server() -> (Arc<MemoryDevice>, Arc<NbdServer>) {
+    let dev = Arc::new(MemoryDevice::new(64 * MIB, 512));
+    let srv = server_with(dev.clone(), |b| {
+        b.max_buffer_bytes(MIN_MAX_BUFFER_BYTES)
+            .stall_timeout(Duration::from_millis(500))
+    });
+    (dev, srv)
+}
+
+/// One maximum-size write from a fresh client; returns how long it took.
+fn big_write(srv: &Arc<NbdServer>, offset: u64, byte: u8) -> Duration {
+    let mut c = Client::pair(srv);
+    c.go(false);
+    let t = Instant::now();
+    let mut w = c.s.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        let r = Request {
+            magic: REQUEST_MAGIC,
+            flags: 0,
+            typ: CMD_WRITE,
+            cookie: 1,
+            offset,
+            len: MAX_PAYLOAD,
+        };
+        w.write_all(&r.encode()).unwrap();
+        w.write_all(&vec![byte; MAX_PAYLOAD as usize]).unwrap();
+    });
+    assert_eq!(c.simple(), (0, 1));
+    writer.join().unwrap();
+    let took = t.elapsed();
+    c.finish();
+    took
+}
+
+#[test]
+fn stalled_write_payload_is_dropped_and_frees_the_pool() {
+    let (dev, srv) = one_buffer_server();
+    // Sends the header of a 32 MiB write and 1 MiB of its payload, then nothing.
+    let mut stalled = Client::pair(&srv);
+    stalled.go(false);
+    stalled.request(0, CMD_WRITE, 1, 0, MAX_PAYLOAD, &vec![0xAB; 1 << 20]);
+    thread::sleep(Duration::from_millis(100));
+    // Another client's large write waits for the one buffer, then goes through once the
+    // stalled client has been dropped (not forever).
+    let took = big_write(&srv, 32 * MIB, 0xCD);
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    stalled.expect_closed();
+    stalled.finish();
+    let mut b = vec![0u8; 4096];
+    dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, vec![0; 4096], "the stalled write was not applied");
+    dev.read_at(&mut b, 32 * MIB).unwrap();
+    assert_eq!(b, vec![0xCD; 4096]);
+    let st = srv.stats();
+    assert!(st.buffer_waits >= 1 && st.protocol_errors >= 1, "{st:?}");
+    assert!(st.buffer_bytes_peak as usize <= MIN_MAX_BUFFER_BYTES);
+}
+
+#[test]
+fn client_not_reading_replies_is_dropped_and_frees_the_pool() {
+    let (_, srv) = one_buffer_server();
+    // Asks for 32 MiB reads and never reads the replies.
+    let mut deaf = Client::pair(&srv);
+    deaf.go(false);
+    for i in 0..4 {
+        deaf.request(0, CMD_READ, i, 0, MAX_PAYLOAD, &[]);
+    }
+    thread::sleep(Duration::from_millis(100));
+    let took = big_write(&srv, 0, 0x11);
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Its connection is gone (whatever part of a reply it had been sent).
+    deaf.expect_closed();
+    deaf.finish();
+    // Healthy clients are not affected by the timeout.
+    assert!(big_write(&srv, 0, 0x22) < Duration::from_secs(5));
 }

@@ -44,3 +44,5 @@ pub fn ok(o: &Output) -> String {
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+pub mod nbd;

@@ -20,24 +20,29 @@ impl Drop for RoundKeys {
 }
 
 impl RoundKeys {
-    /// `None` if the CPU has no AES-NI or the key is not 16 or 32 bytes.
-    pub(crate) fn new(key: &[u8]) -> Option<Self> {
-        if !crate::Backend::AesNi.is_supported() {
-            return None;
-        }
-        let mut rk = RoundKeys {
+    /// An empty schedule, to be filled in place by [`RoundKeys::expand`].
+    pub(crate) fn blank() -> Self {
+        RoundKeys {
             enc: [[0; 16]; 15],
             dec: [[0; 16]; 15],
             rounds: 0,
-        };
+        }
+    }
+
+    /// Expands `key` into `self` in place (so the schedule is never copied around);
+    /// `Err` if the CPU has no AES-NI or the key is not 16 or 32 bytes.
+    pub(crate) fn expand(&mut self, key: &[u8]) -> Result<(), ()> {
+        if !crate::Backend::AesNi.is_supported() {
+            return Err(());
+        }
         match key.len() {
             // SAFETY: AES-NI and SSE4.1 presence checked just above.
-            16 => unsafe { expand128(key.try_into().ok()?, &mut rk) },
+            16 => unsafe { expand128(key.try_into().map_err(|_| ())?, self) },
             // SAFETY: as above.
-            32 => unsafe { expand256(key.try_into().ok()?, &mut rk) },
-            _ => return None,
+            32 => unsafe { expand256(key.try_into().map_err(|_| ())?, self) },
+            _ => return Err(()),
         }
-        Some(rk)
+        Ok(())
     }
 
     /// Round keys as registers: encryption or decryption schedule.
@@ -113,6 +118,8 @@ fn expand128(key: &[u8; 16], rk: &mut RoundKeys) {
     r[10] = round128!(r[9], 0x36);
     finish(rk, &r);
     r.iter_mut().for_each(|x| *x = _mm_setzero_si128());
+    // Keep the wipe of the (spilled) registers from being optimized away.
+    std::hint::black_box(&mut r);
 }
 
 macro_rules! round256 {
@@ -146,4 +153,6 @@ fn expand256(key: &[u8; 32], rk: &mut RoundKeys) {
     round256!(r, 14, 0x40);
     finish(rk, &r);
     r.iter_mut().for_each(|x| *x = _mm_setzero_si128());
+    // Keep the wipe of the (spilled) registers from being optimized away.
+    std::hint::black_box(&mut r);
 }

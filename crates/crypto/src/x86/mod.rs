@@ -9,6 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::Backend;
+use crate::secret::LockedBox;
 
 #[cfg(target_arch = "x86_64")]
 mod keys;
@@ -36,12 +37,18 @@ pub(crate) struct AesKeys {
 
 #[cfg(target_arch = "x86_64")]
 impl XtsKeys {
-    /// `None` when the CPU lacks AES-NI or the key size has no fast path.
-    pub(crate) fn new(k1: &[u8], k2: &[u8]) -> Option<Self> {
-        Some(XtsKeys {
-            data: RoundKeys::new(k1)?,
-            tweak: RoundKeys::new(k2)?,
+    /// `None` when the CPU lacks AES-NI or the key size has no fast path. Expanded in place
+    /// on locked pages of their own.
+    pub(crate) fn new(k1: &[u8], k2: &[u8]) -> Option<LockedBox<Self>> {
+        let blank = XtsKeys {
+            data: RoundKeys::blank(),
+            tweak: RoundKeys::blank(),
+        };
+        LockedBox::new_with(blank, |k| {
+            k.data.expand(k1)?;
+            k.tweak.expand(k2)
         })
+        .ok()
     }
 
     /// XTS over whole data units of `unit` bytes; `ivs` holds one IV per unit and is
@@ -67,10 +74,11 @@ impl XtsKeys {
 
 #[cfg(target_arch = "x86_64")]
 impl AesKeys {
-    pub(crate) fn new(k: &[u8]) -> Option<Self> {
-        Some(AesKeys {
-            key: RoundKeys::new(k)?,
-        })
+    pub(crate) fn new(k: &[u8]) -> Option<LockedBox<Self>> {
+        let blank = AesKeys {
+            key: RoundKeys::blank(),
+        };
+        LockedBox::new_with(blank, |x| x.key.expand(k)).ok()
     }
 
     /// CBC over whole data units, one IV each.
@@ -90,7 +98,7 @@ impl AesKeys {
 
 #[cfg(not(target_arch = "x86_64"))]
 impl XtsKeys {
-    pub(crate) fn new(_k1: &[u8], _k2: &[u8]) -> Option<Self> {
+    pub(crate) fn new(_k1: &[u8], _k2: &[u8]) -> Option<LockedBox<Self>> {
         None
     }
     pub(crate) fn xts(&self, _: Backend, _: &mut [[u8; 16]], _: &mut [u8], _: usize, _: bool) {
@@ -100,7 +108,7 @@ impl XtsKeys {
 
 #[cfg(not(target_arch = "x86_64"))]
 impl AesKeys {
-    pub(crate) fn new(_k: &[u8]) -> Option<Self> {
+    pub(crate) fn new(_k: &[u8]) -> Option<LockedBox<Self>> {
         None
     }
     pub(crate) fn cbc(&self, _: Backend, _: &[[u8; 16]], _: &mut [u8], _: usize, _: bool) {

@@ -1,0 +1,106 @@
+//! A minimal NBD client for the integration tests: fixed newstyle, NBD_OPT_EXPORT_NAME,
+//! simple replies; requests can be pipelined (send several, then collect the replies).
+
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cryptblk_nbd::proto::*;
+
+pub struct Client {
+    pub s: UnixStream,
+    pub size: u64,
+    cookie: u64,
+}
+
+pub fn wait_for_socket(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "server socket never appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Client {
+        let mut s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+            .unwrap();
+        let mut opt = IHAVEOPT.to_be_bytes().to_vec();
+        opt.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+        opt.extend_from_slice(&0u32.to_be_bytes()); // default export
+        s.write_all(&opt).unwrap();
+        let mut info = [0u8; 10];
+        s.read_exact(&mut info).unwrap();
+        let size = u64::from_be_bytes(info[..8].try_into().unwrap());
+        Client { s, size, cookie: 0 }
+    }
+
+    /// Sends one request (and its payload); returns its cookie.
+    pub fn send(&mut self, typ: u16, offset: u64, len: u32, payload: &[u8]) -> u64 {
+        self.cookie += 1;
+        let r = Request {
+            magic: REQUEST_MAGIC,
+            flags: 0,
+            typ,
+            cookie: self.cookie,
+            offset,
+            len,
+        };
+        self.s.write_all(&r.encode()).unwrap();
+        self.s.write_all(payload).unwrap();
+        self.cookie
+    }
+
+    /// Reads one simple reply header: (error, cookie).
+    pub fn reply(&mut self) -> (u32, u64) {
+        let mut r = [0u8; 16];
+        self.s.read_exact(&mut r).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(r[..4].try_into().unwrap()),
+            SIMPLE_REPLY_MAGIC
+        );
+        (
+            u32::from_be_bytes(r[4..8].try_into().unwrap()),
+            u64::from_be_bytes(r[8..].try_into().unwrap()),
+        )
+    }
+
+    /// One write, waiting for its reply: the NBD error (0 = success).
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
+        let c = self.send(CMD_WRITE, offset, data.len() as u32, data);
+        let (err, cookie) = self.reply();
+        assert_eq!(cookie, c);
+        err
+    }
+
+    pub fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, u32> {
+        let c = self.send(CMD_READ, offset, len as u32, &[]);
+        let (err, cookie) = self.reply();
+        assert_eq!(cookie, c);
+        if err != 0 {
+            return Err(err);
+        }
+        let mut b = vec![0u8; len];
+        self.s.read_exact(&mut b).unwrap();
+        Ok(b)
+    }
+
+    pub fn flush(&mut self) -> u32 {
+        let c = self.send(CMD_FLUSH, 0, 0, &[]);
+        let (err, cookie) = self.reply();
+        assert_eq!(cookie, c);
+        err
+    }
+
+    pub fn disconnect(mut self) {
+        self.send(CMD_DISC, 0, 0, &[]);
+    }
+}
