@@ -8,6 +8,7 @@ mod error;
 mod passphrase;
 mod serve;
 mod transfer;
+mod ublk;
 mod unlock;
 
 use clap::{Args, Parser, Subcommand};
@@ -101,7 +102,7 @@ enum Command {
     HeaderRestore(commands::BackupArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
-    /// Unlock a volume and serve it as a block device (NBD).
+    /// Unlock a volume and serve it as a block device (NBD or ublk).
     Open(serve::OpenArgs),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     Close(serve::NameArgs),

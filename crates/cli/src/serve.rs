@@ -35,6 +35,8 @@ pub struct OpenArgs {
     /// NBD threads per connection (requests in flight per client).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    #[command(flatten)]
+    pub ublk: crate::ublk::UblkArgs,
     /// Internal: set in the detached child of `--daemon`.
     #[arg(long = "daemon-child", hide = true)]
     pub daemon_child: bool,
@@ -70,11 +72,11 @@ pub fn default_run_dir() -> PathBuf {
     }
 }
 
-fn run_dir(d: &Option<PathBuf>) -> PathBuf {
+pub(crate) fn run_dir(d: &Option<PathBuf>) -> PathBuf {
     d.clone().unwrap_or_else(default_run_dir)
 }
 
-fn check_name(name: &str) -> CliResult<()> {
+pub(crate) fn check_name(name: &str) -> CliResult<()> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -107,20 +109,29 @@ fn parse_nbd(spec: &str) -> CliResult<Listen> {
 }
 
 /// Everything `status` reports, fixed at open time.
-struct Served {
-    name: String,
-    device: String,
-    kind: String,
-    key_bits: usize,
-    keyslot: Option<u32>,
-    frontend: String,
+pub(crate) struct Served {
+    pub(crate) name: String,
+    pub(crate) device: String,
+    pub(crate) kind: String,
+    pub(crate) key_bits: usize,
+    pub(crate) keyslot: Option<u32>,
+    pub(crate) frontend: String,
 }
 
-fn status_json(s: &Served, vol: &cryptblk_volume::Volume, nbd: &ShutdownHandle) -> Value {
-    let st = vol.stats();
+fn nbd_status_json(s: &Served, vol: &cryptblk_volume::Volume, nbd: &ShutdownHandle) -> Value {
     let n = nbd.stats();
+    status_json(
+        s,
+        vol,
+        json!({"clients": n.connections_active, "clients_total": n.connections_total, "errors": n.errors}),
+    )
+}
+
+/// The volume's part of `status`, with the frontend's fields (`extra`, an object) added.
+pub(crate) fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Value) -> Value {
+    let st = vol.stats();
     let c = vol.cipher();
-    json!({
+    let mut v = json!({
         "name": s.name, "device": s.device, "type": s.kind,
         "cipher": c.spec().to_string(), "key_bits": s.key_bits, "keyslot": s.keyslot,
         "sector_size": c.sector_size(), "backend": c.backend().name(),
@@ -128,19 +139,26 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, nbd: &ShutdownHandle) 
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
         "discards": vol.can_discard(),
         "frontend": s.frontend, "pid": std::process::id(),
-        "clients": n.connections_active, "clients_total": n.connections_total,
         "reads": st.reads.load(Relaxed), "writes": st.writes.load(Relaxed),
         "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
         "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
-        "unaligned": st.unaligned.load(Relaxed), "errors": n.errors,
-    })
+        "unaligned": st.unaligned.load(Relaxed), "crypto_calls": st.crypto_calls.load(Relaxed),
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
 }
 
 pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     check_name(&a.name)?;
+    if a.ublk.ublk {
+        return crate::ublk::open(ctx, a);
+    }
+    crate::ublk::check_unused(&a.ublk)?;
     let Some(nbd) = a.nbd.as_deref() else {
         return Err(CliError::usage(
-            "open needs a frontend: --nbd unix:PATH or --nbd tcp:127.0.0.1:PORT",
+            "open needs a frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT or --ublk",
         ));
     };
     let listen = parse_nbd(nbd)?;
@@ -236,7 +254,9 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     }
     {
         let (h, served, vol) = (handle.clone(), served.clone(), vol.clone());
-        std::thread::spawn(move || control_loop(ctl, &h, &served, &vol));
+        std::thread::spawn(move || {
+            control_loop(ctl, || nbd_status_json(&served, &vol, &h), || h.shutdown())
+        });
     }
     if ctx.verbose || !a.daemon_child {
         eprintln!(
@@ -266,12 +286,8 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     result.map_err(|e| CliError::usage(format!("NBD server: {e}")))
 }
 
-fn control_loop(
-    ctl: UnixListener,
-    h: &ShutdownHandle,
-    served: &Served,
-    vol: &cryptblk_volume::Volume,
-) {
+/// Answers `status` and `close` on the control socket until `close`.
+pub(crate) fn control_loop(ctl: UnixListener, status: impl Fn() -> Value, close: impl Fn()) {
     for conn in ctl.incoming() {
         let Ok(mut conn) = conn else { continue };
         let mut line = String::new();
@@ -285,11 +301,12 @@ fn control_loop(
         }
         match line.trim() {
             "status" => {
-                let _ = writeln!(conn, "{}", status_json(served, vol, h));
+                let _ = writeln!(conn, "{}", status());
             }
             "close" => {
                 let _ = writeln!(conn, "closing");
-                h.shutdown();
+                drop(conn);
+                close();
                 return;
             }
             _ => {
@@ -315,7 +332,10 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     let pid: Option<i32> = std::fs::read_to_string(dir.join(format!("{}.pid", a.name)))
         .ok()
         .and_then(|s| s.trim().parse().ok());
-    ask(&dir, &a.name, "close")?;
+    if let Err(e) = ask(&dir, &a.name, "close") {
+        // A ublk device whose server died is removed here.
+        return crate::ublk::close_stale(&dir, &a.name).unwrap_or(Err(e));
+    }
     // Wait for the server to drain, flush and exit (its pid file goes last).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while dir.join(format!("{}.pid", a.name)).exists()
@@ -344,12 +364,19 @@ fn is_zombie(pid: i32) -> bool {
 
 pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     let dir = run_dir(&a.run_dir);
-    let out = ask(&dir, &a.name, "status")?;
+    let out = ask(&dir, &a.name, "status").map_err(|e| {
+        match crate::ublk::stale_status(&dir, &a.name) {
+            Some(msg) => CliError::new(e.code, msg),
+            None => e,
+        }
+    })?;
     let v: Value = serde_json::from_str(out.trim())
         .map_err(|e| CliError::usage(format!("bad status reply: {e}")))?;
     println!(
-        "/dev/cryptblk/{} is active{}.",
-        a.name,
+        "{} is active{}.",
+        v["path"]
+            .as_str()
+            .map_or_else(|| format!("/dev/cryptblk/{}", a.name), String::from),
         if v["clients"].as_u64().unwrap_or(0) > 0 {
             " and is in use"
         } else {
@@ -366,7 +393,9 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  size:    {} sectors", v["size_sectors"]);
     println!("  mode:    {}", v["mode"].as_str().unwrap_or(""));
     println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
-    println!("  clients: {}", v["clients"]);
+    if !v["clients"].is_null() {
+        println!("  clients: {}", v["clients"]);
+    }
     println!(
         "  I/O:     {} reads ({} bytes), {} writes ({} bytes), {} flushes",
         v["reads"], v["read_bytes"], v["writes"], v["written_bytes"], v["flushes"]
@@ -394,11 +423,14 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
     } else {
         for v in rows {
             println!(
-                "{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}{}",
                 v["name"].as_str().unwrap_or(""),
                 v["type"].as_str().unwrap_or(""),
                 v["device"].as_str().unwrap_or(""),
-                v["frontend"].as_str().unwrap_or("")
+                v["frontend"].as_str().unwrap_or(""),
+                v["path"]
+                    .as_str()
+                    .map_or(String::new(), |p| format!("\t{p}"))
             );
         }
     }
@@ -406,7 +438,7 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
 }
 
 /// Re-runs this command detached; the child signals readiness on its stdout.
-fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
+pub(crate) fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let log_path = dir.join(format!("{}.log", a.name));
@@ -443,8 +475,10 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     }
     let mut line = String::new();
     let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
-    if line.trim() == "READY" {
-        println!("{}", a.name);
+    // "READY" or "READY /dev/ublkbN": print the device node if there is one.
+    if let Some(rest) = line.trim().strip_prefix("READY") {
+        let rest = rest.trim();
+        println!("{}", if rest.is_empty() { &a.name } else { rest });
         return Ok(());
     }
     let status = child.wait().map_err(|e| CliError::usage(e.to_string()))?;

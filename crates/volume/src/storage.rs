@@ -14,6 +14,11 @@ pub trait Storage: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Deallocates the range (the range then reads as zero ciphertext, i.e. garbage plaintext).
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// The file descriptor offsets refer to, if the storage is one (for frontends doing
+    /// their own I/O, e.g. io_uring).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// A regular file or block device.
@@ -39,6 +44,10 @@ impl FileStorage {
 impl Storage for FileStorage {
     fn size(&self) -> u64 {
         self.size
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.file.as_raw_fd())
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
