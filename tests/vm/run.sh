@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the kernel interop tests in ../shared/vmlab (a throwaway VM with dm-crypt, nbd and
-# fuse): dm-crypt both ways, then the NBD (kernel nbd-client) and FUSE (loop) frontends.
+# Runs the kernel tests in ../shared/vmlab (a throwaway VM): dm-crypt interop and the
+# NBD (kernel nbd-client) and FUSE (loop) frontends in one boot, then the ublk frontend
+# (tests/vm/ublk.sh) in a second boot.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VMLAB=${VMLAB:-../shared/vmlab/vmlab}
@@ -16,5 +17,18 @@ BIN=$PWD/target/release/cryptblk
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
-cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh "$BIN" "$xfer/"
-VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk && bash /results/frontends.sh /results/cryptblk"
+cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh "$BIN" "$xfer/"
+# Which suites to run: all by default; e.g. CRYPTBLK_VM_TESTS=ublk for the ublk ones only.
+SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
+rc=0
+if [[ " $SUITES " == *" dmcrypt "* ]]; then
+  echo "== vmlab: kernel dm-crypt interop, then NBD (nbd-client) and FUSE (loop) against dm-crypt"
+  VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk && bash /results/frontends.sh /results/cryptblk" || rc=1
+fi
+if [[ " $SUITES " == *" ublk "* ]]; then
+  # A second boot, so each suite starts from a clean kernel (no leftover ublk devices).
+  echo "== vmlab: ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery"
+  VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/ublk.sh /results/cryptblk" || rc=1
+fi
+[ "$rc" -eq 0 ] || echo "tests/vm: FAILED (see above)" >&2
+exit "$rc"

@@ -9,6 +9,7 @@ mod error;
 mod passphrase;
 mod serve;
 mod transfer;
+mod ublk;
 mod unlock;
 
 use clap::{Args, Parser, Subcommand};
@@ -104,7 +105,7 @@ enum Command {
     Benchmark(benchmark::BenchmarkArgs),
     /// Benchmark block I/O with fio over NBD (and vmlab): report.md, raw JSON, charts.
     Bench(bench::BenchArgs),
-    /// Unlock a volume and serve it as a block device (NBD).
+    /// Unlock a volume and serve it as a block device (NBD, FUSE or ublk).
     Open(serve::OpenArgs),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     Close(serve::NameArgs),

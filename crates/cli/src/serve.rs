@@ -42,6 +42,8 @@ pub struct OpenArgs {
     /// NBD: threads per connection (requests in flight per client); FUSE: worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    #[command(flatten)]
+    pub ublk: crate::ublk::UblkArgs,
     /// Internal: set in the detached child of `--daemon`.
     #[arg(long = "daemon-child", hide = true)]
     pub daemon_child: bool,
@@ -77,11 +79,11 @@ pub fn default_run_dir() -> PathBuf {
     }
 }
 
-fn run_dir(d: &Option<PathBuf>) -> PathBuf {
+pub(crate) fn run_dir(d: &Option<PathBuf>) -> PathBuf {
     d.clone().unwrap_or_else(default_run_dir)
 }
 
-fn check_name(name: &str) -> CliResult<()> {
+pub(crate) fn check_name(name: &str) -> CliResult<()> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -114,13 +116,13 @@ fn parse_nbd(spec: &str) -> CliResult<Listen> {
 }
 
 /// Everything `status` reports, fixed at open time.
-struct Served {
-    name: String,
-    device: String,
-    kind: String,
-    key_bits: usize,
-    keyslot: Option<u32>,
-    frontend: String,
+pub(crate) struct Served {
+    pub(crate) name: String,
+    pub(crate) device: String,
+    pub(crate) kind: String,
+    pub(crate) key_bits: usize,
+    pub(crate) keyslot: Option<u32>,
+    pub(crate) frontend: String,
 }
 
 /// The frontend a volume is served through, as `close` and `status` see it.
@@ -163,11 +165,21 @@ impl Frontend {
     }
 }
 
-fn status_json(s: &Served, vol: &cryptblk_volume::Volume, fe: &Frontend) -> Value {
-    let st = vol.stats();
+/// `status` of a volume served over NBD or FUSE.
+fn frontend_status(s: &Served, vol: &cryptblk_volume::Volume, fe: &Frontend) -> Value {
     let (clients, clients_total, errors) = fe.counters();
+    status_json(
+        s,
+        vol,
+        json!({"clients": clients, "clients_total": clients_total, "errors": errors}),
+    )
+}
+
+/// The volume's part of `status`, with the frontend's fields (`extra`, an object) added.
+pub(crate) fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Value) -> Value {
+    let st = vol.stats();
     let c = vol.cipher();
-    json!({
+    let mut v = json!({
         "name": s.name, "device": s.device, "type": s.kind,
         "cipher": c.spec().to_string(), "key_bits": s.key_bits, "keyslot": s.keyslot,
         "sector_size": c.sector_size(), "backend": c.backend().name(),
@@ -176,13 +188,16 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, fe: &Frontend) -> Valu
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
         "discards": vol.can_discard(),
         "frontend": s.frontend, "pid": std::process::id(),
-        "clients": clients, "clients_total": clients_total,
         "reads": st.reads.load(Relaxed), "writes": st.writes.load(Relaxed),
         "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
         "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
-        "unaligned": st.unaligned.load(Relaxed), "errors": errors,
+        "unaligned": st.unaligned.load(Relaxed), "crypto_calls": st.crypto_calls.load(Relaxed),
         "dumpable": is_dumpable(),
-    })
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
 }
 
 enum Bound {
@@ -232,12 +247,21 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     // flag, so the `--daemon` child, which runs this function too, sets it again itself.
     set_not_dumpable();
     check_name(&a.name)?;
+    if a.ublk.ublk {
+        if a.nbd.is_some() || a.fuse.is_some() {
+            return Err(CliError::usage(
+                "choose one frontend: --nbd, --fuse or --ublk",
+            ));
+        }
+        return crate::ublk::open(ctx, a);
+    }
+    crate::ublk::check_unused(&a.ublk)?;
     let listen = match (&a.nbd, &a.fuse) {
         (Some(nbd), None) => Some(parse_nbd(nbd)?),
         (None, Some(_)) => None,
         _ => {
             return Err(CliError::usage(
-                "open needs one frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT or --fuse DIR",
+                "open needs one frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT, --fuse DIR or --ublk",
             ));
         }
     };
@@ -331,7 +355,9 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     }
     {
         let (fe, served, vol) = (frontend.clone(), served.clone(), vol.clone());
-        std::thread::spawn(move || control_loop(ctl, &fe, &served, &vol));
+        std::thread::spawn(move || {
+            control_loop(ctl, || frontend_status(&served, &vol, &fe), || fe.stop())
+        });
     }
     if ctx.verbose || !a.daemon_child {
         eprintln!(
@@ -366,7 +392,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     result
 }
 
-fn set_not_dumpable() {
+pub(crate) fn set_not_dumpable() {
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and touches no memory of ours.
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -378,7 +404,13 @@ fn is_dumpable() -> bool {
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
 }
 
-fn control_loop(ctl: UnixListener, fe: &Frontend, served: &Served, vol: &cryptblk_volume::Volume) {
+/// Answers `status` and `close` on the control socket until a `close` succeeds (`close`
+/// may refuse, e.g. while a FUSE file is in use: the client gets `busy: WHY`).
+pub(crate) fn control_loop(
+    ctl: UnixListener,
+    status: impl Fn() -> Value,
+    close: impl Fn() -> Result<(), String>,
+) {
     for conn in ctl.incoming() {
         let Ok(mut conn) = conn else { continue };
         let mut line = String::new();
@@ -392,9 +424,9 @@ fn control_loop(ctl: UnixListener, fe: &Frontend, served: &Served, vol: &cryptbl
         }
         match line.trim() {
             "status" => {
-                let _ = writeln!(conn, "{}", status_json(served, vol, fe));
+                let _ = writeln!(conn, "{}", status());
             }
-            "close" => match fe.stop() {
+            "close" => match close() {
                 Ok(()) => {
                     let _ = writeln!(conn, "closing");
                     return;
@@ -426,7 +458,11 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     let pid: Option<i32> = std::fs::read_to_string(dir.join(format!("{}.pid", a.name)))
         .ok()
         .and_then(|s| s.trim().parse().ok());
-    let reply = ask(&dir, &a.name, "close")?;
+    let reply = match ask(&dir, &a.name, "close") {
+        Ok(r) => r,
+        // A ublk device whose server died is removed here.
+        Err(e) => return crate::ublk::close_stale(&dir, &a.name).unwrap_or(Err(e)),
+    };
     if let Some(why) = reply.trim().strip_prefix("busy: ") {
         return Err(CliError::new(
             EXIT_BUSY,
@@ -461,12 +497,19 @@ fn is_zombie(pid: i32) -> bool {
 
 pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     let dir = run_dir(&a.run_dir);
-    let out = ask(&dir, &a.name, "status")?;
+    let out = ask(&dir, &a.name, "status").map_err(|e| {
+        match crate::ublk::stale_status(&dir, &a.name) {
+            Some(msg) => CliError::new(e.code, msg),
+            None => e,
+        }
+    })?;
     let v: Value = serde_json::from_str(out.trim())
         .map_err(|e| CliError::usage(format!("bad status reply: {e}")))?;
     println!(
-        "/dev/cryptblk/{} is active{}.",
-        a.name,
+        "{} is active{}.",
+        v["path"]
+            .as_str()
+            .map_or_else(|| format!("/dev/cryptblk/{}", a.name), String::from),
         if v["clients"].as_u64().unwrap_or(0) > 0 {
             " and is in use"
         } else {
@@ -485,7 +528,9 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  size:    {} sectors", v["size_sectors"]);
     println!("  mode:    {}", v["mode"].as_str().unwrap_or(""));
     println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
-    println!("  clients: {}", v["clients"]);
+    if !v["clients"].is_null() {
+        println!("  clients: {}", v["clients"]);
+    }
     println!(
         "  I/O:     {} reads ({} bytes), {} writes ({} bytes), {} flushes",
         v["reads"], v["read_bytes"], v["writes"], v["written_bytes"], v["flushes"]
@@ -513,11 +558,14 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
     } else {
         for v in rows {
             println!(
-                "{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}{}",
                 v["name"].as_str().unwrap_or(""),
                 v["type"].as_str().unwrap_or(""),
                 v["device"].as_str().unwrap_or(""),
-                v["frontend"].as_str().unwrap_or("")
+                v["frontend"].as_str().unwrap_or(""),
+                v["path"]
+                    .as_str()
+                    .map_or(String::new(), |p| format!("\t{p}"))
             );
         }
     }
@@ -525,7 +573,7 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
 }
 
 /// Re-runs this command detached; the child signals readiness on its stdout.
-fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
+pub(crate) fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let log_path = dir.join(format!("{}.log", a.name));
@@ -562,8 +610,10 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     }
     let mut line = String::new();
     let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
-    if line.trim() == "READY" {
-        println!("{}", a.name);
+    // "READY" or "READY /dev/ublkbN": print the device node if there is one.
+    if let Some(rest) = line.trim().strip_prefix("READY") {
+        let rest = rest.trim();
+        println!("{}", if rest.is_empty() { &a.name } else { rest });
         return Ok(());
     }
     let status = child.wait().map_err(|e| CliError::usage(e.to_string()))?;

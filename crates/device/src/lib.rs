@@ -35,6 +35,31 @@ pub trait BlockDevice: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Makes the range read back as zeros; may unmap it when `may_unmap` and discards are allowed.
     fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()>;
+    /// The device's data path split in two, for frontends that do the storage I/O
+    /// themselves (io_uring) and keep the transform inline; `None` if it cannot be split.
+    fn split_io(&self) -> Option<&dyn SplitIo> {
+        None
+    }
+}
+
+/// A device whose bytes live at known offsets of one file descriptor, transformed in memory
+/// (encrypted volumes on a file or block device). Requests must be whole blocks.
+///
+/// Writing `buf` at `offset` = `seal(offset, buf)`, then writing `buf` to `fd()` at
+/// `map(offset, len, true)`. Reading = reading from `fd()` at `map(offset, len, false)`, then
+/// `unseal(offset, buf)`. A flush = `fdatasync(fd())` (call `note_flush` for the counters).
+pub trait SplitIo: Send + Sync {
+    /// The storage's file descriptor; valid as long as the device lives.
+    fn fd(&self) -> std::os::fd::RawFd;
+    /// Where device bytes `offset..offset + len` are on the storage; checks bounds,
+    /// alignment and, for writes, that the device is writable.
+    fn map(&self, offset: u64, len: u64, write: bool) -> io::Result<u64>;
+    /// Transforms data to be written at `offset` in place (one cipher call).
+    fn seal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Transforms data read from `offset` in place (one cipher call).
+    fn unseal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Counts a flush done through `fd()`.
+    fn note_flush(&self) {}
 }
 
 /// A RAM disk, for tests and benchmarks (like the kernel's brd).

@@ -18,6 +18,11 @@ pub trait Storage: Send + Sync {
     fn describe(&self) -> String {
         "custom".into()
     }
+    /// The file descriptor offsets refer to, if the storage is one (for frontends doing
+    /// their own I/O, e.g. io_uring).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// How a [`FileStorage`] reaches the kernel. Both run on the calling (frontend) thread:
@@ -151,6 +156,10 @@ impl Storage for FileStorage {
     fn size(&self) -> u64 {
         self.size
     }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.file.as_raw_fd())
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match self.direct_mem_align {
             Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b| {
@@ -178,7 +187,11 @@ impl Storage for FileStorage {
             IoEngine::Psync => "psync",
             IoEngine::Uring => "io_uring",
         };
-        let cache = if self.is_direct() { "O_DIRECT" } else { "page cache" };
+        let cache = if self.is_direct() {
+            "O_DIRECT"
+        } else {
+            "page cache"
+        };
         format!("file, {engine}, {cache}")
     }
     fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -1,0 +1,311 @@
+//! `open --ublk`: serve an unlocked volume as a kernel block device, /dev/ublkbN.
+//!
+//! Besides the files every open volume has (NAME.pid, NAME.ctl, NAME.log), a ublk volume
+//! records its device number in NAME.ublk, which `open --recover` (re-attach a new server
+//! after a crash) and `close` (remove a device whose server died) use.
+
+use crate::commands::Ctx;
+use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
+use crate::serve::{
+    OpenArgs, Served, check_name, control_loop, run_dir, spawn_daemon, status_json,
+};
+use crate::unlock::{OpenedVolume, open_volume};
+use clap::Args;
+use cryptblk_device::BlockDevice;
+use cryptblk_ublk::{Features, UblkServer};
+use serde_json::json;
+use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Options of `open` for the ublk frontend.
+#[derive(Args, Debug, Default)]
+pub struct UblkArgs {
+    /// Serve as a kernel block device /dev/ublkbN (needs ublk_drv, Linux 6.5+).
+    #[arg(long)]
+    pub ublk: bool,
+    /// ublk: hardware queues, one thread each (default: one per CPU).
+    #[arg(long)]
+    pub queues: Option<u16>,
+    /// ublk: requests in flight per queue.
+    #[arg(long = "queue-depth", default_value_t = cryptblk_ublk::DEFAULT_QUEUE_DEPTH)]
+    pub queue_depth: u16,
+    /// ublk: attach to the device NAME had when its server died (I/O held by the kernel is
+    /// re-issued), instead of creating one.
+    #[arg(long)]
+    pub recover: bool,
+    /// ublk: create the device without user recovery: if the server dies, the kernel stops
+    /// it and I/O fails.
+    #[arg(long = "no-recovery")]
+    pub no_recovery: bool,
+    /// ublk: device number to create, or to recover (default: new = any free one,
+    /// recover = the one recorded for NAME).
+    #[arg(long = "dev-id")]
+    pub dev_id: Option<u32>,
+}
+
+/// Rejects ublk options given without `--ublk`.
+pub fn check_unused(a: &UblkArgs) -> CliResult<()> {
+    if a.queues.is_some() || a.recover || a.no_recovery || a.dev_id.is_some() {
+        return Err(CliError::usage(
+            "--queues, --recover, --no-recovery and --dev-id need --ublk",
+        ));
+    }
+    Ok(())
+}
+
+fn ublk_err(e: cryptblk_ublk::Error) -> CliError {
+    use cryptblk_ublk::Error as E;
+    match e {
+        E::NotAvailable(s) | E::Unsupported(s) => CliError::new(EXIT_NO_DEVICE, s),
+        E::Busy(s) => CliError::new(EXIT_BUSY, s),
+        e => CliError::usage(e.to_string()),
+    }
+}
+
+fn state_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.ublk"))
+}
+
+fn recorded_dev_id(dir: &Path, name: &str) -> Option<u32> {
+    std::fs::read_to_string(state_path(dir, name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Queue limits of the block device under `path` (itself, or the one holding the file):
+/// (max I/O bytes, physical block size, rotational). `None` when there is none in sysfs
+/// (tmpfs, 9p, memory...).
+fn backing_limits(path: &Path) -> Option<(u32, u32, bool)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    let dev = if m.file_type().is_block_device() {
+        m.rdev()
+    } else {
+        m.dev()
+    };
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    // A partition has no queue of its own; its disk (the parent directory) has.
+    let queue = [base.join("queue"), base.join("../queue")]
+        .into_iter()
+        .find(|q| q.is_dir())?;
+    let read = |f: &str| -> Option<u64> {
+        std::fs::read_to_string(queue.join(f))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let max = read("max_sectors_kb").map_or(cryptblk_ublk::DEFAULT_MAX_IO_BYTES, |kb| {
+        (kb * 1024).min(cryptblk_ublk::DEFAULT_MAX_IO_BYTES as u64) as u32
+    });
+    Some((
+        max,
+        read("physical_block_size").unwrap_or(512) as u32,
+        read("rotational") == Some(1),
+    ))
+}
+
+pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+    if a.nbd.is_some() {
+        return Err(CliError::usage("choose one frontend: --nbd or --ublk"));
+    }
+    if a.ublk.recover && a.ublk.no_recovery {
+        return Err(CliError::usage(
+            "--recover and --no-recovery exclude each other",
+        ));
+    }
+    // Before asking for a passphrase or detaching: is there a ublk driver at all?
+    let features = Features::probe().map_err(ublk_err)?;
+    let dir = run_dir(&a.run_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    let ctl_path = dir.join(format!("{}.ctl", a.name));
+    if UnixStream::connect(&ctl_path).is_ok() {
+        return Err(CliError::new(
+            EXIT_BUSY,
+            format!("a volume named {} is already open", a.name),
+        ));
+    }
+    let recover_id = if a.ublk.recover {
+        Some(
+            a.ublk
+                .dev_id
+                .or_else(|| recorded_dev_id(&dir, &a.name))
+                .ok_or_else(|| {
+                    CliError::new(
+                        EXIT_NO_DEVICE,
+                        format!("no ublk device is recorded for {} (give --dev-id)", a.name),
+                    )
+                })?,
+        )
+    } else {
+        None
+    };
+    if a.daemon && !a.daemon_child {
+        return spawn_daemon(&a, &dir);
+    }
+    check_name(&a.name)?;
+    let OpenedVolume {
+        volume,
+        kind,
+        key_bits,
+        keyslot,
+    } = open_volume(&a.device, &a.vol)?;
+    let vol = Arc::new(volume);
+    let mut b = UblkServer::builder(vol.clone() as Arc<dyn BlockDevice>)
+        .queue_depth(a.ublk.queue_depth)
+        .recovery(!a.ublk.no_recovery);
+    if let Some(q) = a.ublk.queues {
+        b = b.queues(q);
+    }
+    if let Some((max, pbs, rot)) = backing_limits(&a.device) {
+        b = b.max_io_bytes(max).physical_block_size(pbs).rotational(rot);
+    }
+    match recover_id {
+        Some(id) => b = b.recover(id),
+        None => {
+            if let Some(id) = a.ublk.dev_id {
+                b = b.dev_id(id);
+            }
+        }
+    }
+    let server = b.build().map_err(ublk_err)?;
+    let handle = server.shutdown_handle();
+    let path = server.block_device().display().to_string();
+    let state = state_path(&dir, &a.name);
+    std::fs::write(&state, format!("{}\n", server.dev_id())).map_err(|e| io_err(&state, e))?;
+    for m in features.missing() {
+        eprintln!("{}: note: this kernel's ublk lacks {m}", a.name);
+    }
+    if a.ublk.no_recovery {
+        eprintln!(
+            "{}: user recovery off: if this server dies, {path} fails its I/O",
+            a.name
+        );
+    }
+    let served = Arc::new(Served {
+        name: a.name.clone(),
+        device: a.device.display().to_string(),
+        kind,
+        key_bits,
+        keyslot,
+        frontend: "ublk".into(),
+    });
+    let _ = std::fs::remove_file(&ctl_path);
+    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&ctl_path, e))?;
+    let pid_path = dir.join(format!("{}.pid", a.name));
+    std::fs::write(&pid_path, format!("{}\n", std::process::id()))
+        .map_err(|e| io_err(&pid_path, e))?;
+    {
+        let h = handle.clone();
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ])
+        .map_err(|e| CliError::usage(format!("signals: {e}")))?;
+        std::thread::spawn(move || {
+            if signals.forever().next().is_some() {
+                h.shutdown();
+            }
+        });
+    }
+    {
+        let (h, served, vol) = (handle.clone(), served.clone(), vol.clone());
+        let extra = json!({
+            "path": path, "dev_id": server.dev_id(), "queues": server.queues(),
+            "queue_depth": server.queue_depth(), "max_io_bytes": server.max_io_bytes(),
+            "recoverable": server.recoverable(), "ublk_features": server.features().names(),
+        });
+        std::thread::spawn(move || {
+            control_loop(
+                ctl,
+                || {
+                    let st = h.stats();
+                    let mut e = extra.clone();
+                    e["requests"] = st.requests.into();
+                    e["errors"] = st.errors.into();
+                    status_json(&served, &vol, e)
+                },
+                || {
+                    h.shutdown();
+                    Ok(())
+                },
+            )
+        });
+    }
+    if ctx.verbose || !a.daemon_child {
+        eprintln!(
+            "{}: {} {} served at {path} ({} queues x {} deep{}{})",
+            a.name,
+            served.kind,
+            vol.cipher().spec(),
+            server.queues(),
+            server.queue_depth(),
+            if server.recoverable() {
+                ", recoverable"
+            } else {
+                ""
+            },
+            if recover_id.is_some() {
+                ", recovered"
+            } else {
+                ""
+            },
+        );
+    }
+    if a.daemon_child {
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "READY {path}").and_then(|_| out.flush());
+    } else {
+        println!("{path}");
+    }
+    let result = server.run();
+    let _ = std::fs::remove_file(&ctl_path);
+    let _ = std::fs::remove_file(&state);
+    let _ = std::fs::remove_file(&pid_path);
+    result.map_err(ublk_err)
+}
+
+/// `close NAME` when no server answers: if NAME had a ublk device, remove it (its server
+/// died; pending I/O fails). `None` if there is nothing of NAME's to remove.
+pub fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
+    let id = recorded_dev_id(dir, name)?;
+    let r = match cryptblk_ublk::device_state(id) {
+        Ok(None) => Ok(()),
+        Ok(Some((_, pid))) if pid > 0 && Path::new(&format!("/proc/{pid}")).exists() => {
+            Err(CliError::new(
+                EXIT_BUSY,
+                format!("/dev/ublkb{id} is served by pid {pid}, which does not answer"),
+            ))
+        }
+        Ok(Some(_)) => cryptblk_ublk::remove_stale(id).map_err(ublk_err),
+        Err(e) => Err(ublk_err(e)),
+    };
+    if r.is_ok() {
+        for ext in ["ublk", "ctl", "pid"] {
+            let _ = std::fs::remove_file(dir.join(format!("{name}.{ext}")));
+        }
+        eprintln!("{name}: its server was gone; removed /dev/ublkb{id}");
+    }
+    Some(r)
+}
+
+/// What `status NAME` says when no server answers but NAME had a ublk device.
+pub fn stale_status(dir: &Path, name: &str) -> Option<String> {
+    let id = recorded_dev_id(dir, name)?;
+    let state = cryptblk_ublk::device_state(id).ok()??.0;
+    Some(match state {
+        "quiesced" | "live" => format!(
+            "{name}: its server is gone; the kernel holds /dev/ublkb{id} ({state}) for recovery: \
+             `cryptblk open IMAGE {name} --ublk --recover` re-attaches, `cryptblk close {name}` removes it"
+        ),
+        _ => format!(
+            "{name}: its server is gone and /dev/ublkb{id} is stopped; `cryptblk close {name}` removes it"
+        ),
+    })
+}
