@@ -19,9 +19,16 @@ use std::path::PathBuf;
 #[command(
     name = "cryptblk",
     version,
-    about = "Userspace LUKS1/LUKS2/plain disk encryption, compatible with cryptsetup"
+    about = "Userspace LUKS1/LUKS2/plain disk encryption, compatible with cryptsetup",
+    // -h is cryptsetup's --hash; help is --help only (a global flag, so every subcommand
+    // has it and none gets the automatic -h).
+    disable_help_flag = true,
+    disable_help_subcommand = true
 )]
 struct Cli {
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help, global = true)]
+    help: Option<bool>,
     /// Never ask for confirmation (cryptsetup's -q/--batch-mode).
     #[arg(short = 'q', long = "batch-mode", global = true)]
     batch_mode: bool,
