@@ -2,27 +2,37 @@
 # The data-path speed bars: ../shared/peerbench.sh (fio over NBD on a unix socket, one
 # LUKS1 image in tmpfs) with cryptblk (aes-xts-plain64) and cryptblk with cipher_null on the
 # same image's data area, beside nbdkit (file plugin, luks filter) and qemu-nbd (raw, LUKS),
-# all in one run. Then prints the ratios the issue asks for.
-# usage: scripts/bench-nbd.sh [runtime_s]
+# all in one run, repeated ROUNDS times (machines are noisy: single runs of these short
+# workloads vary by ±25 %). Prints every round, then the median of each cell and the ratios
+# the issue asks for, computed on the medians.
+# usage: [ROUNDS=3] scripts/bench-nbd.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RT=${1:-5}
+RT=${1:-5}; ROUNDS=${ROUNDS:-3}
 B=$PWD/target/release/cryptblk
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
 P=/dev/shm/peer; mkdir -p $P; head -c 32 /dev/urandom > $P/null.key
 OUT=$(mktemp); trap 'rm -f "$OUT"' EXIT
 S="--nbd unix:$P/nbd.sock --run-dir $P/run"
-bash ../shared/peerbench.sh "$RT" \
-  "cryptblk=$B open luks1.img pb $S --key-file pw" \
-  "cryptblk-null=$B open luks1.img pb $S --key-file null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096" \
-  | tee "$OUT"
+for r in $(seq "$ROUNDS"); do
+  echo "== round $r of $ROUNDS (${RT}s per figure, MB/s)"
+  bash ../shared/peerbench.sh "$RT" \
+    "cryptblk=$B open luks1.img pb $S --key-file pw" \
+    "cryptblk-null=$B open luks1.img pb $S --key-file null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096" \
+    | tee -a "$OUT"
+done
 python3 - "$OUT" <<'PY'
-import sys
-rows = {}
+import sys, statistics
+runs = {}
 for line in open(sys.argv[1]):
     f = line.split()
     if len(f) == 6 and f[0] != "server":
-        rows[f[0]] = [float(x) if x != "ERR" else 0.0 for x in f[1:]]
+        runs.setdefault(f[0], []).append([float(x) if x != "ERR" else 0.0 for x in f[1:]])
+rows = {k: [statistics.median(c) for c in zip(*v)] for k, v in runs.items()}
+print("\n| server (median MB/s) | 4k rw QD1 | 4k randread QD16 | 4k randwrite QD16 | 128k read QD8 | 128k write QD8 |")
+print("|---|---|---|---|---|---|")
+for k, v in rows.items():
+    print(f"| {k} | " + " | ".join(f"{x:.0f}" for x in v) + " |")
 wl = ["4k-rw-qd1", "4k-randread-qd16", "4k-randwrite-qd16", "128k-read-qd8", "128k-write-qd8"]
 def ratio(a, b, i):
     return rows[a][i] / rows[b][i] if rows.get(b) and rows[b][i] else float("nan")

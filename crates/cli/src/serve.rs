@@ -42,6 +42,10 @@ pub struct OpenArgs {
     /// NBD: threads per connection (requests in flight per client); FUSE: worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// NBD: microseconds a connection polls for its next request before sleeping
+    /// (0 = never poll; polling saves a wake-up per request at low queue depth).
+    #[arg(long = "busy-poll", value_name = "MICROS", default_value_t = 50)]
+    pub busy_poll: u64,
     #[command(flatten)]
     pub ublk: crate::ublk::UblkArgs,
     /// Internal: set in the detached child of `--daemon`.
@@ -292,6 +296,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
                 .export(a.name.clone(), device)
                 .read_only(a.vol.read_only)
                 .threads_per_connection(a.threads)
+                .busy_poll(std::time::Duration::from_micros(a.busy_poll))
                 .build()
                 .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
             let fe = Frontend::Nbd(server.shutdown_handle());

@@ -38,6 +38,37 @@ impl AnyStream {
         }
     }
 
+    /// Reads what is there without waiting: `None` when nothing is.
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        use rustix::net::{RecvFlags, recv};
+        let r = match self {
+            AnyStream::Unix(s) => recv(s, buf, RecvFlags::DONTWAIT),
+            AnyStream::Tcp(s) => recv(s, buf, RecvFlags::DONTWAIT),
+        };
+        match r {
+            Ok((n, _)) => Ok(Some(n)),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `read_some`, polling for up to `poll` first (see `NbdServerBuilder::busy_poll`).
+    fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
+        if !poll.is_zero() {
+            let start = Instant::now();
+            loop {
+                if let Some(n) = self.try_read(buf)? {
+                    return Ok(n);
+                }
+                if start.elapsed() >= poll {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.read_some(buf)
+    }
+
     fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         match self {
             AnyStream::Unix(s) => (&*s).write_all(buf),
@@ -79,6 +110,8 @@ pub(crate) struct ReadBuf {
     /// this instant, so a client dribbling one byte at a time cannot hold the connection
     /// (or its buffer) past it.
     deadline: Option<Instant>,
+    /// Busy-poll time before a blocking read of the next request (transmission only).
+    poll: Duration,
 }
 
 const READ_BUF_LEN: usize = 128 << 10;
@@ -92,6 +125,7 @@ impl ReadBuf {
             start: 0,
             end: 0,
             deadline: None,
+            poll: Duration::ZERO,
         }
     }
 
@@ -116,7 +150,7 @@ impl ReadBuf {
                     r => filled += r,
                 }
             } else {
-                let r = s.read_some(&mut self.buf)?;
+                let r = s.read_some_polling(&mut self.buf, self.poll)?;
                 if r == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
@@ -435,6 +469,8 @@ fn transmission(
     rb: ReadBuf,
     structured: bool,
 ) {
+    let mut rb = rb;
+    rb.poll = shared.busy_poll;
     let conn = Conn {
         shared,
         export,

@@ -722,6 +722,27 @@ fn unaligned_requests_reach_a_byte_granular_device() {
 }
 
 #[test]
+fn requests_are_served_with_and_without_busy_polling() {
+    for poll in [Duration::ZERO, Duration::from_millis(20)] {
+        let dev = Arc::new(TestDevice::new(MIB, 512));
+        let srv = server_with(dev.clone(), |b| b.busy_poll(poll));
+        let mut c = Client::pair(&srv);
+        c.go(false);
+        // Back to back (picked up while polling), then after the poll window has passed
+        // (the reader has gone to sleep in read and must be woken).
+        for (i, pause) in [0u64, 0, 60, 5, 60].into_iter().enumerate() {
+            thread::sleep(Duration::from_millis(pause));
+            c.request(0, CMD_WRITE, i as u64, 512 * i as u64, 512, &[i as u8; 512]);
+            assert_eq!(c.simple(), (0, i as u64), "poll {poll:?}");
+        }
+        let mut back = [0u8; 512];
+        dev.mem.read_at(&mut back, 4 * 512).unwrap();
+        assert_eq!(back, [4; 512]);
+        c.finish();
+    }
+}
+
+#[test]
 fn trim_not_advertised_without_discard() {
     let mut d = TestDevice::new(MIB, 512);
     d.discard = false;
