@@ -2,7 +2,7 @@
 # Sets up and runs every test: format and lint checks, the workspace tests (unit,
 # known-answer, property and interop tests with the real cryptsetup/openssl/qemu/nbd
 # tools, damaged-header and crash-point suites), the crypto tests again on software AES,
-# every fuzz target for FUZZ_SECONDS (default 30) seconds, and the kernel dm-crypt interop
+# every fuzz target for FUZZ_SECONDS (default 20) seconds, and the kernel dm-crypt interop
 # tests in ../shared/vmlab.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ cargo build --release --workspace --bins --examples
 CRYPTBLK_BIN="$PWD/target/release/cryptblk" cargo test --release --workspace
 echo "== crypto tests on the portable constant-time AES (aes_backend=soft)"
 RUSTFLAGS='--cfg aes_backend="soft"' cargo test --release -p cryptblk-crypto --target-dir target/soft-aes
-echo "== fuzz targets, ${FUZZ_SECONDS:-30}s each (nightly + cargo-fuzz)"
-FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/fuzz.sh
+echo "== fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"
+FUZZ_SECONDS=${FUZZ_SECONDS:-20} bash scripts/fuzz.sh
 echo "== kernel dm-crypt interop (vmlab)"
 bash tests/vm/run.sh

@@ -91,12 +91,14 @@ fs() { # frontend: mkfs.ext4 through the frontend, fsck and compare through dm-c
   check "$name: tree reads back through dm-crypt" bash -c 'mountpoint -q /tmp/fs && cd /tmp/fs && sha256sum --quiet -c /tmp/sums'
   umount /tmp/fs 2>/dev/null; dmclose
 }
-for fe in nbd fuse; do
-  one $fe luks1 aes-xts-plain64 512 512
-  one $fe luks2 aes-xts-plain64 512 4096
-  one $fe luks2 aes-cbc-essiv:sha256 256 512
-  one $fe plain aes-xts-plain64 256 512
-  fs $fe
-done
+# Each cipher/sector combination is covered both ways by dmcrypt-interop.sh (through the
+# same Volume code); here each frontend gets a spread of them, kept short for the emulator.
+one nbd luks1 aes-xts-plain64 512 512
+one nbd luks2 aes-xts-plain64 512 4096
+one nbd plain aes-xts-plain64 256 512
+fs nbd
+one fuse luks2 aes-cbc-essiv:sha256 256 512
+one fuse luks2 aes-xts-plain64 512 4096
+fs fuse
 echo "frontends: $pass passed, $fail failed"
 [ $fail -eq 0 ] && [ $pass -gt 0 ]
