@@ -3,7 +3,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,8 +53,12 @@ impl AnyStream {
     }
 
     /// `read_some`, polling for up to `poll` first (see `NbdServerBuilder::busy_poll`).
+    /// Only a few threads of the process poll at once (half the CPUs, at least one): with
+    /// many connections at low queue depth, pollers would otherwise take the CPU time the
+    /// clients and the other connections' requests need.
     fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
-        if !poll.is_zero() {
+        if !poll.is_zero() && Poller::acquire() {
+            let _slot = Poller;
             let start = Instant::now();
             loop {
                 if let Some(n) = self.try_read(buf)? {
@@ -95,6 +99,33 @@ impl AnyStream {
             AnyStream::Unix(s) => s.set_write_timeout(t),
             AnyStream::Tcp(s) => s.set_write_timeout(t),
         };
+    }
+}
+
+/// Threads of this process busy-polling a socket right now.
+static POLLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A polling slot; released on drop.
+struct Poller;
+
+impl Poller {
+    fn acquire() -> bool {
+        static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let max = *MAX.get_or_init(|| {
+            std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+        });
+        if POLLERS.fetch_add(1, Relaxed) < max {
+            true
+        } else {
+            POLLERS.fetch_sub(1, Relaxed);
+            false
+        }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        POLLERS.fetch_sub(1, Relaxed);
     }
 }
 
