@@ -274,13 +274,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     if a.daemon && !a.daemon_child {
         return spawn_daemon(&a, &dir);
     }
-    let ctl_path = dir.join(format!("{}.ctl", a.name));
-    if UnixStream::connect(&ctl_path).is_ok() {
-        return Err(CliError::new(
-            EXIT_BUSY,
-            format!("a volume named {} is already open", a.name),
-        ));
-    }
+    let ctl_path = check_not_open(&dir, &a.name)?;
     let OpenedVolume {
         volume,
         kind,
@@ -334,30 +328,11 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         frontend: desc,
     });
 
-    let _ = std::fs::remove_file(&ctl_path);
-    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&ctl_path, e))?;
-    let pid_path = dir.join(format!("{}.pid", a.name));
-    std::fs::write(&pid_path, format!("{}\n", std::process::id()))
-        .map_err(|e| io_err(&pid_path, e))?;
-
     // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up).
-    {
+    let (ctl, pid_path) = {
         let fe = frontend.clone();
-        let name = a.name.clone();
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ])
-        .map_err(|e| CliError::usage(format!("signals: {e}")))?;
-        std::thread::spawn(move || {
-            for _ in signals.forever() {
-                match fe.stop() {
-                    Ok(()) => return,
-                    Err(e) => eprintln!("{name}: cannot close yet: {e}"),
-                }
-            }
-        });
-    }
+        announce(&ctl_path, &dir, &a.name, move || fe.stop())?
+    };
     {
         let (fe, served, vol) = (frontend.clone(), served.clone(), vol.clone());
         std::thread::spawn(move || {
@@ -407,6 +382,49 @@ pub(crate) fn set_not_dumpable() {
 fn is_dumpable() -> bool {
     // SAFETY: prctl(PR_GET_DUMPABLE) takes plain integers and touches no memory of ours.
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
+}
+
+/// NAME.ctl, where a running volume answers; an error if one of that name already does.
+pub(crate) fn check_not_open(dir: &Path, name: &str) -> CliResult<PathBuf> {
+    let ctl_path = dir.join(format!("{name}.ctl"));
+    if UnixStream::connect(&ctl_path).is_ok() {
+        return Err(CliError::new(
+            EXIT_BUSY,
+            format!("a volume named {name} is already open"),
+        ));
+    }
+    Ok(ctl_path)
+}
+
+/// Makes a volume visible once its frontend is up: binds the control socket `ctl_path`,
+/// writes NAME.pid, and on SIGTERM/SIGINT calls `stop` (again at the next signal while it
+/// says the volume is busy). Returns the control listener and the pid file's path.
+pub(crate) fn announce(
+    ctl_path: &Path,
+    dir: &Path,
+    name: &str,
+    stop: impl Fn() -> Result<(), String> + Send + 'static,
+) -> CliResult<(UnixListener, PathBuf)> {
+    let _ = std::fs::remove_file(ctl_path);
+    let ctl = UnixListener::bind(ctl_path).map_err(|e| io_err(ctl_path, e))?;
+    let pid_path = dir.join(format!("{name}.pid"));
+    std::fs::write(&pid_path, format!("{}\n", std::process::id()))
+        .map_err(|e| io_err(&pid_path, e))?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| CliError::usage(format!("signals: {e}")))?;
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        for _ in signals.forever() {
+            match stop() {
+                Ok(()) => return,
+                Err(e) => eprintln!("{name}: cannot close yet: {e}"),
+            }
+        }
+    });
+    Ok((ctl, pid_path))
 }
 
 /// Answers `status` and `close` on the control socket until a `close` succeeds (`close`

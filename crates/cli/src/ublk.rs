@@ -7,7 +7,8 @@
 use crate::commands::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
 use crate::serve::{
-    OpenArgs, Served, check_name, control_loop, run_dir, spawn_daemon, status_json,
+    OpenArgs, Served, announce, check_name, check_not_open, control_loop, run_dir, spawn_daemon,
+    status_json,
 };
 use crate::unlock::{OpenedVolume, open_volume};
 use clap::Args;
@@ -15,7 +16,6 @@ use cryptblk_device::BlockDevice;
 use cryptblk_ublk::{Features, UblkServer};
 use serde_json::json;
 use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -124,13 +124,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     let features = Features::probe().map_err(ublk_err)?;
     let dir = run_dir(&a.run_dir);
     std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-    let ctl_path = dir.join(format!("{}.ctl", a.name));
-    if UnixStream::connect(&ctl_path).is_ok() {
-        return Err(CliError::new(
-            EXIT_BUSY,
-            format!("a volume named {} is already open", a.name),
-        ));
-    }
+    let ctl_path = check_not_open(&dir, &a.name)?;
     let recover_id = if a.ublk.recover {
         Some(
             a.ublk
@@ -196,24 +190,13 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         keyslot,
         frontend: "ublk".into(),
     });
-    let _ = std::fs::remove_file(&ctl_path);
-    let ctl = UnixListener::bind(&ctl_path).map_err(|e| io_err(&ctl_path, e))?;
-    let pid_path = dir.join(format!("{}.pid", a.name));
-    std::fs::write(&pid_path, format!("{}\n", std::process::id()))
-        .map_err(|e| io_err(&pid_path, e))?;
-    {
+    let (ctl, pid_path) = {
         let h = handle.clone();
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ])
-        .map_err(|e| CliError::usage(format!("signals: {e}")))?;
-        std::thread::spawn(move || {
-            if signals.forever().next().is_some() {
-                h.shutdown();
-            }
-        });
-    }
+        announce(&ctl_path, &dir, &a.name, move || {
+            h.shutdown();
+            Ok(())
+        })?
+    };
     {
         let (h, served, vol) = (handle.clone(), served.clone(), vol.clone());
         let extra = json!({
