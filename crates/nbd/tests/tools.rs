@@ -166,14 +166,22 @@ fn nbdinfo_read_only_and_connection_limit() {
     assert_eq!(j["exports"][0]["is_read_only"], true);
     assert_eq!(j["exports"][0]["block_size_minimum"], 512);
 
+    // nbdinfo has hung up, but the server may not have noticed yet: until it has,
+    // the slot is still taken and the held connection below would be the one refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while srv.handle.stats().connections_active != 0 {
+        assert!(Instant::now() < deadline, "{:?}", srv.handle.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
     // Hold the only slot with a raw connection, then nbdinfo is refused politely.
     let mut hold = UnixStream::connect(&srv.sock).unwrap();
     let mut greeting = [0u8; 18];
     hold.read_exact(&mut greeting).unwrap();
     hold.write_all(&3u32.to_be_bytes()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while srv.handle.stats().connections_active != 1 {
-        assert!(Instant::now() < deadline);
+        assert!(Instant::now() < deadline, "{:?}", srv.handle.stats());
         std::thread::sleep(Duration::from_millis(5));
     }
     let out = Command::new(&nbdinfo).arg(srv.uri()).output().unwrap();
