@@ -53,9 +53,12 @@ impl AnyStream {
     }
 
     /// `read_some`, polling for up to `poll` first (see `NbdServerBuilder::busy_poll`).
-    /// Only a few threads of the process poll at once (half the CPUs, at least one): with
-    /// many connections at low queue depth, pollers would otherwise take the CPU time the
-    /// clients and the other connections' requests need.
+    /// Between two tries the poller yields its CPU: whatever else is runnable there (the
+    /// client, this connection's other requests) runs first, so polling only takes time
+    /// nobody else wanted. A pure spin took that time from them: at queue depth 16 it cost
+    /// ~10 % of the throughput, and at queue depth 1 it was slower than yielding whenever
+    /// client and poller shared a core (docs/benchmarks.md). Only a few threads of the
+    /// process poll at once (half the CPUs, at least one).
     fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
         if !poll.is_zero() && Poller::acquire() {
             let _slot = Poller;
@@ -67,7 +70,7 @@ impl AnyStream {
                 if start.elapsed() >= poll {
                     break;
                 }
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
         }
         self.read_some(buf)

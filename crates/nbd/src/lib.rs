@@ -456,8 +456,9 @@ impl NbdServerBuilder {
     /// How long the thread waiting for a connection's next request polls the socket
     /// before it sleeps in `read`. A request that arrives within this time is picked up
     /// without a wake-up (a futex, often an inter-processor interrupt, and on virtual
-    /// machines an exit), which is most of a queue-depth-1 round trip; the cost is at most
-    /// this much CPU time after each request. Default [`DEFAULT_BUSY_POLL`]; zero turns
+    /// machines an exit), which is most of a queue-depth-1 round trip. The poller yields
+    /// its CPU between tries, so it costs only time no other thread wanted, at most this
+    /// much after each request. Default [`DEFAULT_BUSY_POLL`]; zero turns
     /// polling off.
     pub fn busy_poll(mut self, poll: Duration) -> Self {
         self.busy_poll = poll;
