@@ -114,7 +114,7 @@ fn matches(seen: &Seen, state: &Option<State>) -> bool {
 type Op = Box<dyn Fn(Option<Box<dyn LuksHeader>>, &mut CrashDevice) -> cryptblk_format::Result<()>>;
 
 struct Case {
-    name: &'static str,
+    name: String,
     base: MemDevice,
     op: Op,
     old: Option<State>,
@@ -313,165 +313,138 @@ fn format_opts(luks2: bool) -> FormatOptions {
     o
 }
 
+impl Case {
+    /// A case with no intermediate state allowed and no label change.
+    fn new(
+        name: impl Into<String>,
+        base: &MemDevice,
+        op: Op,
+        old: Option<State>,
+        new: Option<State>,
+        untouched: &[u32],
+    ) -> Case {
+        Case {
+            name: name.into(),
+            base: base.clone(),
+            op,
+            old,
+            new,
+            between: None,
+            labels: None,
+            untouched: untouched.to_vec(),
+        }
+    }
+}
+
 fn cases(dir: &Path) -> Vec<Case> {
     let b2 = cryptsetup_base(&dir.join("l2"), false);
     let b1 = cryptsetup_base(&dir.join("l1"), true);
+    let fresh = MemDevice::new((1 << 20) + (64 << 10));
     let both: State = vec![(0, P0), (1, P1)];
-    let v = vec![
-        Case {
-            name: "luks2 format",
-            base: MemDevice::new((1 << 20) + (64 << 10)),
-            op: Box::new(|_, d| {
-                Luks2Header::format(d, &format_opts(true), &[7; 32], P0).map(|_| ())
-            }),
-            old: None,
-            new: Some(vec![(0, P0)]),
-            between: None,
-            labels: None,
-            untouched: vec![],
-        },
-        Case {
-            name: "luks2 add-key",
-            base: b2.clone(),
-            op: Box::new(|h, d| {
-                let mut h = h.unwrap();
-                let (_, vk) = unlocked_key(&*h, d, P0)?;
-                h.add_keyslot(d, &vk, P2, None, &fast_kdf()).map(|_| ())
-            }),
-            old: Some(both.clone()),
-            new: Some(vec![(0, P0), (1, P1), (2, P2)]),
-            between: None,
-            labels: None,
-            untouched: vec![0, 1],
-        },
-        Case {
-            name: "luks2 change-key",
-            base: b2.clone(),
-            op: Box::new(|h, d| {
+    let mut v = vec![
+        Case::new(
+            "luks2 format",
+            &fresh,
+            Box::new(|_, d| Luks2Header::format(d, &format_opts(true), &[7; 32], P0).map(|_| ())),
+            None,
+            Some(vec![(0, P0)]),
+            &[],
+        ),
+        Case::new(
+            "luks2 change-key",
+            &b2,
+            Box::new(|h, d| {
                 luks2_of(h)
                     .change_keyslot(d, P0, P2, None, None, &fast_kdf())
                     .map(|_| ())
             }),
-            old: Some(both.clone()),
-            new: Some(vec![(1, P1), (2, P2)]),
-            between: None,
-            labels: None,
-            untouched: vec![1],
-        },
-        Case {
-            name: "luks2 change-key in place",
-            base: b2.clone(),
-            op: Box::new(|h, d| {
+            Some(both.clone()),
+            Some(vec![(1, P1), (2, P2)]),
+            &[1],
+        ),
+        Case::new(
+            "luks2 change-key in place",
+            &b2,
+            Box::new(|h, d| {
                 luks2_of(h)
                     .change_keyslot(d, P0, P2, Some(0), Some(0), &fast_kdf())
                     .map(|_| ())
             }),
-            old: Some(both.clone()),
-            new: Some(vec![(0, P2), (1, P1)]),
-            between: None,
-            labels: None,
-            untouched: vec![1],
-        },
+            Some(both.clone()),
+            Some(vec![(0, P2), (1, P1)]),
+            &[1],
+        ),
         Case {
-            name: "luks2 remove-key",
-            base: b2.clone(),
-            op: Box::new(|h, d| {
-                let mut h = h.unwrap();
-                let (slot, _) = unlocked_key(&*h, d, P1)?;
-                h.kill_keyslot(d, slot)
-            }),
-            old: Some(both.clone()),
-            new: Some(vec![(0, P0)]),
-            between: None,
-            labels: None,
-            untouched: vec![0],
-        },
-        Case {
-            name: "luks2 kill-slot",
-            base: b2.clone(),
-            op: Box::new(|h, d| h.unwrap().kill_keyslot(d, 0)),
-            old: Some(both.clone()),
-            new: Some(vec![(1, P1)]),
-            between: None,
-            labels: None,
-            untouched: vec![1],
-        },
-        Case {
-            name: "luks2 label",
-            base: b2.clone(),
-            op: Box::new(|h, d| luks2_of(h).set_label(d, Some("crash-label"))),
-            old: Some(both.clone()),
-            new: Some(both.clone()),
-            between: None,
             labels: Some(("", "crash-label")),
-            untouched: vec![0, 1],
+            ..Case::new(
+                "luks2 label",
+                &b2,
+                Box::new(|h, d| luks2_of(h).set_label(d, Some("crash-label"))),
+                Some(both.clone()),
+                Some(both.clone()),
+                &[0, 1],
+            )
         },
+        Case::new(
+            "luks1 format",
+            &fresh,
+            Box::new(|_, d| Luks1Header::format(d, &format_opts(false), &[7; 16], P0).map(|_| ())),
+            None,
+            Some(vec![(0, P0)]),
+            &[],
+        ),
         Case {
-            name: "luks1 format",
-            base: MemDevice::new((1 << 20) + (64 << 10)),
-            op: Box::new(|_, d| {
-                Luks1Header::format(d, &format_opts(false), &[7; 16], P0).map(|_| ())
-            }),
-            old: None,
-            new: Some(vec![(0, P0)]),
-            between: None,
-            labels: None,
-            untouched: vec![],
+            between: Some(vec![(0, P0), (1, P1), (2, P2)]),
+            ..Case::new(
+                "luks1 change-key (add, then kill)",
+                &b1,
+                Box::new(|h, d| {
+                    let mut h = h.unwrap();
+                    let (old, vk) = unlocked_key(&*h, d, P0)?;
+                    h.add_keyslot(d, &vk, P2, None, &fast_kdf())?;
+                    h.kill_keyslot(d, old)
+                }),
+                Some(both.clone()),
+                Some(vec![(1, P1), (2, P2)]),
+                &[1],
+            )
         },
-        Case {
-            name: "luks1 add-key",
-            base: b1.clone(),
-            op: Box::new(|h, d| {
+    ];
+    // The keyslot operations both formats share, through the `LuksHeader` trait.
+    for (fmt, base) in [("luks2", &b2), ("luks1", &b1)] {
+        v.push(Case::new(
+            format!("{fmt} add-key"),
+            base,
+            Box::new(|h, d| {
                 let mut h = h.unwrap();
                 let (_, vk) = unlocked_key(&*h, d, P0)?;
                 h.add_keyslot(d, &vk, P2, None, &fast_kdf()).map(|_| ())
             }),
-            old: Some(both.clone()),
-            new: Some(vec![(0, P0), (1, P1), (2, P2)]),
-            between: None,
-            labels: None,
-            untouched: vec![0, 1],
-        },
-        Case {
-            name: "luks1 change-key (add, then kill)",
-            base: b1.clone(),
-            op: Box::new(|h, d| {
-                let mut h = h.unwrap();
-                let (old, vk) = unlocked_key(&*h, d, P0)?;
-                h.add_keyslot(d, &vk, P2, None, &fast_kdf())?;
-                h.kill_keyslot(d, old)
-            }),
-            old: Some(both.clone()),
-            new: Some(vec![(1, P1), (2, P2)]),
-            between: Some(vec![(0, P0), (1, P1), (2, P2)]),
-            labels: None,
-            untouched: vec![1],
-        },
-        Case {
-            name: "luks1 remove-key",
-            base: b1.clone(),
-            op: Box::new(|h, d| {
+            Some(both.clone()),
+            Some(vec![(0, P0), (1, P1), (2, P2)]),
+            &[0, 1],
+        ));
+        v.push(Case::new(
+            format!("{fmt} remove-key"),
+            base,
+            Box::new(|h, d| {
                 let mut h = h.unwrap();
                 let (slot, _) = unlocked_key(&*h, d, P1)?;
                 h.kill_keyslot(d, slot)
             }),
-            old: Some(both.clone()),
-            new: Some(vec![(0, P0)]),
-            between: None,
-            labels: None,
-            untouched: vec![0],
-        },
-        Case {
-            name: "luks1 kill-slot",
-            base: b1.clone(),
-            op: Box::new(|h, d| h.unwrap().kill_keyslot(d, 0)),
-            old: Some(both.clone()),
-            new: Some(vec![(1, P1)]),
-            between: None,
-            labels: None,
-            untouched: vec![1],
-        },
-    ];
+            Some(both.clone()),
+            Some(vec![(0, P0)]),
+            &[0],
+        ));
+        v.push(Case::new(
+            format!("{fmt} kill-slot"),
+            base,
+            Box::new(|h, d| h.unwrap().kill_keyslot(d, 0)),
+            Some(both.clone()),
+            Some(vec![(1, P1)]),
+            &[1],
+        ));
+    }
     v
 }
 
