@@ -14,7 +14,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{cryptsetup, image, key_file, try_cryptsetup};
+use common::{key_file, try_cryptsetup};
 use cryptblk_crypto::HashAlg;
 use cryptblk_format::load_header;
 use serde_json::{Value, json};
@@ -921,57 +921,21 @@ fn cryptblk_verdict(path: &Path, pass: &[u8]) -> (bool, bool, String) {
 }
 
 fn make_base(dir: &Path, luks1: bool) -> Vec<u8> {
-    let img = image(dir, if luks1 { "base1" } else { "base2" }, 2 << 20);
-    let k0 = key_file(dir, "k0", PASS0);
-    let k1 = key_file(dir, "k1", PASS1);
-    let (k0, k1, img_s) = (
-        k0.to_str().unwrap(),
-        k1.to_str().unwrap(),
-        img.to_str().unwrap(),
-    );
-    let common_args = [
-        "--batch-mode",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--hash",
-        "sha256",
-    ];
-    let mut args = vec!["luksFormat"];
-    args.extend(common_args);
-    if luks1 {
-        args.extend([
-            "--type",
-            "luks1",
-            "--cipher",
-            "aes-cbc-essiv:sha256",
-            "--key-size",
-            "128",
-        ]);
+    let layout: &[&str] = if luks1 {
+        &[]
     } else {
-        args.extend([
-            "--type",
-            "luks2",
-            "--cipher",
-            "aes-xts-plain64",
-            "--key-size",
-            "256",
+        &[
             "--luks2-metadata-size",
             "16k",
             "--luks2-keyslots-size",
             "256k",
             "--offset",
             "1024",
-        ]);
-    }
-    args.extend(["--key-file", k0, img_s]);
-    cryptsetup(&args);
-    let mut args = vec!["luksAddKey"];
-    args.extend(common_args);
-    args.extend(["--key-file", k0, "--new-keyfile", k1, img_s]);
-    cryptsetup(&args);
-    std::fs::read(&img).unwrap()
+        ]
+    };
+    let name = if luks1 { "base1" } else { "base2" };
+    let img = common::two_passphrase_volume(dir, name, 2 << 20, luks1, (PASS0, PASS1), layout);
+    std::fs::read(img).unwrap()
 }
 
 #[test]

@@ -26,7 +26,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{cryptsetup, image, key_file, test_passphrase};
+use common::{key_file, test_passphrase};
 use cryptblk_crypto::{CipherSpec, HashAlg, KdfRequest};
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
@@ -230,55 +230,20 @@ fn run_case(case: &Case, dir: &Path) -> (usize, usize) {
 
 /// A cryptsetup-made volume with `P0` in slot 0 and `P1` in slot 1.
 fn cryptsetup_base(dir: &Path, luks1: bool) -> MemDevice {
-    let path = image(dir, "base.img", (1 << 20) + (64 << 10));
-    let (k0, k1) = (key_file(dir, "k0", P0), key_file(dir, "k1", P1));
-    let (k0, k1, p) = (
-        k0.to_str().unwrap(),
-        k1.to_str().unwrap(),
-        path.to_str().unwrap(),
-    );
-    let kdf = [
-        "--batch-mode",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-    ];
-    let mut args = vec!["luksFormat"];
-    args.extend(kdf);
-    if luks1 {
-        args.extend([
-            "--type",
-            "luks1",
-            "--cipher",
-            "aes-cbc-essiv:sha256",
-            "--key-size",
-            "128",
-        ]);
-        args.extend(["--align-payload", "2048"]);
+    let layout: &[&str] = if luks1 {
+        &["--align-payload", "2048"]
     } else {
-        args.extend([
-            "--type",
-            "luks2",
-            "--cipher",
-            "aes-xts-plain64",
-            "--key-size",
-            "256",
-        ]);
-        args.extend([
+        &[
             "--luks2-metadata-size",
             "16k",
             "--luks2-keyslots-size",
             "512k",
-        ]);
-        args.extend(["--offset", "2048"]);
-    }
-    args.extend(["--key-file", k0, p]);
-    cryptsetup(&args);
-    let mut args = vec!["luksAddKey"];
-    args.extend(kdf);
-    args.extend(["--key-file", k0, "--new-keyfile", k1, p]);
-    cryptsetup(&args);
+            "--offset",
+            "2048",
+        ]
+    };
+    let size = (1 << 20) + (64 << 10);
+    let path = common::two_passphrase_volume(dir, "base.img", size, luks1, (P0, P1), layout);
     MemDevice {
         data: std::fs::read(&path).unwrap(),
     }

@@ -64,6 +64,53 @@ pub fn key_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
     p
 }
 
+/// A cryptsetup-made volume with `p0` in keyslot 0 and `p1` in keyslot 1 (PBKDF2-SHA256,
+/// 1000 iterations): LUKS1 aes-cbc-essiv:sha256 with a 128-bit key, or LUKS2
+/// aes-xts-plain64 with a 256-bit key. `layout` holds the test's extra `luksFormat`
+/// options (offsets, metadata sizes).
+pub fn two_passphrase_volume(
+    dir: &Path,
+    name: &str,
+    size: u64,
+    luks1: bool,
+    (p0, p1): (&[u8], &[u8]),
+    layout: &[&str],
+) -> PathBuf {
+    let img = image(dir, name, size);
+    let k0 = key_file(dir, &format!("{name}.k0"), p0);
+    let k1 = key_file(dir, &format!("{name}.k1"), p1);
+    let (k0, k1, img_s) = (
+        k0.to_str().unwrap(),
+        k1.to_str().unwrap(),
+        img.to_str().unwrap(),
+    );
+    let kdf = [
+        "--batch-mode",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--hash",
+        "sha256",
+    ];
+    let (kind, cipher, key_size) = if luks1 {
+        ("luks1", "aes-cbc-essiv:sha256", "128")
+    } else {
+        ("luks2", "aes-xts-plain64", "256")
+    };
+    let mut args = vec!["luksFormat"];
+    args.extend(kdf);
+    args.extend(["--type", kind, "--cipher", cipher, "--key-size", key_size]);
+    args.extend(layout);
+    args.extend(["--key-file", k0, img_s]);
+    cryptsetup(&args);
+    let mut args = vec!["luksAddKey"];
+    args.extend(kdf);
+    args.extend(["--key-file", k0, "--new-keyfile", k1, img_s]);
+    cryptsetup(&args);
+    img
+}
+
 /// Opens an image read-write for the code under test.
 pub fn open_rw(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()
