@@ -60,8 +60,9 @@ impl AnyStream {
     /// client and poller shared a core (docs/benchmarks.md). Only a few threads of the
     /// process poll at once (half the CPUs, at least one).
     fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
-        if !poll.is_zero() && Poller::acquire() {
-            let _slot = Poller;
+        if !poll.is_zero()
+            && let Some(_slot) = Poller::acquire()
+        {
             let start = Instant::now();
             loop {
                 if let Some(n) = self.try_read(buf)? {
@@ -112,16 +113,16 @@ static POLLERS: AtomicUsize = AtomicUsize::new(0);
 struct Poller;
 
 impl Poller {
-    fn acquire() -> bool {
+    fn acquire() -> Option<Poller> {
         static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         let max = *MAX.get_or_init(|| {
             std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
         });
         if POLLERS.fetch_add(1, Relaxed) < max {
-            true
+            Some(Poller)
         } else {
             POLLERS.fetch_sub(1, Relaxed);
-            false
+            None
         }
     }
 }
@@ -539,6 +540,14 @@ fn transmission(
 type Outcome = Result<usize, (u32, &'static str)>;
 
 impl Conn<'_> {
+    /// Notes that the device has been written (flushed at disconnect). Loads first so that
+    /// the threads of a busy connection do not keep writing the same cache line.
+    fn mark_dirty(&self) {
+        if !self.dirty.load(Relaxed) {
+            self.dirty.store(true, Relaxed);
+        }
+    }
+
     fn hang_up(&self) {
         self.closing.store(true, Relaxed);
         self.stream.shutdown(Shutdown::Both);
@@ -787,7 +796,7 @@ impl Conn<'_> {
                 Ok(n)
             }
             CMD_WRITE => {
-                self.dirty.store(true, Relaxed);
+                self.mark_dirty();
                 // The payload buffer is this thread's own: let the device encrypt in place.
                 e.device
                     .write_at_mut(&mut buf[HEADROOM..HEADROOM + n], req.offset, fua)
@@ -797,7 +806,7 @@ impl Conn<'_> {
                 Ok(0)
             }
             CMD_TRIM => {
-                self.dirty.store(true, Relaxed);
+                self.mark_dirty();
                 match e.device.discard(req.offset, len) {
                     // TRIM is only a hint.
                     Err(err) if err.kind() == io::ErrorKind::Unsupported => {}
@@ -811,7 +820,7 @@ impl Conn<'_> {
                 Ok(0)
             }
             _ => {
-                self.dirty.store(true, Relaxed);
+                self.mark_dirty();
                 let may_unmap = req.flags & CMD_FLAG_NO_HOLE == 0;
                 e.device
                     .write_zeroes(req.offset, len, may_unmap)

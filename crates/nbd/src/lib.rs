@@ -96,6 +96,8 @@ struct PoolState {
     allocated: usize,
     peak: usize,
     waits: u64,
+    /// Threads blocked in `take` right now (a return wakes them only if there are any).
+    waiting: usize,
     free: Vec<Vec<u8>>,
 }
 
@@ -141,7 +143,9 @@ impl BufferPool {
                 waited = true;
                 st.waits += 1;
             }
+            st.waiting += 1;
             st = self.returned.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
         }
     }
 
@@ -157,8 +161,12 @@ impl BufferPool {
     }
 
     pub(crate) fn give(&self, buf: Vec<u8>) {
-        lock(&self.state).free.push(buf);
-        self.returned.notify_all();
+        let mut st = lock(&self.state);
+        st.free.push(buf);
+        // Skips the futex call of every large request when nobody waits.
+        if st.waiting > 0 {
+            self.returned.notify_all();
+        }
     }
 }
 
