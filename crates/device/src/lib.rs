@@ -2,6 +2,9 @@
 
 use std::io;
 
+pub mod errno;
+pub use errno::errno_of;
+
 /// A byte-addressed block device shared by the threads of a frontend.
 ///
 /// Offsets and lengths handed in are multiples of [`BlockDevice::block_size`] unless the

@@ -263,16 +263,7 @@ thread_local! {
 }
 
 fn errno_of(e: &io::Error) -> Errno {
-    match e.raw_os_error() {
-        Some(n) => Errno::from_i32(n),
-        None => match e.kind() {
-            io::ErrorKind::InvalidInput => Errno::EINVAL,
-            io::ErrorKind::Unsupported => Errno::EOPNOTSUPP,
-            io::ErrorKind::PermissionDenied => Errno::EPERM,
-            io::ErrorKind::StorageFull => Errno::ENOSPC,
-            _ => Errno::EIO,
-        },
-    }
+    Errno::from_i32(cryptblk_device::errno_of(e))
 }
 
 impl VolumeFs {

@@ -224,25 +224,14 @@ pub fn option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
-/// Maps a backend error to the NBD error value sent to the client.
+/// Maps a backend error to the NBD error value sent to the client (NBD carries only a few).
 pub fn errno_of(e: &io::Error) -> u32 {
-    // Raw OS errors first (Linux values): the backend may be a file or a block device.
-    if let Some(code) = e.raw_os_error() {
-        match code {
-            1 | 13 | 30 => return EPERM,    // EPERM, EACCES, EROFS
-            12 => return ENOMEM,            // ENOMEM
-            22 => return EINVAL,            // EINVAL
-            27 | 28 | 122 => return ENOSPC, // EFBIG, ENOSPC, EDQUOT
-            _ => {}
-        }
-    }
-    match e.kind() {
-        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => EPERM,
-        io::ErrorKind::InvalidInput => EINVAL,
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge => {
-            ENOSPC
-        }
-        io::ErrorKind::OutOfMemory => ENOMEM,
+    use cryptblk_device::errno as linux;
+    match cryptblk_device::errno_of(e) {
+        linux::EPERM | linux::EACCES | linux::EROFS => EPERM,
+        linux::ENOMEM => ENOMEM,
+        linux::EINVAL => EINVAL,
+        linux::EFBIG | linux::ENOSPC | linux::EDQUOT => ENOSPC,
         _ => EIO,
     }
 }

@@ -2,7 +2,7 @@
 //! and serves each one itself, inline, in the request's own buffer (no hand-off).
 
 use crate::sys::{self, IoCmd, IoDesc};
-use cryptblk_device::BlockDevice;
+use cryptblk_device::{BlockDevice, errno_of};
 use io_uring::{IoUring, opcode, types};
 use std::fs::File;
 use std::io;
@@ -61,19 +61,6 @@ pub fn handle_request(dev: &dyn BlockDevice, iod: &IoDesc, buf: &mut [u8]) -> i3
         _ => return -libc::EOPNOTSUPP,
     };
     r.unwrap_or_else(|e| -errno_of(&e))
-}
-
-fn errno_of(e: &io::Error) -> i32 {
-    if let Some(n) = e.raw_os_error() {
-        return n;
-    }
-    match e.kind() {
-        io::ErrorKind::InvalidInput => libc::EINVAL,
-        io::ErrorKind::Unsupported => libc::EOPNOTSUPP,
-        io::ErrorKind::PermissionDenied => libc::EROFS,
-        io::ErrorKind::OutOfMemory => libc::ENOMEM,
-        _ => libc::EIO,
-    }
 }
 
 fn page_size() -> usize {
