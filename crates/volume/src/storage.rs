@@ -88,7 +88,8 @@ impl FileStorage {
         let st = statx(&self.file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN)
             .map_err(io::Error::from)?;
         let (mem, off) = (st.stx_dio_mem_align, st.stx_dio_offset_align);
-        if StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::DIOALIGN) && off == 0 {
+        let reported = StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::DIOALIGN);
+        if reported && off == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "this file system does not support O_DIRECT",
@@ -104,7 +105,10 @@ impl FileStorage {
         }
         let flags = fcntl_getfl(&self.file).map_err(io::Error::from)?;
         fcntl_setfl(&self.file, flags | OFlags::DIRECT).map_err(io::Error::from)?;
-        self.direct_mem_align = Some((mem.max(512)) as usize);
+        // The kernel's own figure when it gives one (often 4 bytes on NVMe, so frontend
+        // buffers need no bounce); 512, the historical rule, when it does not.
+        let mem = if reported && mem > 0 { mem } else { 512 };
+        self.direct_mem_align = Some(mem as usize);
         Ok(self)
     }
 
