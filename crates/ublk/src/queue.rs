@@ -43,13 +43,11 @@ pub fn handle_request(dev: &dyn BlockDevice, iod: &IoDesc, buf: &mut [u8]) -> i3
         // A flush carries no range (its start sector is not meaningful).
         return dev.flush().map_or_else(|e| -errno_of(&e), |_| 0);
     }
-    let off = match iod.start_sector.checked_mul(512) {
-        Some(o) => o,
-        None => return -libc::EINVAL,
+    let (off, len) = match byte_range(iod, buf.len()) {
+        Ok(r) => r,
+        Err(errno) => return errno,
     };
-    let len = iod.nr_sectors as usize * 512;
     let r = match iod.op() {
-        sys::IO_OP_READ | sys::IO_OP_WRITE if len > buf.len() => return -libc::EINVAL,
         sys::IO_OP_READ => dev.read_at(&mut buf[..len], off).map(|_| len as i32),
         sys::IO_OP_WRITE => dev
             .write_at_mut(&mut buf[..len], off, iod.flags() & sys::IO_F_FUA != 0)
@@ -61,6 +59,17 @@ pub fn handle_request(dev: &dyn BlockDevice, iod: &IoDesc, buf: &mut [u8]) -> i3
         _ => return -libc::EOPNOTSUPP,
     };
     r.unwrap_or_else(|e| -errno_of(&e))
+}
+
+/// The byte offset and length of a request other than a flush, or the negative errno
+/// refusing it (a start beyond 2^64 bytes, data larger than the request's buffer).
+fn byte_range(iod: &IoDesc, buf_len: usize) -> Result<(u64, usize), i32> {
+    let off = iod.start_sector.checked_mul(512).ok_or(-libc::EINVAL)?;
+    let len = iod.nr_sectors as usize * 512;
+    if matches!(iod.op(), sys::IO_OP_READ | sys::IO_OP_WRITE) && len > buf_len {
+        return Err(-libc::EINVAL);
+    }
+    Ok((off, len))
 }
 
 fn page_size() -> usize {
@@ -222,30 +231,30 @@ impl Queue {
         let Some(split) = dev.split_io().filter(|_| uring) else {
             return Some(handle_request(&*dev, &iod, buf));
         };
-        let len = iod.nr_sectors as usize * 512;
-        let off = match iod.start_sector.checked_mul(512) {
-            Some(o) => o,
-            None if iod.op() == sys::IO_OP_FLUSH => 0,
-            None => return Some(-libc::EINVAL),
-        };
-        let step = match iod.op() {
-            sys::IO_OP_FLUSH => Step::Sync,
-            sys::IO_OP_READ | sys::IO_OP_WRITE if len > buf.len() => return Some(-libc::EINVAL),
-            sys::IO_OP_READ => match split.map(off, len as u64, false) {
-                Ok(_) => Step::Read,
-                Err(e) => return Some(-errno_of(&e)),
-            },
-            sys::IO_OP_WRITE => {
-                // The crypto, inline, in the request's own buffer: one call.
-                match split
-                    .map(off, len as u64, true)
-                    .and_then(|_| split.seal(off, &mut buf[..len]))
-                {
-                    Ok(()) => Step::Write,
+        let step = if iod.op() == sys::IO_OP_FLUSH {
+            Step::Sync
+        } else {
+            let (off, len) = match byte_range(&iod, buf.len()) {
+                Ok(r) => r,
+                Err(errno) => return Some(errno),
+            };
+            match iod.op() {
+                sys::IO_OP_READ => match split.map(off, len as u64, false) {
+                    Ok(_) => Step::Read,
                     Err(e) => return Some(-errno_of(&e)),
+                },
+                sys::IO_OP_WRITE => {
+                    // The crypto, inline, in the request's own buffer: one call.
+                    match split
+                        .map(off, len as u64, true)
+                        .and_then(|_| split.seal(off, &mut buf[..len]))
+                    {
+                        Ok(()) => Step::Write,
+                        Err(e) => return Some(-errno_of(&e)),
+                    }
                 }
+                _ => return Some(handle_request(&*dev, &iod, buf)),
             }
-            _ => return Some(handle_request(&*dev, &iod, buf)),
         };
         self.pending[tag as usize] = Pending { iod, done: 0 };
         self.submit_storage(tag, step);
