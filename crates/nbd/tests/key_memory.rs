@@ -11,10 +11,10 @@ mod common;
 use std::sync::Arc;
 use std::thread;
 
-use common::{Client, wait_for_socket};
-use cryptblk_crypto::{CipherSpec, IvOptions, SecretBytes};
+use common::{Client, Serving, xts_4096_params};
+use cryptblk_crypto::SecretBytes;
 use cryptblk_nbd::NbdServer;
-use cryptblk_volume::{MemStorage, VolumeParams, volume_from_key};
+use cryptblk_volume::{MemStorage, volume_from_key};
 
 const MASK: u8 = 0xA5;
 /// The 512-bit XTS volume key, XOR-masked with MASK.
@@ -121,33 +121,17 @@ fn no_copy_of_the_volume_key_survives_the_volume() {
         *k = m ^ MASK;
     }
     let size = 8u64 << 20;
-    let params = VolumeParams {
-        cipher: CipherSpec::parse("aes-xts-plain64").unwrap(),
-        sector_size: 4096,
-        iv: IvOptions {
-            large_sectors: true,
-            offset: 0,
-        },
-        data_offset: 0,
-        data_length: None,
-        read_only: false,
-        allow_discards: false,
-    };
+    let params = xts_4096_params(0);
     let vol = volume_from_key(Box::new(MemStorage::new(size)), &key, &params).unwrap();
     drop(key);
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nbd.sock");
-    let srv = Arc::new(
+    let srv = Serving::start(
         NbdServer::builder()
             .export("v", Arc::new(vol))
             .build()
             .unwrap(),
     );
-    let handle = srv.shutdown_handle();
-    let (s2, p2) = (srv.clone(), path.clone());
-    let serving = thread::spawn(move || s2.serve_unix(&p2));
-    wait_for_socket(&path);
+    let path = srv.path.clone();
     let clients: Vec<_> = (0..3u8)
         .map(|k| {
             let path = path.clone();
@@ -180,10 +164,7 @@ fn no_copy_of_the_volume_key_survives_the_volume() {
     for c in clients {
         c.disconnect();
     }
-    handle.shutdown();
-    serving.join().unwrap().unwrap();
-    drop(handle);
-    drop(srv); // with the handle, the last references to the volume
+    drop(srv.stop()); // the handle held the last references to the volume
     let after = scan();
     assert!(
         after.is_empty(),

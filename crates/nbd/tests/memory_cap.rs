@@ -8,7 +8,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::thread;
 
-use common::{Client, wait_for_socket};
+use common::{Client, Serving};
 use cryptblk_device::{BlockDevice, MemoryDevice};
 use cryptblk_nbd::proto::*;
 use cryptblk_nbd::{MIN_MAX_BUFFER_BYTES, NbdServer};
@@ -43,9 +43,7 @@ fn many_clients_with_max_size_requests_stay_under_the_buffer_cap() {
         .unwrap();
     let payload: Arc<Vec<u8>> = Arc::new((0..MAX).map(|i| (i / 4096) as u8 ^ 0xa5).collect());
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nbd.sock");
-    let srv = Arc::new(
+    let srv = Serving::start(
         NbdServer::builder()
             .export("disk", dev.clone())
             .threads_per_connection(THREADS)
@@ -53,10 +51,7 @@ fn many_clients_with_max_size_requests_stay_under_the_buffer_cap() {
             .build()
             .unwrap(),
     );
-    let handle = srv.shutdown_handle();
-    let (s2, p2) = (srv.clone(), path.clone());
-    let serving = thread::spawn(move || s2.serve_unix(&p2));
-    wait_for_socket(&path);
+    let path = srv.path.clone();
     let (base_rss, _) = rss();
 
     // Every client pipelines THREADS maximum-size writes, then THREADS maximum-size reads:
@@ -100,9 +95,8 @@ fn many_clients_with_max_size_requests_stay_under_the_buffer_cap() {
         c.join().unwrap();
     }
     let (_, peak_rss) = rss();
-    let st = handle.stats();
-    handle.shutdown();
-    serving.join().unwrap().unwrap();
+    let st = srv.handle.stats();
+    let handle = srv.stop();
     assert_eq!(
         handle.stats().buffer_bytes,
         0,

@@ -6,12 +6,10 @@ mod common;
 use std::io;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::thread;
 
-use common::{Client, wait_for_socket};
-use cryptblk_crypto::{CipherSpec, IvOptions};
+use common::{Client, Serving, xts_4096_params};
 use cryptblk_nbd::NbdServer;
-use cryptblk_volume::{MemStorage, Storage, VolumeParams, volume_from_key};
+use cryptblk_volume::{MemStorage, Storage, volume_from_key};
 
 const EIO: u32 = 5;
 const DATA_OFFSET: u64 = 1 << 20;
@@ -82,32 +80,16 @@ fn eio_from_the_storage_reaches_the_client_and_the_server_keeps_serving() {
         bad_writes: Mutex::new(Vec::new()),
         bad_sync: Mutex::new(false),
     });
-    let params = VolumeParams {
-        cipher: CipherSpec::parse("aes-xts-plain64").unwrap(),
-        sector_size: 4096,
-        iv: IvOptions {
-            large_sectors: true,
-            offset: 0,
-        },
-        data_offset: DATA_OFFSET,
-        data_length: None,
-        read_only: false,
-        allow_discards: false,
-    };
+    let params = xts_4096_params(DATA_OFFSET);
     let key: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5c).collect();
     let vol = volume_from_key(Box::new(Shared(faulty.clone())), &key, &params).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nbd.sock");
-    let srv = Arc::new(
+    let srv = Serving::start(
         NbdServer::builder()
             .export("v", Arc::new(vol))
             .build()
             .unwrap(),
     );
-    let handle = srv.shutdown_handle();
-    let (s2, p2) = (srv.clone(), path.clone());
-    let serving = thread::spawn(move || s2.serve_unix(&p2));
-    wait_for_socket(&path);
+    let path = srv.path.clone();
 
     let mut c = Client::connect(&path);
     assert_eq!(c.size, size);
@@ -154,12 +136,11 @@ fn eio_from_the_storage_reaches_the_client_and_the_server_keeps_serving() {
     let b = bad.start as usize;
     assert!(c.read(bad.start, 8192).unwrap() == good[b..b + 8192]);
 
-    let st = handle.stats();
+    let st = srv.handle.stats();
     assert_eq!(st.errors, 7, "{st:?}");
     assert_eq!(st.protocol_errors, 0);
     assert_eq!(st.connections_active, 2);
     c.disconnect();
     other.disconnect();
-    handle.shutdown();
-    serving.join().unwrap().unwrap();
+    srv.stop();
 }

@@ -3,12 +3,66 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cryptblk_crypto::{CipherSpec, IvOptions};
 use cryptblk_nbd::proto::*;
+use cryptblk_nbd::{NbdServer, ShutdownHandle};
+use cryptblk_volume::VolumeParams;
+
+/// A server on a unix socket in a temporary directory, serving on a thread of its own.
+pub struct Serving {
+    pub path: PathBuf,
+    pub handle: ShutdownHandle,
+    thread: JoinHandle<io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Serving {
+    pub fn start(server: NbdServer) -> Serving {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        let handle = server.shutdown_handle();
+        let p = path.clone();
+        let thread = std::thread::spawn(move || server.serve_unix(&p));
+        wait_for_socket(&path);
+        Serving {
+            path,
+            handle,
+            thread,
+            _dir: dir,
+        }
+    }
+
+    /// Shuts the server down, waits for it to return (it must succeed), and hands back
+    /// the handle (its stats stay readable; it holds the last references to the exports).
+    pub fn stop(self) -> ShutdownHandle {
+        self.handle.shutdown();
+        self.thread.join().unwrap().unwrap();
+        self.handle
+    }
+}
+
+/// aes-xts-plain64 on 4096-byte sectors (IVs counted in 4096-byte units), read-write, no
+/// discards: the data path's common case.
+pub fn xts_4096_params(data_offset: u64) -> VolumeParams {
+    VolumeParams {
+        cipher: CipherSpec::parse("aes-xts-plain64").unwrap(),
+        sector_size: 4096,
+        iv: IvOptions {
+            large_sectors: true,
+            offset: 0,
+        },
+        data_offset,
+        data_length: None,
+        read_only: false,
+        allow_discards: false,
+    }
+}
 
 pub struct Client {
     pub s: UnixStream,
