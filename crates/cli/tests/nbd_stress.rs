@@ -4,9 +4,9 @@
 
 mod common;
 
+use common::nbd::{CMD_READ, CMD_WRITE, NbdClient};
 use common::{bin, ok, run_in, tool};
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::Path;
 use std::process::Output;
 
@@ -14,95 +14,40 @@ fn run(cmd: &str, args: &[&str]) -> Output {
     run_in(cmd, args, b"")
 }
 
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
-const CMD_DISC: u16 = 2;
-const CMD_FLUSH: u16 = 3;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 const ENOSPC: u32 = 28;
 
-/// Oldstyle-free minimal client: fixed newstyle, NBD_OPT_EXPORT_NAME, simple replies,
-/// one request at a time.
-struct Client {
-    s: UnixStream,
-    size: u64,
-    cookie: u64,
-}
+/// The shared test client, with a failed connection a panic and a reply its NBD error code.
+struct Client(NbdClient);
 
 impl Client {
     fn connect(sock: &str, export: &str) -> Client {
-        let mut s = UnixStream::connect(sock).unwrap();
-        let mut hello = [0u8; 18];
-        s.read_exact(&mut hello).unwrap();
-        assert_eq!(&hello[..8], b"NBDMAGIC");
-        // FIXED_NEWSTYLE | NO_ZEROES
-        s.write_all(&3u32.to_be_bytes()).unwrap();
-        let mut opt = Vec::new();
-        opt.extend_from_slice(b"IHAVEOPT");
-        opt.extend_from_slice(&1u32.to_be_bytes()); // EXPORT_NAME
-        opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
-        opt.extend_from_slice(export.as_bytes());
-        s.write_all(&opt).unwrap();
-        let mut info = [0u8; 10];
-        s.read_exact(&mut info).unwrap();
-        let size = u64::from_be_bytes(info[..8].try_into().unwrap());
-        Client { s, size, cookie: 0 }
+        Client(NbdClient::connect(sock, export).unwrap())
     }
-
-    fn header(&mut self, typ: u16, offset: u64, len: u32) -> Vec<u8> {
-        self.cookie += 1;
-        let mut h = Vec::with_capacity(28);
-        h.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        h.extend_from_slice(&0u16.to_be_bytes());
-        h.extend_from_slice(&typ.to_be_bytes());
-        h.extend_from_slice(&self.cookie.to_be_bytes());
-        h.extend_from_slice(&offset.to_be_bytes());
-        h.extend_from_slice(&len.to_be_bytes());
-        h
-    }
-
-    /// Reads a simple reply to the last request: the NBD error code.
-    fn reply(&mut self) -> u32 {
-        let mut r = [0u8; 16];
-        self.s.read_exact(&mut r).unwrap();
-        assert_eq!(
-            u32::from_be_bytes(r[..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC
-        );
-        assert_eq!(u64::from_be_bytes(r[8..].try_into().unwrap()), self.cookie);
-        u32::from_be_bytes(r[4..8].try_into().unwrap())
-    }
-
     fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
-        let mut req = self.header(CMD_WRITE, offset, data.len() as u32);
-        req.extend_from_slice(data);
-        self.s.write_all(&req).unwrap();
-        self.reply()
+        self.0.write(offset, data).unwrap().err().unwrap_or(0)
     }
-
     fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, u32> {
-        let h = self.header(CMD_READ, offset, len as u32);
-        self.s.write_all(&h).unwrap();
-        match self.reply() {
-            0 => {
-                let mut buf = vec![0u8; len];
-                self.s.read_exact(&mut buf).unwrap();
-                Ok(buf)
-            }
-            e => Err(e),
-        }
+        self.0.read(offset, len).unwrap()
     }
-
     fn flush(&mut self) -> u32 {
-        let h = self.header(CMD_FLUSH, 0, 0);
-        self.s.write_all(&h).unwrap();
-        self.reply()
+        self.0.flush().unwrap().err().unwrap_or(0)
     }
+    fn disconnect(self) {
+        self.0.disconnect()
+    }
+}
 
-    fn disconnect(mut self) {
-        let h = self.header(CMD_DISC, 0, 0);
-        let _ = self.s.write_all(&h);
+/// For the tests that send parts of requests by hand (`header`, `s`) and read `size`.
+impl std::ops::Deref for Client {
+    type Target = NbdClient;
+    fn deref(&self) -> &NbdClient {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut NbdClient {
+        &mut self.0
     }
 }
 

@@ -5,15 +5,16 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
-const CMD_DISC: u16 = 2;
-const CMD_FLUSH: u16 = 3;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
+pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 
 pub struct NbdClient {
-    s: UnixStream,
+    /// The connection, for tests that send (parts of) requests by hand.
+    pub s: UnixStream,
     pub size: u64,
     cookie: u64,
 }
@@ -42,15 +43,21 @@ impl NbdClient {
         Ok(NbdClient { s, size, cookie: 0 })
     }
 
-    fn request(&mut self, typ: u16, offset: u64, len: u32, payload: &[u8]) -> io::Result<u32> {
+    /// The header of the next request (a new cookie), for sending by hand or with a payload.
+    pub fn header(&mut self, typ: u16, offset: u64, len: u32) -> Vec<u8> {
         self.cookie += 1;
-        let mut h = Vec::with_capacity(28 + payload.len());
+        let mut h = Vec::with_capacity(28);
         h.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
         h.extend_from_slice(&0u16.to_be_bytes());
         h.extend_from_slice(&typ.to_be_bytes());
         h.extend_from_slice(&self.cookie.to_be_bytes());
         h.extend_from_slice(&offset.to_be_bytes());
         h.extend_from_slice(&len.to_be_bytes());
+        h
+    }
+
+    fn request(&mut self, typ: u16, offset: u64, len: u32, payload: &[u8]) -> io::Result<u32> {
+        let mut h = self.header(typ, offset, len);
         h.extend_from_slice(payload);
         self.s.write_all(&h)?;
         let mut r = [0u8; 16];
@@ -91,13 +98,7 @@ impl NbdClient {
     }
 
     pub fn disconnect(mut self) {
-        self.cookie += 1;
-        let mut h = Vec::with_capacity(28);
-        h.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        h.extend_from_slice(&0u16.to_be_bytes());
-        h.extend_from_slice(&CMD_DISC.to_be_bytes());
-        h.extend_from_slice(&self.cookie.to_be_bytes());
-        h.extend_from_slice(&[0u8; 12]);
+        let h = self.header(CMD_DISC, 0, 0);
         let _ = self.s.write_all(&h);
     }
 }
