@@ -519,16 +519,48 @@ pub fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
     }
 }
 
+/// Largest header a backup takes: LUKS2's largest metadata (2 x 4 MiB) plus its largest
+/// keyslots area (128 MiB), which also bounds every LUKS1 layout cryptsetup makes.
+const MAX_HEADER_BACKUP: u64 = (8 << 20) + (128 << 20);
+
 pub fn header_backup(_ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     let mut dev = open_header(&a.device, &a.header, false)?;
-    let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
-    let mut buf = vec![0u8; hdr.header_size() as usize];
-    dev.read_at(&mut buf, 0).map_err(|e| io_err(&a.device, e))?;
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&a.header_backup_file)
-        .map_err(|e| io_err(&a.header_backup_file, e))?;
+    let hpath = header_path(&a.device, &a.header).to_path_buf();
+    let hdr = load(&mut dev, &hpath)?;
+    // The header says how large it is; a hostile one may claim terabytes. It cannot be
+    // larger than the device it sits on, nor than any header cryptsetup writes.
+    let size = hdr.header_size();
+    let have = HeaderDevice::size(&mut dev).map_err(|e| io_err(&hpath, e))?;
+    if size > have || size > MAX_HEADER_BACKUP {
+        return Err(CliError::usage(format!(
+            "{}: the header claims {size} bytes of header and keyslots, more than {}; refusing to back it up",
+            hpath.display(),
+            if size > have {
+                format!("the device's {have} bytes")
+            } else {
+                format!("any valid header ({MAX_HEADER_BACKUP} bytes)")
+            }
+        )));
+    }
+    let mut buf = vec![0u8; size as usize];
+    dev.read_at(&mut buf, 0).map_err(|e| io_err(&hpath, e))?;
+    // Keyslots allow an offline attack on the passphrase: owner-read-only, as cryptsetup
+    // writes it, whatever the umask; never through a link.
+    let mut out = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&a.header_backup_file)
+            .map_err(|e| io_err(&a.header_backup_file, e))?
+    };
+    {
+        use std::os::unix::fs::PermissionsExt;
+        out.set_permissions(std::fs::Permissions::from_mode(0o400))
+            .map_err(|e| io_err(&a.header_backup_file, e))?;
+    }
     std::io::Write::write_all(&mut out, &buf)
         .and_then(|_| out.sync_all())
         .map_err(|e| io_err(&a.header_backup_file, e))?;

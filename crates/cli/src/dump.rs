@@ -73,7 +73,7 @@ pub fn header_json(h: &dyn LuksHeader) -> Value {
     })
 }
 
-pub fn dump(_ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
+pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     let path = a
         .header
         .header
@@ -83,6 +83,13 @@ pub fn dump(_ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     let mut dev = open_header(&a.device, &a.header, false)?;
     let hdr = load(&mut dev, &path)?;
     let volume_key = if a.dump_volume_key {
+        // cryptsetup's question, before the passphrase is even asked for.
+        crate::passphrase::confirm(
+            ctx.batch,
+            "Header dump with volume key is sensitive information\n\
+             that allows access to encrypted partition without a passphrase.\n\
+             This dump should be stored encrypted in a safe place.",
+        )?;
         let pass = crate::passphrase::get_passphrase(
             &a.key.source(),
             &format!("Enter passphrase for {}: ", a.device.display()),

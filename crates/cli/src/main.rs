@@ -7,6 +7,7 @@ mod commands;
 mod dump;
 mod error;
 mod passphrase;
+mod rundir;
 mod serve;
 mod transfer;
 mod ublk;
@@ -132,6 +133,13 @@ fn main() {
         batch: cli.batch_mode,
         verbose: cli.verbose,
     };
+    // Every command that can hold a passphrase or a volume key (all but the benchmark
+    // harness, which must be able to trace its peers) is neither dumpable nor ptraceable
+    // by other processes of the same user. execve resets the flag, so a `--daemon` child
+    // sets it again itself.
+    if !matches!(cli.command, Command::Bench(_)) {
+        serve::set_not_dumpable();
+    }
     let result = match cli.command {
         Command::Format(a) => commands::format(&ctx, a),
         Command::Dump(a) => dump::dump(&ctx, a),

@@ -20,39 +20,82 @@ pub struct KeySource {
 }
 
 /// Reads a key file (`-` = standard input): `size` bytes after `offset`, or all of it.
+/// The skipped bytes are seeked over (a regular file) or read and wiped in small pieces
+/// (a pipe), never held whole.
 pub fn read_key_file(path: &Path, offset: u64, size: Option<usize>) -> CliResult<SecretBytes> {
-    let limit = size.unwrap_or(KEYFILE_MAX) as u64 + offset;
+    if size.is_some_and(|n| n > KEYFILE_MAX) {
+        return Err(CliError::usage(format!(
+            "--keyfile-size is larger than the maximum of {KEYFILE_MAX} bytes"
+        )));
+    }
+    let limit = size.unwrap_or(KEYFILE_MAX);
     let mut file = if path == Path::new("-") {
         unbuffered_stdin().map_err(|e| io_err(path, e))?
     } else {
         std::fs::File::open(path).map_err(|e| io_err(path, e))?
     };
-    let mut raw = read_secret(&mut file, (limit + 1) as usize).map_err(|e| io_err(path, e))?;
-    let start = (offset as usize).min(raw.len());
-    let avail = &mut raw[start..];
+    skip_bytes(&mut file, offset).map_err(|e| io_err(path, e))?;
+    let raw = read_secret(&mut file, limit + 1).map_err(|e| io_err(path, e))?;
     let key = match size {
-        Some(n) if avail.len() < n => {
+        Some(n) if raw.len() < n => {
             return Err(CliError::usage(format!(
-                "key file {} is shorter than the requested {n} bytes",
+                "key file {} is shorter than the requested {n} bytes after offset {offset}",
                 path.display()
             )));
         }
-        Some(n) => SecretBytes::from_slice(&avail[..n]),
-        None if avail.len() as u64 > KEYFILE_MAX as u64 => {
+        Some(n) => SecretBytes::from_slice(&raw[..n]),
+        None if raw.len() > KEYFILE_MAX => {
             return Err(CliError::usage(format!(
                 "key file {} is larger than {KEYFILE_MAX} bytes (use --keyfile-size)",
                 path.display()
             )));
         }
-        None => SecretBytes::from_slice(avail),
+        None => raw,
     };
     if key.is_empty() {
         return Err(CliError::usage(format!(
-            "key file {} is empty",
-            path.display()
+            "key file {} is empty{}",
+            path.display(),
+            if offset > 0 {
+                format!(" after offset {offset}")
+            } else {
+                String::new()
+            }
         )));
     }
     Ok(key)
+}
+
+/// Moves past the first `n` bytes: a seek where the file allows it, else reads into a
+/// small locked buffer that is wiped when dropped.
+fn skip_bytes(f: &mut std::fs::File, n: u64) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    if n == 0 {
+        return Ok(());
+    }
+    if f.metadata()?.is_file() {
+        f.seek(SeekFrom::Start(n))?;
+        return Ok(());
+    }
+    let mut scratch = SecretBytes::zeroed(4096);
+    let mut left = n;
+    while left > 0 {
+        let want = left.min(scratch.len() as u64) as usize;
+        match f.read(&mut scratch[..want]) {
+            Ok(0) => break, // shorter than the offset: the caller finds nothing after it
+            Ok(k) => left -= k as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Everything on standard input, up to `limit` bytes, into locked memory (what `--daemon`
+/// hands its child when the key file is `-`).
+pub fn read_stdin_raw(limit: usize) -> CliResult<SecretBytes> {
+    let mut stdin = unbuffered_stdin().map_err(|e| io_err(Path::new("-"), e))?;
+    read_secret(&mut stdin, limit).map_err(|e| io_err(Path::new("-"), e))
 }
 
 /// One line of standard input without its newline (how cryptsetup reads a piped passphrase).

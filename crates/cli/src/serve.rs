@@ -1,10 +1,12 @@
 //! `open` / `close` / `status` / `list`: serve an unlocked volume as a block device.
 //!
 //! A running volume has a run directory entry: NAME.pid, NAME.ctl (a unix control socket
-//! answering `status` and `close`) and NAME.log (the daemon's stderr).
+//! answering `status` and `close`) and NAME.log (the daemon's stderr). The directory is
+//! private (0700, ours, checked before use) and so are its files: see `rundir`.
 
 use crate::commands::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
+use crate::rundir::{self, SocketAccess};
 use crate::unlock::{OpenedVolume, VolumeArgs, open_volume};
 use clap::Args;
 use cryptblk_device::BlockDevice;
@@ -29,9 +31,18 @@ pub struct OpenArgs {
     /// Serve as the file DIR/NAME in a FUSE mount on DIR (loop-mount it, or use it directly).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
-    /// With --fuse: let other users (root included) open the file.
+    /// With --fuse: let other users (root included) reach the file; its permissions
+    /// (0600, the server's user) still apply, checked by the kernel.
     #[arg(long = "allow-other", requires = "fuse")]
     pub allow_other: bool,
+    /// With --nbd unix:PATH: permissions of the socket (octal; default 600, owner only).
+    /// Whoever can connect reads and writes the plaintext.
+    #[arg(long = "socket-mode", value_name = "OCTAL", requires = "nbd")]
+    pub socket_mode: Option<String>,
+    /// With --nbd unix:PATH: group of the socket (name or number), to share it on purpose
+    /// together with --socket-mode 660.
+    #[arg(long = "socket-group", value_name = "GROUP", requires = "nbd")]
+    pub socket_group: Option<String>,
     /// Detach and run in the background once ready.
     #[arg(long)]
     pub daemon: bool,
@@ -85,6 +96,19 @@ pub fn default_run_dir() -> PathBuf {
 
 pub(crate) fn run_dir(d: &Option<PathBuf>) -> PathBuf {
     d.clone().unwrap_or_else(default_run_dir)
+}
+
+/// The run directory of a command that creates things in it: made 0700, or checked to be
+/// private if it exists (see `rundir`).
+pub(crate) fn private_run_dir(d: &Option<PathBuf>) -> CliResult<PathBuf> {
+    rundir::ensure_private_dir(&run_dir(d))
+}
+
+/// The run directory of a command that only talks to what runs there: `None` when it
+/// does not exist; an error when it is not private (what answers there may not be ours).
+fn existing_run_dir(d: &Option<PathBuf>) -> CliResult<Option<PathBuf>> {
+    let dir = run_dir(d);
+    Ok(rundir::check_existing(&dir)?.then_some(dir))
 }
 
 pub(crate) fn check_name(name: &str) -> CliResult<()> {
@@ -205,22 +229,19 @@ pub(crate) fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Valu
 }
 
 enum Bound {
-    Unix(UnixListener, PathBuf),
+    /// The listener, its path, and the socket's identity (removed at exit only if it is
+    /// still ours).
+    Unix(UnixListener, PathBuf, Option<(u64, u64)>),
     Tcp(std::net::TcpListener),
 }
 
 /// Binds the NBD listener before readiness is announced, so "ready" means clients can connect.
-fn bind_nbd(listen: &Listen) -> CliResult<Bound> {
+fn bind_nbd(listen: &Listen, access: SocketAccess) -> CliResult<Bound> {
     Ok(match listen {
         Listen::Unix(p) => {
-            if UnixStream::connect(p).is_ok() {
-                return Err(CliError::new(
-                    EXIT_BUSY,
-                    format!("{} is already served by another process", p.display()),
-                ));
-            }
-            let _ = std::fs::remove_file(p);
-            Bound::Unix(UnixListener::bind(p).map_err(|e| io_err(p, e))?, p.clone())
+            rundir::clear_stale_socket(p)?;
+            let l = rundir::bind_socket(p, access)?;
+            Bound::Unix(l, p.clone(), rundir::identity(p))
         }
         Listen::Tcp(addr) => {
             let l = std::net::TcpListener::bind(addr)
@@ -269,8 +290,8 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
             ));
         }
     };
-    let dir = run_dir(&a.run_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    let access = rundir::socket_access(a.socket_mode.as_deref(), a.socket_group.as_deref())?;
+    let dir = private_run_dir(&a.run_dir)?;
     if a.daemon && !a.daemon_child {
         return spawn_daemon(&a, &dir);
     }
@@ -280,6 +301,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         kind,
         key_bits,
         keyslot,
+        ..
     } = open_volume(&a.device, &a.vol)?;
     let vol = Arc::new(volume);
     let device = vol.clone() as Arc<dyn BlockDevice>;
@@ -298,7 +320,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
                 Listen::Unix(p) => format!("nbd unix:{}", p.display()),
                 Listen::Tcp(t) => format!("nbd tcp:{t}"),
             };
-            (Running::Nbd(server, bind_nbd(listen)?), fe, desc)
+            (Running::Nbd(server, bind_nbd(listen, access)?), fe, desc)
         }
         (None, Some(mnt)) => {
             std::fs::create_dir_all(mnt).map_err(|e| io_err(mnt, e))?;
@@ -354,9 +376,9 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         let _ = out.write_all(b"READY\n").and_then(|_| out.flush());
     }
     let result = match running {
-        Running::Nbd(server, Bound::Unix(l, p)) => {
+        Running::Nbd(server, Bound::Unix(l, p, id)) => {
             let r = server.serve_unix_listener(l);
-            let _ = std::fs::remove_file(p);
+            rundir::remove_if_same(&p, id);
             r.map_err(|e| CliError::usage(format!("NBD server: {e}")))
         }
         Running::Nbd(server, Bound::Tcp(l)) => server
@@ -405,11 +427,10 @@ pub(crate) fn announce(
     name: &str,
     stop: impl Fn() -> Result<(), String> + Send + 'static,
 ) -> CliResult<(UnixListener, PathBuf)> {
-    let _ = std::fs::remove_file(ctl_path);
-    let ctl = UnixListener::bind(ctl_path).map_err(|e| io_err(ctl_path, e))?;
+    rundir::clear_stale_socket(ctl_path)?;
+    let ctl = rundir::bind_socket(ctl_path, SocketAccess::default())?;
     let pid_path = dir.join(format!("{name}.pid"));
-    std::fs::write(&pid_path, format!("{}\n", std::process::id()))
-        .map_err(|e| io_err(&pid_path, e))?;
+    rundir::write_private_file(&pid_path, format!("{}\n", std::process::id()).as_bytes())?;
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -468,18 +489,21 @@ pub(crate) fn control_loop(
 fn ask(dir: &Path, name: &str, cmd: &str) -> CliResult<String> {
     check_name(name)?;
     let p = dir.join(format!("{name}.ctl"));
-    let mut s = UnixStream::connect(&p)
-        .map_err(|_| CliError::new(EXIT_NO_DEVICE, format!("Device {name} is not active.")))?;
+    let mut s = UnixStream::connect(&p).map_err(|_| not_active(name))?;
     writeln!(s, "{cmd}").map_err(|e| io_err(&p, e))?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| io_err(&p, e))?;
     Ok(out)
 }
 
+fn not_active(name: &str) -> CliError {
+    CliError::new(EXIT_NO_DEVICE, format!("Device {name} is not active."))
+}
+
 pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
-    let dir = run_dir(&a.run_dir);
-    let pid: Option<i32> = std::fs::read_to_string(dir.join(format!("{}.pid", a.name)))
-        .ok()
+    check_name(&a.name)?;
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
+    let pid: Option<i32> = rundir::read_private_file(&dir.join(format!("{}.pid", a.name)))
         .and_then(|s| s.trim().parse().ok());
     let reply = match ask(&dir, &a.name, "close") {
         Ok(r) => r,
@@ -519,7 +543,8 @@ fn is_zombie(pid: i32) -> bool {
 }
 
 pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
-    let dir = run_dir(&a.run_dir);
+    check_name(&a.name)?;
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
     let out = ask(&dir, &a.name, "status").map_err(|e| {
         match crate::ublk::stale_status(&dir, &a.name) {
             Some(msg) => CliError::new(e.code, msg),
@@ -562,13 +587,14 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
 }
 
 pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
-    let dir = run_dir(&a.run_dir);
+    let dir = existing_run_dir(&a.run_dir)?;
     let mut rows = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(&dir) {
+    if let Some(rd) = dir.as_ref().and_then(|d| std::fs::read_dir(d).ok()) {
+        let dir = dir.as_deref().expect("read above");
         for e in rd.flatten() {
             let file = e.file_name().to_string_lossy().into_owned();
             if let Some(name) = file.strip_suffix(".ctl")
-                && let Ok(out) = ask(&dir, name, "status")
+                && let Ok(out) = ask(dir, name, "status")
                 && let Ok(v) = serde_json::from_str::<Value>(out.trim())
             {
                 rows.push(v);
@@ -600,7 +626,7 @@ pub(crate) fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let log_path = dir.join(format!("{}.log", a.name));
-    let log = std::fs::File::create(&log_path).map_err(|e| io_err(&log_path, e))?;
+    let log = rundir::create_private_file(&log_path)?;
     // The passphrase is read here (terminal or stdin) and handed over a pipe, never argv.
     let needs_pass =
         a.vol.key.key_file.is_none() && !a.device.to_string_lossy().starts_with("mem:");
@@ -610,6 +636,20 @@ pub(crate) fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
             &format!("Enter passphrase for {}: ", a.device.display()),
             false,
         )?)
+    } else if a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
+        // The key file is our stdin: hand all of it over (the child applies
+        // --keyfile-offset/--keyfile-size itself, as for any key file). One byte more than
+        // the child accepts, so that it still sees a key file that is too large.
+        let limit = (a.vol.key.keyfile_offset as usize)
+            .checked_add(
+                a.vol
+                    .key
+                    .keyfile_size
+                    .unwrap_or(crate::passphrase::KEYFILE_MAX),
+            )
+            .and_then(|n| n.checked_add(1))
+            .ok_or_else(|| CliError::usage("--keyfile-offset is too large"))?;
+        Some(crate::passphrase::read_stdin_raw(limit)?)
     } else {
         None
     };
@@ -627,8 +667,14 @@ pub(crate) fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
         .map_err(|e| CliError::usage(format!("cannot start daemon: {e}")))?;
     {
         let mut stdin = child.stdin.take().expect("piped");
-        if let Some(p) = &pass {
-            let _ = stdin.write_all(p).and_then(|_| stdin.write_all(b"\n"));
+        match &pass {
+            Some(p) if needs_pass => {
+                let _ = stdin.write_all(p).and_then(|_| stdin.write_all(b"\n"));
+            }
+            Some(raw) => {
+                let _ = stdin.write_all(raw);
+            }
+            None => {}
         }
     }
     let mut line = String::new();
@@ -640,7 +686,7 @@ pub(crate) fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
         return Ok(());
     }
     let status = child.wait().map_err(|e| CliError::usage(e.to_string()))?;
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let log = rundir::read_private_file(&log_path).unwrap_or_default();
     Err(CliError::new(
         status.code().unwrap_or(1).max(1),
         log.trim_end().to_string(),

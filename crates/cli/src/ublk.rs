@@ -5,10 +5,11 @@
 //! after a crash) and `close` (remove a device whose server died) use.
 
 use crate::commands::Ctx;
-use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
+use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE};
+use crate::rundir;
 use crate::serve::{
-    OpenArgs, Served, announce, check_name, check_not_open, control_loop, run_dir, spawn_daemon,
-    status_json,
+    OpenArgs, Served, announce, check_name, check_not_open, control_loop, private_run_dir,
+    spawn_daemon, status_json,
 };
 use crate::unlock::{OpenedVolume, open_volume};
 use clap::Args;
@@ -68,12 +69,84 @@ fn state_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.ublk"))
 }
 
+/// What NAME.ublk records about a served device, so that `--recover` re-attaches only the
+/// same volume under the same key: the kernel re-issues the writes it held, and they must
+/// never land on another volume or be encrypted under another key.
+struct Record {
+    dev_id: u32,
+    /// The LUKS UUID (none for plain mode).
+    uuid: Option<String>,
+    /// The volume's cipher applied to a fixed zero sector (see [`key_check`]).
+    key_check: String,
+}
+
+impl Record {
+    fn to_json(&self) -> String {
+        json!({"dev_id": self.dev_id, "uuid": self.uuid, "key_check": self.key_check}).to_string()
+            + "\n"
+    }
+
+    fn read(dir: &Path, name: &str) -> Option<Record> {
+        let v: serde_json::Value =
+            serde_json::from_str(rundir::read_private_file(&state_path(dir, name))?.trim()).ok()?;
+        Some(Record {
+            dev_id: u32::try_from(v["dev_id"].as_u64()?).ok()?,
+            uuid: v["uuid"].as_str().map(String::from),
+            key_check: v["key_check"].as_str()?.to_string(),
+        })
+    }
+}
+
+/// A fingerprint of the volume key that reveals nothing about it: the first 16 bytes of a
+/// zero sector encrypted at a sector number no volume reaches (2^48) with the volume's own
+/// cipher. Two volumes with different keys (or ciphers) differ here.
+fn key_check(vol: &cryptblk_volume::Volume) -> CliResult<String> {
+    let mut sector = vec![0u8; vol.cipher().sector_size() as usize];
+    vol.cipher().encrypt(1 << 48, &mut sector)?;
+    Ok(hex::encode(&sector[..16]))
+}
+
 fn recorded_dev_id(dir: &Path, name: &str) -> Option<u32> {
-    std::fs::read_to_string(state_path(dir, name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    Record::read(dir, name).map(|r| r.dev_id)
+}
+
+/// Before `--recover` re-attaches `dev_id`: it must be the volume recorded for NAME.
+fn check_recovery(
+    dir: &Path,
+    name: &str,
+    dev_id: u32,
+    uuid: &Option<String>,
+    check: &str,
+) -> CliResult<()> {
+    let refuse = |why: String| {
+        Err(CliError::new(
+            EXIT_BUSY,
+            format!(
+                "refusing to re-attach /dev/ublkb{dev_id}: {why}; the writes the kernel holds \
+                 for it would be written under the wrong key (`cryptblk close {name}` drops them)"
+            ),
+        ))
+    };
+    let Some(r) = Record::read(dir, name) else {
+        return refuse(format!(
+            "nothing records which volume it served as {name} (no valid {})",
+            state_path(dir, name).display()
+        ));
+    };
+    if r.dev_id != dev_id {
+        return refuse(format!("{name} was /dev/ublkb{}", r.dev_id));
+    }
+    if &r.uuid != uuid {
+        return refuse(format!(
+            "it served the volume with UUID {}, this is {}",
+            r.uuid.as_deref().unwrap_or("(none)"),
+            uuid.as_deref().unwrap_or("(none)")
+        ));
+    }
+    if r.key_check != check {
+        return refuse("it served this volume under another key or cipher".into());
+    }
+    Ok(())
 }
 
 /// Queue limits of the block device under `path` (itself, or the one holding the file):
@@ -122,8 +195,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     }
     // Before asking for a passphrase or detaching: is there a ublk driver at all?
     let features = Features::probe().map_err(ublk_err)?;
-    let dir = run_dir(&a.run_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    let dir = private_run_dir(&a.run_dir)?;
     let ctl_path = check_not_open(&dir, &a.name)?;
     let recover_id = if a.ublk.recover {
         Some(
@@ -149,7 +221,12 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         kind,
         key_bits,
         keyslot,
+        uuid,
     } = open_volume(&a.device, &a.vol)?;
+    let check = key_check(&volume)?;
+    if let Some(id) = recover_id {
+        check_recovery(&dir, &a.name, id, &uuid, &check)?;
+    }
     let vol = Arc::new(volume);
     let mut b = UblkServer::builder(vol.clone() as Arc<dyn BlockDevice>)
         .queue_depth(a.ublk.queue_depth)
@@ -172,7 +249,12 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     let handle = server.shutdown_handle();
     let path = server.block_device().display().to_string();
     let state = state_path(&dir, &a.name);
-    std::fs::write(&state, format!("{}\n", server.dev_id())).map_err(|e| io_err(&state, e))?;
+    let record = Record {
+        dev_id: server.dev_id(),
+        uuid,
+        key_check: check,
+    };
+    rundir::write_private_file(&state, record.to_json().as_bytes())?;
     for m in features.missing() {
         eprintln!("{}: note: this kernel's ublk lacks {m}", a.name);
     }

@@ -76,6 +76,8 @@ pub struct OpenedVolume {
     pub kind: String,
     pub key_bits: usize,
     pub keyslot: Option<u32>,
+    /// The LUKS header's UUID (none in plain mode).
+    pub uuid: Option<String>,
 }
 
 fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
@@ -155,10 +157,9 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     }
     p.validate()?;
     let key = match &a.key.key_file {
-        Some(f) => p.key_from_keyfile(
-            &read_key_file(f, 0, Some(p.key_len + a.key.keyfile_offset as usize))?,
-            a.key.keyfile_offset,
-        )?,
+        Some(f) => {
+            p.key_from_keyfile(&read_key_file(f, a.key.keyfile_offset, Some(p.key_len))?, 0)?
+        }
         None => cryptblk_crypto::SecretBytes::random(p.key_len)?,
     };
     let params = VolumeParams {
@@ -178,6 +179,7 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         kind: "PLAIN (memory)".into(),
         key_bits: p.key_len * 8,
         keyslot: None,
+        uuid: None,
     })
 }
 
@@ -205,6 +207,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 kind: format!("LUKS{}", u.header.version()),
                 key_bits: u.header.key_len() * 8,
                 keyslot: Some(u.keyslot),
+                uuid: Some(u.header.uuid().to_string()),
                 volume: u.volume,
             })
         }
@@ -213,8 +216,8 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
             let key = match &a.key.key_file {
                 Some(f) if f.as_os_str() != "-" => {
-                    let raw = read_key_file(f, 0, None)?;
-                    p.key_from_keyfile(&raw, a.key.keyfile_offset)?
+                    let raw = read_key_file(f, a.key.keyfile_offset, None)?;
+                    p.key_from_keyfile(&raw, 0)?
                 }
                 _ => {
                     let pass = get_passphrase(
@@ -241,6 +244,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 kind: "PLAIN".into(),
                 key_bits: p.key_len * 8,
                 keyslot: None,
+                uuid: None,
             })
         }
         other => Err(CliError::usage(format!(

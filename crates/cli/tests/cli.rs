@@ -111,10 +111,24 @@ fn volume_key_matches_cryptsetup() {
     let env = Env::new();
     let img = env.image("v.img", 20);
     let pw = format(&env, &img, "luks2", &[]);
+    // Like cryptsetup, it asks before printing the key; with no terminal to ask on and no
+    // --batch-mode it refuses, and prints no key.
+    let asked = cb(&[
+        "dump",
+        "--json",
+        "--dump-volume-key",
+        "--key-file",
+        &pw,
+        &img,
+    ]);
+    assert!(!asked.status.success(), "dumped the key without asking");
+    assert!(String::from_utf8_lossy(&asked.stderr).contains("--batch-mode"));
+    assert!(!String::from_utf8_lossy(&asked.stdout).contains("volume_key"));
     let mine: serde_json::Value = serde_json::from_str(&ok(&cb(&[
         "dump",
         "--json",
         "--dump-volume-key",
+        "--batch-mode",
         "--key-file",
         &pw,
         &img,

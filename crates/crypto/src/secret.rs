@@ -94,6 +94,7 @@ fn lock(buf: &[u8]) -> bool {
     if buf.is_empty() {
         return false;
     }
+    dump_advice(buf, libc::MADV_DONTDUMP);
     // SAFETY: mlock only reads the address range, which is a live allocation owned by the caller.
     unsafe { libc::mlock(buf.as_ptr().cast(), buf.len()) == 0 }
 }
@@ -102,6 +103,23 @@ fn unlock(buf: &[u8]) {
     // SAFETY: munlock only reads the address range, a live allocation owned by the caller.
     unsafe {
         libc::munlock(buf.as_ptr().cast(), buf.len());
+    }
+    dump_advice(buf, libc::MADV_DODUMP);
+}
+
+/// Keeps the whole pages of `buf` out of core dumps (`MADV_DONTDUMP`), or puts them back
+/// (`MADV_DODUMP`) once the secret is wiped. Best-effort, like the locking: a core dump is
+/// already prevented by the non-dumpable flag of the processes holding keys; this covers a
+/// library user whose process stays dumpable. Only pages wholly inside `buf` are touched.
+fn dump_advice(buf: &[u8], advice: libc::c_int) {
+    let start = (buf.as_ptr() as usize).next_multiple_of(PAGE);
+    let end = (buf.as_ptr() as usize + buf.len()) & !(PAGE - 1);
+    if end > start {
+        // SAFETY: madvise with DONTDUMP/DODUMP only changes how the range is dumped; the
+        // range is page-aligned and lies inside a live allocation owned by the caller.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, advice);
+        }
     }
 }
 
@@ -134,6 +152,10 @@ impl<T> LockedBox<T> {
         fill: impl FnOnce(&mut T) -> Result<(), E>,
     ) -> Result<Self, E> {
         let inner = Box::new(Paged(blank));
+        let whole = (&*inner as *const Paged<T>).cast::<u8>();
+        // SAFETY: a view of the live allocation just made, `size_of::<Paged<T>>()` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(whole, std::mem::size_of::<Paged<T>>()) };
+        dump_advice(bytes, libc::MADV_DONTDUMP);
         // SAFETY: mlock only reads the address range: the live allocation just made, whose
         // size (a multiple of the page size, from the alignment) is that of `Paged<T>`.
         let locked = unsafe {
@@ -320,6 +342,37 @@ mod tests {
         if is_root() {
             assert!(b.is_locked());
         }
+        assert!(
+            excluded_from_core_dumps(&*b as *const [u8; 32] as usize),
+            "key schedule pages must be MADV_DONTDUMP"
+        );
+    }
+
+    /// Whether the mapping holding `addr` has the `dd` flag (MADV_DONTDUMP) in smaps.
+    fn excluded_from_core_dumps(addr: usize) -> bool {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ')
+                && let Some((lo, hi)) = range.split_once('-')
+                && let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().any(|f| f == "dd");
+            }
+        }
+        panic!("{addr:#x} is in no mapping of /proc/self/smaps");
+    }
+
+    #[test]
+    fn secrets_are_kept_out_of_core_dumps() {
+        let small = SecretBytes::from_slice(b"a passphrase");
+        assert!(excluded_from_core_dumps(small.as_ptr() as usize));
+        let big = SecretBytes::zeroed(5 * PAGE);
+        let inner = (big.as_ptr() as usize).next_multiple_of(PAGE);
+        assert!(excluded_from_core_dumps(inner), "whole pages of a key file");
     }
 
     fn is_root() -> bool {

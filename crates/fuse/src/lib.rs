@@ -144,6 +144,10 @@ impl FuseExportBuilder {
             MountOption::NoSuid,
             MountOption::NoDev,
             MountOption::NoAtime,
+            // The kernel checks every open against the file's owner and mode (0600, the
+            // server's user): with --allow-other, other users reach the mount but still
+            // not the file unless its permissions let them.
+            MountOption::DefaultPermissions,
             if read_only {
                 MountOption::RO
             } else {
@@ -515,8 +519,10 @@ impl Filesystem for VolumeFs {
         reply.statfs(blocks, 0, 0, 2, 0, bs, 255, bs);
     }
 
-    /// `fallocate(PUNCH_HOLE)` discards (when the volume allows it), `ZERO_RANGE` writes
-    /// zeros; plain preallocation is a no-op on a fixed-size device.
+    /// `fallocate(PUNCH_HOLE)` and `ZERO_RANGE` both write zeros: fallocate(2) promises
+    /// that a punched range reads back as zeros, and a hole in the ciphertext would decrypt
+    /// to garbage (the loop driver turns write-zeroes into PUNCH_HOLE, so a file system on
+    /// a loop device relies on it). Plain preallocation is a no-op on a fixed-size device.
     fn fallocate(
         &self,
         _req: &Request,
@@ -538,12 +544,7 @@ impl Filesystem for VolumeFs {
                 Errno::ENOSPC
             });
         }
-        let r = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
-            if self.read_only {
-                return reply.error(Errno::EROFS);
-            }
-            self.device.discard(offset, length)
-        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+        let r = if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 {
             if self.read_only {
                 return reply.error(Errno::EROFS);
             }

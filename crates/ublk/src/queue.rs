@@ -132,6 +132,18 @@ struct Queue {
     bufs: Mapping,
     /// Per tag: the request whose storage I/O is in flight.
     pending: Vec<Pending>,
+    /// Storage operations submitted and not yet completed: the kernel may still read or
+    /// write their buffers, so the queue's memory must outlive them (see `Drop`).
+    storage_inflight: usize,
+}
+
+impl Drop for Queue {
+    /// On every way out of `run`, an error included, waits for the storage operations
+    /// still in flight before the buffers they name are unmapped: a read completing into
+    /// unmapped (or, worse, re-mapped) memory would write into whatever lives there now.
+    fn drop(&mut self) {
+        self.drain_storage();
+    }
 }
 
 impl Queue {
@@ -169,6 +181,7 @@ impl Queue {
             iods,
             bufs,
             pending: vec![Pending::default(); depth],
+            storage_inflight: 0,
             setup,
         })
     }
@@ -294,6 +307,41 @@ impl Queue {
         // until the ring is gone, and is not touched until this operation completes.
         // The ring has room: each tag has at most one operation in flight.
         unsafe { self.ring.submission().push(&sqe) }.expect("one entry per tag");
+        self.storage_inflight += 1;
+    }
+
+    /// Cancels and reaps every storage operation in flight; returns once the kernel holds
+    /// none of our buffers for storage I/O. Completions of ublk commands reaped on the way
+    /// are dropped: the queue is going away.
+    fn drain_storage(&mut self) {
+        if self.storage_inflight == 0 {
+            return;
+        }
+        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+            .build()
+            .user_data(CANCEL);
+        // SAFETY: a cancel request names no memory of ours. If the ring is full it is
+        // skipped: the operations then simply run to their end, which we wait for.
+        let _ = unsafe { self.ring.submission().push(&cancel) };
+        let mut idle_waits = 0u32;
+        while self.storage_inflight > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // The wait itself fails: poll, never give up (the memory must stay).
+                    idle_waits += 1;
+                    std::thread::sleep(
+                        std::time::Duration::from_millis(idle_waits.min(100) as u64),
+                    );
+                }
+            }
+            for cqe in self.ring.completion() {
+                if cqe.user_data() & STORAGE != 0 && cqe.user_data() != CANCEL {
+                    self.storage_inflight -= 1;
+                }
+            }
+        }
     }
 
     /// A storage operation of `tag`'s request completed with `res`. Returns the request's
@@ -369,7 +417,11 @@ impl Queue {
             done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             for &(ud, res) in &done {
                 let tag = ud as u16;
+                if ud == CANCEL {
+                    continue;
+                }
                 if ud & STORAGE != 0 {
+                    self.storage_inflight -= 1;
                     let step = Step::from_bits(ud >> 16);
                     if let Some(r) = self.storage_done(tag, step, res) {
                         self.commit(tag, r)?;
@@ -391,6 +443,8 @@ impl Queue {
 
 /// `user_data` bit of storage operations (ublk commands carry just the tag).
 const STORAGE: u64 = 1 << 63;
+/// `user_data` of the cancel request sent when the queue goes away.
+const CANCEL: u64 = u64::MAX;
 
 /// The storage operation a request waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -513,6 +567,7 @@ mod tests {
                     ud & STORAGE != 0 && ud as u16 == tag,
                     "only our storage I/O"
                 );
+                q.storage_inflight -= 1;
                 if let Some(r) = q.storage_done(tag, Step::from_bits(ud >> 16), res) {
                     return r;
                 }

@@ -47,10 +47,24 @@ pub struct UnlockedLuks {
 /// Opens a file or block device for the data path, locked against a second opener
 /// (exclusive for read-write, shared for read-only).
 pub fn open_data_file(path: &Path, read_only: bool) -> Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    // A block device is opened exclusively (O_EXCL), as cryptsetup opens what it maps: a
+    // device that is mounted, mapped by dm-crypt or held by another cryptblk is refused,
+    // and while we hold it, the kernel refuses them (mount, dm-crypt, `cryptsetup
+    // luksFormat`). Files get the flock below, which cryptsetup honours for LUKS2.
+    let block = std::fs::metadata(path)?.file_type().is_block_device();
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(!read_only)
-        .open(path)?;
+        .custom_flags(if block { libc::O_EXCL } else { 0 })
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                Error::Busy(path.display().to_string())
+            } else {
+                Error::Io(e)
+            }
+        })?;
     let locked = if read_only {
         f.try_lock_shared()
     } else {

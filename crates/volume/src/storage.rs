@@ -139,20 +139,37 @@ impl FileStorage {
     }
 }
 
+/// Most bytes any per-thread buffer of the data path holds (the O_DIRECT bounce buffer
+/// here, the volume's scratch): larger requests go through it in pieces, so a thread's
+/// private memory stays bounded whatever clients send (the NBD memory cap counts on it).
+pub(crate) const THREAD_BUFFER_MAX: usize = 128 << 10;
+
 thread_local! {
     /// Aligned bounce buffer for O_DIRECT I/O on unaligned caller buffers.
     static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on an `align`-aligned buffer of `len` bytes.
-fn with_aligned<R>(len: usize, align: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+/// Runs `f(piece, at)` on an `align`-aligned buffer for each piece of `len` bytes, at most
+/// [`THREAD_BUFFER_MAX`] at a time, `at` being the piece's offset in the request.
+fn with_aligned(
+    len: usize,
+    align: usize,
+    mut f: impl FnMut(&mut [u8], usize) -> io::Result<()>,
+) -> io::Result<()> {
     BOUNCE.with(|b| {
         let mut b = b.borrow_mut();
-        if b.len() < len + align {
-            b.resize(len + align, 0);
+        let want = len.min(THREAD_BUFFER_MAX) + align;
+        if b.len() < want {
+            b.resize(want, 0);
         }
         let start = b.as_ptr().align_offset(align);
-        f(&mut b[start..start + len])
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(THREAD_BUFFER_MAX);
+            f(&mut b[start..start + n], at)?;
+            at += n;
+        }
+        Ok(())
     })
 }
 
@@ -166,9 +183,9 @@ impl Storage for FileStorage {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match self.direct_mem_align {
-            Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b| {
-                self.raw_read(b, offset)?;
-                buf.copy_from_slice(b);
+            Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b, at| {
+                self.raw_read(b, offset + at as u64)?;
+                buf[at..at + b.len()].copy_from_slice(b);
                 Ok(())
             }),
             _ => self.raw_read(buf, offset),
@@ -176,9 +193,9 @@ impl Storage for FileStorage {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         match self.direct_mem_align {
-            Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b| {
-                b.copy_from_slice(buf);
-                self.raw_write(b, offset)
+            Some(a) if buf.as_ptr().align_offset(a) != 0 => with_aligned(buf.len(), a, |b, at| {
+                b.copy_from_slice(&buf[at..at + b.len()]);
+                self.raw_write(b, offset + at as u64)
             }),
             _ => self.raw_write(buf, offset),
         }

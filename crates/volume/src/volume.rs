@@ -1,6 +1,6 @@
 //! `Volume`: plaintext I/O on an encrypted data segment, done inline on the caller's thread.
 
-use crate::storage::Storage;
+use crate::storage::{Storage, THREAD_BUFFER_MAX};
 use crate::{Error, Result};
 use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
 use cryptblk_device::{BlockDevice, SplitIo};
@@ -56,12 +56,16 @@ pub struct Volume {
 }
 
 thread_local! {
-    /// Per-thread scratch for ciphertext of writes that cannot be encrypted in place;
-    /// grows to the largest request seen and is reused.
+    /// Per-thread scratch for ciphertext of writes that cannot be encrypted in place and
+    /// for the boundary sectors of unaligned requests; never above [`THREAD_BUFFER_MAX`]
+    /// (larger requests go through it in pieces), so that what a client sends cannot
+    /// grow a thread's memory.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Runs `f` on `len` bytes of this thread's scratch (`len` ≤ [`THREAD_BUFFER_MAX`]).
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    assert!(len <= THREAD_BUFFER_MAX, "scratch request of {len} bytes");
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < len {
@@ -227,14 +231,102 @@ impl Volume {
             return self.read_raw(offset, buf);
         }
         self.stats.unaligned.fetch_add(1, Relaxed);
-        let start = offset / self.sector * self.sector;
-        let end = (offset + buf.len() as u64).div_ceil(self.sector) * self.sector;
-        with_scratch((end - start) as usize, |s| {
-            self.read_raw(start, s)?;
-            let from = (offset - start) as usize;
-            buf.copy_from_slice(&s[from..from + buf.len()]);
+        // The whole sectors inside the range straight into `buf`; the partial ones at
+        // either end through one sector of scratch.
+        let r = self.split_unaligned(offset, buf.len() as u64);
+        if let Some(head) = r.head {
+            self.read_partial(head, offset, buf)?;
+        }
+        if r.middle.1 > r.middle.0 {
+            let (a, b) = r.middle;
+            self.read_raw(a, &mut buf[(a - offset) as usize..(b - offset) as usize])?;
+        }
+        if let Some(tail) = r.tail {
+            self.read_partial(tail, offset, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the sector at `sector_start` and copies the part of it inside the request
+    /// (`buf` at `offset`) out.
+    fn read_partial(&self, sector_start: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let end = offset + buf.len() as u64;
+        let (lo, hi) = (
+            sector_start.max(offset),
+            (sector_start + self.sector).min(end),
+        );
+        with_scratch(self.sector as usize, |s| {
+            self.read_raw(sector_start, s)?;
+            buf[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&s[(lo - sector_start) as usize..(hi - sector_start) as usize]);
             Ok(())
         })
+    }
+
+    /// Read-modify-write of the sector at `sector_start` with the request's bytes in it.
+    fn write_partial(
+        &self,
+        sector_start: u64,
+        offset: u64,
+        data: &WriteData<'_>,
+    ) -> io::Result<()> {
+        let end = offset + data.len() as u64;
+        let (lo, hi) = (
+            sector_start.max(offset),
+            (sector_start + self.sector).min(end),
+        );
+        with_scratch(self.sector as usize, |s| {
+            self.read_raw(sector_start, s)?;
+            let dst = &mut s[(lo - sector_start) as usize..(hi - sector_start) as usize];
+            let src = (lo - offset) as usize..(hi - offset) as usize;
+            match data {
+                WriteData::Borrowed(b) => dst.copy_from_slice(&b[src]),
+                WriteData::Consumable(b) => dst.copy_from_slice(&b[src]),
+                WriteData::Zeroes(_) => dst.fill(0),
+            }
+            self.write_raw(sector_start, s)
+        })
+    }
+
+    /// Writes an aligned range: in place when the caller's buffer may be consumed, else
+    /// through scratch, [`THREAD_BUFFER_MAX`] bytes at a time.
+    fn write_aligned(&self, off: u64, data: WriteData<'_>) -> io::Result<()> {
+        let chunks = |fill: &dyn Fn(&mut [u8], usize)| -> io::Result<()> {
+            let len = data.len();
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(THREAD_BUFFER_MAX);
+                with_scratch(n, |s| {
+                    fill(s, at);
+                    self.write_raw(off + at as u64, s)
+                })?;
+                at += n;
+            }
+            Ok(())
+        };
+        match data {
+            WriteData::Consumable(b) => self.write_raw(off, b),
+            WriteData::Borrowed(b) => chunks(&|s, at| s.copy_from_slice(&b[at..at + s.len()])),
+            WriteData::Zeroes(_) => chunks(&|s, _| s.fill(0)),
+        }
+    }
+
+    /// The sectors an unaligned request touches: a partial first sector, the whole ones,
+    /// a partial last one (absent when the first one covers the request's end).
+    fn split_unaligned(&self, offset: u64, len: u64) -> Unaligned {
+        let ss = self.sector;
+        let end = offset + len;
+        let first = offset / ss * ss;
+        let middle_start = offset.div_ceil(ss) * ss;
+        let middle_end = (end / ss * ss).max(middle_start);
+        let head = (first != offset).then_some(first);
+        let last = end / ss * ss;
+        let tail = (last != end && last >= middle_start).then_some(last);
+        Unaligned {
+            head,
+            middle: (middle_start, middle_end),
+            tail,
+        }
     }
 
     /// Byte-granular write. Aligned: one copy into scratch (or none, in place) and one
@@ -250,43 +342,42 @@ impl Volume {
         }
         if self.is_aligned(offset, len) {
             let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
-            match data {
-                WriteData::Borrowed(b) => with_scratch(b.len(), |s| {
-                    s.copy_from_slice(b);
-                    self.write_raw(offset, s)
-                })?,
-                WriteData::Consumable(b) => self.write_raw(offset, b)?,
-                WriteData::Zeroes(n) => with_scratch(n, |s| {
-                    s.fill(0);
-                    self.write_raw(offset, s)
-                })?,
-            }
+            self.write_aligned(offset, data)?;
         } else {
             self.stats.unaligned.fetch_add(1, Relaxed);
+            // Exclusive: no other write may touch the boundary sectors between our read
+            // and our write of them.
             let _excl = self.rmw.write().unwrap_or_else(|e| e.into_inner());
-            let start = offset / self.sector * self.sector;
-            let end = (offset + len).div_ceil(self.sector) * self.sector;
-            let ss = self.sector as usize;
-            with_scratch((end - start) as usize, |s| -> io::Result<()> {
-                let n = s.len();
-                let from = (offset - start) as usize;
-                if from != 0 {
-                    self.read_raw(start, &mut s[..ss])?;
-                }
-                if !(offset + len).is_multiple_of(self.sector) && (n > ss || from == 0) {
-                    self.read_raw(end - self.sector, &mut s[n - ss..])?;
-                }
-                let dst = &mut s[from..from + len as usize];
-                match data {
-                    WriteData::Borrowed(b) => dst.copy_from_slice(b),
-                    WriteData::Consumable(b) => dst.copy_from_slice(b),
-                    WriteData::Zeroes(_) => dst.fill(0),
-                }
-                self.write_raw(start, s)
-            })?;
+            let r = self.split_unaligned(offset, len);
+            if let Some(head) = r.head {
+                self.write_partial(head, offset, &data)?;
+            }
+            if let Some(tail) = r.tail {
+                self.write_partial(tail, offset, &data)?;
+            }
+            let (a, b) = r.middle;
+            if b > a {
+                let (from, to) = ((a - offset) as usize, (b - offset) as usize);
+                let middle = match data {
+                    WriteData::Borrowed(d) => WriteData::Borrowed(&d[from..to]),
+                    WriteData::Consumable(d) => WriteData::Consumable(&mut d[from..to]),
+                    WriteData::Zeroes(_) => WriteData::Zeroes(to - from),
+                };
+                self.write_aligned(a, middle)?;
+            }
         }
         if fua { self.storage.sync() } else { Ok(()) }
     }
+}
+
+/// How an unaligned request splits into sectors (segment-relative byte offsets).
+struct Unaligned {
+    /// Start of the partial first sector.
+    head: Option<u64>,
+    /// The whole sectors: `[start, end)`, empty when `end <= start`.
+    middle: (u64, u64),
+    /// Start of the partial last sector, if it is not the first one.
+    tail: Option<u64>,
 }
 
 /// The three ways bytes to write arrive.
@@ -307,7 +398,8 @@ impl WriteData<'_> {
     }
 }
 
-/// Largest write-zeroes chunk encrypted at once (bounds the scratch buffer).
+/// Largest write-zeroes piece handled at once (each is then encrypted through scratch,
+/// [`THREAD_BUFFER_MAX`] at a time).
 const ZERO_CHUNK: u64 = 1 << 20;
 
 impl BlockDevice for Volume {
