@@ -188,6 +188,14 @@ if want crash; then
   cat st.out
   check "recovery: status (exit $rc) says the device waits for --recover" \
     bash -c "test $rc -eq 4 && grep -q -- --recover st.out"
+  # Another volume of the same size must never take the held writes (they would land
+  # under the wrong key): refused, and the device stays held for the right one.
+  other=/tmp/other.img; rm -f $other; truncate -s 128M $other
+  echo "another passphrase" > pw2
+  "$CB" format -q --type luks2 "${KDF[@]}" --key-file pw2 $other
+  check "recovery: another volume is refused" \
+    bash -c "! '$CB' open $other cr --ublk --recover --run-dir $RD --key-file pw2 2> rec.err && grep -q 'refusing to re-attach' rec.err"
+  check "recovery: device still held after the refusal" test -b "$D"
   D2=$(open_ublk $img cr --key-file pw --recover)
   check "recovery: re-attached to the same device ($D2)" test "$D2" = "$D"
   check "recovery: the write load completed without errors" wait $load

@@ -374,3 +374,69 @@ pub fn stale_status(dir: &Path, name: &str) -> Option<String> {
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cryptblk_crypto::{CipherSpec, IvOptions};
+    use cryptblk_volume::{MemStorage, VolumeParams, volume_from_key};
+
+    fn volume(key_byte: u8) -> cryptblk_volume::Volume {
+        let params = VolumeParams {
+            cipher: CipherSpec::parse("aes-xts-plain64").unwrap(),
+            sector_size: 4096,
+            iv: IvOptions::default(),
+            data_offset: 0,
+            data_length: None,
+            read_only: false,
+            allow_discards: false,
+        };
+        volume_from_key(Box::new(MemStorage::new(1 << 20)), &[key_byte; 64], &params).unwrap()
+    }
+
+    #[test]
+    fn recovery_reattaches_only_the_recorded_volume_under_the_same_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            key_check(&volume(1)).unwrap(),
+            key_check(&volume(2)).unwrap(),
+        );
+        assert_eq!(a, key_check(&volume(1)).unwrap(), "deterministic");
+        assert_ne!(a, b, "another key, another fingerprint");
+        let uuid = Some("0a1b2c3d-1111-2222-3333-444455556666".to_string());
+        let refused = |r: CliResult<()>, what: &str| {
+            let e = r.expect_err(what);
+            assert_eq!(e.code, EXIT_BUSY, "{what}");
+            assert!(e.message.contains("refusing to re-attach"), "{what}: {e}");
+        };
+        refused(
+            check_recovery(dir.path(), "v", 3, &uuid, &a),
+            "no record at all",
+        );
+        let record = Record {
+            dev_id: 3,
+            uuid: uuid.clone(),
+            key_check: a.clone(),
+        };
+        rundir::write_private_file(&state_path(dir.path(), "v"), record.to_json().as_bytes())
+            .unwrap();
+        assert_eq!(recorded_dev_id(dir.path(), "v"), Some(3));
+        check_recovery(dir.path(), "v", 3, &uuid, &a).unwrap();
+        refused(
+            check_recovery(dir.path(), "v", 4, &uuid, &a),
+            "other device",
+        );
+        refused(
+            check_recovery(dir.path(), "v", 3, &Some("other".into()), &a),
+            "other volume",
+        );
+        refused(
+            check_recovery(dir.path(), "v", 3, &None, &a),
+            "plain instead",
+        );
+        refused(check_recovery(dir.path(), "v", 3, &uuid, &b), "other key");
+        // A record in the old format (just the number) is not enough to re-attach.
+        rundir::write_private_file(&state_path(dir.path(), "v"), b"3\n").unwrap();
+        refused(check_recovery(dir.path(), "v", 3, &uuid, &a), "old record");
+    }
+}

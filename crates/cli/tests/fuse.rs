@@ -267,3 +267,150 @@ fn unaligned_writes_land_where_qemu_luks_reads_them() {
 fn libc_enospc() -> i32 {
     28
 }
+
+/// Punching a hole reads back as zeros (fallocate(2)'s promise), on the file itself and
+/// through a loop device, where the kernel turns discard and write-zeroes into punch-hole:
+/// a hole in the ciphertext would read back as noise.
+#[test]
+fn punched_holes_read_back_as_zeros_through_fuse_and_a_loop_device() {
+    use std::os::unix::fs::FileExt;
+    let mut v = Vol::new("luks2", &["--sector-size", "4096"]);
+    ok(v.open(&[]));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(v.file())
+        .unwrap();
+    let data = vec![0x5au8; 4 << 20];
+    f.write_all_at(&data, 0).unwrap();
+    let fallocate = tool("fallocate", "util-linux");
+    let file = v.file();
+    ok(run(
+        &fallocate,
+        &["-p", "-o", "65536", "-l", "131072", file.to_str().unwrap()],
+    ));
+    let mut back = vec![0u8; 4 << 20];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back[..65536].iter().all(|&b| b == 0x5a), "before the hole");
+    assert!(
+        back[65536..196608].iter().all(|&b| b == 0),
+        "the punched range is not zeros"
+    );
+    assert!(back[196608..].iter().all(|&b| b == 0x5a), "after the hole");
+    drop(f);
+
+    let dev = v.attach_loop();
+    let dd = |skip_mib: u32| -> Vec<u8> {
+        let o = run(
+            "/bin/dd",
+            &[
+                &format!("if={dev}"),
+                "bs=1M",
+                "count=1",
+                &format!("skip={skip_mib}"),
+                "iflag=direct",
+                "status=none",
+            ],
+        );
+        assert!(o.status.success());
+        o.stdout
+    };
+    let blkdiscard = tool("blkdiscard", "util-linux");
+    // Write-zeroes (BLKZEROOUT), then a plain discard: both must read as zeros.
+    ok(run(
+        &blkdiscard,
+        &["-z", "-o", "1048576", "-l", "1048576", &dev],
+    ));
+    assert!(
+        dd(1).iter().all(|&b| b == 0),
+        "zeroout through the loop device"
+    );
+    assert!(dd(2).iter().all(|&b| b == 0x5a), "neighbour untouched");
+    let discard = run(&blkdiscard, &["-o", "2097152", "-l", "1048576", &dev]);
+    if discard.status.success() {
+        assert!(
+            dd(2).iter().all(|&b| b == 0),
+            "discard through the loop device"
+        );
+    } else {
+        eprintln!(
+            "note: this kernel's loop device refused a plain discard: {}",
+            String::from_utf8_lossy(&discard.stderr)
+        );
+    }
+    assert!(dd(3).iter().all(|&b| b == 0x5a), "neighbour untouched");
+    v.detach_loop(&dev);
+    ok(v.close());
+}
+
+/// `--allow-other` lets other users reach the mount, not the file: its permissions (0600,
+/// the server's user) are enforced by the kernel (`default_permissions`).
+#[test]
+fn allow_other_still_enforces_the_file_permissions() {
+    let Some(other) = common::LocalUser::get("cryptblk-attacker") else {
+        return;
+    };
+    let shared = common::SharedDir::new();
+    let mnt = shared.path().join("mnt");
+    let v = Vol::new("luks2", &[]);
+    // Mounted where the other user can reach the mount point (the test's own directory
+    // is 0700).
+    let (img, pw, run_dir) = (v.p("v.img"), v.p("pw"), v.p("run"));
+    ok(run(
+        bin(),
+        &[
+            "open",
+            &img,
+            "vol",
+            "--fuse",
+            mnt.to_str().unwrap(),
+            "--allow-other",
+            "--daemon",
+            "--run-dir",
+            &run_dir,
+            "--key-file",
+            &pw,
+        ],
+    ));
+    let file = mnt.join("vol");
+    let file = file.to_str().unwrap();
+    let cat = other.run(
+        &[],
+        "/bin/dd",
+        &[&format!("if={file}"), "bs=4k", "count=1", "status=none"],
+        b"",
+    );
+    let denied = !cat.status.success();
+    let write = other.run(
+        &[],
+        "/bin/dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={file}"),
+            "bs=4k",
+            "count=1",
+            "conv=notrunc",
+            "status=none",
+        ],
+        b"",
+    );
+    let denied_write = !write.status.success();
+    // The owner still reads it.
+    let mine = run(
+        "/bin/dd",
+        &[&format!("if={file}"), "bs=4k", "count=1", "status=none"],
+    );
+    let _ = run(bin(), &["close", "vol", "--run-dir", &run_dir]);
+    assert!(
+        denied,
+        "another user read the 0600 file: {:?}",
+        cat.stdout.len()
+    );
+    assert!(denied_write, "another user wrote the 0600 file");
+    assert!(mine.status.success() && mine.stdout.len() == 4096);
+    assert!(
+        String::from_utf8_lossy(&cat.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&cat.stderr)
+    );
+}

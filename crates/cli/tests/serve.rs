@@ -125,7 +125,8 @@ fn fio_verify_over_nbd_every_cipher_and_sector_size() {
             ("randwrite", "64k", "8"),
             ("readwrite", "16k", "1"),
         ] {
-            let out = ok(run(
+            let out = ok(common::run_at(
+                Some(s.dir.path()),
                 &fio,
                 &[
                     "--name=v",
@@ -143,6 +144,7 @@ fn fio_verify_over_nbd_every_cipher_and_sector_size() {
                     "--output-format=json",
                     &format!("--directory={}", s.p("")),
                 ],
+                b"",
             ));
             let j: serde_json::Value =
                 serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();

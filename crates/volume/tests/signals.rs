@@ -116,7 +116,7 @@ fn run(engine: IoEngine, direct: bool) {
                     rng ^= rng << 17;
                     let b = rng % blocks;
                     let at = t as u64 * REGION + b * BLOCK as u64;
-                    if op % 2 == 0 {
+                    if op.is_multiple_of(2) {
                         generation[b as usize] = op;
                         vol.write_at(&pattern(t, b, op), at, false)
                             .map_err(|e| format!("write {at}: {e}"))?;

@@ -22,8 +22,18 @@ pub fn tool(name: &str, pkg: &str) -> String {
 
 /// Runs `cmd` with `stdin` fed to it.
 pub fn run_in(cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
+    run_at(None, cmd, args, stdin)
+}
+
+/// [`run_in`] with the working directory set to `cwd` (for tools that leave files behind,
+/// like fio's verify state: in the test's temporary directory, never in the repository).
+pub fn run_at(cwd: Option<&std::path::Path>, cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
     use std::io::Write;
-    let mut child = Command::new(cmd)
+    let mut command = Command::new(cmd);
+    if let Some(d) = cwd {
+        command.current_dir(d);
+    }
+    let mut child = command
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -46,3 +56,117 @@ pub fn ok(o: &Output) -> String {
 }
 
 pub mod nbd;
+
+/// Whether the tests run as root (needed to create users, loop devices, mounts).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// A local user other than the one running the tests, created if missing (`useradd`), for
+/// tests of what another user can reach. `None` when the tests do not run as root: the
+/// caller then says loudly that it did not run.
+pub struct LocalUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl LocalUser {
+    pub fn get(name: &str) -> Option<LocalUser> {
+        if !is_root() {
+            eprintln!(
+                "NOT RUN: this test needs root to create the local user {name} and act as it \
+                 (CI runs the tests as root)"
+            );
+            return None;
+        }
+        let id = |flag: &str| -> Option<u32> {
+            let o = Command::new("id").args([flag, name]).output().ok()?;
+            String::from_utf8_lossy(&o.stdout).trim().parse().ok()
+        };
+        if id("-u").is_none() {
+            let o = Command::new(tool("useradd", "passwd"))
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    name,
+                ])
+                .output()
+                .unwrap();
+            // Another test may have created it at the same moment.
+            assert!(
+                o.status.success() || id("-u").is_some(),
+                "useradd {name}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Some(LocalUser {
+            name: name.to_string(),
+            uid: id("-u").unwrap(),
+            gid: id("-g").unwrap(),
+        })
+    }
+
+    /// Runs `cmd` as this user (setpriv: real and effective ids, no supplementary groups),
+    /// with `env` added and XDG_RUNTIME_DIR removed.
+    pub fn run(&self, env: &[(&str, &str)], cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut c = Command::new(tool("setpriv", "util-linux"));
+        c.args([
+            &format!("--reuid={}", self.uid),
+            &format!("--regid={}", self.gid),
+            "--clear-groups",
+            "--",
+            cmd,
+        ])
+        .args(args)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("HOME", "/")
+        .current_dir("/");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// A directory of this user's (0700) inside `parent`.
+    pub fn dir(&self, parent: &Path, name: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let d = parent.join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(self.uid), Some(self.gid)).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+}
+
+/// A directory under /tmp that every user can traverse (0755, root's), removed on drop:
+/// the tests' usual temporary directories are 0700 and other users could not reach in.
+pub struct SharedDir(pub tempfile::TempDir);
+
+impl SharedDir {
+    pub fn new() -> SharedDir {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::Builder::new()
+            .prefix("cryptblk-test-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        SharedDir(d)
+    }
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
