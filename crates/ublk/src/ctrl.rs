@@ -44,7 +44,11 @@ impl Control {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                // Never taken by the kernel: nothing is in flight, the ring can go.
+                Err(e) if !ring.submission().is_empty() => return Err(e),
+                // Taken: the kernel may still write into the caller's buffer, so this
+                // never returns before the command's completion.
+                Err(_) => std::thread::yield_now(),
             }
             if let Some(cqe) = ring.completion().next() {
                 let r = cqe.result();
