@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data-path speed bars: ../shared/peerbench.sh (fio over NBD on a unix socket, one
+# The data-path speed bars: scripts/peer-bench.sh (fio over NBD on a unix socket, one
 # LUKS1 image in tmpfs) with cryptblk (aes-xts-plain64) and cryptblk with cipher_null on the
 # same image's data area, beside nbdkit (file plugin, luks filter) and qemu-nbd (raw, LUKS),
 # all in one run, repeated ROUNDS times (machines are noisy: single runs of these short
@@ -11,12 +11,13 @@ cd "$(dirname "$0")/.."
 RT=${1:-5}; ROUNDS=${ROUNDS:-3}
 B=$PWD/target/release/cryptblk
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
-P=/dev/shm/peer; mkdir -p $P; head -c 32 /dev/urandom > $P/null.key
+P=${PEER_DIR:-/dev/shm/cryptblk-peer}; export PEER_DIR=$P
+mkdir -p $P; head -c 32 /dev/urandom > $P/null.key
 OUT=$(mktemp); trap 'rm -f "$OUT"' EXIT
 S="--nbd unix:$P/nbd.sock --run-dir $P/run"
 for r in $(seq "$ROUNDS"); do
   echo "== round $r of $ROUNDS (${RT}s per figure, MB/s)"
-  bash ../shared/peerbench.sh "$RT" \
+  bash scripts/peer-bench.sh "$RT" \
     "cryptblk=$B open luks1.img pb $S --key-file pw" \
     "cryptblk-null=$B open luks1.img pb $S --key-file null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096" \
     | tee -a "$OUT"

@@ -8,8 +8,6 @@ have fio || need+=(fio)
 have nbdkit || need+=(nbdkit)
 have nbdinfo || need+=(libnbd-bin)
 have nbdcopy || need+=(libnbd-bin)
-have qemu-img || need+=(qemu-utils)
-have qemu-io || need+=(qemu-utils)
 have openssl || need+=(openssl)
 have mkfs.ext4 || need+=(e2fsprogs)
 have fusermount3 || need+=(fuse3)
@@ -21,6 +19,23 @@ if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null
+fi
+# QEMU: the tools (qemu-img, qemu-io, qemu-nbd) and the system emulator the VM tests boot
+# must be one release. Debian's qemu-system-x86 depends on its own qemu-utils and removes
+# any other (an image may carry a backported qemu-utils): both are installed together at
+# the distribution's candidate version, so every test runs against the same QEMU.
+qemu_version=$(apt-cache policy qemu-system-x86 2>/dev/null | awk '/Candidate:/ {print $2}')
+if [ -z "$qemu_version" ] || [ "$qemu_version" = "(none)" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  qemu_version=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ {print $2}')
+fi
+installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
+if [ "$(installed qemu-utils)" != "$qemu_version" ] || [ "$(installed qemu-system-x86)" != "$qemu_version" ]; then
+  echo "setup: installing qemu-utils and qemu-system-x86 $qemu_version" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades \
+    "qemu-utils=$qemu_version" "qemu-system-x86=$qemu_version" >/dev/null
 fi
 if ! have cargo; then
   echo "setup: cargo not found; install Rust stable (https://rustup.rs) first" >&2

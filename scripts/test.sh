@@ -2,12 +2,14 @@
 # Sets up and runs every test: format and lint checks, the workspace tests (unit,
 # known-answer, property and interop tests with the real cryptsetup/openssl/qemu/nbd
 # tools, damaged-header and crash-point suites), the crypto tests again on software AES,
-# every fuzz target for FUZZ_SECONDS (default 20) seconds, and the kernel dm-crypt interop
-# tests in ../shared/vmlab.
+# every fuzz target for FUZZ_SECONDS (default 20) seconds, and the kernel tests (dm-crypt
+# interop, the NBD, FUSE and ublk frontends) in a throwaway VM (tests/vm/vm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export CARGO_TERM_COLOR=never
+echo "== nothing outside the repository"
+bash scripts/check-standalone.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
@@ -19,5 +21,5 @@ echo "== crypto tests on the portable constant-time AES (aes_backend=soft)"
 RUSTFLAGS='--cfg aes_backend="soft"' cargo test --release -p cryptblk-crypto --target-dir target/soft-aes
 echo "== fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-20} bash scripts/fuzz.sh
-echo "== kernel dm-crypt interop (vmlab)"
+echo "== kernel tests in a VM (tests/vm/vm.sh)"
 bash tests/vm/run.sh

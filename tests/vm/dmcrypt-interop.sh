@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs INSIDE vmlab (a stock kernel with dm-crypt), as root. Checks, both ways, that data
+# Runs INSIDE the test VM (tests/vm/vm.sh; a stock kernel with dm-crypt), as root. Checks, both ways, that data
 # cryptblk writes reads back through kernel dm-crypt (cryptsetup open) and vice versa,
 # for volumes formatted by either tool.
 # usage: dmcrypt-interop.sh /path/to/cryptblk

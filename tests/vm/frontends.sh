@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs INSIDE vmlab (a stock kernel with dm-crypt, nbd and fuse), as root. Data written
+# Runs INSIDE the test VM (tests/vm/vm.sh; a stock kernel with dm-crypt, nbd and fuse), as root. Data written
 # through each cryptblk frontend (kernel nbd-client over NBD, a loop device on the FUSE
 # file) must be what dm-crypt reads from the image, and the reverse; a filesystem made
 # through a frontend must mount and check clean through dm-crypt.

@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
-# Runs the kernel tests in ../shared/vmlab (a throwaway VM): dm-crypt interop and the
-# NBD (kernel nbd-client) and FUSE (loop) frontends in one boot, then the ublk frontend
-# (tests/vm/ublk.sh) in a second boot.
+# Runs the kernel tests in a throwaway VM (tests/vm/vm.sh: Debian's stock kernel, this
+# host's tools): dm-crypt interop and the NBD (kernel nbd-client) and FUSE (loop)
+# frontends in one boot, then the ublk frontend (tests/vm/ublk.sh) in a second boot.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VMLAB=${VMLAB:-../shared/vmlab/vmlab}
-if [ ! -x "$VMLAB" ]; then
-  echo "tests/vm: vmlab not found at $VMLAB: the kernel interop tests cannot run" >&2
-  exit 1
-fi
-[ -e /dev/kvm ] || echo "tests/vm: NOTE: no /dev/kvm here; vmlab emulates the CPU (slow but functional)" >&2
-"$VMLAB" setup >/dev/null
+VM=tests/vm/vm.sh
+bash "$VM" setup
 BIN=$PWD/target/release/cryptblk
 [ -x "$BIN" ] || cargo build --release -p cryptblk
-# The guest sees the host's / read-only but has its own /tmp, so hand the script and the
+# The guest sees the host's / read-only but has its own /tmp, so hand the scripts and the
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
@@ -22,13 +17,13 @@ cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh "$BIN" "$x
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
 rc=0
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
-  echo "== vmlab: kernel dm-crypt interop, then NBD (nbd-client) and FUSE (loop) against dm-crypt"
-  VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk && bash /results/frontends.sh /results/cryptblk" || rc=1
+  echo "== VM: kernel dm-crypt interop, then NBD (nbd-client) and FUSE (loop) against dm-crypt"
+  bash "$VM" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk && bash /results/frontends.sh /results/cryptblk" || rc=1
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
   # A second boot, so each suite starts from a clean kernel (no leftover ublk devices).
-  echo "== vmlab: ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery"
-  VMLAB_TIMEOUT=${VMLAB_TIMEOUT:-1200} "$VMLAB" run -r "$xfer" "bash /results/ublk.sh /results/cryptblk" || rc=1
+  echo "== VM: ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery"
+  bash "$VM" run -r "$xfer" "bash /results/ublk.sh /results/cryptblk" || rc=1
 fi
 [ "$rc" -eq 0 ] || echo "tests/vm: FAILED (see above)" >&2
 exit "$rc"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs INSIDE vmlab (a stock kernel with ublk_drv), as root. Checks `cryptblk open --ublk`:
+# Runs INSIDE the test VM (tests/vm/vm.sh; a stock kernel with ublk_drv), as root. Checks `cryptblk open --ublk`:
 # filesystems, fio with verification, dm-crypt interop through /dev/ublkbN, and a server
 # killed with SIGKILL, with and without user recovery.
 # usage: ublk.sh /path/to/cryptblk [section...]   (sections: features fs fio interop crash)

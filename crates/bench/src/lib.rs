@@ -1,5 +1,5 @@
 //! `cryptblk bench`: drives the real fio over NBD servers (cryptblk, nbdkit, qemu-nbd) and,
-//! in a vmlab guest, over kernel block devices (brd, dm-crypt, ublk); writes the raw fio
+//! in a VM guest, over kernel block devices (brd, dm-crypt, ublk); writes the raw fio
 //! JSON, `report.md` and SVG/PNG charts.
 
 #![forbid(unsafe_code)]

@@ -35,7 +35,7 @@ pub enum Status {
 pub struct TargetRecord {
     pub id: String,
     pub label: String,
-    /// "host" (fio over NBD on this machine) or "vm" (block devices in the vmlab guest);
+    /// "host" (fio over NBD on this machine) or "vm" (block devices in the VM guest);
     /// charts never mix the two.
     pub env: String,
     /// Whether data is encrypted (cipher_null counts as not).

@@ -216,7 +216,7 @@ pub fn generate(dir: &Path) -> Result<Vec<PathBuf>, String> {
             md_cell(&t.label),
             t.id,
             if t.env == "vm" {
-                "vmlab guest"
+                "VM guest"
             } else {
                 "host, NBD"
             },
@@ -251,7 +251,7 @@ pub fn generate(dir: &Path) -> Result<Vec<PathBuf>, String> {
             md,
             "\n## Results: {}\n",
             if env == "vm" {
-                "vmlab guest (fio on block devices, O_DIRECT)"
+                "VM guest (fio on block devices, O_DIRECT)"
             } else {
                 "host (fio's nbd engine over a unix socket)"
             }

@@ -33,10 +33,10 @@ pub struct Config {
     pub workloads: Vec<String>,
     /// Run the host (NBD) targets.
     pub host: bool,
-    /// Run the vmlab targets.
+    /// Run the VM targets.
     pub vm: bool,
-    /// The vmlab script.
-    pub vmlab: PathBuf,
+    /// The VM harness (tests/vm/vm.sh).
+    pub vm_harness: PathBuf,
 }
 
 impl Config {

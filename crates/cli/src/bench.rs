@@ -1,4 +1,4 @@
-//! `bench`: fio over NBD (and, with --vm, over kernel block devices in vmlab), with a
+//! `bench`: fio over NBD (and, with --vm, over kernel block devices in a VM: tests/vm/vm.sh), with a
 //! report directory of raw fio JSON, report.md and charts. The work is in cryptblk-bench.
 
 use crate::error::{CliError, CliResult};
@@ -43,8 +43,8 @@ pub struct BenchArgs {
     /// (cloudflare, cybozu, ceph, sync).
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
-    /// Also run the kernel targets (brd, dm-crypt, ublk) in a vmlab guest
-    /// (vmlab path: $VMLAB, default ../shared/vmlab/vmlab).
+    /// Also run the kernel targets (brd, dm-crypt, ublk) in a throwaway VM (the
+    /// repository's tests/vm/vm.sh; $CRYPTBLK_VM names another copy).
     #[arg(long)]
     pub vm: bool,
     /// Skip the host (NBD) targets.
@@ -138,13 +138,28 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         workloads: a.workloads.clone(),
         host: !a.no_host,
         vm: a.vm,
-        vmlab: std::env::var_os("VMLAB")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("../shared/vmlab/vmlab")),
+        vm_harness: vm_harness(),
     };
     let report = cryptblk_bench::run(&cfg).map_err(CliError::usage)?;
     println!("{}", report.display());
     Ok(())
+}
+
+/// The VM harness: $CRYPTBLK_VM, else tests/vm/vm.sh of the repository we run in (the
+/// current directory) or were built in (next to target/release/).
+fn vm_harness() -> PathBuf {
+    if let Some(p) = std::env::var_os("CRYPTBLK_VM") {
+        return PathBuf::from(p);
+    }
+    let rel = std::path::Path::new("tests/vm/vm.sh");
+    let from_exe = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.parent()?.join(rel)));
+    [Some(rel.to_path_buf()), from_exe]
+        .into_iter()
+        .flatten()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| rel.to_path_buf())
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ enum Command {
     HeaderRestore(commands::BackupArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
-    /// Benchmark block I/O with fio over NBD (and vmlab): report.md, raw JSON, charts.
+    /// Benchmark block I/O with fio over NBD (and a VM): report.md, raw JSON, charts.
     Bench(bench::BenchArgs),
     /// Unlock a volume and serve it as a block device (NBD, FUSE or ublk).
     Open(serve::OpenArgs),

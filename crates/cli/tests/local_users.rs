@@ -41,21 +41,22 @@ fn luks_image(dir: &Path, size: u64) -> (String, String) {
         img.to_str().unwrap().to_string(),
         pw.to_str().unwrap().to_string(),
     );
-    ok(&cb(&[
-        "format",
-        "-q",
-        "--type",
-        "luks2",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--key-file",
-        &pw,
-        &img,
-    ]));
+    let mut args = vec!["format", "-q"];
+    args.extend(QUICK_LUKS2);
+    args.extend(["--key-file", &pw, &img]);
+    ok(&cb(&args));
     (img, pw)
 }
+
+/// LUKS2 with a KDF that takes no time (cryptblk and cryptsetup take the same options).
+const QUICK_LUKS2: [&str; 6] = [
+    "--type",
+    "luks2",
+    "--pbkdf",
+    "pbkdf2",
+    "--pbkdf-force-iterations",
+    "1000",
+];
 
 #[test]
 fn run_dir_planted_by_another_user_is_refused() {
@@ -90,19 +91,16 @@ fn run_dir_planted_by_another_user_is_refused() {
 
     let env = [("TMPDIR", tmp.to_str().unwrap())];
     let sock = home.join("v.sock");
-    let o = victim.run(
-        &env,
-        &bin,
-        &[
-            "open",
-            "mem:16M",
-            "vol",
-            "--nbd",
-            &format!("unix:{}", sock.display()),
-            "--daemon",
-        ],
-        b"",
-    );
+    let nbd = format!("unix:{}", sock.display());
+    let open = || {
+        victim.run(
+            &env,
+            &bin,
+            &["open", "mem:16M", "vol", "--nbd", &nbd, "--daemon"],
+            b"",
+        )
+    };
+    let o = open();
     assert!(!o.status.success(), "served from a planted run directory");
     assert!(
         stderr(&o).contains("refusing to use")
@@ -129,19 +127,7 @@ fn run_dir_planted_by_another_user_is_refused() {
 
     // With the planted directory gone, the same command works, and makes it private.
     std::fs::remove_dir_all(&planted).unwrap();
-    ok(&victim.run(
-        &env,
-        &bin,
-        &[
-            "open",
-            "mem:16M",
-            "vol",
-            "--nbd",
-            &format!("unix:{}", sock.display()),
-            "--daemon",
-        ],
-        b"",
-    ));
+    ok(&open());
     assert_eq!(mode(&planted), 0o700);
     assert_eq!(std::fs::metadata(&planted).unwrap().uid(), victim.uid);
     ok(&victim.run(&env, &bin, &["close", "vol"], b""));
@@ -222,16 +208,19 @@ fn a_regular_file_at_the_socket_path_survives_and_a_stale_socket_is_replaced() {
     let target = dir.path().join("notes.txt");
     std::fs::write(&target, b"not a socket").unwrap();
     let run = dir.path().join("run");
-    let o = cb(&[
-        "open",
-        "mem:16M",
-        "vol",
-        "--nbd",
-        &format!("unix:{}", target.display()),
-        "--run-dir",
-        run.to_str().unwrap(),
-        "--daemon",
-    ]);
+    let open = |name: &str, path: &Path| {
+        cb(&[
+            "open",
+            "mem:16M",
+            name,
+            "--nbd",
+            &format!("unix:{}", path.display()),
+            "--run-dir",
+            run.to_str().unwrap(),
+            "--daemon",
+        ])
+    };
+    let o = open("vol", &target);
     assert!(!o.status.success(), "served over a regular file");
     assert!(stderr(&o).contains("not a socket"), "{}", stderr(&o));
     assert_eq!(std::fs::read(&target).unwrap(), b"not a socket");
@@ -240,27 +229,9 @@ fn a_regular_file_at_the_socket_path_survives_and_a_stale_socket_is_replaced() {
     let stale = dir.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
-    ok(&cb(&[
-        "open",
-        "mem:16M",
-        "vol",
-        "--nbd",
-        &format!("unix:{}", stale.display()),
-        "--run-dir",
-        run.to_str().unwrap(),
-        "--daemon",
-    ]));
+    ok(&open("vol", &stale));
     // A live one is not.
-    let o = cb(&[
-        "open",
-        "mem:16M",
-        "vol2",
-        "--nbd",
-        &format!("unix:{}", stale.display()),
-        "--run-dir",
-        run.to_str().unwrap(),
-        "--daemon",
-    ]);
+    let o = open("vol2", &stale);
     assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
     ok(&cb(&["close", "vol", "--run-dir", run.to_str().unwrap()]));
     assert!(!stale.exists(), "close removes its own socket");
@@ -530,23 +501,10 @@ fn a_block_device_cryptblk_serves_is_held_exclusively() {
     ok(&open("vol"));
     let other = dir.path().join("other-pw");
     std::fs::write(&other, b"another passphrase").unwrap();
-    let cs = run_in(
-        &tool("cryptsetup", "cryptsetup-bin"),
-        &[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            other.to_str().unwrap(),
-            &dev,
-        ],
-        b"",
-    );
+    let mut args = vec!["luksFormat", "-q"];
+    args.extend(QUICK_LUKS2);
+    args.extend(["--key-file", other.to_str().unwrap(), &dev]);
+    let cs = run_in(&tool("cryptsetup", "cryptsetup-bin"), &args, b"");
     assert!(
         !cs.status.success(),
         "cryptsetup reformatted a device cryptblk serves"
