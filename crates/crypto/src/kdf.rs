@@ -63,6 +63,9 @@ impl Kdf {
                     HashAlg::Sha512 => {
                         pbkdf2::pbkdf2_hmac::<sha2::Sha512>(passphrase, salt, iterations, out)
                     }
+                    HashAlg::Ripemd160 => {
+                        pbkdf2::pbkdf2_hmac::<ripemd::Ripemd160>(passphrase, salt, iterations, out)
+                    }
                 }
                 Ok(())
             }

@@ -121,6 +121,9 @@ const CS_CASES: &[(&str, u32, &str, bool)] = &[
     ("aes-cbc-essiv:sha256", 128, "sha512", true),
     ("aes-xts-plain", 512, "sha256", false),
     ("aes-xts-plain", 256, "sha1", true),
+    // RIPEMD-160 (RustCrypto's `ripemd`) for PBKDF2 and the AF splitter.
+    ("aes-xts-plain64", 256, "ripemd160", false),
+    ("aes-cbc-essiv:sha256", 256, "ripemd160", true),
 ];
 
 #[test]

@@ -1,59 +1,12 @@
 //! Plain dm-crypt mode (`cryptsetup open --type plain`): no header, the volume key comes
 //! from the passphrase (hashed as cryptsetup's `crypt_plain_hash`) or straight from a key file.
 
-mod ripemd160;
-
 use crate::{Error, Result};
 use cryptblk_crypto::{CipherSpec, HashAlg, IvOptions, SecretBytes};
 
-/// Passphrase hashes plain mode accepts: the crypto layer's hashes plus RIPEMD-160, which
-/// is cryptsetup's compiled-in default for plain mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlainHash {
-    Alg(HashAlg),
-    Ripemd160,
-}
-
-impl PlainHash {
-    /// Parses a hash name (`sha1`, `sha256`, `sha512`, `ripemd160`; case-insensitive).
-    pub fn from_name(name: &str) -> Result<Self> {
-        if name.eq_ignore_ascii_case("ripemd160") {
-            return Ok(PlainHash::Ripemd160);
-        }
-        Ok(PlainHash::Alg(HashAlg::from_name(name)?))
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PlainHash::Alg(h) => h.name(),
-            PlainHash::Ripemd160 => "ripemd160",
-        }
-    }
-
-    pub fn output_len(self) -> usize {
-        match self {
-            PlainHash::Alg(h) => h.output_len(),
-            PlainHash::Ripemd160 => 20,
-        }
-    }
-
-    fn digest_parts(self, parts: &[&[u8]], out: &mut [u8]) {
-        match self {
-            PlainHash::Alg(h) => h.digest_parts(parts, out),
-            PlainHash::Ripemd160 => {
-                let mut d = ripemd160::ripemd160(parts);
-                out.copy_from_slice(&d);
-                zeroize::Zeroize::zeroize(&mut d);
-            }
-        }
-    }
-}
-
-impl From<HashAlg> for PlainHash {
-    fn from(h: HashAlg) -> Self {
-        PlainHash::Alg(h)
-    }
-}
+/// Passphrase hashes plain mode accepts: the crypto layer's (RIPEMD-160, cryptsetup's
+/// compiled-in default for plain mode, among them).
+pub type PlainHash = HashAlg;
 
 /// Largest key cryptsetup accepts for plain mode, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -88,7 +41,7 @@ impl Default for PlainParams {
         PlainParams {
             cipher: CipherSpec::parse("aes-cbc-essiv:sha256").expect("built-in spec parses"),
             key_len: 32,
-            hash: Some(PlainHash::Ripemd160),
+            hash: Some(HashAlg::Ripemd160),
             hash_len: None,
             offset: 0,
             skip: 0,

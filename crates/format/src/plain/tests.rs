@@ -205,10 +205,7 @@ fn defaults_and_helpers() {
     assert_eq!(p.cipher.to_string(), "aes-cbc-essiv:sha256");
     assert_eq!((p.key_len, p.hash_spec().as_str()), (32, "ripemd160"));
     p.set_hash_spec("sha512:16").unwrap();
-    assert_eq!(
-        (p.hash, p.hash_len),
-        (Some(PlainHash::Alg(HashAlg::Sha512)), Some(16))
-    );
+    assert_eq!((p.hash, p.hash_len), (Some(HashAlg::Sha512), Some(16)));
     assert_eq!(p.hash_spec(), "sha512:16");
     p.set_hash_spec("plain").unwrap();
     assert_eq!(
