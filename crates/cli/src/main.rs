@@ -7,6 +7,7 @@ mod commands;
 mod dump;
 mod error;
 mod passphrase;
+mod process;
 mod rundir;
 mod serve;
 mod transfer;
@@ -138,7 +139,7 @@ fn main() {
     // by other processes of the same user. execve resets the flag, so a `--daemon` child
     // sets it again itself.
     if !matches!(cli.command, Command::Bench(_)) {
-        serve::set_not_dumpable();
+        process::set_not_dumpable();
     }
     let result = match cli.command {
         Command::Format(a) => commands::format(&ctx, a),

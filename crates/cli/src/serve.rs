@@ -85,8 +85,7 @@ pub fn default_run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return Path::new(&d).join("cryptblk");
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = crate::process::uid();
     if uid == 0 {
         PathBuf::from("/run/cryptblk")
     } else {
@@ -220,7 +219,7 @@ pub(crate) fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Valu
         "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
         "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
         "unaligned": st.unaligned.load(Relaxed), "crypto_calls": st.crypto_calls.load(Relaxed),
-        "dumpable": is_dumpable(),
+        "dumpable": crate::process::is_dumpable(),
     });
     if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
         o.extend(e);
@@ -270,7 +269,7 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     // From here on this process holds the passphrase and the volume key: no core dumps,
     // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
     // flag, so the `--daemon` child, which runs this function too, sets it again itself.
-    set_not_dumpable();
+    crate::process::set_not_dumpable();
     check_name(&a.name)?;
     if a.ublk.ublk {
         if a.nbd.is_some() || a.fuse.is_some() {
@@ -392,18 +391,6 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     let _ = std::fs::remove_file(&pid_path);
     vol.flush().map_err(|e| io_err(&a.device, e))?;
     result
-}
-
-pub(crate) fn set_not_dumpable() {
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and touches no memory of ours.
-    unsafe {
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-    }
-}
-
-fn is_dumpable() -> bool {
-    // SAFETY: prctl(PR_GET_DUMPABLE) takes plain integers and touches no memory of ours.
-    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
 }
 
 /// NAME.ctl, where a running volume answers; an error if one of that name already does.

@@ -10,10 +10,12 @@ pub mod bench;
 mod error;
 mod hash;
 pub mod kdf;
+#[allow(unsafe_code)] // mlock, madvise
 mod secret;
 mod sector;
 mod spec;
 pub mod testing;
+#[allow(unsafe_code)] // CPU intrinsics
 mod x86;
 
 pub use af::{af_merge, af_split};

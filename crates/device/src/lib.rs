@@ -1,5 +1,7 @@
 //! Block devices as frontends (NBD, FUSE, ublk) see them.
 
+#![forbid(unsafe_code)]
+
 use std::io;
 
 pub mod errno;

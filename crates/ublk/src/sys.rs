@@ -196,7 +196,7 @@ pub struct Params {
 }
 
 /// Copies a plain `repr(C)` value into the command area of an SQE.
-pub fn to_cmd_bytes<T: Copy, const N: usize>(v: &T) -> [u8; N] {
+pub(crate) fn to_cmd_bytes<T: Copy, const N: usize>(v: &T) -> [u8; N] {
     assert!(std::mem::size_of::<T>() <= N);
     let mut out = [0u8; N];
     // SAFETY: `T` is one of the `repr(C)` integer-only structs above (no padding bytes are

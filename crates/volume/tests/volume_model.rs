@@ -250,7 +250,7 @@ fn requests_larger_than_the_thread_scratch_land_whole() {
             .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
             .collect()
     };
-    let mut check = |what: &str, model: &[u8]| {
+    let check = |what: &str, model: &[u8]| {
         // Read back aligned and unaligned, large.
         let mut all = vec![0u8; size as usize];
         vol.read_at(&mut all, 0).unwrap();

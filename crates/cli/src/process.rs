@@ -1,0 +1,25 @@
+//! This process's identity and how it may be inspected: the only system calls the CLI
+//! makes itself outside the run directory's (`rundir`).
+
+#![allow(unsafe_code)]
+
+/// The real user id.
+pub fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Makes this process non-dumpable: no core dump, and no ptrace or /proc/PID/mem for
+/// other (non-root) processes, even of the same user.
+pub fn set_not_dumpable() {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}
+
+/// Whether this process is dumpable (shown by `status`).
+pub fn is_dumpable() -> bool {
+    // SAFETY: prctl(PR_GET_DUMPABLE) takes plain integers and touches no memory of ours.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
+}
