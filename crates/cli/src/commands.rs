@@ -399,18 +399,8 @@ pub fn change_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     )?;
     let new = get_passphrase(&new_passphrase_source(&a), "Enter new passphrase: ", true)?;
     let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
-    let any: &mut dyn std::any::Any = &mut *hdr;
-    let slot = if let Some(h2) = any.downcast_mut::<cryptblk_format::luks2::Luks2Header>() {
-        // LUKS2: new slot and removal of the old one in one metadata update, so a crash
-        // leaves exactly the old or exactly the new passphrase (as luksChangeKey does).
-        h2.change_keyslot_with_key(&mut dev, old_slot, &vk, &new, None, &kdf)?
-    } else {
-        // LUKS1 (one header copy, as in cryptsetup): new slot first, old one wiped after;
-        // a crash in between leaves both passphrases working, never neither.
-        let slot = hdr.add_keyslot(&mut dev, &vk, &new, None, &kdf)?;
-        hdr.kill_keyslot(&mut dev, old_slot)?;
-        slot
-    };
+    // Each format does it as crash-safely as its layout allows (see `replace_keyslot`).
+    let slot = hdr.replace_keyslot(&mut dev, old_slot, &vk, &new, None, &kdf)?;
     eprintln!("Key slot {old_slot} changed (new passphrase in key slot {slot}).");
     Ok(())
 }

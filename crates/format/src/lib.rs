@@ -88,7 +88,7 @@ impl FormatOptions {
 ///
 /// Every method that changes the header writes it (both copies for LUKS2) before it
 /// returns, and wipes keyslot material it removes.
-pub trait LuksHeader: std::any::Any + std::fmt::Debug + Send {
+pub trait LuksHeader: std::fmt::Debug + Send {
     /// 1 or 2.
     fn version(&self) -> u8;
     fn uuid(&self) -> &str;
@@ -127,6 +127,24 @@ pub trait LuksHeader: std::any::Any + std::fmt::Debug + Send {
     ) -> Result<u32>;
     /// Wipes the slot's key material and marks it free.
     fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()>;
+    /// Gives `volume_key` a keyslot under `new_passphrase` (`new_slot`, or the first free
+    /// one) and removes `old_slot` (`luksChangeKey`). This default is LUKS1's, as
+    /// cryptsetup does it with one header copy: the new slot first, the old one wiped
+    /// after, so a crash in between leaves both passphrases working, never neither.
+    /// Formats that can do both in one metadata update (LUKS2) override it.
+    fn replace_keyslot(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        old_slot: u32,
+        volume_key: &[u8],
+        new_passphrase: &[u8],
+        new_slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        let slot = self.add_keyslot(dev, volume_key, new_passphrase, new_slot, kdf)?;
+        self.kill_keyslot(dev, old_slot)?;
+        Ok(slot)
+    }
 }
 
 /// Reads whichever LUKS version the device holds.

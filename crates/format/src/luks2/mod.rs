@@ -945,6 +945,20 @@ impl LuksHeader for Luks2Header {
     /// Removes the slot from the metadata (and from digests and tokens), commits, then
     /// wipes its area: a crash in between leaves unreferenced material, never a listed
     /// slot whose material is gone.
+    /// New slot and removal of the old one in one metadata update: a crash leaves exactly
+    /// the old or exactly the new passphrase (as luksChangeKey does).
+    fn replace_keyslot(
+        &mut self,
+        dev: &mut dyn HeaderDevice,
+        old_slot: u32,
+        volume_key: &[u8],
+        new_passphrase: &[u8],
+        new_slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        self.change_keyslot_with_key(dev, old_slot, volume_key, new_passphrase, new_slot, kdf)
+    }
+
     fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()> {
         self.check_usable()?;
         let k = self
