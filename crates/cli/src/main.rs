@@ -6,12 +6,12 @@ mod benchmark;
 mod commands;
 mod dump;
 mod error;
+mod frontend;
 mod passphrase;
 mod process;
 mod rundir;
 mod serve;
 mod transfer;
-mod ublk;
 mod unlock;
 
 use clap::{Args, Parser, Subcommand};
@@ -115,7 +115,7 @@ enum Command {
     /// Benchmark block I/O with fio over NBD (and a VM): report.md, raw JSON, charts.
     Bench(bench::BenchArgs),
     /// Unlock a volume and serve it as a block device (NBD, FUSE or ublk).
-    Open(serve::OpenArgs),
+    Open(frontend::OpenArgs),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     Close(serve::NameArgs),
     /// Show an open volume (cryptsetup status).
@@ -155,7 +155,7 @@ fn main() {
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),
         Command::Bench(a) => bench::run(a),
-        Command::Open(a) => serve::open(&ctx, a),
+        Command::Open(a) => frontend::open(&ctx, a),
         Command::Close(a) => serve::close(&ctx, a),
         Command::Status(a) => serve::status(&ctx, a),
         Command::List(a) => serve::list(&ctx, a),

@@ -290,3 +290,51 @@ pub fn clear_stale_socket(path: &Path) -> CliResult<()> {
         Err(e) => Err(io_err(path, e)),
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Where a served volume's files live, and the names they may have.
+// ---------------------------------------------------------------------------------------
+
+pub fn default_run_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Path::new(&d).join("cryptblk");
+    }
+    let uid = crate::process::uid();
+    if uid == 0 {
+        PathBuf::from("/run/cryptblk")
+    } else {
+        std::env::temp_dir().join(format!("cryptblk-{uid}"))
+    }
+}
+
+pub fn run_dir(d: &Option<PathBuf>) -> PathBuf {
+    d.clone().unwrap_or_else(default_run_dir)
+}
+
+/// The run directory of a command that creates things in it: made 0700, or checked to be
+/// private if it exists (see `rundir`).
+pub fn private_run_dir(d: &Option<PathBuf>) -> CliResult<PathBuf> {
+    ensure_private_dir(&run_dir(d))
+}
+
+/// The run directory of a command that only talks to what runs there: `None` when it
+/// does not exist; an error when it is not private (what answers there may not be ours).
+pub fn existing_run_dir(d: &Option<PathBuf>) -> CliResult<Option<PathBuf>> {
+    let dir = run_dir(d);
+    Ok(check_existing(&dir)?.then_some(dir))
+}
+
+pub fn check_name(name: &str) -> CliResult<()> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        || name.starts_with('.')
+    {
+        return Err(CliError::usage(format!(
+            "invalid name '{name}' (letters, digits, - _ . ; up to 64)"
+        )));
+    }
+    Ok(())
+}

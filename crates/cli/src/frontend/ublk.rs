@@ -4,19 +4,14 @@
 //! records its device number in NAME.ublk, which `open --recover` (re-attach a new server
 //! after a crash) and `close` (remove a device whose server died) use.
 
-use crate::commands::Ctx;
+use super::{Control, Frontend, OpenArgs, Opened, Started};
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE};
 use crate::rundir;
-use crate::serve::{
-    OpenArgs, Served, announce, check_name, check_not_open, control_loop, private_run_dir,
-    spawn_daemon, status_json,
-};
-use crate::unlock::{OpenedVolume, open_volume};
 use clap::Args;
 use cryptblk_device::BlockDevice;
-use cryptblk_ublk::{Features, UblkServer};
-use serde_json::json;
-use std::io::Write;
+use cryptblk_ublk::{Features, ShutdownHandle, UblkServer};
+use cryptblk_volume::Volume;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -184,131 +179,107 @@ fn backing_limits(path: &Path) -> Option<(u32, u32, bool)> {
     ))
 }
 
-pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
-    if a.nbd.is_some() {
-        return Err(CliError::usage("choose one frontend: --nbd or --ublk"));
+/// The ublk frontend: `prepare` probes the driver and finds the device to recover (before
+/// the passphrase is asked for or the process detaches), `start` creates or re-attaches it.
+#[derive(Default)]
+pub(super) struct UblkFrontend {
+    features: Option<Features>,
+    recover_id: Option<u32>,
+}
+
+struct UblkControl {
+    handle: ShutdownHandle,
+    /// The fields fixed at start (path, queues, features...).
+    fixed: Value,
+}
+
+impl Control for UblkControl {
+    fn stop(&self) -> Result<(), String> {
+        self.handle.shutdown();
+        Ok(())
     }
-    if a.ublk.recover && a.ublk.no_recovery {
-        return Err(CliError::usage(
-            "--recover and --no-recovery exclude each other",
-        ));
+    fn status(&self) -> Value {
+        let st = self.handle.stats();
+        let mut e = self.fixed.clone();
+        e["requests"] = st.requests.into();
+        e["errors"] = st.errors.into();
+        e
     }
-    // Before asking for a passphrase or detaching: is there a ublk driver at all?
-    let features = Features::probe().map_err(ublk_err)?;
-    let dir = private_run_dir(&a.run_dir)?;
-    let ctl_path = check_not_open(&dir, &a.name)?;
-    let recover_id = if a.ublk.recover {
-        Some(
-            a.ublk
-                .dev_id
-                .or_else(|| recorded_dev_id(&dir, &a.name))
-                .ok_or_else(|| {
-                    CliError::new(
-                        EXIT_NO_DEVICE,
-                        format!("no ublk device is recorded for {} (give --dev-id)", a.name),
-                    )
-                })?,
-        )
-    } else {
-        None
-    };
-    if a.daemon && !a.daemon_child {
-        return spawn_daemon(&a, &dir);
+}
+
+impl Frontend for UblkFrontend {
+    fn prepare(&mut self, a: &OpenArgs, dir: &Path) -> CliResult<()> {
+        if a.ublk.recover && a.ublk.no_recovery {
+            return Err(CliError::usage(
+                "--recover and --no-recovery exclude each other",
+            ));
+        }
+        // Is there a ublk driver at all?
+        self.features = Some(Features::probe().map_err(ublk_err)?);
+        if a.ublk.recover {
+            self.recover_id = Some(
+                a.ublk
+                    .dev_id
+                    .or_else(|| recorded_dev_id(dir, &a.name))
+                    .ok_or_else(|| {
+                        CliError::new(
+                            EXIT_NO_DEVICE,
+                            format!("no ublk device is recorded for {} (give --dev-id)", a.name),
+                        )
+                    })?,
+            );
+        }
+        Ok(())
     }
-    check_name(&a.name)?;
-    let OpenedVolume {
-        volume,
-        kind,
-        key_bits,
-        keyslot,
-        uuid,
-    } = open_volume(&a.device, &a.vol)?;
-    let check = key_check(&volume)?;
-    if let Some(id) = recover_id {
-        check_recovery(&dir, &a.name, id, &uuid, &check)?;
-    }
-    let vol = Arc::new(volume);
-    let mut b = UblkServer::builder(vol.clone() as Arc<dyn BlockDevice>)
-        .queue_depth(a.ublk.queue_depth)
-        .recovery(!a.ublk.no_recovery);
-    if let Some(q) = a.ublk.queues {
-        b = b.queues(q);
-    }
-    if let Some((max, pbs, rot)) = backing_limits(&a.device) {
-        b = b.max_io_bytes(max).physical_block_size(pbs).rotational(rot);
-    }
-    match recover_id {
-        Some(id) => b = b.recover(id),
-        None => {
-            if let Some(id) = a.ublk.dev_id {
-                b = b.dev_id(id);
+
+    fn start(
+        self: Box<Self>,
+        a: &OpenArgs,
+        dir: &Path,
+        vol: Arc<Volume>,
+        opened: &Opened,
+    ) -> CliResult<Started> {
+        let check = key_check(&vol)?;
+        if let Some(id) = self.recover_id {
+            check_recovery(dir, &a.name, id, &opened.uuid, &check)?;
+        }
+        let mut b = UblkServer::builder(vol as Arc<dyn BlockDevice>)
+            .queue_depth(a.ublk.queue_depth)
+            .recovery(!a.ublk.no_recovery);
+        if let Some(q) = a.ublk.queues {
+            b = b.queues(q);
+        }
+        if let Some((max, pbs, rot)) = backing_limits(&a.device) {
+            b = b.max_io_bytes(max).physical_block_size(pbs).rotational(rot);
+        }
+        match self.recover_id {
+            Some(id) => b = b.recover(id),
+            None => {
+                if let Some(id) = a.ublk.dev_id {
+                    b = b.dev_id(id);
+                }
             }
         }
-    }
-    let server = b.build().map_err(ublk_err)?;
-    let handle = server.shutdown_handle();
-    let path = server.block_device().display().to_string();
-    let state = state_path(&dir, &a.name);
-    let record = Record {
-        dev_id: server.dev_id(),
-        uuid,
-        key_check: check,
-    };
-    rundir::write_private_file(&state, record.to_json().as_bytes())?;
-    for m in features.missing() {
-        eprintln!("{}: note: this kernel's ublk lacks {m}", a.name);
-    }
-    if a.ublk.no_recovery {
-        eprintln!(
-            "{}: user recovery off: if this server dies, {path} fails its I/O",
-            a.name
-        );
-    }
-    let served = Arc::new(Served {
-        name: a.name.clone(),
-        device: a.device.display().to_string(),
-        kind,
-        key_bits,
-        keyslot,
-        frontend: "ublk".into(),
-    });
-    let (ctl, pid_path) = {
-        let h = handle.clone();
-        announce(&ctl_path, &dir, &a.name, move || {
-            h.shutdown();
-            Ok(())
-        })?
-    };
-    {
-        let (h, served, vol) = (handle.clone(), served.clone(), vol.clone());
-        let extra = json!({
-            "path": path, "dev_id": server.dev_id(), "queues": server.queues(),
-            "queue_depth": server.queue_depth(), "max_io_bytes": server.max_io_bytes(),
-            "recoverable": server.recoverable(), "ublk_features": server.features().names(),
-        });
-        std::thread::spawn(move || {
-            control_loop(
-                ctl,
-                || {
-                    let st = h.stats();
-                    let mut e = extra.clone();
-                    e["requests"] = st.requests.into();
-                    e["errors"] = st.errors.into();
-                    status_json(&served, &vol, e)
-                },
-                || {
-                    h.shutdown();
-                    Ok(())
-                },
-            )
-        });
-    }
-    if ctx.verbose || !a.daemon_child {
-        eprintln!(
-            "{}: {} {} served at {path} ({} queues x {} deep{}{})",
-            a.name,
-            served.kind,
-            vol.cipher().spec(),
+        let server = b.build().map_err(ublk_err)?;
+        let path = server.block_device().display().to_string();
+        let state = state_path(dir, &a.name);
+        let record = Record {
+            dev_id: server.dev_id(),
+            uuid: opened.uuid.clone(),
+            key_check: check,
+        };
+        rundir::write_private_file(&state, record.to_json().as_bytes())?;
+        for m in self.features.iter().flat_map(|f| f.missing()) {
+            eprintln!("{}: note: this kernel's ublk lacks {m}", a.name);
+        }
+        if a.ublk.no_recovery {
+            eprintln!(
+                "{}: user recovery off: if this server dies, {path} fails its I/O",
+                a.name
+            );
+        }
+        let summary = format!(
+            "{path} ({} queues x {} deep{}{})",
             server.queues(),
             server.queue_depth(),
             if server.recoverable() {
@@ -316,24 +287,32 @@ pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
             } else {
                 ""
             },
-            if recover_id.is_some() {
+            if self.recover_id.is_some() {
                 ", recovered"
             } else {
                 ""
             },
         );
+        let control = Arc::new(UblkControl {
+            handle: server.shutdown_handle(),
+            fixed: json!({
+                "path": path, "dev_id": server.dev_id(), "queues": server.queues(),
+                "queue_depth": server.queue_depth(), "max_io_bytes": server.max_io_bytes(),
+                "recoverable": server.recoverable(), "ublk_features": server.features().names(),
+            }),
+        });
+        Ok(Started {
+            desc: "ublk".into(),
+            summary,
+            device_node: Some(path),
+            control,
+            run: Box::new(move || {
+                let r = server.run();
+                let _ = std::fs::remove_file(&state);
+                r.map_err(ublk_err)
+            }),
+        })
     }
-    if a.daemon_child {
-        let mut out = std::io::stdout();
-        let _ = writeln!(out, "READY {path}").and_then(|_| out.flush());
-    } else {
-        println!("{path}");
-    }
-    let result = server.run();
-    let _ = std::fs::remove_file(&ctl_path);
-    let _ = std::fs::remove_file(&state);
-    let _ = std::fs::remove_file(&pid_path);
-    result.map_err(ublk_err)
 }
 
 /// `close NAME` when no server answers: if NAME had a ublk device, remove it (its server

@@ -1,0 +1,403 @@
+//! Serving an unlocked volume: one lifecycle for every frontend (NBD, FUSE, ublk, and the
+//! ones to come), each of which is one file here implementing [`Frontend`].
+//!
+//! The lifecycle ([`serve`]): check the options and what the frontend needs, detach
+//! (`--daemon`), unlock the volume, start the frontend, announce it in the run directory
+//! (control socket NAME.ctl, NAME.pid, signal handlers), answer `status` and `close` on
+//! the control socket, run until closed, clean up, flush.
+
+mod fuse;
+mod nbd;
+pub mod ublk;
+
+use crate::commands::Ctx;
+use crate::error::{CliError, CliResult, EXIT_BUSY, io_err};
+use crate::rundir::{self, SocketAccess};
+use crate::unlock::{OpenedVolume, VolumeArgs, open_volume};
+use clap::Args;
+use cryptblk_device::BlockDevice;
+use cryptblk_volume::Volume;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+#[derive(Args, Debug)]
+pub struct OpenArgs {
+    /// Image file, block device, or `mem:SIZE` (RAM, e.g. mem:1G; plain mode, for benchmarks).
+    pub device: PathBuf,
+    /// Name of the mapping (used by close/status).
+    pub name: String,
+    /// Serve over NBD: `unix:PATH` or `tcp:127.0.0.1:PORT`.
+    #[arg(long, conflicts_with = "fuse")]
+    pub nbd: Option<String>,
+    /// Serve as the file DIR/NAME in a FUSE mount on DIR (loop-mount it, or use it directly).
+    #[arg(long, value_name = "DIR")]
+    pub fuse: Option<PathBuf>,
+    /// With --fuse: let other users (root included) reach the file; its permissions
+    /// (0600, the server's user) still apply, checked by the kernel.
+    #[arg(long = "allow-other", requires = "fuse")]
+    pub allow_other: bool,
+    /// With --nbd unix:PATH: permissions of the socket (octal; default 600, owner only).
+    /// Whoever can connect reads and writes the plaintext.
+    #[arg(long = "socket-mode", value_name = "OCTAL", requires = "nbd")]
+    pub socket_mode: Option<String>,
+    /// With --nbd unix:PATH: group of the socket (name or number), to share it on purpose
+    /// together with --socket-mode 660.
+    #[arg(long = "socket-group", value_name = "GROUP", requires = "nbd")]
+    pub socket_group: Option<String>,
+    /// Detach and run in the background once ready.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Directory for pid, control socket and log (default: $XDG_RUNTIME_DIR/cryptblk,
+    /// /run/cryptblk as root).
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+    /// NBD: threads per connection (requests in flight per client); FUSE: worker threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// NBD: microseconds a connection polls for its next request before sleeping
+    /// (0 = never poll; polling saves a wake-up per request at low queue depth).
+    #[arg(long = "busy-poll", value_name = "MICROS", default_value_t = 50)]
+    pub busy_poll: u64,
+    #[command(flatten)]
+    pub ublk: ublk::UblkArgs,
+    /// Internal: set in the detached child of `--daemon`.
+    #[arg(long = "daemon-child", hide = true)]
+    pub daemon_child: bool,
+    #[command(flatten)]
+    pub vol: VolumeArgs,
+}
+
+/// A way to serve a volume. `prepare` runs before anything is unlocked or the process
+/// detaches; `start` makes the volume reachable.
+pub(crate) trait Frontend {
+    /// Checks options and what the host must offer (kernel driver...), so that errors come
+    /// before the passphrase is asked for. Runs in the `--daemon` parent and child alike.
+    fn prepare(&mut self, _a: &OpenArgs, _dir: &Path) -> CliResult<()> {
+        Ok(())
+    }
+    /// Serves `vol` (bound, mounted or created): clients may come once this returns.
+    fn start(
+        self: Box<Self>,
+        a: &OpenArgs,
+        dir: &Path,
+        vol: Arc<Volume>,
+        opened: &Opened,
+    ) -> CliResult<Started>;
+}
+
+/// What `status` reports about how the volume was unlocked, fixed at open time.
+pub(crate) struct Opened {
+    pub(crate) kind: String,
+    pub(crate) key_bits: usize,
+    pub(crate) keyslot: Option<u32>,
+    pub(crate) uuid: Option<String>,
+}
+
+/// A frontend that serves.
+pub(crate) struct Started {
+    /// `status`'s frontend field: "nbd unix:PATH", "fuse FILE", "ublk".
+    pub(crate) desc: String,
+    /// Where it is served, for the message at start ("unix:PATH", "/dev/ublkb0 (...)").
+    pub(crate) summary: String,
+    /// A device node to print on stdout once ready (and hand to the `--daemon` parent).
+    pub(crate) device_node: Option<String>,
+    /// Stop requests and figures, from the signal and control threads.
+    pub(crate) control: Arc<dyn Control>,
+    /// Serves until stopped, then removes what the frontend made.
+    pub(crate) run: Box<dyn FnOnce() -> CliResult<()>>,
+}
+
+/// The frontend as `close`, signals and `status` reach it while it runs.
+pub(crate) trait Control: Send + Sync {
+    /// Starts a clean stop (drain, then `run` returns); a frontend that is still in use
+    /// (a FUSE file held open) may refuse: `Err(why)`.
+    fn stop(&self) -> Result<(), String>;
+    /// The frontend's own fields of `status` (a JSON object).
+    fn status(&self) -> Value;
+}
+
+/// The frontend the options name: exactly one of --nbd, --fuse, --ublk.
+fn choose(a: &OpenArgs) -> CliResult<Box<dyn Frontend>> {
+    match (&a.nbd, &a.fuse, a.ublk.ublk) {
+        (Some(spec), None, false) => {
+            ublk::check_unused(&a.ublk)?;
+            Ok(Box::new(nbd::NbdFrontend::parse(spec, a)?))
+        }
+        (None, Some(mnt), false) => {
+            ublk::check_unused(&a.ublk)?;
+            Ok(Box::new(fuse::FuseFrontend::new(mnt.clone())))
+        }
+        (None, None, true) => Ok(Box::new(ublk::UblkFrontend::default())),
+        (None, None, false) => Err(CliError::usage(
+            "open needs one frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT, --fuse DIR or --ublk",
+        )),
+        _ => Err(CliError::usage(
+            "choose one frontend: --nbd, --fuse or --ublk",
+        )),
+    }
+}
+
+/// `open`: the whole lifecycle, for whichever frontend the options name.
+pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+    // From here on this process holds the passphrase and the volume key: no core dumps,
+    // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
+    // flag, so the `--daemon` child, which runs this function too, sets it again itself.
+    crate::process::set_not_dumpable();
+    rundir::check_name(&a.name)?;
+    let mut fe = choose(&a)?;
+    let dir = rundir::private_run_dir(&a.run_dir)?;
+    let ctl_path = check_not_open(&dir, &a.name)?;
+    fe.prepare(&a, &dir)?;
+    if a.daemon && !a.daemon_child {
+        return spawn_daemon(&a, &dir);
+    }
+    let OpenedVolume {
+        volume,
+        kind,
+        key_bits,
+        keyslot,
+        uuid,
+    } = open_volume(&a.device, &a.vol)?;
+    let vol = Arc::new(volume);
+    let opened = Opened {
+        kind,
+        key_bits,
+        keyslot,
+        uuid,
+    };
+    let started = fe.start(&a, &dir, vol.clone(), &opened)?;
+    let served = Arc::new(Served {
+        name: a.name.clone(),
+        device: a.device.display().to_string(),
+        kind: opened.kind,
+        key_bits: opened.key_bits,
+        keyslot: opened.keyslot,
+        frontend: started.desc.clone(),
+    });
+
+    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up).
+    let (ctl, pid_path) = {
+        let c = started.control.clone();
+        announce(&ctl_path, &dir, &a.name, move || c.stop())?
+    };
+    {
+        let (c, served, vol) = (started.control.clone(), served.clone(), vol.clone());
+        std::thread::spawn(move || {
+            control_loop(ctl, || status_json(&served, &vol, c.status()), || c.stop())
+        });
+    }
+    if ctx.verbose || !a.daemon_child {
+        eprintln!(
+            "{}: {} {} served at {}",
+            a.name,
+            served.kind,
+            vol.cipher().spec(),
+            started.summary
+        );
+    }
+    let node = started.device_node.clone().unwrap_or_default();
+    if a.daemon_child {
+        // Tell the parent we are ready ("READY" or "READY /dev/ublkbN"); it closes its
+        // end and exits.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "READY {node}").and_then(|_| out.flush());
+    } else if !node.is_empty() {
+        println!("{node}");
+    }
+    let result = (started.run)();
+    let _ = std::fs::remove_file(&ctl_path);
+    let _ = std::fs::remove_file(&pid_path);
+    vol.flush().map_err(|e| io_err(&a.device, e))?;
+    result
+}
+
+/// Everything `status` reports, fixed at open time.
+pub(crate) struct Served {
+    pub(crate) name: String,
+    pub(crate) device: String,
+    pub(crate) kind: String,
+    pub(crate) key_bits: usize,
+    pub(crate) keyslot: Option<u32>,
+    pub(crate) frontend: String,
+}
+
+/// The volume's part of `status`, with the frontend's fields (`extra`, an object) added.
+fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Value) -> Value {
+    let st = vol.stats();
+    let c = vol.cipher();
+    let mut v = json!({
+        "name": s.name, "device": s.device, "type": s.kind,
+        "cipher": c.spec().to_string(), "key_bits": s.key_bits, "keyslot": s.keyslot,
+        "sector_size": c.sector_size(), "backend": c.backend().name(),
+        "storage": vol.storage_description(),
+        "offset_sectors": vol.data_offset() / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
+        "mode": if vol.read_only() { "readonly" } else { "read/write" },
+        "discards": vol.can_discard(),
+        "frontend": s.frontend, "pid": std::process::id(),
+        "reads": st.reads.load(Relaxed), "writes": st.writes.load(Relaxed),
+        "read_bytes": st.read_bytes.load(Relaxed), "written_bytes": st.written_bytes.load(Relaxed),
+        "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
+        "unaligned": st.unaligned.load(Relaxed), "crypto_calls": st.crypto_calls.load(Relaxed),
+        "dumpable": crate::process::is_dumpable(),
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
+}
+
+/// NAME.ctl, where a running volume answers; an error if one of that name already does.
+fn check_not_open(dir: &Path, name: &str) -> CliResult<PathBuf> {
+    let ctl_path = dir.join(format!("{name}.ctl"));
+    if UnixStream::connect(&ctl_path).is_ok() {
+        return Err(CliError::new(
+            EXIT_BUSY,
+            format!("a volume named {name} is already open"),
+        ));
+    }
+    Ok(ctl_path)
+}
+
+/// Makes a volume visible once its frontend is up: binds the control socket `ctl_path`,
+/// writes NAME.pid, and on SIGTERM/SIGINT calls `stop` (again at the next signal while it
+/// says the volume is busy). Returns the control listener and the pid file's path.
+fn announce(
+    ctl_path: &Path,
+    dir: &Path,
+    name: &str,
+    stop: impl Fn() -> Result<(), String> + Send + 'static,
+) -> CliResult<(UnixListener, PathBuf)> {
+    rundir::clear_stale_socket(ctl_path)?;
+    let ctl = rundir::bind_socket(ctl_path, SocketAccess::default())?;
+    let pid_path = dir.join(format!("{name}.pid"));
+    rundir::write_private_file(&pid_path, format!("{}\n", std::process::id()).as_bytes())?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| CliError::usage(format!("signals: {e}")))?;
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        for _ in signals.forever() {
+            match stop() {
+                Ok(()) => return,
+                Err(e) => eprintln!("{name}: cannot close yet: {e}"),
+            }
+        }
+    });
+    Ok((ctl, pid_path))
+}
+
+/// Answers `status` and `close` on the control socket until a `close` succeeds (`close`
+/// may refuse, e.g. while a FUSE file is in use: the client gets `busy: WHY`).
+fn control_loop(
+    ctl: UnixListener,
+    status: impl Fn() -> Value,
+    close: impl Fn() -> Result<(), String>,
+) {
+    for conn in ctl.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let mut line = String::new();
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        if BufReader::new(&mut conn)
+            .take(256)
+            .read_line(&mut line)
+            .is_err()
+        {
+            continue;
+        }
+        match line.trim() {
+            "status" => {
+                let _ = writeln!(conn, "{}", status());
+            }
+            "close" => match close() {
+                Ok(()) => {
+                    let _ = writeln!(conn, "closing");
+                    return;
+                }
+                Err(e) => {
+                    let _ = writeln!(conn, "busy: {e}");
+                }
+            },
+            _ => {
+                let _ = writeln!(conn, "error: unknown command");
+            }
+        }
+    }
+}
+
+/// Re-runs this command detached; the child signals readiness on its stdout.
+fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let log_path = dir.join(format!("{}.log", a.name));
+    let log = rundir::create_private_file(&log_path)?;
+    // The passphrase is read here (terminal or stdin) and handed over a pipe, never argv.
+    let needs_pass =
+        a.vol.key.key_file.is_none() && !a.device.to_string_lossy().starts_with("mem:");
+    let pass = if needs_pass {
+        Some(crate::passphrase::get_passphrase(
+            &a.vol.key.source(),
+            &format!("Enter passphrase for {}: ", a.device.display()),
+            false,
+        )?)
+    } else if a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
+        // The key file is our stdin: hand all of it over (the child applies
+        // --keyfile-offset/--keyfile-size itself, as for any key file). One byte more than
+        // the child accepts, so that it still sees a key file that is too large.
+        let limit = (a.vol.key.keyfile_offset as usize)
+            .checked_add(
+                a.vol
+                    .key
+                    .keyfile_size
+                    .unwrap_or(crate::passphrase::KEYFILE_MAX),
+            )
+            .and_then(|n| n.checked_add(1))
+            .ok_or_else(|| CliError::usage("--keyfile-offset is too large"))?;
+        Some(crate::passphrase::read_stdin_raw(limit)?)
+    } else {
+        None
+    };
+    let exe = std::env::current_exe().map_err(|e| CliError::usage(e.to_string()))?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    args.retain(|x| x != "--daemon");
+    args.push("--daemon-child".into());
+    let mut child = Command::new(exe)
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| CliError::usage(format!("cannot start daemon: {e}")))?;
+    {
+        let mut stdin = child.stdin.take().expect("piped");
+        match &pass {
+            Some(p) if needs_pass => {
+                let _ = stdin.write_all(p).and_then(|_| stdin.write_all(b"\n"));
+            }
+            Some(raw) => {
+                let _ = stdin.write_all(raw);
+            }
+            None => {}
+        }
+    }
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    // "READY" or "READY /dev/ublkbN": print the device node if there is one.
+    if let Some(rest) = line.trim().strip_prefix("READY") {
+        let rest = rest.trim();
+        println!("{}", if rest.is_empty() { &a.name } else { rest });
+        return Ok(());
+    }
+    let status = child.wait().map_err(|e| CliError::usage(e.to_string()))?;
+    let log = rundir::read_private_file(&log_path).unwrap_or_default();
+    Err(CliError::new(
+        status.code().unwrap_or(1).max(1),
+        log.trim_end().to_string(),
+    ))
+}
