@@ -278,6 +278,26 @@ pub(crate) fn transmission_flags(export: &Export, structured: bool) -> u16 {
     f
 }
 
+/// What handling one option left to do.
+enum Step {
+    /// Send the reply built in `Handshake::out`, then read the next option.
+    Reply,
+    /// The reply is sent; read the next option.
+    Sent,
+    /// The negotiation is over.
+    Done(Negotiated),
+}
+
+/// The fixed-newstyle negotiation of one connection: the client's options, one method each.
+struct Handshake<'a> {
+    shared: &'a Shared,
+    s: &'a AnyStream,
+    /// The reply being built.
+    out: Vec<u8>,
+    structured: bool,
+    no_zeroes: bool,
+}
+
 fn handshake(
     shared: &Shared,
     s: &AnyStream,
@@ -297,15 +317,19 @@ fn handshake(
             "unknown client flags",
         ));
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
-    let mut structured = false;
+    let mut hs = Handshake {
+        shared,
+        s,
+        out,
+        structured: false,
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+    };
     let mut data = Vec::new();
     let max_options = if reject {
         MAX_REJECTED_OPTIONS
     } else {
         MAX_OPTIONS
     };
-
     for _ in 0..max_options {
         let mut hdr = [0u8; OPTION_HDR_LEN];
         rb.read_exact(s, &mut hdr)?;
@@ -315,113 +339,152 @@ fn handshake(
         let opt = h.option;
         data.resize(h.len as usize, 0);
         rb.read_exact(s, &mut data)?;
-        out.clear();
-
-        let shutting_down = shared.shutting_down.load(Relaxed);
-        if reject || shutting_down {
+        hs.out.clear();
+        let step = if reject || shared.shutting_down.load(Relaxed) {
+            hs.refuse(opt, reject)
+        } else {
             match opt {
-                OPT_ABORT => {
-                    option_reply(&mut out, opt, REP_ACK, &[]);
-                    let _ = s.write_all(&out);
-                    return Ok(Negotiated::Close);
-                }
-                // No way to send an error: the only option is to hang up.
-                OPT_EXPORT_NAME => return Ok(Negotiated::Close),
-                _ if reject => option_reply(
-                    &mut out,
-                    opt,
-                    REP_ERR_POLICY,
-                    b"too many connections, try again later",
-                ),
-                _ => option_reply(&mut out, opt, REP_ERR_SHUTDOWN, b"server is shutting down"),
+                OPT_EXPORT_NAME => hs.export_name(&data)?,
+                OPT_ABORT => hs.abort(),
+                OPT_LIST => hs.list(&data),
+                OPT_STRUCTURED_REPLY => hs.structured_reply(&data),
+                OPT_INFO | OPT_GO => hs.info_or_go(opt, &data)?,
+                _ => hs.unsupported(opt),
             }
-            s.write_all(&out)?;
-            continue;
+        };
+        match step {
+            Step::Reply => s.write_all(&hs.out)?,
+            Step::Sent => {}
+            Step::Done(n) => return Ok(n),
         }
-
-        match opt {
-            OPT_EXPORT_NAME => {
-                let Some((idx, export)) = find_export(shared, &data) else {
-                    return Ok(Negotiated::Close);
-                };
-                out.extend_from_slice(&export.size.to_be_bytes());
-                out.extend_from_slice(&transmission_flags(export, structured).to_be_bytes());
-                if !no_zeroes {
-                    out.extend_from_slice(&[0u8; 124]);
-                }
-                s.write_all(&out)?;
-                return Ok(Negotiated::Transmission {
-                    export: idx,
-                    structured,
-                });
-            }
-            OPT_ABORT => {
-                option_reply(&mut out, opt, REP_ACK, &[]);
-                let _ = s.write_all(&out);
-                return Ok(Negotiated::Close);
-            }
-            OPT_LIST => {
-                if !data.is_empty() {
-                    option_reply(
-                        &mut out,
-                        opt,
-                        REP_ERR_INVALID,
-                        b"NBD_OPT_LIST takes no data",
-                    );
-                } else {
-                    let mut item = Vec::new();
-                    for e in &shared.exports {
-                        item.clear();
-                        item.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
-                        item.extend_from_slice(e.name.as_bytes());
-                        if let Some(d) = &e.description {
-                            item.extend_from_slice(d.as_bytes());
-                        }
-                        option_reply(&mut out, opt, REP_SERVER, &item);
-                    }
-                    option_reply(&mut out, opt, REP_ACK, &[]);
-                }
-            }
-            OPT_STRUCTURED_REPLY => {
-                if !data.is_empty() {
-                    option_reply(
-                        &mut out,
-                        opt,
-                        REP_ERR_INVALID,
-                        b"NBD_OPT_STRUCTURED_REPLY takes no data",
-                    );
-                } else {
-                    structured = true;
-                    option_reply(&mut out, opt, REP_ACK, &[]);
-                }
-            }
-            OPT_INFO | OPT_GO => {
-                if let Some(idx) = info_reply(shared, opt, &data, structured, &mut out) {
-                    s.write_all(&out)?;
-                    if opt == OPT_GO {
-                        return Ok(Negotiated::Transmission {
-                            export: idx,
-                            structured,
-                        });
-                    }
-                    continue;
-                }
-            }
-            _ => {
-                let msg = if opt == OPT_STARTTLS {
-                    &b"TLS is not supported"[..]
-                } else {
-                    &b"unsupported option"[..]
-                };
-                option_reply(&mut out, opt, REP_ERR_UNSUP, msg);
-            }
-        }
-        s.write_all(&out)?;
     }
     Err(io::Error::new(
         io::ErrorKind::InvalidData,
         "too many options",
     ))
+}
+
+impl Handshake<'_> {
+    /// Over the connection limit (`reject`) or shutting down: every option is answered
+    /// with an error, and the client can only leave.
+    fn refuse(&mut self, opt: u32, reject: bool) -> Step {
+        match opt {
+            OPT_ABORT => self.abort(),
+            // No way to send an error: the only option is to hang up.
+            OPT_EXPORT_NAME => Step::Done(Negotiated::Close),
+            _ if reject => {
+                option_reply(
+                    &mut self.out,
+                    opt,
+                    REP_ERR_POLICY,
+                    b"too many connections, try again later",
+                );
+                Step::Reply
+            }
+            _ => {
+                option_reply(
+                    &mut self.out,
+                    opt,
+                    REP_ERR_SHUTDOWN,
+                    b"server is shutting down",
+                );
+                Step::Reply
+            }
+        }
+    }
+
+    /// NBD_OPT_EXPORT_NAME: the old way in; an unknown name can only be hung up on.
+    fn export_name(&mut self, name: &[u8]) -> io::Result<Step> {
+        let Some((idx, export)) = find_export(self.shared, name) else {
+            return Ok(Step::Done(Negotiated::Close));
+        };
+        self.out.extend_from_slice(&export.size.to_be_bytes());
+        self.out
+            .extend_from_slice(&transmission_flags(export, self.structured).to_be_bytes());
+        if !self.no_zeroes {
+            self.out.extend_from_slice(&[0u8; 124]);
+        }
+        self.s.write_all(&self.out)?;
+        Ok(Step::Done(Negotiated::Transmission {
+            export: idx,
+            structured: self.structured,
+        }))
+    }
+
+    /// NBD_OPT_ABORT: acknowledged (if the client still listens), then closed.
+    fn abort(&mut self) -> Step {
+        option_reply(&mut self.out, OPT_ABORT, REP_ACK, &[]);
+        let _ = self.s.write_all(&self.out);
+        Step::Done(Negotiated::Close)
+    }
+
+    /// NBD_OPT_LIST: every export's name and description.
+    fn list(&mut self, data: &[u8]) -> Step {
+        if !data.is_empty() {
+            option_reply(
+                &mut self.out,
+                OPT_LIST,
+                REP_ERR_INVALID,
+                b"NBD_OPT_LIST takes no data",
+            );
+            return Step::Reply;
+        }
+        let mut item = Vec::new();
+        for e in &self.shared.exports {
+            item.clear();
+            item.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+            item.extend_from_slice(e.name.as_bytes());
+            if let Some(d) = &e.description {
+                item.extend_from_slice(d.as_bytes());
+            }
+            option_reply(&mut self.out, OPT_LIST, REP_SERVER, &item);
+        }
+        option_reply(&mut self.out, OPT_LIST, REP_ACK, &[]);
+        Step::Reply
+    }
+
+    /// NBD_OPT_STRUCTURED_REPLY: accepted (reads then use structured replies).
+    fn structured_reply(&mut self, data: &[u8]) -> Step {
+        if data.is_empty() {
+            self.structured = true;
+            option_reply(&mut self.out, OPT_STRUCTURED_REPLY, REP_ACK, &[]);
+        } else {
+            option_reply(
+                &mut self.out,
+                OPT_STRUCTURED_REPLY,
+                REP_ERR_INVALID,
+                b"NBD_OPT_STRUCTURED_REPLY takes no data",
+            );
+        }
+        Step::Reply
+    }
+
+    /// NBD_OPT_INFO and NBD_OPT_GO: the export's details; GO then starts transmission.
+    fn info_or_go(&mut self, opt: u32, data: &[u8]) -> io::Result<Step> {
+        let Some(idx) = info_reply(self.shared, opt, data, self.structured, &mut self.out) else {
+            return Ok(Step::Reply); // `out` holds the error reply
+        };
+        self.s.write_all(&self.out)?;
+        Ok(if opt == OPT_GO {
+            Step::Done(Negotiated::Transmission {
+                export: idx,
+                structured: self.structured,
+            })
+        } else {
+            Step::Sent
+        })
+    }
+
+    /// Any other option (STARTTLS included: no TLS here yet).
+    fn unsupported(&mut self, opt: u32) -> Step {
+        let msg = if opt == OPT_STARTTLS {
+            &b"TLS is not supported"[..]
+        } else {
+            &b"unsupported option"[..]
+        };
+        option_reply(&mut self.out, opt, REP_ERR_UNSUP, msg);
+        Step::Reply
+    }
 }
 
 /// Builds the reply to NBD_OPT_INFO/NBD_OPT_GO into `out`; returns the export on success.
