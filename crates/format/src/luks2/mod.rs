@@ -638,30 +638,6 @@ impl Luks2Header {
         self.store_keyslot(dev, &key, new_passphrase, new_slot, kdf, Some(old))
     }
 
-    /// [`Luks2Header::change_keyslot`] for a caller that already unlocked `old_slot` and
-    /// holds the volume key: one metadata update adds the new slot and removes the old one.
-    pub fn change_keyslot_with_key(
-        &mut self,
-        dev: &mut dyn HeaderDevice,
-        old_slot: u32,
-        volume_key: &[u8],
-        new_passphrase: &[u8],
-        new_slot: Option<u32>,
-        kdf: &KdfRequest,
-    ) -> Result<u32> {
-        if !self.model.keyslots.contains_key(&old_slot) {
-            return Err(Error::Keyslot(format!("keyslot {old_slot} is not active")));
-        }
-        self.store_keyslot(
-            dev,
-            volume_key,
-            new_passphrase,
-            new_slot,
-            kdf,
-            Some(old_slot),
-        )
-    }
-
     /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).
     pub fn repair(&mut self, dev: &mut dyn HeaderDevice) -> Result<()> {
         self.check_usable()?;
@@ -945,8 +921,9 @@ impl LuksHeader for Luks2Header {
     /// Removes the slot from the metadata (and from digests and tokens), commits, then
     /// wipes its area: a crash in between leaves unreferenced material, never a listed
     /// slot whose material is gone.
-    /// New slot and removal of the old one in one metadata update: a crash leaves exactly
-    /// the old or exactly the new passphrase (as luksChangeKey does).
+    /// [`Luks2Header::change_keyslot`] for a caller that already unlocked `old_slot` and
+    /// holds the volume key: the new slot and the removal of the old one in one metadata
+    /// update, so a crash leaves exactly the old or exactly the new passphrase.
     fn replace_keyslot(
         &mut self,
         dev: &mut dyn HeaderDevice,
@@ -956,7 +933,17 @@ impl LuksHeader for Luks2Header {
         new_slot: Option<u32>,
         kdf: &KdfRequest,
     ) -> Result<u32> {
-        self.change_keyslot_with_key(dev, old_slot, volume_key, new_passphrase, new_slot, kdf)
+        if !self.model.keyslots.contains_key(&old_slot) {
+            return Err(Error::Keyslot(format!("keyslot {old_slot} is not active")));
+        }
+        self.store_keyslot(
+            dev,
+            volume_key,
+            new_passphrase,
+            new_slot,
+            kdf,
+            Some(old_slot),
+        )
     }
 
     fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()> {
