@@ -210,107 +210,19 @@ impl Luks1Header {
         volume_key: &[u8],
         passphrase: &[u8],
     ) -> Result<Self> {
-        let invalid = |s: String| Err(Error::InvalidOption(s));
-        if opts.kdf.kind != KdfKind::Pbkdf2 {
-            return invalid("LUKS1 supports only the pbkdf2 PBKDF".into());
-        }
-        if opts.sector_size != SECTOR_SIZE as u32 {
-            return invalid(format!(
-                "LUKS1 supports only 512-byte sectors, not {}",
-                opts.sector_size
-            ));
-        }
-        if opts.label.is_some() || opts.subsystem.is_some() {
-            return invalid("labels and subsystems need LUKS2".into());
-        }
-        if opts.luks2_metadata_size.is_some() || opts.luks2_keyslots_size.is_some() {
-            return invalid("metadata and keyslots area sizes are LUKS2 options".into());
-        }
-        if volume_key.len() != opts.key_len {
-            return invalid(format!(
-                "volume key is {} bytes, key size is {} bytes",
-                volume_key.len(),
-                opts.key_len
-            ));
-        }
+        check_options(opts, volume_key)?;
         let key_bytes = opts.key_len;
-        if key_bytes == 0 || key_bytes > 4096 || !opts.cipher.valid_key_len(key_bytes) {
-            return invalid(format!(
-                "key size {} bits is invalid for {}",
-                key_bytes * 8,
-                opts.cipher
-            ));
-        }
         let cipher_name = opts.cipher.cipher_name().to_string();
         let cipher_mode = opts.cipher.cipher_mode();
-        header::check_field_len(&cipher_name, CIPHER_NAME_LEN, "cipher_name")?;
-        header::check_field_len(&cipher_mode, CIPHER_MODE_LEN, "cipher_mode")?;
         let hash_spec = opts.hash.name().to_string();
-        header::check_field_len(&hash_spec, HASH_SPEC_LEN, "hash_spec")?;
-        if opts.hash.output_len() < DIGEST_SIZE {
-            return invalid(format!("hash {} is too short for LUKS1", opts.hash));
-        }
-        if let Some(s) = opts.keyslot
-            && s as usize >= NUM_KEYSLOTS
-        {
-            return Err(Error::Keyslot(format!(
-                "keyslot {s} out of range 0..{NUM_KEYSLOTS}"
-            )));
-        }
 
-        // Keyslot layout: first at 4096 bytes, each area rounded up to 4096 bytes.
-        let slot_sectors = af_sectors(key_bytes, STRIPES);
-        let mut end = ALIGN_KEYSLOTS_SECTORS;
-        let mut offsets = [0u32; NUM_KEYSLOTS];
-        for o in offsets.iter_mut() {
-            *o = end as u32; // at most 8 * 16 MiB / 512: fits
-            end = (end + slot_sectors).next_multiple_of(ALIGN_KEYSLOTS_SECTORS);
-        }
-        let payload_sectors = match opts.data_offset.filter(|&d| d != 0) {
-            Some(d) if d % SECTOR_SIZE != 0 => {
-                return invalid(format!("data offset {d} is not a multiple of 512 bytes"));
-            }
-            Some(d) => d / SECTOR_SIZE,
-            None if opts.detached_header => 0,
-            None => end.next_multiple_of(DEFAULT_ALIGNMENT_SECTORS),
-        };
-        if payload_sectors != 0 && payload_sectors < end {
-            return invalid(format!(
-                "data offset must be 0 or at least the header size ({} bytes)",
-                end * SECTOR_SIZE
-            ));
-        }
-        let payload_offset = u32::try_from(payload_sectors)
-            .map_err(|_| Error::InvalidOption("data offset too large for LUKS1".into()))?;
-
+        let (offsets, payload_offset) = layout(opts, key_bytes)?;
         let uuid = match &opts.uuid {
             Some(u) => parse_uuid(u)?,
             None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
 
-        // One calibration serves the keyslot and the digest, as in cryptsetup.
-        let request = KdfRequest {
-            hash: opts.hash,
-            ..opts.kdf.clone()
-        };
-        let (slot_kdf, digest_iterations) = match request.forced_iterations {
-            Some(_) => (request.resolve(key_bytes)?, MKD_ITERATIONS_MIN),
-            None => {
-                if request.iter_time_ms == 0 {
-                    return invalid("PBKDF target time cannot be zero".into());
-                }
-                let kdf = request.resolve(key_bytes)?;
-                let Kdf::Pbkdf2 { iterations, .. } = kdf else {
-                    return invalid("LUKS1 supports only the pbkdf2 PBKDF".into());
-                };
-                let d = u64::from(iterations) * u64::from(MKD_ITERATIONS_MS)
-                    / u64::from(request.iter_time_ms);
-                (
-                    kdf,
-                    u32::try_from(d).unwrap_or(u32::MAX).max(MKD_ITERATIONS_MIN),
-                )
-            }
-        };
+        let (slot_kdf, digest_iterations) = kdf_plan(opts, key_bytes)?;
 
         let mut mk_digest_salt = [0u8; SALT_SIZE];
         cryptblk_crypto::random_bytes(&mut mk_digest_salt)?;
@@ -336,19 +248,7 @@ impl Luks1Header {
         let (cipher, hash) = phdr.validate()?;
         let mut hdr = Luks1Header { phdr, cipher, hash };
 
-        // cryptsetup's LUKS_wipe_header_areas: zeros over the header, random over the slots.
-        let payload_bytes = u64::from(payload_offset) * SECTOR_SIZE;
-        let zero_len = if payload_bytes == 0 || payload_bytes > MAX_AREA_BYTES * NUM_KEYSLOTS as u64
-        {
-            4096
-        } else {
-            payload_bytes
-        };
-        keyslot::wipe_zero(dev, 0, zero_len)?;
-        for i in 0..NUM_KEYSLOTS {
-            let (start, end) = hdr.phdr.slot_area(i);
-            keyslot::wipe_random(dev, start * SECTOR_SIZE, (end - start) * SECTOR_SIZE)?;
-        }
+        wipe_areas(dev, &hdr)?;
         hdr.write_synced(dev)?;
 
         hdr.store_key(dev, volume_key, passphrase, opts.keyslot, &slot_kdf)?;
@@ -674,4 +574,128 @@ impl LuksHeader for Luks1Header {
         dev.sync()?;
         Ok(())
     }
+}
+
+/// The options LUKS1 cannot hold, checked before anything is written.
+fn check_options(opts: &FormatOptions, volume_key: &[u8]) -> Result<()> {
+    let invalid = |s: String| Err(Error::InvalidOption(s));
+    if opts.kdf.kind != KdfKind::Pbkdf2 {
+        return invalid("LUKS1 supports only the pbkdf2 PBKDF".into());
+    }
+    if opts.sector_size != SECTOR_SIZE as u32 {
+        return invalid(format!(
+            "LUKS1 supports only 512-byte sectors, not {}",
+            opts.sector_size
+        ));
+    }
+    if opts.label.is_some() || opts.subsystem.is_some() {
+        return invalid("labels and subsystems need LUKS2".into());
+    }
+    if opts.luks2_metadata_size.is_some() || opts.luks2_keyslots_size.is_some() {
+        return invalid("metadata and keyslots area sizes are LUKS2 options".into());
+    }
+    if volume_key.len() != opts.key_len {
+        return invalid(format!(
+            "volume key is {} bytes, key size is {} bytes",
+            volume_key.len(),
+            opts.key_len
+        ));
+    }
+    let key_bytes = opts.key_len;
+    if key_bytes == 0 || key_bytes > 4096 || !opts.cipher.valid_key_len(key_bytes) {
+        return invalid(format!(
+            "key size {} bits is invalid for {}",
+            key_bytes * 8,
+            opts.cipher
+        ));
+    }
+    header::check_field_len(opts.cipher.cipher_name(), CIPHER_NAME_LEN, "cipher_name")?;
+    header::check_field_len(&opts.cipher.cipher_mode(), CIPHER_MODE_LEN, "cipher_mode")?;
+    header::check_field_len(opts.hash.name(), HASH_SPEC_LEN, "hash_spec")?;
+    if opts.hash.output_len() < DIGEST_SIZE {
+        return invalid(format!("hash {} is too short for LUKS1", opts.hash));
+    }
+    if let Some(s) = opts.keyslot
+        && s as usize >= NUM_KEYSLOTS
+    {
+        return Err(Error::Keyslot(format!(
+            "keyslot {s} out of range 0..{NUM_KEYSLOTS}"
+        )));
+    }
+    Ok(())
+}
+
+/// Keyslot areas (the first at 4096 bytes, each rounded up to 4096 bytes) and the payload
+/// offset in sectors, as `LUKS_generate_phdr` lays them out.
+fn layout(opts: &FormatOptions, key_bytes: usize) -> Result<([u32; NUM_KEYSLOTS], u32)> {
+    let invalid = |s: String| Err(Error::InvalidOption(s));
+    let slot_sectors = af_sectors(key_bytes, STRIPES);
+    let mut end = ALIGN_KEYSLOTS_SECTORS;
+    let mut offsets = [0u32; NUM_KEYSLOTS];
+    for o in offsets.iter_mut() {
+        *o = end as u32; // at most 8 * 16 MiB / 512: fits
+        end = (end + slot_sectors).next_multiple_of(ALIGN_KEYSLOTS_SECTORS);
+    }
+    let payload_sectors = match opts.data_offset.filter(|&d| d != 0) {
+        Some(d) if d % SECTOR_SIZE != 0 => {
+            return invalid(format!("data offset {d} is not a multiple of 512 bytes"));
+        }
+        Some(d) => d / SECTOR_SIZE,
+        None if opts.detached_header => 0,
+        None => end.next_multiple_of(DEFAULT_ALIGNMENT_SECTORS),
+    };
+    if payload_sectors != 0 && payload_sectors < end {
+        return invalid(format!(
+            "data offset must be 0 or at least the header size ({} bytes)",
+            end * SECTOR_SIZE
+        ));
+    }
+    let payload_offset = u32::try_from(payload_sectors)
+        .map_err(|_| Error::InvalidOption("data offset too large for LUKS1".into()))?;
+    Ok((offsets, payload_offset))
+}
+
+/// The keyslot's KDF and the digest's iteration count: one calibration serves both, as in
+/// cryptsetup.
+fn kdf_plan(opts: &FormatOptions, key_bytes: usize) -> Result<(Kdf, u32)> {
+    let invalid = |s: String| Err(Error::InvalidOption(s));
+    let request = KdfRequest {
+        hash: opts.hash,
+        ..opts.kdf.clone()
+    };
+    Ok(match request.forced_iterations {
+        Some(_) => (request.resolve(key_bytes)?, MKD_ITERATIONS_MIN),
+        None => {
+            if request.iter_time_ms == 0 {
+                return invalid("PBKDF target time cannot be zero".into());
+            }
+            let kdf = request.resolve(key_bytes)?;
+            let Kdf::Pbkdf2 { iterations, .. } = kdf else {
+                return invalid("LUKS1 supports only the pbkdf2 PBKDF".into());
+            };
+            let d = u64::from(iterations) * u64::from(MKD_ITERATIONS_MS)
+                / u64::from(request.iter_time_ms);
+            (
+                kdf,
+                u32::try_from(d).unwrap_or(u32::MAX).max(MKD_ITERATIONS_MIN),
+            )
+        }
+    })
+}
+
+/// cryptsetup's `LUKS_wipe_header_areas`: zeros over the header (its first 4096 bytes when
+/// detached), random data over every keyslot area.
+fn wipe_areas(dev: &mut dyn HeaderDevice, hdr: &Luks1Header) -> Result<()> {
+    let payload_bytes = u64::from(hdr.phdr.payload_offset) * SECTOR_SIZE;
+    let zero_len = if payload_bytes == 0 || payload_bytes > MAX_AREA_BYTES * NUM_KEYSLOTS as u64 {
+        4096
+    } else {
+        payload_bytes
+    };
+    keyslot::wipe_zero(dev, 0, zero_len)?;
+    for i in 0..NUM_KEYSLOTS {
+        let (start, end) = hdr.phdr.slot_area(i);
+        keyslot::wipe_random(dev, start * SECTOR_SIZE, (end - start) * SECTOR_SIZE)?;
+    }
+    Ok(())
 }
