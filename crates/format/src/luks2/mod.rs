@@ -313,41 +313,7 @@ impl Luks2Header {
         passphrase: &[u8],
     ) -> Result<Self> {
         let key_len = opts.key_len;
-        if volume_key.len() != key_len || !opts.cipher.valid_key_len(key_len) {
-            return Err(Error::InvalidOption(format!(
-                "{}-bit key for {} (volume key has {} bytes)",
-                key_len * 8,
-                opts.cipher,
-                volume_key.len()
-            )));
-        }
-        if !matches!(opts.sector_size, 512 | 1024 | 2048 | 4096) {
-            return Err(Error::InvalidOption(format!(
-                "sector size {}",
-                opts.sector_size
-            )));
-        }
-        let hdr_size = opts.luks2_metadata_size.unwrap_or(DEFAULT_HDR_SIZE);
-        if !HDR_SIZES.contains(&hdr_size) {
-            return Err(Error::InvalidOption(format!(
-                "unsupported LUKS2 metadata size {hdr_size}"
-            )));
-        }
-        if let Some(ks) = opts.luks2_keyslots_size
-            && (ks % 4096 != 0 || ks > MAX_KEYSLOTS_SIZE)
-        {
-            return Err(Error::InvalidOption(format!(
-                "unsupported LUKS2 keyslots size {ks}"
-            )));
-        }
-        if let Some(off) = opts.data_offset
-            && off % (opts.sector_size as u64).max(512) != 0
-        {
-            return Err(Error::InvalidOption(format!(
-                "data offset {off} is not aligned to the {}-byte sector size",
-                opts.sector_size
-            )));
-        }
+        let hdr_size = check_format_options(opts, volume_key)?;
         let (keyslots_size, data_offset) = compute_layout(
             hdr_size,
             opts.luks2_keyslots_size,
@@ -365,11 +331,6 @@ impl Luks2Header {
         .hyphenated()
         .to_string();
         let slot = opts.keyslot.unwrap_or(0);
-        if slot >= MAX_OBJECTS {
-            return Err(Error::Keyslot(format!(
-                "keyslot {slot} out of range (0..{MAX_OBJECTS})"
-            )));
-        }
         let area_offset = 2 * hdr_size;
         let area_size = keyslot::area_size_for(key_len);
         if area_size > keyslots_size {
@@ -391,15 +352,13 @@ impl Luks2Header {
             digest::iterations(opts.hash, key_len, opts.kdf.forced_iterations.is_some())?;
         let (area_cipher, area_key_size) = keyslot_cipher(&opts.cipher, key_len);
 
-        // Wipe: zeros over the header copies (and up to the data), random over the keyslots area.
-        let meta_end = 2 * hdr_size + keyslots_size;
-        let zero_end = if opts.detached_header {
-            meta_end
-        } else {
-            data_offset.max(meta_end)
-        };
-        wipe_zero(dev, 0, zero_end)?;
-        keyslot::wipe_area(dev, 2 * hdr_size, keyslots_size)?;
+        wipe_for_format(
+            dev,
+            hdr_size,
+            keyslots_size,
+            data_offset,
+            opts.detached_header,
+        )?;
 
         let ks_json = keyslot::create(
             dev,
@@ -418,25 +377,7 @@ impl Luks2Header {
         let digest = digest::create(volume_key, opts.hash, iterations, &[slot], &[0])?;
         let mut keyslots = Map::new();
         keyslots.insert(slot.to_string(), ks_json);
-        let json = json!({
-            "keyslots": keyslots,
-            "tokens": {},
-            "segments": {
-                "0": {
-                    "type": "crypt",
-                    "offset": data_offset.to_string(),
-                    "size": "dynamic",
-                    "iv_tweak": "0",
-                    "encryption": opts.cipher.to_string(),
-                    "sector_size": opts.sector_size,
-                }
-            },
-            "digests": { "0": digest },
-            "config": {
-                "json_size": (hdr_size - BIN_HDR_LEN as u64).to_string(),
-                "keyslots_size": keyslots_size.to_string(),
-            },
-        });
+        let json = initial_metadata(opts, keyslots, digest, data_offset, hdr_size, keyslots_size);
         let model = Model::from_json(&json, hdr_size)?;
         let mut salt1 = [0u8; SALT_LEN];
         let mut salt2 = [0u8; SALT_LEN];
@@ -968,4 +909,103 @@ impl Luks2Header {
         // refresh() guarantees the default segment exists.
         &self.model.segments[&self.segment_id]
     }
+}
+
+/// The options LUKS2 cannot hold, checked before anything is written; returns the
+/// metadata (binary header + JSON) size.
+fn check_format_options(opts: &FormatOptions, volume_key: &[u8]) -> Result<u64> {
+    let key_len = opts.key_len;
+    if volume_key.len() != key_len || !opts.cipher.valid_key_len(key_len) {
+        return Err(Error::InvalidOption(format!(
+            "{}-bit key for {} (volume key has {} bytes)",
+            key_len * 8,
+            opts.cipher,
+            volume_key.len()
+        )));
+    }
+    if !matches!(opts.sector_size, 512 | 1024 | 2048 | 4096) {
+        return Err(Error::InvalidOption(format!(
+            "sector size {}",
+            opts.sector_size
+        )));
+    }
+    let hdr_size = opts.luks2_metadata_size.unwrap_or(DEFAULT_HDR_SIZE);
+    if !HDR_SIZES.contains(&hdr_size) {
+        return Err(Error::InvalidOption(format!(
+            "unsupported LUKS2 metadata size {hdr_size}"
+        )));
+    }
+    if let Some(ks) = opts.luks2_keyslots_size
+        && (ks % 4096 != 0 || ks > MAX_KEYSLOTS_SIZE)
+    {
+        return Err(Error::InvalidOption(format!(
+            "unsupported LUKS2 keyslots size {ks}"
+        )));
+    }
+    if let Some(off) = opts.data_offset
+        && off % (opts.sector_size as u64).max(512) != 0
+    {
+        return Err(Error::InvalidOption(format!(
+            "data offset {off} is not aligned to the {}-byte sector size",
+            opts.sector_size
+        )));
+    }
+    if let Some(slot) = opts.keyslot
+        && slot >= MAX_OBJECTS
+    {
+        return Err(Error::Keyslot(format!(
+            "keyslot {slot} out of range (0..{MAX_OBJECTS})"
+        )));
+    }
+    Ok(hdr_size)
+}
+
+/// Zeros over both header copies (and on up to the data, unless detached), random data
+/// over the keyslots area, as `luksFormat` leaves a device.
+fn wipe_for_format(
+    dev: &mut dyn HeaderDevice,
+    hdr_size: u64,
+    keyslots_size: u64,
+    data_offset: u64,
+    detached: bool,
+) -> Result<()> {
+    let meta_end = 2 * hdr_size + keyslots_size;
+    let zero_end = if detached {
+        meta_end
+    } else {
+        data_offset.max(meta_end)
+    };
+    wipe_zero(dev, 0, zero_end)?;
+    keyslot::wipe_area(dev, 2 * hdr_size, keyslots_size)?;
+    Ok(())
+}
+
+/// The JSON metadata of a new volume: one keyslot, one digest, one crypt segment.
+fn initial_metadata(
+    opts: &FormatOptions,
+    keyslots: Map<String, Value>,
+    digest: Value,
+    data_offset: u64,
+    hdr_size: u64,
+    keyslots_size: u64,
+) -> Value {
+    json!({
+        "keyslots": keyslots,
+        "tokens": {},
+        "segments": {
+            "0": {
+                "type": "crypt",
+                "offset": data_offset.to_string(),
+                "size": "dynamic",
+                "iv_tweak": "0",
+                "encryption": opts.cipher.to_string(),
+                "sector_size": opts.sector_size,
+            }
+        },
+        "digests": { "0": digest },
+        "config": {
+            "json_size": (hdr_size - BIN_HDR_LEN as u64).to_string(),
+            "keyslots_size": keyslots_size.to_string(),
+        },
+    })
 }
