@@ -74,7 +74,11 @@ fn skip_bytes(f: &mut std::fs::File, n: u64) -> std::io::Result<()> {
         return Ok(());
     }
     if f.metadata()?.is_file() {
-        f.seek(SeekFrom::Start(n))?;
+        // From where the file is now: stdin redirected from a file may not be at 0.
+        let n = i64::try_from(n).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset too large")
+        })?;
+        f.seek(SeekFrom::Current(n))?;
         return Ok(());
     }
     let mut scratch = SecretBytes::zeroed(4096);
@@ -91,11 +95,13 @@ fn skip_bytes(f: &mut std::fs::File, n: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Everything on standard input, up to `limit` bytes, into locked memory (what `--daemon`
-/// hands its child when the key file is `-`).
-pub fn read_stdin_raw(limit: usize) -> CliResult<SecretBytes> {
-    let mut stdin = unbuffered_stdin().map_err(|e| io_err(Path::new("-"), e))?;
-    read_secret(&mut stdin, limit).map_err(|e| io_err(Path::new("-"), e))
+/// Standard input after its first `offset` bytes (skipped, never held), up to `limit`
+/// bytes, into locked memory: what `--daemon` hands its child when the key file is `-`.
+pub fn read_stdin_key(offset: u64, limit: usize) -> CliResult<SecretBytes> {
+    let err = |e| io_err(Path::new("-"), e);
+    let mut stdin = unbuffered_stdin().map_err(err)?;
+    skip_bytes(&mut stdin, offset).map_err(err)?;
+    read_secret(&mut stdin, limit).map_err(err)
 }
 
 /// One line of standard input without its newline (how cryptsetup reads a piped passphrase).

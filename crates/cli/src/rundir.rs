@@ -45,8 +45,19 @@ fn check_ancestors(path: &Path) -> CliResult<()> {
             .join(path)
     };
     for dir in abs.ancestors().skip(1) {
+        // A link on the way must be root's or ours: whoever owns it can re-point it.
+        if let Ok(l) = std::fs::symlink_metadata(dir)
+            && l.file_type().is_symlink()
+            && l.uid() != 0
+            && l.uid() != me
+        {
+            return Err(unsafe_path(
+                path,
+                format!("{} is a link owned by uid {}", dir.display(), l.uid()),
+            ));
+        }
         let Ok(m) = std::fs::metadata(dir) else {
-            continue; // not there yet: created by us below, with our modes
+            continue; // not there yet: created by us below, then checked again
         };
         if m.uid() != 0 && m.uid() != me {
             return Err(unsafe_path(
@@ -104,6 +115,8 @@ pub fn ensure_private_dir(dir: &Path) -> CliResult<PathBuf> {
             .mode(0o700)
             .create(parent)
             .map_err(|e| io_err(parent, e))?;
+        // Someone may have made a missing directory first, with their modes.
+        check_ancestors(dir)?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {
@@ -199,19 +212,20 @@ impl Drop for UmaskGuard {
     }
 }
 
-/// Binds a unix socket at `path` that only its owner can reach until `access` opens it
-/// up: bound under umask 0177 (no window in which it has looser modes), then set to
-/// exactly `access.mode` and, if asked, given to `access.gid`.
+/// Binds a unix socket at `path` with exactly `access.mode`: the umask in force during
+/// `bind` is its complement, so the node is born with its final mode (no later chmod
+/// through a path someone could swap for a link). The directories above it must be safe
+/// (see [`check_ancestors`]); with `access.gid` it is given to that group (`lchown`: never
+/// through a link).
 pub fn bind_socket(path: &Path, access: SocketAccess) -> CliResult<UnixListener> {
+    check_ancestors(path)?;
     let l = {
-        let _mask = UmaskGuard::set(0o177);
+        let _mask = UmaskGuard::set(!access.mode & 0o777);
         UnixListener::bind(path).map_err(|e| io_err(path, e))?
     };
     if let Some(gid) = access.gid {
         std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|e| io_err(path, e))?;
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
-        .map_err(|e| io_err(path, e))?;
     Ok(l)
 }
 

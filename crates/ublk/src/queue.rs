@@ -415,13 +415,18 @@ impl Queue {
             }
             done.clear();
             done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            // Counted before any is handled: if handling one fails (or panics), the rest
+            // are already reaped, and `drain_storage` must not wait for them.
+            self.storage_inflight -= done
+                .iter()
+                .filter(|(ud, _)| ud & STORAGE != 0 && *ud != CANCEL)
+                .count();
             for &(ud, res) in &done {
                 let tag = ud as u16;
                 if ud == CANCEL {
                     continue;
                 }
                 if ud & STORAGE != 0 {
-                    self.storage_inflight -= 1;
                     let step = Step::from_bits(ud >> 16);
                     if let Some(r) = self.storage_done(tag, step, res) {
                         self.commit(tag, r)?;

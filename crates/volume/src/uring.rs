@@ -143,6 +143,12 @@ unsafe fn run(len: usize, mut make: impl FnMut(usize) -> squeue::Entry) -> io::R
     })
 }
 
+/// One operation's length: at most what the SQE's 32-bit field holds (the rest follows as
+/// a short transfer would).
+fn op_len(rest: usize) -> u32 {
+    u32::try_from(rest).unwrap_or(!4095)
+}
+
 pub(crate) fn read_exact_at(f: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     let fd = types::Fd(f.as_raw_fd());
     let (ptr, len) = (buf.as_mut_ptr(), buf.len());
@@ -150,7 +156,7 @@ pub(crate) fn read_exact_at(f: &File, buf: &mut [u8], offset: u64) -> io::Result
     unsafe {
         run(len, |done| {
             // The pointer arithmetic stays inside `buf` (done < len).
-            opcode::Read::new(fd, ptr.wrapping_add(done), (len - done) as u32)
+            opcode::Read::new(fd, ptr.wrapping_add(done), op_len(len - done))
                 .offset(offset + done as u64)
                 .build()
         })
@@ -163,7 +169,7 @@ pub(crate) fn write_all_at(f: &File, buf: &[u8], offset: u64) -> io::Result<()> 
     // SAFETY: the entries point into `buf`, borrowed for this whole call.
     unsafe {
         run(len, |done| {
-            opcode::Write::new(fd, ptr.wrapping_add(done), (len - done) as u32)
+            opcode::Write::new(fd, ptr.wrapping_add(done), op_len(len - done))
                 .offset(offset + done as u64)
                 .build()
         })

@@ -142,12 +142,16 @@ fn choose(a: &OpenArgs) -> CliResult<Box<dyn Frontend>> {
 }
 
 /// `open`: the whole lifecycle, for whichever frontend the options name.
-pub fn open(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     // From here on this process holds the passphrase and the volume key: no core dumps,
     // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
     // flag, so the `--daemon` child, which runs this function too, sets it again itself.
     crate::process::set_not_dumpable();
     rundir::check_name(&a.name)?;
+    if a.daemon_child && a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
+        // Our parent skipped --keyfile-offset of its stdin already (see spawn_daemon).
+        a.vol.key.keyfile_offset = 0;
+    }
     let mut fe = choose(&a)?;
     let dir = rundir::private_run_dir(&a.run_dir)?;
     let ctl_path = check_not_open(&dir, &a.name)?;
@@ -346,19 +350,24 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
             false,
         )?)
     } else if a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
-        // The key file is our stdin: hand all of it over (the child applies
-        // --keyfile-offset/--keyfile-size itself, as for any key file). One byte more than
+        // The key file is our stdin: skip --keyfile-offset here and hand the rest over
+        // (the child, told by --daemon-child, reads it from offset 0). One byte more than
         // the child accepts, so that it still sees a key file that is too large.
-        let limit = (a.vol.key.keyfile_offset as usize)
-            .checked_add(
-                a.vol
-                    .key
-                    .keyfile_size
-                    .unwrap_or(crate::passphrase::KEYFILE_MAX),
-            )
-            .and_then(|n| n.checked_add(1))
-            .ok_or_else(|| CliError::usage("--keyfile-offset is too large"))?;
-        Some(crate::passphrase::read_stdin_raw(limit)?)
+        let size = a
+            .vol
+            .key
+            .keyfile_size
+            .unwrap_or(crate::passphrase::KEYFILE_MAX);
+        if size > crate::passphrase::KEYFILE_MAX {
+            return Err(CliError::usage(format!(
+                "--keyfile-size is larger than the maximum of {} bytes",
+                crate::passphrase::KEYFILE_MAX
+            )));
+        }
+        Some(crate::passphrase::read_stdin_key(
+            a.vol.key.keyfile_offset,
+            size + 1,
+        )?)
     } else {
         None
     };

@@ -67,17 +67,22 @@ fn state_path(dir: &Path, name: &str) -> PathBuf {
 /// What NAME.ublk records about a served device, so that `--recover` re-attaches only the
 /// same volume under the same key: the kernel re-issues the writes it held, and they must
 /// never land on another volume or be encrypted under another key.
+#[derive(Clone)]
 struct Record {
     dev_id: u32,
     /// The LUKS UUID (none for plain mode).
     uuid: Option<String>,
     /// The volume's cipher applied to a fixed zero sector (see [`key_check`]).
     key_check: String,
+    /// Where the ciphertext is: the device or file and the data segment (see [`target`]).
+    target: String,
 }
 
 impl Record {
     fn to_json(&self) -> String {
-        json!({"dev_id": self.dev_id, "uuid": self.uuid, "key_check": self.key_check}).to_string()
+        json!({"dev_id": self.dev_id, "uuid": self.uuid, "key_check": self.key_check,
+               "target": self.target})
+        .to_string()
             + "\n"
     }
 
@@ -88,6 +93,7 @@ impl Record {
             dev_id: u32::try_from(v["dev_id"].as_u64()?).ok()?,
             uuid: v["uuid"].as_str().map(String::from),
             key_check: v["key_check"].as_str()?.to_string(),
+            target: v["target"].as_str()?.to_string(),
         })
     }
 }
@@ -106,13 +112,23 @@ fn recorded_dev_id(dir: &Path, name: &str) -> Option<u32> {
 }
 
 /// Before `--recover` re-attaches `dev_id`: it must be the volume recorded for NAME.
-fn check_recovery(
-    dir: &Path,
-    name: &str,
-    dev_id: u32,
-    uuid: &Option<String>,
-    check: &str,
-) -> CliResult<()> {
+/// Where a volume's ciphertext lives: the block device (its device number) or the file
+/// (device and inode, so a copy of the image is another target), and the data segment.
+fn target(device: &Path, vol: &cryptblk_volume::Volume) -> String {
+    use cryptblk_device::BlockDevice;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let what = match std::fs::metadata(device) {
+        Ok(m) if m.file_type().is_block_device() => format!("block device {}", m.rdev()),
+        Ok(m) => format!("file {}:{}", m.dev(), m.ino()),
+        Err(_) => device.display().to_string(), // mem:SIZE
+    };
+    format!("{what}, offset {}, size {}", vol.data_offset(), vol.size())
+}
+
+/// Before `--recover` re-attaches a device: `now` (what this server would serve) must be
+/// what NAME.ublk recorded.
+fn check_recovery(dir: &Path, name: &str, now: &Record) -> CliResult<()> {
+    let (dev_id, uuid, check) = (now.dev_id, &now.uuid, &now.key_check);
     let refuse = |why: String| {
         Err(CliError::new(
             EXIT_BUSY,
@@ -138,8 +154,11 @@ fn check_recovery(
             uuid.as_deref().unwrap_or("(none)")
         ));
     }
-    if r.key_check != check {
+    if &r.key_check != check {
         return refuse("it served this volume under another key or cipher".into());
+    }
+    if r.target != now.target {
+        return refuse(format!("it served {}, this is {}", r.target, now.target));
     }
     Ok(())
 }
@@ -239,9 +258,14 @@ impl Frontend for UblkFrontend {
         vol: Arc<Volume>,
         opened: &Opened,
     ) -> CliResult<Started> {
-        let check = key_check(&vol)?;
-        if let Some(id) = self.recover_id {
-            check_recovery(dir, &a.name, id, &opened.uuid, &check)?;
+        let mut record = Record {
+            dev_id: self.recover_id.unwrap_or(0),
+            uuid: opened.uuid.clone(),
+            key_check: key_check(&vol)?,
+            target: target(&a.device, &vol),
+        };
+        if self.recover_id.is_some() {
+            check_recovery(dir, &a.name, &record)?;
         }
         let mut b = UblkServer::builder(vol as Arc<dyn BlockDevice>)
             .queue_depth(a.ublk.queue_depth)
@@ -263,11 +287,7 @@ impl Frontend for UblkFrontend {
         let server = b.build().map_err(ublk_err)?;
         let path = server.block_device().display().to_string();
         let state = state_path(dir, &a.name);
-        let record = Record {
-            dev_id: server.dev_id(),
-            uuid: opened.uuid.clone(),
-            key_check: check,
-        };
+        record.dev_id = server.dev_id();
         rundir::write_private_file(&state, record.to_json().as_bytes())?;
         for m in self.features.iter().flat_map(|f| f.missing()) {
             eprintln!("{}: note: this kernel's ublk lacks {m}", a.name);
@@ -382,40 +402,63 @@ mod tests {
         );
         assert_eq!(a, key_check(&volume(1)).unwrap(), "deterministic");
         assert_ne!(a, b, "another key, another fingerprint");
+        let img = dir.path().join("img");
+        std::fs::write(&img, b"x").unwrap();
+        let copy = dir.path().join("copy");
+        std::fs::copy(&img, &copy).unwrap();
+        let here = target(&img, &volume(1));
+        assert_ne!(
+            here,
+            target(&copy, &volume(1)),
+            "a copy of the image is another target"
+        );
         let uuid = Some("0a1b2c3d-1111-2222-3333-444455556666".to_string());
+        let now = Record {
+            dev_id: 3,
+            uuid: uuid.clone(),
+            key_check: a.clone(),
+            target: here.clone(),
+        };
         let refused = |r: CliResult<()>, what: &str| {
             let e = r.expect_err(what);
             assert_eq!(e.code, EXIT_BUSY, "{what}");
             assert!(e.message.contains("refusing to re-attach"), "{what}: {e}");
         };
-        refused(
-            check_recovery(dir.path(), "v", 3, &uuid, &a),
-            "no record at all",
-        );
-        let record = Record {
-            dev_id: 3,
-            uuid: uuid.clone(),
-            key_check: a.clone(),
-        };
-        rundir::write_private_file(&state_path(dir.path(), "v"), record.to_json().as_bytes())
-            .unwrap();
+        refused(check_recovery(dir.path(), "v", &now), "no record at all");
+        rundir::write_private_file(&state_path(dir.path(), "v"), now.to_json().as_bytes()).unwrap();
         assert_eq!(recorded_dev_id(dir.path(), "v"), Some(3));
-        check_recovery(dir.path(), "v", 3, &uuid, &a).unwrap();
+        check_recovery(dir.path(), "v", &now).unwrap();
+        let with = |f: &dyn Fn(&mut Record)| {
+            let mut r = Record { ..now.clone() };
+            f(&mut r);
+            r
+        };
         refused(
-            check_recovery(dir.path(), "v", 4, &uuid, &a),
+            check_recovery(dir.path(), "v", &with(&|r| r.dev_id = 4)),
             "other device",
         );
         refused(
-            check_recovery(dir.path(), "v", 3, &Some("other".into()), &a),
+            check_recovery(dir.path(), "v", &with(&|r| r.uuid = Some("other".into()))),
             "other volume",
         );
         refused(
-            check_recovery(dir.path(), "v", 3, &None, &a),
+            check_recovery(dir.path(), "v", &with(&|r| r.uuid = None)),
             "plain instead",
         );
-        refused(check_recovery(dir.path(), "v", 3, &uuid, &b), "other key");
+        refused(
+            check_recovery(dir.path(), "v", &with(&|r| r.key_check = b.clone())),
+            "other key",
+        );
+        refused(
+            check_recovery(
+                dir.path(),
+                "v",
+                &with(&|r| r.target = target(&copy, &volume(1))),
+            ),
+            "a copy of the image",
+        );
         // A record in the old format (just the number) is not enough to re-attach.
         rundir::write_private_file(&state_path(dir.path(), "v"), b"3\n").unwrap();
-        refused(check_recovery(dir.path(), "v", 3, &uuid, &a), "old record");
+        refused(check_recovery(dir.path(), "v", &now), "old record");
     }
 }
