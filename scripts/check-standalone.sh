@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails if anything that builds, tests or benchmarks the project reaches outside the
-# repository (a fresh clone has nothing beside it): no ../shared, no absolute paths into
+# repository (a fresh clone has nothing beside it): no sibling "shared" folder, no absolute paths into
 # a developer's checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."

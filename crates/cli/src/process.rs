@@ -9,6 +9,12 @@ pub fn uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// The effective user id (who owns what we create).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Makes this process non-dumpable: no core dump, and no ptrace or /proc/PID/mem for
 /// other (non-root) processes, even of the same user.
 pub fn set_not_dumpable() {

@@ -19,10 +19,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
+use crate::process::euid;
 
 fn unsafe_path(path: &Path, why: impl std::fmt::Display) -> CliError {
     CliError::new(

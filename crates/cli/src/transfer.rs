@@ -31,15 +31,16 @@ fn open(ctx: &Ctx, a: &TransferArgs, read_only: bool) -> CliResult<Volume> {
     let o = open_volume(&a.device, &v)?;
     if ctx.verbose {
         let slot = o
+            .info
             .keyslot
             .map(|s| format!(", key slot {s}"))
             .unwrap_or_default();
         eprintln!(
             "{}: {} {}, {} bits{slot}",
             a.device.display(),
-            o.kind,
+            o.info.kind,
             o.volume.cipher().spec(),
-            o.key_bits
+            o.info.key_bits
         );
     }
     Ok(o.volume)

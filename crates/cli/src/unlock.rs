@@ -72,6 +72,12 @@ impl VolumeArgs {
 /// What `status` reports about how the volume was opened.
 pub struct OpenedVolume {
     pub volume: Volume,
+    pub info: VolumeInfo,
+}
+
+/// How a volume was unlocked, as `status` (and `--recover`) report and check it.
+#[derive(Debug, Clone)]
+pub struct VolumeInfo {
     /// "LUKS1", "LUKS2" or "PLAIN".
     pub kind: String,
     pub key_bits: usize,
@@ -176,10 +182,12 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         .map_err(|e| CliError::usage(e.to_string()))?;
     Ok(OpenedVolume {
         volume,
-        kind: "PLAIN (memory)".into(),
-        key_bits: p.key_len * 8,
-        keyslot: None,
-        uuid: None,
+        info: VolumeInfo {
+            kind: "PLAIN (memory)".into(),
+            key_bits: p.key_len * 8,
+            keyslot: None,
+            uuid: None,
+        },
     })
 }
 
@@ -204,10 +212,12 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             };
             let u = unlock_luks(device, &opts, &pass).map_err(|e| volume_error(device, e))?;
             Ok(OpenedVolume {
-                kind: format!("LUKS{}", u.header.version()),
-                key_bits: u.header.key_len() * 8,
-                keyslot: Some(u.keyslot),
-                uuid: Some(u.header.uuid().to_string()),
+                info: VolumeInfo {
+                    kind: format!("LUKS{}", u.header.version()),
+                    key_bits: u.header.key_len() * 8,
+                    keyslot: Some(u.keyslot),
+                    uuid: Some(u.header.uuid().to_string()),
+                },
                 volume: u.volume,
             })
         }
@@ -241,10 +251,12 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 .map_err(|e| volume_error(device, e))?;
             Ok(OpenedVolume {
                 volume,
-                kind: "PLAIN".into(),
-                key_bits: p.key_len * 8,
-                keyslot: None,
-                uuid: None,
+                info: VolumeInfo {
+                    kind: "PLAIN".into(),
+                    key_bits: p.key_len * 8,
+                    keyslot: None,
+                    uuid: None,
+                },
             })
         }
         other => Err(CliError::usage(format!(

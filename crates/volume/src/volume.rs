@@ -459,7 +459,10 @@ impl BlockDevice for Volume {
         self.check(offset, len)?;
         let mut done = 0;
         while done < len {
-            let n = (len - done).min(ZERO_CHUNK);
+            // Pieces end on ZERO_CHUNK boundaries: only the first and the last can be
+            // unaligned (read-modify-write under the exclusive lock), and no piece holds
+            // that lock for long.
+            let n = (len - done).min(ZERO_CHUNK - (offset + done) % ZERO_CHUNK);
             self.write_bytes(WriteData::Zeroes(n as usize), offset + done, false)?;
             done += n;
         }

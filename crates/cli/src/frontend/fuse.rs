@@ -1,8 +1,9 @@
 //! `open --fuse DIR`: the volume as the file DIR/NAME in a FUSE mount (crates/fuse), 0600,
 //! the kernel checking its permissions even with `--allow-other`.
 
-use super::{Control, Frontend, OpenArgs, Opened, Started};
+use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult, io_err};
+use crate::unlock::VolumeInfo;
 use cryptblk_device::BlockDevice;
 use cryptblk_fuse::{FuseExport, FuseMount, FuseStats};
 use cryptblk_volume::Volume;
@@ -44,7 +45,7 @@ impl Frontend for FuseFrontend {
         a: &OpenArgs,
         _dir: &Path,
         vol: Arc<Volume>,
-        _opened: &Opened,
+        _info: &VolumeInfo,
     ) -> CliResult<Started> {
         let mnt = self.mountpoint;
         std::fs::create_dir_all(&mnt).map_err(|e| io_err(&mnt, e))?;

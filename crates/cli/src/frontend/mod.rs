@@ -1,7 +1,7 @@
 //! Serving an unlocked volume: one lifecycle for every frontend (NBD, FUSE, ublk, and the
 //! ones to come), each of which is one file here implementing [`Frontend`].
 //!
-//! The lifecycle ([`serve`]): check the options and what the frontend needs, detach
+//! The lifecycle ([`open`]): check the options and what the frontend needs, detach
 //! (`--daemon`), unlock the volume, start the frontend, announce it in the run directory
 //! (control socket NAME.ctl, NAME.pid, signal handlers), answer `status` and `close` on
 //! the control socket, run until closed, clean up, flush.
@@ -13,7 +13,7 @@ pub mod ublk;
 use crate::commands::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, io_err};
 use crate::rundir::{self, SocketAccess};
-use crate::unlock::{OpenedVolume, VolumeArgs, open_volume};
+use crate::unlock::{OpenedVolume, VolumeArgs, VolumeInfo, open_volume};
 use clap::Args;
 use cryptblk_device::BlockDevice;
 use cryptblk_volume::Volume;
@@ -52,7 +52,7 @@ pub struct OpenArgs {
     #[arg(long)]
     pub daemon: bool,
     /// Directory for pid, control socket and log (default: $XDG_RUNTIME_DIR/cryptblk,
-    /// /run/cryptblk as root).
+    /// /run/cryptblk as root, else $TMPDIR/cryptblk-UID); kept private (0700).
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
     /// NBD: threads per connection (requests in flight per client); FUSE: worker threads.
@@ -85,16 +85,8 @@ pub(crate) trait Frontend {
         a: &OpenArgs,
         dir: &Path,
         vol: Arc<Volume>,
-        opened: &Opened,
+        info: &VolumeInfo,
     ) -> CliResult<Started>;
-}
-
-/// What `status` reports about how the volume was unlocked, fixed at open time.
-pub(crate) struct Opened {
-    pub(crate) kind: String,
-    pub(crate) key_bits: usize,
-    pub(crate) keyslot: Option<u32>,
-    pub(crate) uuid: Option<String>,
 }
 
 /// A frontend that serves.
@@ -159,27 +151,13 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     if a.daemon && !a.daemon_child {
         return spawn_daemon(&a, &dir);
     }
-    let OpenedVolume {
-        volume,
-        kind,
-        key_bits,
-        keyslot,
-        uuid,
-    } = open_volume(&a.device, &a.vol)?;
+    let OpenedVolume { volume, info } = open_volume(&a.device, &a.vol)?;
     let vol = Arc::new(volume);
-    let opened = Opened {
-        kind,
-        key_bits,
-        keyslot,
-        uuid,
-    };
-    let started = fe.start(&a, &dir, vol.clone(), &opened)?;
+    let started = fe.start(&a, &dir, vol.clone(), &info)?;
     let served = Arc::new(Served {
         name: a.name.clone(),
         device: a.device.display().to_string(),
-        kind: opened.kind,
-        key_bits: opened.key_bits,
-        keyslot: opened.keyslot,
+        info,
         frontend: started.desc.clone(),
     });
 
@@ -198,7 +176,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         eprintln!(
             "{}: {} {} served at {}",
             a.name,
-            served.kind,
+            served.info.kind,
             vol.cipher().spec(),
             started.summary
         );
@@ -220,13 +198,11 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
 }
 
 /// Everything `status` reports, fixed at open time.
-pub(crate) struct Served {
-    pub(crate) name: String,
-    pub(crate) device: String,
-    pub(crate) kind: String,
-    pub(crate) key_bits: usize,
-    pub(crate) keyslot: Option<u32>,
-    pub(crate) frontend: String,
+struct Served {
+    name: String,
+    device: String,
+    info: VolumeInfo,
+    frontend: String,
 }
 
 /// The volume's part of `status`, with the frontend's fields (`extra`, an object) added.
@@ -234,8 +210,8 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Value) -> Value
     let st = vol.stats();
     let c = vol.cipher();
     let mut v = json!({
-        "name": s.name, "device": s.device, "type": s.kind,
-        "cipher": c.spec().to_string(), "key_bits": s.key_bits, "keyslot": s.keyslot,
+        "name": s.name, "device": s.device, "type": s.info.kind,
+        "cipher": c.spec().to_string(), "key_bits": s.info.key_bits, "keyslot": s.info.keyslot,
         "sector_size": c.sector_size(), "backend": c.backend().name(),
         "storage": vol.storage_description(),
         "offset_sectors": vol.data_offset() / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),

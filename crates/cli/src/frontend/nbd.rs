@@ -1,9 +1,10 @@
 //! `open --nbd unix:PATH | tcp:HOST:PORT`: the NBD server (crates/nbd) on a unix socket
 //! (0600 unless `--socket-mode`/`--socket-group` share it) or a loopback TCP port.
 
-use super::{Control, Frontend, OpenArgs, Opened, Started};
+use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult};
 use crate::rundir::{self, SocketAccess};
+use crate::unlock::VolumeInfo;
 use cryptblk_device::BlockDevice;
 use cryptblk_nbd::{NbdServer, ShutdownHandle};
 use cryptblk_volume::Volume;
@@ -95,7 +96,7 @@ impl Frontend for NbdFrontend {
         a: &OpenArgs,
         _dir: &Path,
         vol: Arc<Volume>,
-        _opened: &Opened,
+        _info: &VolumeInfo,
     ) -> CliResult<Started> {
         let server = NbdServer::builder()
             .export(a.name.clone(), vol as Arc<dyn BlockDevice>)

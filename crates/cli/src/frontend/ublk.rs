@@ -4,9 +4,10 @@
 //! records its device number in NAME.ublk, which `open --recover` (re-attach a new server
 //! after a crash) and `close` (remove a device whose server died) use.
 
-use super::{Control, Frontend, OpenArgs, Opened, Started};
+use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE};
 use crate::rundir;
+use crate::unlock::VolumeInfo;
 use clap::Args;
 use cryptblk_device::BlockDevice;
 use cryptblk_ublk::{Features, ShutdownHandle, UblkServer};
@@ -256,11 +257,11 @@ impl Frontend for UblkFrontend {
         a: &OpenArgs,
         dir: &Path,
         vol: Arc<Volume>,
-        opened: &Opened,
+        info: &VolumeInfo,
     ) -> CliResult<Started> {
         let mut record = Record {
             dev_id: self.recover_id.unwrap_or(0),
-            uuid: opened.uuid.clone(),
+            uuid: info.uuid.clone(),
             key_check: key_check(&vol)?,
             target: target(&a.device, &vol),
         };
