@@ -2,7 +2,7 @@
 #![no_main]
 
 use cryptblk_format::luks1::Luks1Header;
-use cryptblk_format::{LuksHeader, MemDevice, load_header};
+use cryptblk_format::{LuksHeader, MemStorage, load_header};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,19 +11,17 @@ fuzz_target!(|data: &[u8]| {
         let again = Luks1Header::from_bytes(&h.to_bytes()).expect("our own phdr parses");
         assert_eq!(again.to_bytes(), h.to_bytes());
     }
-    let mut dev = MemDevice {
-        data: data.to_vec(),
-    };
+    let mut input = data.to_vec();
     // The seeds carry only keyslot 0's material; stand in zeros for the other slots (up
     // to 2 MiB) so that a header whose areas end past the input still loads and unlocks.
     if let Ok(h) = Luks1Header::from_bytes(data)
         && let Ok(need) = usize::try_from(h.header_size())
         && need <= 2 << 20
-        && need > dev.data.len()
+        && need > input.len()
     {
-        dev.data.resize(need, 0);
+        input.resize(need, 0);
     }
-    let input = dev.data.clone();
+    let mut dev = MemStorage::from_vec(input.clone());
     let _ = load_header(&mut dev).map_err(|e| e.to_string());
     match Luks1Header::read(&mut dev) {
         Ok(h) => {
@@ -43,5 +41,5 @@ fuzz_target!(|data: &[u8]| {
             let _ = e.to_string();
         }
     }
-    assert_eq!(dev.data, input, "reading a header wrote to it");
+    assert_eq!(dev.to_vec(), input, "reading a header wrote to it");
 });

@@ -3,7 +3,7 @@
 
 use cryptblk_crypto::{HashAlg, Kdf};
 use cryptblk_format::luks2::{HDR_SIZES, Luks2Header};
-use cryptblk_format::{HeaderDevice, LuksHeader, MemDevice};
+use cryptblk_format::{LuksHeader, MemStorage, Storage};
 use serde_json::Value;
 
 /// The passphrase of every seed image (fuzz/seed.sh), so the fuzzer can reach the
@@ -29,7 +29,7 @@ fn cheap(kdf: &Kdf) -> bool {
 
 /// Everything read-only a caller may do with a loaded header, plus an unlock attempt when
 /// it is cheap. Must never panic.
-pub fn exercise(h: &dyn LuksHeader, dev: &mut MemDevice, digest_iterations: Option<u32>) {
+pub fn exercise(h: &dyn LuksHeader, dev: &mut MemStorage, digest_iterations: Option<u32>) {
     let _ = format!("{h:?}");
     let _ = (
         h.uuid(),
@@ -44,7 +44,7 @@ pub fn exercise(h: &dyn LuksHeader, dev: &mut MemDevice, digest_iterations: Opti
         h.header_size(),
     );
     let slots = h.keyslots();
-    let dev_len = dev.data.len() as u64;
+    let dev_len = dev.len();
     let affordable = digest_iterations.is_some_and(|i| i <= MAX_ITERATIONS)
         && slots.iter().filter(|k| k.active).all(|k| {
             k.kdf.as_ref().is_none_or(cheap)
@@ -77,7 +77,7 @@ pub fn luks2_digest_iterations(h: &Luks2Header) -> Option<u32> {
 
 /// Changes a header we accepted and checks that we accept what we wrote: killing a slot
 /// and changing the label must leave a readable header that says so.
-pub fn luks2_roundtrip(h: &Luks2Header, dev: &MemDevice) {
+pub fn luks2_roundtrip(h: &Luks2Header, dev: &MemStorage) {
     if let Some(k) = h.keyslots().first() {
         let mut d = dev.clone();
         let mut h2 = h.clone();
@@ -122,7 +122,7 @@ pub fn fix_luks2_checksum(img: &mut [u8], off: usize) {
 
 /// Runs a LUKS2 image through the reader and, if accepted, everything above.
 pub fn luks2_image(img: Vec<u8>) {
-    let mut dev = MemDevice { data: img };
+    let mut dev = MemStorage::from_vec(img);
     let _ = cryptblk_format::load_header(&mut dev);
     match Luks2Header::read_ignoring_requirements(&mut dev) {
         Ok(h) => {

@@ -1,9 +1,9 @@
 //! Host targets: NBD servers on a unix socket in the work directory (tmpfs by default),
 //! driven by fio's nbd engine.
 
-use cryptblk_device::BlockDevice;
+use cryptblk_device::{BlockDevice, RawDevice};
 use cryptblk_nbd::{NbdServer, ShutdownHandle};
-use cryptblk_volume::{FileStorage, Storage};
+use cryptblk_volume::FileStorage;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -515,48 +515,6 @@ impl Running {
     }
 }
 
-/// The "plain" target's device: the raw image through the same storage code the volume
-/// uses, without the volume (no sector transform, no crypto).
-struct PlainDevice(FileStorage);
-
-impl BlockDevice for PlainDevice {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn block_size(&self) -> u32 {
-        512
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn can_discard(&self) -> bool {
-        false
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
-        self.0.write_at(buf, offset)?;
-        if fua { self.0.sync() } else { Ok(()) }
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.0.sync()
-    }
-    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, _may_unmap: bool) -> io::Result<()> {
-        let zero = vec![0u8; len.min(1 << 20) as usize];
-        let mut off = offset;
-        while off < offset + len {
-            let n = (offset + len - off).min(zero.len() as u64) as usize;
-            self.0.write_at(&zero[..n], off)?;
-            off += n as u64;
-        }
-        Ok(())
-    }
-}
-
 type PlainServer = (ShutdownHandle, std::thread::JoinHandle<io::Result<()>>);
 
 fn serve_plain(img: &Path, sock: &Path) -> Result<PlainServer, String> {
@@ -565,7 +523,11 @@ fn serve_plain(img: &Path, sock: &Path) -> Result<PlainServer, String> {
         .write(true)
         .open(img)
         .map_err(|e| format!("{}: {e}", img.display()))?;
-    let dev = PlainDevice(FileStorage::new(f).map_err(|e| format!("{}: {e}", img.display()))?);
+    // The raw image through the same storage code the volume uses, without the volume
+    // (no sector transform, no crypto).
+    let dev = FileStorage::new(f)
+        .and_then(|s| RawDevice::with_storage(s, 512))
+        .map_err(|e| format!("{}: {e}", img.display()))?;
     let server = NbdServer::builder()
         .export("plain", Arc::new(dev) as Arc<dyn BlockDevice>)
         .threads_per_connection(4)

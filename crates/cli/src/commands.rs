@@ -7,7 +7,7 @@ use clap::Args;
 use cryptblk_crypto::{CipherSpec, HashAlg, KdfKind, KdfRequest, SecretBytes};
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
-use cryptblk_format::{FormatOptions, HeaderDevice, LuksHeader, MemDevice, load_header};
+use cryptblk_format::{FormatOptions, LuksHeader, MemStorage, Storage, load_header};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
@@ -267,8 +267,8 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
 
     // Check the data device exists before asking anything.
     let data_size = {
-        let mut f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
-        HeaderDevice::size(&mut f).map_err(|e| io_err(&a.device, e))?
+        let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
+        Storage::size(&f).map_err(|e| io_err(&a.device, e))?
     };
     if a.sector_size.is_none()
         && !luks1
@@ -520,7 +520,7 @@ pub fn header_backup(_ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     // The header says how large it is; a hostile one may claim terabytes. It cannot be
     // larger than the device it sits on, nor than any header cryptsetup writes.
     let size = hdr.header_size();
-    let have = HeaderDevice::size(&mut dev).map_err(|e| io_err(&hpath, e))?;
+    let have = Storage::size(&dev).map_err(|e| io_err(&hpath, e))?;
     if size > have || size > MAX_HEADER_BACKUP {
         return Err(CliError::usage(format!(
             "{}: the header claims {size} bytes of header and keyslots, more than {}; refusing to back it up",
@@ -560,7 +560,7 @@ pub fn header_backup(_ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
 pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     let backup =
         std::fs::read(&a.header_backup_file).map_err(|e| io_err(&a.header_backup_file, e))?;
-    let mut mem = MemDevice { data: backup };
+    let mut mem = MemStorage::from_vec(backup);
     let from_backup = load_header(&mut mem).map_err(|e| {
         CliError::usage(format!(
             "{} is not a valid LUKS header backup: {e}",
@@ -569,7 +569,7 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     })?;
     let hpath = header_path(&a.device, &a.header).to_path_buf();
     let mut dev = open_header(&a.device, &a.header, true)?;
-    let size = HeaderDevice::size(&mut dev).map_err(|e| io_err(&hpath, e))?;
+    let size = Storage::size(&dev).map_err(|e| io_err(&hpath, e))?;
     if size < from_backup.header_size() {
         return Err(CliError::new(
             EXIT_NO_DEVICE,
@@ -599,7 +599,7 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
         ),
     )?;
     let n = from_backup.header_size() as usize;
-    dev.write_at(&mem.data[..n], 0)
+    dev.write_at(&mem.to_vec()[..n], 0)
         .and_then(|_| dev.sync())
         .map_err(|e| io_err(&hpath, e))?;
     Ok(())

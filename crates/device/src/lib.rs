@@ -1,11 +1,14 @@
-//! Block devices as frontends (NBD, FUSE, ublk) see them.
+//! Block devices as frontends (NBD, FUSE, ublk) see them, and the positioned I/O on
+//! the storage under them.
 
 #![forbid(unsafe_code)]
 
 use std::io;
 
 pub mod errno;
+mod storage;
 pub use errno::errno_of;
+pub use storage::{MemStorage, MemoryDevice, RawDevice, Storage};
 
 /// A byte-addressed block device shared by the threads of a frontend.
 ///
@@ -65,66 +68,4 @@ pub trait SplitIo: Send + Sync {
     fn unseal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Counts a flush done through `fd()`.
     fn note_flush(&self) {}
-}
-
-/// A RAM disk, for tests and benchmarks (like the kernel's brd).
-pub struct MemoryDevice {
-    data: std::sync::RwLock<Vec<u8>>,
-    block_size: u32,
-}
-
-impl MemoryDevice {
-    pub fn new(size: u64, block_size: u32) -> Self {
-        MemoryDevice {
-            data: std::sync::RwLock::new(vec![0; size as usize]),
-            block_size,
-        }
-    }
-
-    fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
-        let end = offset.checked_add(len as u64).filter(|&e| e <= self.size());
-        match end {
-            Some(end) => Ok(offset as usize..end as usize),
-            None => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "I/O past the end of the device",
-            )),
-        }
-    }
-}
-
-impl BlockDevice for MemoryDevice {
-    fn size(&self) -> u64 {
-        self.data.read().expect("lock").len() as u64
-    }
-    fn block_size(&self) -> u32 {
-        self.block_size
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn can_discard(&self) -> bool {
-        true
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let r = self.range(offset, buf.len())?;
-        buf.copy_from_slice(&self.data.read().expect("lock")[r]);
-        Ok(())
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
-        let r = self.range(offset, buf.len())?;
-        self.data.write().expect("lock")[r].copy_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.write_zeroes(offset, len, true)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, _may_unmap: bool) -> io::Result<()> {
-        let r = self.range(offset, len as usize)?;
-        self.data.write().expect("lock")[r].fill(0);
-        Ok(())
-    }
 }

@@ -5,13 +5,14 @@
 
 #![forbid(unsafe_code)]
 
-pub mod device;
+pub mod crash;
 mod error;
 pub mod luks1;
 pub mod luks2;
 pub mod plain;
 
-pub use device::{CrashDevice, HeaderDevice, MemDevice, Tear};
+pub use crash::{CrashDevice, Tear};
+pub use cryptblk_device::{MemStorage, Storage};
 pub use error::{Error, Result};
 
 use cryptblk_crypto::{CipherSpec, HashAlg, IvOptions, Kdf, KdfRequest, SecretBytes};
@@ -110,7 +111,7 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     /// Tries the passphrase on one slot or on every active slot; returns slot and volume key.
     fn unlock(
         &self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         passphrase: &[u8],
         slot: Option<u32>,
     ) -> Result<(u32, SecretBytes)>;
@@ -119,14 +120,14 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     /// Stores `volume_key` under `passphrase` in `slot` (or the first free slot).
     fn add_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         volume_key: &[u8],
         passphrase: &[u8],
         slot: Option<u32>,
         kdf: &KdfRequest,
     ) -> Result<u32>;
     /// Wipes the slot's key material and marks it free.
-    fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()>;
+    fn kill_keyslot(&mut self, dev: &mut dyn Storage, slot: u32) -> Result<()>;
     /// Gives `volume_key` a keyslot under `new_passphrase` (`new_slot`, or the first free
     /// one) and removes `old_slot` (`luksChangeKey`). This default is LUKS1's, as
     /// cryptsetup does it with one header copy: the new slot first, the old one wiped
@@ -134,7 +135,7 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     /// Formats that can do both in one metadata update (LUKS2) override it.
     fn replace_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         old_slot: u32,
         volume_key: &[u8],
         new_passphrase: &[u8],
@@ -148,7 +149,7 @@ pub trait LuksHeader: std::fmt::Debug + Send {
 }
 
 /// Reads whichever LUKS version the device holds.
-pub fn load_header(dev: &mut dyn HeaderDevice) -> Result<Box<dyn LuksHeader>> {
+pub fn load_header(dev: &mut dyn Storage) -> Result<Box<dyn LuksHeader>> {
     let mut magic = [0u8; 8];
     let have = dev.size()?;
     if have < 8 {

@@ -30,7 +30,7 @@ use common::{key_file, test_passphrase};
 use cryptblk_crypto::{CipherSpec, HashAlg, KdfRequest};
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
-use cryptblk_format::{CrashDevice, FormatOptions, LuksHeader, MemDevice, Tear, load_header};
+use cryptblk_format::{CrashDevice, FormatOptions, LuksHeader, MemStorage, Tear, load_header};
 
 const P0: &[u8] = b"crash-pass-0";
 const P1: &[u8] = b"crash-pass-1";
@@ -59,8 +59,8 @@ struct Seen {
     label: Option<String>,
 }
 
-fn observe(dev: &mut MemDevice) -> Seen {
-    let before = dev.data.clone();
+fn observe(dev: &mut MemStorage) -> Seen {
+    let before = dev.to_vec();
     let seen = match load_header(dev) {
         Err(_) => Seen {
             slots: None,
@@ -89,7 +89,7 @@ fn observe(dev: &mut MemDevice) -> Seen {
             }
         }
     };
-    assert_eq!(dev.data, before, "reading a crashed image wrote to it");
+    assert_eq!(dev.to_vec(), before, "reading a crashed image wrote to it");
     seen
 }
 
@@ -115,7 +115,7 @@ type Op = Box<dyn Fn(Option<Box<dyn LuksHeader>>, &mut CrashDevice) -> cryptblk_
 
 struct Case {
     name: String,
-    base: MemDevice,
+    base: MemStorage,
     op: Op,
     old: Option<State>,
     new: Option<State>,
@@ -136,7 +136,7 @@ const VARIANTS: [(Tear, bool); 6] = [
     (Tear::Suffix, true),
 ];
 
-fn header_of(base: &MemDevice) -> Option<Box<dyn LuksHeader>> {
+fn header_of(base: &MemStorage) -> Option<Box<dyn LuksHeader>> {
     load_header(&mut base.clone()).ok()
 }
 
@@ -168,6 +168,7 @@ fn run_case(case: &Case, dir: &Path) -> (usize, usize) {
         })
         .unwrap_or_default();
 
+    let base_bytes = case.base.to_vec();
     let mut points = 0;
     let mut cs_checks = 0;
     for n in 1..=writes + 1 {
@@ -183,6 +184,7 @@ fn run_case(case: &Case, dir: &Path) -> (usize, usize) {
             assert_eq!(dev.crashed(), n <= writes);
             let mut img = dev.after_power_loss();
             let seen = observe(&mut img);
+            let img_bytes = img.to_vec();
             let what = format!(
                 "{} crash in write {n}/{writes} {tear:?} keep_unsynced={keep}",
                 case.name
@@ -201,7 +203,7 @@ fn run_case(case: &Case, dir: &Path) -> (usize, usize) {
             for &(off, len) in &areas {
                 let (a, b) = (off as usize, (off + len) as usize);
                 assert!(
-                    img.data.get(a..b) == case.base.data.get(a..b),
+                    img_bytes.get(a..b) == base_bytes.get(a..b),
                     "{what}: key material of an untouched slot changed"
                 );
             }
@@ -210,8 +212,8 @@ fn run_case(case: &Case, dir: &Path) -> (usize, usize) {
                 cs_checks += 1;
                 let path = dir.join("crashed.img");
                 // cryptsetup wants the device to hold the data offset.
-                let mut data = img.data.clone();
-                data.resize(data.len().max(case.base.data.len()), 0);
+                let mut data = img_bytes.clone();
+                data.resize(data.len().max(base_bytes.len()), 0);
                 for (i, p) in ALL.iter().enumerate() {
                     std::fs::write(&path, &data).unwrap();
                     let key = key_file(dir, "crash.key", p);
@@ -229,7 +231,7 @@ fn run_case(case: &Case, dir: &Path) -> (usize, usize) {
 }
 
 /// A cryptsetup-made volume with `P0` in slot 0 and `P1` in slot 1.
-fn cryptsetup_base(dir: &Path, luks1: bool) -> MemDevice {
+fn cryptsetup_base(dir: &Path, luks1: bool) -> MemStorage {
     let layout: &[&str] = if luks1 {
         &["--align-payload", "2048"]
     } else {
@@ -244,9 +246,7 @@ fn cryptsetup_base(dir: &Path, luks1: bool) -> MemDevice {
     };
     let size = (1 << 20) + (64 << 10);
     let path = common::two_passphrase_volume(dir, "base.img", size, luks1, (P0, P1), layout);
-    MemDevice {
-        data: std::fs::read(&path).unwrap(),
-    }
+    MemStorage::from_vec(std::fs::read(&path).unwrap())
 }
 
 fn unlocked_key(
@@ -283,7 +283,7 @@ impl Case {
     /// A case with no intermediate state allowed and no label change.
     fn new(
         name: impl Into<String>,
-        base: &MemDevice,
+        base: &MemStorage,
         op: Op,
         old: Option<State>,
         new: Option<State>,
@@ -305,7 +305,7 @@ impl Case {
 fn cases(dir: &Path) -> Vec<Case> {
     let b2 = cryptsetup_base(&dir.join("l2"), false);
     let b1 = cryptsetup_base(&dir.join("l1"), true);
-    let fresh = MemDevice::new((1 << 20) + (64 << 10));
+    let fresh = MemStorage::new((1 << 20) + (64 << 10));
     let both: State = vec![(0, P0), (1, P1)];
     let mut v = vec![
         Case::new(

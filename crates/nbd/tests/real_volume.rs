@@ -45,7 +45,7 @@ impl std::ops::Deref for Shared {
 }
 
 impl Storage for Shared {
-    fn size(&self) -> u64 {
+    fn size(&self) -> io::Result<u64> {
         self.inner.size()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

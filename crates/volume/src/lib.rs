@@ -17,10 +17,11 @@ mod storage;
 mod uring;
 mod volume;
 
+pub use cryptblk_device::{MemStorage, Storage};
 pub use error::{Error, Result};
 pub use open::{
     FileIo, OpenOptions, UnlockedLuks, open_data_file, open_luks, open_plain, open_plain_with,
     unlock_luks, volume_from_key,
 };
-pub use storage::{FileStorage, IoEngine, MemStorage, Storage};
+pub use storage::{FileStorage, IoEngine};
 pub use volume::{Volume, VolumeParams, VolumeStats};

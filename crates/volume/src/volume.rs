@@ -92,7 +92,7 @@ impl Volume {
         params: &VolumeParams,
     ) -> Result<Self> {
         let sector = params.sector_size as u64;
-        let have = storage.size();
+        let have = storage.size()?;
         let size = match params.data_length {
             Some(len) => {
                 let end = params.data_offset.checked_add(len).ok_or(Error::TooSmall {

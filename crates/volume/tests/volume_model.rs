@@ -71,7 +71,7 @@ fn storage_holds_exactly_the_sector_cipher_output() {
         let storage = Arc::new(MemStorage::new(1 << 20));
         struct Shared(Arc<MemStorage>);
         impl Storage for Shared {
-            fn size(&self) -> u64 {
+            fn size(&self) -> std::io::Result<u64> {
                 self.0.size()
             }
             fn read_at(&self, b: &mut [u8], o: u64) -> std::io::Result<()> {

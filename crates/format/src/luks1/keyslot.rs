@@ -3,7 +3,7 @@
 
 use super::{SECTOR_SIZE, af_sectors};
 use crate::Result;
-use crate::device::HeaderDevice;
+use crate::Storage;
 use cryptblk_crypto::{
     CipherSpec, HashAlg, IvOptions, Kdf, SecretBytes, SectorCipher, af_merge, af_split,
 };
@@ -46,7 +46,7 @@ impl SlotCrypto<'_> {
     }
 
     /// Decrypts the area and merges the stripes: the candidate volume key.
-    pub fn open(&self, dev: &mut dyn HeaderDevice, passphrase: &[u8]) -> Result<SecretBytes> {
+    pub fn open(&self, dev: &mut dyn Storage, passphrase: &[u8]) -> Result<SecretBytes> {
         let cipher = self.slot_cipher(passphrase)?;
         let mut material = SecretBytes::zeroed(self.area_len());
         dev.read_at(&mut material, self.area_offset())?;
@@ -60,12 +60,7 @@ impl SlotCrypto<'_> {
     }
 
     /// Splits, encrypts and writes `volume_key` into the area, then syncs.
-    pub fn store(
-        &self,
-        dev: &mut dyn HeaderDevice,
-        volume_key: &[u8],
-        passphrase: &[u8],
-    ) -> Result<()> {
+    pub fn store(&self, dev: &mut dyn Storage, volume_key: &[u8], passphrase: &[u8]) -> Result<()> {
         let cipher = self.slot_cipher(passphrase)?;
         let split = af_split(volume_key, self.stripes, self.hash)?;
         // The tail of the last sector stays zero before encryption, as in cryptsetup.
@@ -79,16 +74,16 @@ impl SlotCrypto<'_> {
 }
 
 /// Overwrites `len` bytes at `offset` with random data, 1 MiB at a time.
-pub(crate) fn wipe_random(dev: &mut dyn HeaderDevice, offset: u64, len: u64) -> Result<()> {
+pub(crate) fn wipe_random(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
     wipe(dev, offset, len, true)
 }
 
 /// Overwrites `len` bytes at `offset` with zeros, 1 MiB at a time.
-pub(crate) fn wipe_zero(dev: &mut dyn HeaderDevice, offset: u64, len: u64) -> Result<()> {
+pub(crate) fn wipe_zero(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
     wipe(dev, offset, len, false)
 }
 
-fn wipe(dev: &mut dyn HeaderDevice, offset: u64, len: u64, random: bool) -> Result<()> {
+fn wipe(dev: &mut dyn Storage, offset: u64, len: u64, random: bool) -> Result<()> {
     const BLOCK: u64 = 1024 * 1024;
     let mut buf = vec![0u8; BLOCK.min(len) as usize];
     let mut done = 0u64;

@@ -14,7 +14,7 @@ mod tests;
 
 use std::fmt;
 
-use crate::device::HeaderDevice;
+use crate::Storage;
 use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result};
 use cryptblk_crypto::{
     BlockCipherAlg, CipherSpec, HashAlg, IvOptions, Kdf, KdfKind, KdfRequest, SecretBytes,
@@ -156,7 +156,7 @@ impl Luks1Header {
 
     /// Reads and validates the header at offset 0 of `dev`; the device must also hold every
     /// keyslot area.
-    pub fn read(dev: &mut dyn HeaderDevice) -> Result<Self> {
+    pub fn read(dev: &mut dyn Storage) -> Result<Self> {
         let have = dev.size()?;
         if have < PHDR_SIZE as u64 {
             return Err(Error::Truncated {
@@ -181,14 +181,14 @@ impl Luks1Header {
 
     /// Writes the phdr (zero-padded to 1024 bytes, as cryptsetup does) at offset 0.
     /// Does not sync.
-    pub fn write(&self, dev: &mut dyn HeaderDevice) -> Result<()> {
+    pub fn write(&self, dev: &mut dyn Storage) -> Result<()> {
         let mut buf = [0u8; PHDR_DISK_SIZE as usize];
         buf[..PHDR_SIZE].copy_from_slice(&self.phdr.to_bytes());
         dev.write_at(&buf, 0)?;
         Ok(())
     }
 
-    fn write_synced(&self, dev: &mut dyn HeaderDevice) -> Result<()> {
+    fn write_synced(&self, dev: &mut dyn Storage) -> Result<()> {
         self.write(dev)?;
         dev.sync()?;
         Ok(())
@@ -205,7 +205,7 @@ impl Luks1Header {
     /// (`opts.kdf.forced_iterations`) cryptsetup does not benchmark and sets the digest to the
     /// minimum, 1000 iterations, whatever the forced keyslot count is; so do we.
     pub fn format(
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         opts: &FormatOptions,
         volume_key: &[u8],
         passphrase: &[u8],
@@ -325,7 +325,7 @@ impl Luks1Header {
     /// Stores the key in a free slot with already resolved KDF costs.
     fn store_key(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         volume_key: &[u8],
         passphrase: &[u8],
         slot: Option<u32>,
@@ -470,7 +470,7 @@ impl LuksHeader for Luks1Header {
 
     fn unlock(
         &self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         passphrase: &[u8],
         slot: Option<u32>,
     ) -> Result<(u32, SecretBytes)> {
@@ -517,7 +517,7 @@ impl LuksHeader for Luks1Header {
 
     fn add_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         volume_key: &[u8],
         passphrase: &[u8],
         slot: Option<u32>,
@@ -549,7 +549,7 @@ impl LuksHeader for Luks1Header {
         self.store_key(dev, volume_key, passphrase, slot, &resolved)
     }
 
-    fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()> {
+    fn kill_keyslot(&mut self, dev: &mut dyn Storage, slot: u32) -> Result<()> {
         let i = Self::check_slot_index(slot)?;
         if !self.phdr.slots[i].active {
             return Err(Error::Keyslot(format!("keyslot {slot} is not active")));
@@ -685,7 +685,7 @@ fn kdf_plan(opts: &FormatOptions, key_bytes: usize) -> Result<(Kdf, u32)> {
 
 /// cryptsetup's `LUKS_wipe_header_areas`: zeros over the header (its first 4096 bytes when
 /// detached), random data over every keyslot area.
-fn wipe_areas(dev: &mut dyn HeaderDevice, hdr: &Luks1Header) -> Result<()> {
+fn wipe_areas(dev: &mut dyn Storage, hdr: &Luks1Header) -> Result<()> {
     let payload_bytes = u64::from(hdr.phdr.payload_offset) * SECTOR_SIZE;
     let zero_len = if payload_bytes == 0 || payload_bytes > MAX_AREA_BYTES * NUM_KEYSLOTS as u64 {
         4096

@@ -1,5 +1,5 @@
 use super::*;
-use crate::MemDevice;
+use crate::MemStorage;
 
 fn fast_kdf() -> KdfRequest {
     KdfRequest {
@@ -15,17 +15,17 @@ fn opts(cipher: &str, key_len: usize) -> FormatOptions {
     o
 }
 
-fn formatted(cipher: &str, key_len: usize) -> (MemDevice, Luks1Header, Vec<u8>) {
-    let mut dev = MemDevice::default();
+fn formatted(cipher: &str, key_len: usize) -> (MemStorage, Luks1Header, Vec<u8>) {
+    let mut dev = MemStorage::default();
     let vk: Vec<u8> = (0..key_len as u8).map(|b| b.wrapping_mul(7)).collect();
     let hdr = Luks1Header::format(&mut dev, &opts(cipher, key_len), &vk, b"first").unwrap();
     (dev, hdr, vk)
 }
 
 /// Rewrites the phdr bytes of `dev` with `f` applied.
-fn damage(dev: &MemDevice, f: impl FnOnce(&mut [u8])) -> MemDevice {
+fn damage(dev: &MemStorage, f: impl FnOnce(&mut [u8])) -> MemStorage {
     let mut d = dev.clone();
-    f(&mut d.data[..PHDR_SIZE]);
+    d.edit(|b| f(&mut b[..PHDR_SIZE]));
     d
 }
 
@@ -51,7 +51,7 @@ fn layout_matches_cryptsetup() {
     assert_eq!(h2.slot(1).unwrap().key_material_offset, 264);
     assert_eq!(h2.payload_offset_sectors(), 4096);
     // The header area was wiped: the bytes after the phdr up to 4096 are zero.
-    assert!(dev.data[PHDR_SIZE..4096].iter().all(|&b| b == 0));
+    assert!(dev.to_vec()[PHDR_SIZE..4096].iter().all(|&b| b == 0));
     let again = Luks1Header::read(&mut dev).unwrap();
     assert_eq!(again, hdr);
 }
@@ -60,7 +60,7 @@ fn layout_matches_cryptsetup() {
 fn parse_serialize_roundtrip() {
     let (mut dev, hdr, _) = formatted("aes-xts-plain64", 32);
     let bytes = hdr.to_bytes();
-    assert_eq!(&bytes[..], &dev.data[..PHDR_SIZE]);
+    assert_eq!(&bytes[..], &dev.to_vec()[..PHDR_SIZE]);
     let parsed = Luks1Header::from_bytes(&bytes).unwrap();
     assert_eq!(parsed.to_bytes(), bytes);
     assert_eq!(parsed, hdr);
@@ -186,7 +186,7 @@ fn verify_volume_key_and_keyslot_info() {
 #[test]
 fn format_options() {
     let vk = [3u8; 64];
-    let mut dev = MemDevice::default();
+    let mut dev = MemStorage::default();
     let mut o = opts("aes-xts-plain64", 64);
     o.uuid = Some("0F0E0D0C-0B0A-4908-8706-050403020100".into());
     o.detached_header = true;
@@ -198,12 +198,12 @@ fn format_options() {
     assert!(hdr.slot(3).unwrap().active && !hdr.slot(0).unwrap().active);
     assert_eq!(hdr.hash_spec(), "sha512");
     // Detached: the file holds exactly the header and keyslots.
-    assert_eq!(dev.data.len() as u64, hdr.header_size());
+    assert_eq!(dev.len(), hdr.header_size());
     assert_eq!(hdr.unlock(&mut dev, b"p", None).unwrap().0, 3);
 
     o.detached_header = false;
     o.data_offset = Some(8192 * 512);
-    let hdr = Luks1Header::format(&mut MemDevice::default(), &o, &vk, b"p").unwrap();
+    let hdr = Luks1Header::format(&mut MemStorage::default(), &o, &vk, b"p").unwrap();
     assert_eq!(hdr.payload_offset_sectors(), 8192);
 
     let rejects: [fn(&mut FormatOptions); 8] = [
@@ -219,13 +219,13 @@ fn format_options() {
     for (i, f) in rejects.iter().enumerate() {
         let mut o = opts("aes-xts-plain64", 64);
         f(&mut o);
-        let r = Luks1Header::format(&mut MemDevice::default(), &o, &vk, b"p");
+        let r = Luks1Header::format(&mut MemStorage::default(), &o, &vk, b"p");
         assert!(matches!(r, Err(Error::InvalidOption(_))), "case {i}: {r:?}");
     }
     let mut o = opts("aes-xts-plain64", 64);
     o.keyslot = Some(8);
     assert!(matches!(
-        Luks1Header::format(&mut MemDevice::default(), &o, &vk, b"p"),
+        Luks1Header::format(&mut MemStorage::default(), &o, &vk, b"p"),
         Err(Error::Keyslot(_))
     ));
 }
@@ -237,14 +237,14 @@ fn calibrated_digest_iterations() {
         iter_time_ms: 200,
         ..KdfRequest::luks1_default()
     };
-    let hdr = Luks1Header::format(&mut MemDevice::default(), &o, &[1; 32], b"p").unwrap();
+    let hdr = Luks1Header::format(&mut MemStorage::default(), &o, &[1; 32], b"p").unwrap();
     let slot_it = hdr.slot(0).unwrap().iterations;
     let d = hdr.mk_digest_iterations();
     // digest = slot iterations * 125 / 200 (at least 1000).
     assert_eq!(d, (u64::from(slot_it) * 125 / 200).max(1000) as u32);
 }
 
-fn assert_luks1_err(dev: &mut MemDevice, check: impl Fn(&Luks1Error) -> bool) {
+fn assert_luks1_err(dev: &mut MemStorage, check: impl Fn(&Luks1Error) -> bool) {
     match Luks1Header::read(dev) {
         Err(Error::Luks1(e)) if check(&e) => {}
         other => panic!("unexpected result {other:?}"),
@@ -257,17 +257,13 @@ fn hostile_headers_are_rejected() {
 
     // Truncated: shorter than the phdr, or without all keyslot areas.
     for len in [0usize, 7, 100, 591] {
-        let mut d = MemDevice {
-            data: dev.data[..len].to_vec(),
-        };
+        let mut d = MemStorage::from_vec(dev.to_vec()[..len].to_vec());
         assert!(
             matches!(Luks1Header::read(&mut d), Err(Error::Truncated { .. })),
             "{len}"
         );
     }
-    let mut d = MemDevice {
-        data: dev.data[..4036 * 512 - 1].to_vec(),
-    };
+    let mut d = MemStorage::from_vec(dev.to_vec()[..4036 * 512 - 1].to_vec());
     assert!(
         matches!(Luks1Header::read(&mut d), Err(Error::Truncated { need, .. }) if need == 4036 * 512)
     );
@@ -382,7 +378,7 @@ fn random_garbage_never_panics() {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let pos = (seed % PHDR_SIZE as u64) as usize;
-            d.data[pos] = (seed >> 32) as u8;
+            d.write_at(&[(seed >> 32) as u8], pos as u64).unwrap();
         }
         let _ = Luks1Header::read(&mut d);
     }

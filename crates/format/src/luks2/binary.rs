@@ -9,7 +9,7 @@
 use cryptblk_crypto::HashAlg;
 use serde_json::Value;
 
-use crate::HeaderDevice;
+use crate::Storage;
 
 pub const BIN_HDR_LEN: usize = 4096;
 pub const PRIMARY_MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
@@ -186,7 +186,7 @@ pub struct CopyFailure {
 }
 
 /// Reads and checks the copy at `offset` (0 for the primary).
-pub fn read_copy(dev: &mut dyn HeaderDevice, offset: u64) -> Result<RawCopy, CopyFailure> {
+pub fn read_copy(dev: &mut dyn Storage, offset: u64) -> Result<RawCopy, CopyFailure> {
     let fail = |magic: bool, reason: String| CopyFailure { magic, reason };
     let dev_size = dev
         .size()

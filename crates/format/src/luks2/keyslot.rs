@@ -10,7 +10,7 @@ use cryptblk_crypto::{
 use serde_json::{Value, json};
 
 use super::model::{Luks2Keyslot, Model, STRIPES};
-use crate::{HeaderDevice, Result};
+use crate::{Result, Storage};
 
 /// Salt length of keyslot KDFs and digests (cryptsetup's `LUKS_SALTSIZE`).
 pub const SALT_LEN: usize = 32;
@@ -52,7 +52,7 @@ fn area_cipher(spec: CipherSpec, key: &[u8]) -> Result<SectorCipher> {
 
 /// Recovers the key stored in a slot with `passphrase` (not yet checked against a digest).
 pub fn open(
-    dev: &mut dyn HeaderDevice,
+    dev: &mut dyn Storage,
     ks: &Luks2Keyslot,
     key_size: usize,
     area_offset: u64,
@@ -79,7 +79,7 @@ pub struct NewKeyslot<'a> {
 /// Writes the encrypted, split key into the area (not synced) and returns the slot's JSON,
 /// with fields in cryptsetup's order.
 pub fn create(
-    dev: &mut dyn HeaderDevice,
+    dev: &mut dyn Storage,
     p: &NewKeyslot<'_>,
     volume_key: &[u8],
     passphrase: &[u8],
@@ -131,7 +131,7 @@ pub fn create(
 }
 
 /// Overwrites a keyslot area with random bytes (not synced).
-pub fn wipe_area(dev: &mut dyn HeaderDevice, offset: u64, len: u64) -> Result<()> {
+pub fn wipe_area(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     let mut done = 0u64;
     while done < len {

@@ -30,7 +30,7 @@ pub use binary::HDR_SIZES;
 pub use error::Luks2Error;
 pub use model::Priority;
 
-use crate::{Error, FormatOptions, HeaderDevice, KeyslotInfo, LuksHeader, Result};
+use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, Storage};
 use binary::{BIN_HDR_LEN, BinHeader, LABEL_LEN, RawCopy, SALT_LEN};
 use model::{MAX_KEYSLOTS_SIZE, MAX_OBJECTS, Model};
 
@@ -157,7 +157,7 @@ impl Luks2Header {
     /// Reads the header: the valid copy with the highest seqid (primary first on a tie).
     /// Looks for the secondary copy at every offset the format allows when the primary is
     /// unusable. Never writes. Refuses headers with mandatory requirements.
-    pub fn read(dev: &mut dyn HeaderDevice) -> Result<Self> {
+    pub fn read(dev: &mut dyn Storage) -> Result<Self> {
         let h = Self::read_ignoring_requirements(dev)?;
         if h.unmet_requirements {
             return Err(Luks2Error::UnmetRequirements(h.model.requirements.clone()).into());
@@ -167,7 +167,7 @@ impl Luks2Header {
 
     /// Like [`Luks2Header::read`], but loads headers with mandatory requirements (for
     /// `dump`); such a header refuses `unlock` and every change.
-    pub fn read_ignoring_requirements(dev: &mut dyn HeaderDevice) -> Result<Self> {
+    pub fn read_ignoring_requirements(dev: &mut dyn Storage) -> Result<Self> {
         let check = |c: std::result::Result<RawCopy, binary::CopyFailure>| match c {
             Ok(c) => match Model::from_json(&c.json, c.bin.hdr_size) {
                 Ok(m) => Ok((c, m)),
@@ -307,7 +307,7 @@ impl Luks2Header {
     /// Creates a new LUKS2 volume header with `volume_key` in one keyslot, as
     /// `cryptsetup luksFormat --type luks2` does (layout, digest, keyslot parameters).
     pub fn format(
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         opts: &FormatOptions,
         volume_key: &[u8],
         passphrase: &[u8],
@@ -411,7 +411,7 @@ impl Luks2Header {
 
     /// Writes `json` (and the current label/subsystem) as the next seqid to both copies:
     /// primary, sync, secondary, sync. Validates before writing anything.
-    fn commit(&mut self, dev: &mut dyn HeaderDevice, json: Value) -> Result<()> {
+    fn commit(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
         let model = Model::from_json(&json, self.hdr_size)?;
         let text = serde_json::to_vec(&json).map_err(|e| bad(e.to_string()))?;
         let have = self.hdr_size - BIN_HDR_LEN as u64;
@@ -469,7 +469,7 @@ impl Luks2Header {
     /// and in the same metadata update removes keyslot `replace` (whose area is wiped after).
     fn store_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         volume_key: &[u8],
         passphrase: &[u8],
         slot: Option<u32>,
@@ -567,7 +567,7 @@ impl Luks2Header {
     /// either the old or the new passphrase working (never neither). Returns the new slot.
     pub fn change_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         old_passphrase: &[u8],
         new_passphrase: &[u8],
         old_slot: Option<u32>,
@@ -580,32 +580,23 @@ impl Luks2Header {
     }
 
     /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).
-    pub fn repair(&mut self, dev: &mut dyn HeaderDevice) -> Result<()> {
+    pub fn repair(&mut self, dev: &mut dyn Storage) -> Result<()> {
         self.check_usable()?;
         let json = self.json.clone();
         self.commit(dev, json)
     }
 
     /// Sets the label (`None` or "" clears it) and writes the header.
-    pub fn set_label(&mut self, dev: &mut dyn HeaderDevice, label: Option<&str>) -> Result<()> {
+    pub fn set_label(&mut self, dev: &mut dyn Storage, label: Option<&str>) -> Result<()> {
         self.set_labels(dev, label.unwrap_or(""), &self.subsystem.clone())
     }
 
     /// Sets the subsystem (`None` or "" clears it) and writes the header.
-    pub fn set_subsystem(
-        &mut self,
-        dev: &mut dyn HeaderDevice,
-        subsystem: Option<&str>,
-    ) -> Result<()> {
+    pub fn set_subsystem(&mut self, dev: &mut dyn Storage, subsystem: Option<&str>) -> Result<()> {
         self.set_labels(dev, &self.label.clone(), subsystem.unwrap_or(""))
     }
 
-    fn set_labels(
-        &mut self,
-        dev: &mut dyn HeaderDevice,
-        label: &str,
-        subsystem: &str,
-    ) -> Result<()> {
+    fn set_labels(&mut self, dev: &mut dyn Storage, label: &str, subsystem: &str) -> Result<()> {
         self.check_usable()?;
         check_label(label)?;
         check_label(subsystem)?;
@@ -629,7 +620,7 @@ impl Luks2Header {
 
     /// Replaces the persistent activation flags and writes the header; an empty list removes
     /// the `flags` array.
-    pub fn set_config_flags(&mut self, dev: &mut dyn HeaderDevice, flags: &[&str]) -> Result<()> {
+    pub fn set_config_flags(&mut self, dev: &mut dyn Storage, flags: &[&str]) -> Result<()> {
         self.check_usable()?;
         if let Some(f) = flags.iter().find(|f| f.is_empty()) {
             return Err(Error::InvalidOption(format!("invalid flag '{f}'")));
@@ -721,7 +712,7 @@ fn keyslot_cipher(cipher: &CipherSpec, key_len: usize) -> (String, usize) {
     }
 }
 
-fn wipe_zero(dev: &mut dyn HeaderDevice, offset: u64, len: u64) -> Result<()> {
+fn wipe_zero(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
     let buf = vec![0u8; 1 << 20];
     let mut done = 0u64;
     while done < len {
@@ -795,7 +786,7 @@ impl LuksHeader for Luks2Header {
     /// "normal" ones; "ignore" slots only when named.
     fn unlock(
         &self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         passphrase: &[u8],
         slot: Option<u32>,
     ) -> Result<(u32, SecretBytes)> {
@@ -851,7 +842,7 @@ impl LuksHeader for Luks2Header {
     }
     fn add_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         volume_key: &[u8],
         passphrase: &[u8],
         slot: Option<u32>,
@@ -867,7 +858,7 @@ impl LuksHeader for Luks2Header {
     /// update, so a crash leaves exactly the old or exactly the new passphrase.
     fn replace_keyslot(
         &mut self,
-        dev: &mut dyn HeaderDevice,
+        dev: &mut dyn Storage,
         old_slot: u32,
         volume_key: &[u8],
         new_passphrase: &[u8],
@@ -887,7 +878,7 @@ impl LuksHeader for Luks2Header {
         )
     }
 
-    fn kill_keyslot(&mut self, dev: &mut dyn HeaderDevice, slot: u32) -> Result<()> {
+    fn kill_keyslot(&mut self, dev: &mut dyn Storage, slot: u32) -> Result<()> {
         self.check_usable()?;
         let k = self
             .model
@@ -963,7 +954,7 @@ fn check_format_options(opts: &FormatOptions, volume_key: &[u8]) -> Result<u64> 
 /// Zeros over both header copies (and on up to the data, unless detached), random data
 /// over the keyslots area, as `luksFormat` leaves a device.
 fn wipe_for_format(
-    dev: &mut dyn HeaderDevice,
+    dev: &mut dyn Storage,
     hdr_size: u64,
     keyslots_size: u64,
     data_offset: u64,

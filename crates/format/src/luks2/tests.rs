@@ -1,6 +1,6 @@
 use super::binary::{BinHeader, encode_copy};
 use super::*;
-use crate::MemDevice;
+use crate::MemStorage;
 use cryptblk_crypto::{Argon2Variant, HashAlg, Kdf, KdfKind};
 
 const MIB: u64 = 1024 * 1024;
@@ -26,8 +26,8 @@ fn vk() -> Vec<u8> {
     (0..32u8).collect()
 }
 
-fn fresh() -> (MemDevice, Luks2Header) {
-    let mut dev = MemDevice::new((17 * MIB) as usize);
+fn fresh() -> (MemStorage, Luks2Header) {
+    let mut dev = MemStorage::new(17 * MIB);
     let h = Luks2Header::format(&mut dev, &opts(), &vk(), b"pass0").unwrap();
     (dev, h)
 }
@@ -40,7 +40,7 @@ fn luks2_err(r: Result<Luks2Header>) -> Luks2Error {
 }
 
 /// Writes `text` as the JSON of both copies, with valid checksums and a higher seqid.
-fn put_json_text(dev: &mut MemDevice, h: &Luks2Header, text: &[u8]) {
+fn put_json_text(dev: &mut MemStorage, h: &Luks2Header, text: &[u8]) {
     for (secondary, off) in [(false, 0), (true, h.hdr_size())] {
         let bin = BinHeader {
             secondary,
@@ -166,7 +166,7 @@ fn format_options_are_honoured() {
     o.luks2_keyslots_size = Some(MIB);
     o.keyslot = Some(5);
     o.detached_header = true;
-    let mut dev = MemDevice::default();
+    let mut dev = MemStorage::default();
     let h = Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
     let r = Luks2Header::read(&mut dev).unwrap();
     assert_eq!((r.label(), r.subsystem()), ("my label", "sub"));
@@ -176,28 +176,28 @@ fn format_options_are_honoured() {
         (0x8000, MIB, 0)
     );
     assert_eq!(r.sector_size(), 4096);
-    assert_eq!(dev.data.len() as u64, 0x10000 + MIB);
+    assert_eq!(dev.len(), 0x10000 + MIB);
     assert_eq!(r.unlock(&mut dev, b"p", None).unwrap().0, 5);
     assert_eq!(r.json(), h.json());
 
     o.uuid = Some("not-a-uuid".into());
     assert!(matches!(
-        Luks2Header::format(&mut MemDevice::default(), &o, &vk(), b"p"),
+        Luks2Header::format(&mut MemStorage::default(), &o, &vk(), b"p"),
         Err(Error::Luks2(Luks2Error::InvalidUuid(_)))
     ));
     o.uuid = None;
     o.label = Some("x".repeat(48));
     assert!(matches!(
-        Luks2Header::format(&mut MemDevice::default(), &o, &vk(), b"p"),
+        Luks2Header::format(&mut MemStorage::default(), &o, &vk(), b"p"),
         Err(Error::Luks2(Luks2Error::InvalidLabel(_)))
     ));
     o.label = None;
     o.luks2_metadata_size = Some(0x5000);
-    assert!(Luks2Header::format(&mut MemDevice::default(), &o, &vk(), b"p").is_err());
+    assert!(Luks2Header::format(&mut MemStorage::default(), &o, &vk(), b"p").is_err());
     // Not detached: the device must hold the data offset.
     let mut o = opts();
     o.detached_header = false;
-    assert!(Luks2Header::format(&mut MemDevice::new(MIB as usize), &o, &vk(), b"p").is_err());
+    assert!(Luks2Header::format(&mut MemStorage::new(MIB), &o, &vk(), b"p").is_err());
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn argon2_keyslot_and_cipher_null_keyslot_cipher() {
     // cipher_null ignores its key, but LUKS2 still needs a volume key for the digest, and
     // cryptsetup protects the keyslot with aes-xts-plain64/512 instead of the null cipher.
     o.key_len = 32;
-    let mut dev = MemDevice::new((17 * MIB) as usize);
+    let mut dev = MemStorage::new(17 * MIB);
     let h = Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
     assert_eq!(
         h.json()["keyslots"]["0"]["area"]["encryption"],
@@ -228,18 +228,18 @@ fn argon2_keyslot_and_cipher_null_keyslot_cipher() {
 fn corrupt_primary_opens_from_secondary_and_read_never_writes() {
     for corrupt in [0usize, 4096 + 3, 448, 200] {
         let (mut dev, h) = fresh();
-        dev.data[corrupt] ^= 0x55;
-        let before = dev.data.clone();
+        dev.edit(|d| d[corrupt] ^= 0x55);
+        let before = dev.to_vec();
         let r = Luks2Header::read(&mut dev).unwrap();
         assert_eq!(r.json(), h.json());
         assert!(r.copy_status().primary_error.is_some(), "offset {corrupt}");
         assert!(r.copy_status().secondary_error.is_none());
-        assert_eq!(dev.data, before, "read must not write");
+        assert_eq!(dev.to_vec(), before, "read must not write");
         assert!(r.unlock(&mut dev, b"pass0", None).is_ok());
     }
     // Primary wiped entirely (e.g. by wipefs): found through the secondary's magic.
     let (mut dev, _) = fresh();
-    dev.data[..16384].fill(0);
+    dev.edit(|d| d[..16384].fill(0));
     let mut r = Luks2Header::read(&mut dev).unwrap();
     assert!(r.copy_status().primary_error.is_some());
     assert!(crate::load_header(&mut dev).is_ok());
@@ -254,9 +254,9 @@ fn corrupt_primary_opens_from_secondary_and_read_never_writes() {
 fn secondary_found_at_every_header_size() {
     let mut o = opts();
     o.luks2_metadata_size = Some(0x40000);
-    let mut dev = MemDevice::new((17 * MIB) as usize);
+    let mut dev = MemStorage::new(17 * MIB);
     Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
-    dev.data[..4096].fill(0xff);
+    dev.edit(|d| d[..4096].fill(0xff));
     let r = Luks2Header::read(&mut dev).unwrap();
     assert_eq!(r.hdr_size(), 0x40000);
 }
@@ -264,8 +264,10 @@ fn secondary_found_at_every_header_size() {
 #[test]
 fn both_corrupt_and_not_luks_are_clear_errors() {
     let (mut dev, h) = fresh();
-    dev.data[5000] ^= 1;
-    dev.data[h.hdr_size() as usize + 5000] ^= 1;
+    dev.edit(|d| {
+        d[5000] ^= 1;
+        d[h.hdr_size() as usize + 5000] ^= 1;
+    });
     match luks2_err(Luks2Header::read(&mut dev)) {
         Luks2Error::NoValidCopy { primary, secondary } => {
             assert!(
@@ -281,12 +283,14 @@ fn both_corrupt_and_not_luks_are_clear_errors() {
             .to_string()
             .contains("no valid header copy")
     );
-    let mut zero = MemDevice::new(MIB as usize);
+    let mut zero = MemStorage::new(MIB);
     assert!(matches!(Luks2Header::read(&mut zero), Err(Error::NotLuks)));
     // Bad version in the primary, secondary wiped.
     let (mut dev, _) = fresh();
-    dev.data[7] = 3;
-    dev.data[16384..16390].fill(0);
+    dev.edit(|d| {
+        d[7] = 3;
+        d[16384..16390].fill(0);
+    });
     assert!(matches!(
         Luks2Header::read(&mut dev),
         Err(Error::Luks2(Luks2Error::NoValidCopy { .. }))
@@ -307,14 +311,10 @@ fn truncated_devices_error_without_panic() {
         40000,
         (16 * MIB - 1) as usize,
     ] {
-        let mut d = MemDevice {
-            data: dev.data[..len].to_vec(),
-        };
+        let mut d = MemStorage::from_vec(dev.to_vec()[..len].to_vec());
         assert!(Luks2Header::read(&mut d).is_err(), "len {len}");
     }
-    let mut d = MemDevice {
-        data: dev.data[..40000].to_vec(),
-    };
+    let mut d = MemStorage::from_vec(dev.to_vec()[..40000].to_vec());
     assert!(
         matches!(Luks2Header::read(&mut d), Err(Error::Truncated { need, .. }) if need == 16 * MIB)
     );
@@ -323,19 +323,19 @@ fn truncated_devices_error_without_panic() {
 #[test]
 fn higher_seqid_wins() {
     let (mut dev, mut h) = fresh();
-    let old = dev.data.clone();
+    let old = dev.to_vec();
     h.add_keyslot(&mut dev, &vk(), b"pass1", None, &fast_kdf())
         .unwrap();
     let hs = h.hdr_size() as usize;
     // New primary + old secondary → new.
     let mut d = dev.clone();
-    d.data[hs..2 * hs].copy_from_slice(&old[hs..2 * hs]);
+    d.write_at(&old[hs..2 * hs], hs as u64).unwrap();
     let r = Luks2Header::read(&mut d).unwrap();
     assert_eq!(r.keyslots().len(), 2);
     assert!(!r.copies_in_sync());
     // Old primary + new secondary → new as well.
     let mut d = dev.clone();
-    d.data[..hs].copy_from_slice(&old[..hs]);
+    d.write_at(&old[..hs], 0).unwrap();
     assert_eq!(Luks2Header::read(&mut d).unwrap().keyslots().len(), 2);
 }
 
@@ -501,7 +501,7 @@ fn unknown_fields_and_tokens_survive_add_and_kill() {
     assert_eq!(r.json()["digests"]["0"]["keyslots"], json!(["1"]));
     assert!(r.json()["keyslots"].get("0").is_none());
     // The killed area is wiped.
-    assert!(!dev.data[32768..32768 + 131072].iter().all(|&b| b == 0));
+    assert!(!dev.to_vec()[32768..32768 + 131072].iter().all(|&b| b == 0));
     assert!(matches!(
         r.unlock(&mut dev, b"pass0", None),
         Err(Error::WrongPassphrase)
@@ -535,7 +535,7 @@ fn unknown_fields_and_tokens_survive_add_and_kill() {
 fn keyslots_area_fills_up() {
     let mut o = opts();
     o.luks2_keyslots_size = Some(3 * 131072);
-    let mut dev = MemDevice::new((17 * MIB) as usize);
+    let mut dev = MemStorage::new(17 * MIB);
     let mut h = Luks2Header::format(&mut dev, &o, &vk(), b"p").unwrap();
     h.add_keyslot(&mut dev, &vk(), b"q", None, &fast_kdf())
         .unwrap();
@@ -615,22 +615,23 @@ fn labels_flags_and_priorities() {
 /// Records writes so that every crash point of an operation can be replayed.
 #[derive(Default)]
 struct Recorder {
-    dev: MemDevice,
-    writes: Vec<(u64, Vec<u8>)>,
+    dev: MemStorage,
+    writes: std::sync::Mutex<Vec<(u64, Vec<u8>)>>,
 }
 
-impl HeaderDevice for Recorder {
-    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+impl Storage for Recorder {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         self.dev.read_at(buf, offset)
     }
-    fn write_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.writes.push((offset, buf.to_vec()));
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let mut writes = self.writes.lock().unwrap();
+        writes.push((offset, buf.to_vec()));
         self.dev.write_at(buf, offset)
     }
-    fn sync(&mut self) -> std::io::Result<()> {
+    fn sync(&self) -> std::io::Result<()> {
         Ok(())
     }
-    fn size(&mut self) -> std::io::Result<u64> {
+    fn size(&self) -> std::io::Result<u64> {
         self.dev.size()
     }
 }
@@ -665,10 +666,11 @@ fn every_crash_point_leaves_old_or_new_keyslots() {
         }
         let mut rec = Recorder {
             dev: base.clone(),
-            writes: Vec::new(),
+            writes: Default::default(),
         };
         op(&mut h, &mut rec);
-        let slots = |d: &mut MemDevice| {
+        let writes = rec.writes.into_inner().unwrap();
+        let slots = |d: &mut MemStorage| {
             let r = Luks2Header::read(d).unwrap();
             // Every listed slot must still open with its passphrase.
             for k in r.keyslots() {
@@ -685,13 +687,13 @@ fn every_crash_point_leaves_old_or_new_keyslots() {
             }
             r.keyslots().iter().map(|k| k.id).collect::<Vec<u32>>()
         };
-        for n in 0..=rec.writes.len() {
+        for n in 0..=writes.len() {
             for torn in [false, true] {
                 let mut d = base.clone();
-                for (off, data) in &rec.writes[..n] {
+                for (off, data) in &writes[..n] {
                     d.write_at(data, *off).unwrap();
                 }
-                if torn && let Some((off, data)) = rec.writes.get(n) {
+                if torn && let Some((off, data)) = writes.get(n) {
                     d.write_at(&data[..data.len() / 2], *off).unwrap();
                 }
                 let got = slots(&mut d);
@@ -721,9 +723,9 @@ proptest::proptest! {
     }
 }
 
-fn fresh_cached() -> (MemDevice, Luks2Header) {
+fn fresh_cached() -> (MemStorage, Luks2Header) {
     use std::sync::OnceLock;
-    static CELL: OnceLock<(MemDevice, Luks2Header)> = OnceLock::new();
+    static CELL: OnceLock<(MemStorage, Luks2Header)> = OnceLock::new();
     CELL.get_or_init(fresh).clone()
 }
 
@@ -747,7 +749,7 @@ fn integrity_segments_are_refused() {
 #[test]
 fn unknown_primary_version_is_not_bypassed() {
     let (mut dev, _) = fresh();
-    dev.data[7] = 3;
+    dev.edit(|d| d[7] = 3);
     // The secondary copy is intact, and Luks2Header::read (used by repair) still finds it.
     assert!(Luks2Header::read(&mut dev).is_ok());
     let err = crate::load_header(&mut dev).unwrap_err();

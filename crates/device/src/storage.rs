@@ -1,0 +1,406 @@
+//! Positioned I/O on the bytes under a device: a file, a block device, memory. The one trait
+//! every layer uses to reach storage: LUKS headers (`cryptblk-format`), the encrypted data
+//! segment of a volume (`cryptblk-volume`), and [`RawDevice`], which serves a storage as a
+//! [`BlockDevice`] unchanged.
+
+use std::fs::File;
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::BlockDevice;
+
+/// Positioned, thread-safe I/O on a store of bytes.
+///
+/// Reads are exact: a read past the end fails with `UnexpectedEof`. Writes past the end
+/// grow a store that can grow (a regular file, [`MemStorage`]) and fail on one that cannot
+/// (a block device).
+pub trait Storage: Send + Sync {
+    /// Current size in bytes.
+    fn size(&self) -> io::Result<u64>;
+    /// Fills `buf` from `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes everything written so far durable (fdatasync for files).
+    fn sync(&self) -> io::Result<()>;
+    /// Deallocates the range (it then reads as zeros); `Unsupported` where the store cannot.
+    fn punch_hole(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// How the storage is reached, for `status` (e.g. "file, psync, O_DIRECT").
+    fn describe(&self) -> String {
+        "custom".into()
+    }
+    /// The file descriptor offsets refer to, if the storage is one (for frontends doing
+    /// their own I/O, e.g. io_uring).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}
+
+/// A file or block device with `pread`/`pwrite` on the page cache: what header code uses.
+/// The data path's storage (io_uring, O_DIRECT, hole punching) is `cryptblk_volume::FileStorage`.
+impl Storage for File {
+    fn size(&self) -> io::Result<u64> {
+        // Block devices report 0 in metadata; seeking to the end works for both.
+        let mut f = self;
+        f.seek(SeekFrom::End(0))
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_all_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.sync_data()
+    }
+    fn describe(&self) -> String {
+        "file, psync, page cache".into()
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.as_raw_fd())
+    }
+}
+
+/// Bytes per independently locked chunk of a [`MemStorage`].
+const CHUNK: usize = 1 << 20;
+
+/// Storage in memory (a RAM disk like the kernel's brd, a header image in tests). It grows
+/// on write like a sparse file. Memory is split into independently locked chunks, so
+/// threads working on different parts of it do not serialise on one lock.
+#[derive(Default)]
+pub struct MemStorage {
+    /// Every chunk but the last is [`CHUNK`] bytes. The outer lock is only taken for
+    /// writing to grow.
+    chunks: RwLock<Vec<RwLock<Box<[u8]>>>>,
+    size: AtomicU64,
+}
+
+impl MemStorage {
+    /// `size` zero bytes.
+    pub fn new(size: u64) -> Self {
+        let m = MemStorage::default();
+        m.grow(size);
+        m
+    }
+
+    /// Storage holding `data`.
+    pub fn from_vec(data: Vec<u8>) -> Self {
+        let m = MemStorage::new(data.len() as u64);
+        // In bounds: the storage has just been sized for it.
+        m.write_at(&data, 0).expect("in bounds");
+        m
+    }
+
+    /// A copy of all the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
+        let mut v = Vec::with_capacity(self.len() as usize);
+        for c in chunks.iter() {
+            v.extend_from_slice(&c.read().unwrap_or_else(|e| e.into_inner()));
+        }
+        v
+    }
+
+    /// Changes the bytes through `f`, which may also resize them (tests that corrupt or
+    /// truncate an image).
+    pub fn edit(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
+        let mut v = self.to_vec();
+        f(&mut v);
+        *self = MemStorage::from_vec(v);
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Extends the storage with zeros to at least `size` bytes.
+    fn grow(&self, size: u64) {
+        let mut chunks = self.chunks.write().unwrap_or_else(|e| e.into_inner());
+        let mut have = self.size.load(Ordering::Acquire);
+        while have < size {
+            let want = (size - have) as usize;
+            let extended = match chunks.last_mut() {
+                Some(last) => {
+                    let last = last.get_mut().unwrap_or_else(|e| e.into_inner());
+                    let room = CHUNK - last.len();
+                    if room == 0 {
+                        None
+                    } else {
+                        let n = room.min(want);
+                        let mut bigger = std::mem::take(last).into_vec();
+                        bigger.resize(bigger.len() + n, 0);
+                        *last = bigger.into_boxed_slice();
+                        Some(n)
+                    }
+                }
+                None => None,
+            };
+            let n = extended.unwrap_or_else(|| {
+                let n = want.min(CHUNK);
+                chunks.push(RwLock::new(vec![0u8; n].into_boxed_slice()));
+                n
+            });
+            have += n as u64;
+        }
+        self.size.store(have, Ordering::Release);
+    }
+
+    /// Calls `f(chunk, offset in chunk, range in the request)` for each chunk the I/O of
+    /// `len` bytes at `offset` touches; fails with `UnexpectedEof` past the end.
+    fn for_chunks(
+        &self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(&RwLock<Box<[u8]>>, usize, std::ops::Range<usize>),
+    ) -> io::Result<()> {
+        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len() => {}
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "I/O past the end of memory storage",
+                ));
+            }
+        }
+        let mut done = 0usize;
+        while done < len {
+            let pos = offset + done as u64;
+            let (ci, co) = ((pos / CHUNK as u64) as usize, (pos % CHUNK as u64) as usize);
+            let n = (CHUNK - co).min(len - done);
+            f(&chunks[ci], co, done..done + n);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl Clone for MemStorage {
+    fn clone(&self) -> Self {
+        MemStorage::from_vec(self.to_vec())
+    }
+}
+
+impl std::fmt::Debug for MemStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemStorage({} bytes)", self.len())
+    }
+}
+
+impl Storage for MemStorage {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len())
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.for_chunks(offset, buf.len(), |c, co, r| {
+            let c = c.read().unwrap_or_else(|e| e.into_inner());
+            buf[r.clone()].copy_from_slice(&c[co..co + r.len()]);
+        })
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| usize::try_from(e).is_ok())
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        if end > self.len() {
+            self.grow(end);
+        }
+        self.for_chunks(offset, buf.len(), |c, co, r| {
+            let mut c = c.write().unwrap_or_else(|e| e.into_inner());
+            c[co..co + r.len()].copy_from_slice(&buf[r]);
+        })
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        // Like a file: the part of the range past the end is ignored.
+        let end = offset.saturating_add(len).min(self.len());
+        let Some(n) = end.checked_sub(offset) else {
+            return Ok(());
+        };
+        self.for_chunks(offset, n as usize, |c, co, r| {
+            let mut c = c.write().unwrap_or_else(|e| e.into_inner());
+            c[co..co + r.len()].fill(0);
+        })
+    }
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}
+
+/// A [`Storage`] served as a [`BlockDevice`] byte for byte: no transform, no crypto (a RAM
+/// disk for tests, the unencrypted baseline of benchmarks).
+pub struct RawDevice<S> {
+    storage: S,
+    size: u64,
+    block_size: u32,
+    discard: bool,
+}
+
+/// A RAM disk (like the kernel's brd), for tests and benchmarks.
+pub type MemoryDevice = RawDevice<MemStorage>;
+
+impl<S: Storage> RawDevice<S> {
+    /// Serves `storage` (its size now) with `block_size`-byte blocks; discards are off.
+    pub fn with_storage(storage: S, block_size: u32) -> io::Result<Self> {
+        Ok(RawDevice {
+            size: storage.size()?,
+            storage,
+            block_size,
+            discard: false,
+        })
+    }
+
+    /// Lets discards punch holes in the storage.
+    pub fn with_discard(mut self, discard: bool) -> Self {
+        self.discard = discard;
+        self
+    }
+
+    /// The storage underneath.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "I/O past the end of the device",
+            )),
+        }
+    }
+}
+
+impl RawDevice<MemStorage> {
+    /// A RAM disk of `size` zero bytes, discards allowed.
+    pub fn new(size: u64, block_size: u32) -> Self {
+        RawDevice {
+            storage: MemStorage::new(size),
+            size,
+            block_size,
+            discard: true,
+        }
+    }
+}
+
+impl<S: Storage> BlockDevice for RawDevice<S> {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn can_discard(&self) -> bool {
+        self.discard
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.storage.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.storage.write_at(buf, offset)?;
+        if fua { self.storage.sync() } else { Ok(()) }
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.storage.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.discard {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        self.check(offset, len)?;
+        self.storage.punch_hole(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()> {
+        self.check(offset, len)?;
+        if may_unmap && self.discard && self.storage.punch_hole(offset, len).is_ok() {
+            return Ok(());
+        }
+        let zero = vec![0u8; len.min(1 << 20) as usize];
+        let mut off = offset;
+        while off < offset + len {
+            let n = (offset + len - off).min(zero.len() as u64) as usize;
+            self.storage.write_at(&zero[..n], off)?;
+            off += n as u64;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_storage_grows_across_chunks_and_reads_exactly() {
+        let m = MemStorage::new(10);
+        assert_eq!(m.size().unwrap(), 10);
+        // A write that ends past the end grows it, across a chunk boundary.
+        let data: Vec<u8> = (0..CHUNK + 100).map(|i| i as u8).collect();
+        m.write_at(&data, 5).unwrap();
+        assert_eq!(m.len(), (CHUNK + 105) as u64);
+        let mut back = vec![0u8; data.len()];
+        m.read_at(&mut back, 5).unwrap();
+        assert_eq!(back, data);
+        let v = m.to_vec();
+        assert_eq!(&v[..5], &[0; 5]);
+        // Exact reads: one byte past the end fails, nothing is read.
+        let mut one = [0u8; 2];
+        let e = m.read_at(&mut one, m.len() - 1).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        // Holes read back as zeros; the part past the end is ignored.
+        m.punch_hole(CHUNK as u64 - 10, 1 << 30).unwrap();
+        assert_eq!(m.len(), (CHUNK + 105) as u64);
+        let v2 = m.to_vec();
+        assert!(v2[CHUNK - 10..].iter().all(|&b| b == 0));
+        assert_eq!(v2[..CHUNK - 10], v[..CHUNK - 10]);
+        let mut c = m.clone();
+        c.edit(|d| d.truncate(7));
+        assert_eq!((c.len(), m.len()), (7, (CHUNK + 105) as u64));
+    }
+
+    #[test]
+    fn raw_device_checks_bounds_and_discard() {
+        let d = RawDevice::with_storage(MemStorage::new(8192), 512).unwrap();
+        assert!(!d.can_discard());
+        assert_eq!(
+            d.discard(0, 512).unwrap_err().kind(),
+            io::ErrorKind::Unsupported
+        );
+        d.write_at(&[7; 512], 7680, true).unwrap();
+        assert_eq!(
+            d.write_at(&[7; 512], 8192, false).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        // The device does not grow with its storage.
+        assert_eq!(d.storage().len(), 8192);
+        d.write_zeroes(7680, 512, true).unwrap();
+        let mut b = [1u8; 512];
+        d.read_at(&mut b, 7680).unwrap();
+        assert_eq!(b, [0; 512]);
+        let m = MemoryDevice::new(4096, 512);
+        m.write_at(&[9; 4096], 0, false).unwrap();
+        m.discard(512, 1024).unwrap();
+        let mut b = [1u8; 4096];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b[512..1536].iter().all(|&x| x == 0) && b[..512].iter().all(|&x| x == 9));
+    }
+}
