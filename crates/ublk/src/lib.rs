@@ -46,11 +46,13 @@ mod ctrl;
 #[allow(unsafe_code)]
 mod queue;
 #[allow(unsafe_code)]
-pub mod sys;
+pub(crate) mod sys;
 
 pub use ctrl::CONTROL_PATH;
 pub use queue::handle_request;
-pub use sys::IoDesc;
+pub use sys::{
+    IO_F_FUA, IO_OP_DISCARD, IO_OP_FLUSH, IO_OP_READ, IO_OP_WRITE, IO_OP_WRITE_ZEROES, IoDesc,
+};
 
 use cryptblk_device::BlockDevice;
 use ctrl::Control;

@@ -436,7 +436,7 @@ impl Queue {
                         self.commit(tag, r)?;
                     }
                 } else {
-                    // UBLK_IO_RES_ABORT: the device is stopping (or the fetch failed);
+                    // UBLK_IO_RES_ABORT (-ENODEV): the device is stopping (or the fetch failed);
                     // this tag gets no more requests.
                     active -= 1;
                 }

@@ -25,7 +25,6 @@ pub const U_IO_FETCH_REQ: u32 = ioc(IOWR, 0x20, IO);
 pub const U_IO_COMMIT_AND_FETCH_REQ: u32 = ioc(IOWR, 0x21, IO);
 
 pub const IO_RES_OK: i32 = 0;
-pub const IO_RES_ABORT: i32 = -libc::ENODEV;
 
 pub const CMD_BUF_OFFSET: i64 = 0;
 pub const MAX_QUEUE_DEPTH: u32 = 4096;

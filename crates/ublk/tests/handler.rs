@@ -4,7 +4,10 @@
 
 use cryptblk_crypto::{CipherSpec, IvOptions};
 use cryptblk_device::BlockDevice;
-use cryptblk_ublk::{IoDesc, handle_request, sys};
+use cryptblk_ublk::{
+    IO_F_FUA, IO_OP_DISCARD, IO_OP_FLUSH, IO_OP_READ, IO_OP_WRITE, IO_OP_WRITE_ZEROES, IoDesc,
+    handle_request,
+};
 use cryptblk_volume::{MemStorage, Volume, VolumeParams, volume_from_key};
 use std::io;
 use std::sync::Mutex;
@@ -109,7 +112,7 @@ fn one_crypto_call_per_request_in_the_requests_own_buffer_on_the_calling_thread(
         let plain: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
         buf[..len].copy_from_slice(&plain);
         let before = crypto_calls(&r);
-        let w = iod(sys::IO_OP_WRITE, 0, start, (len / 512) as u32);
+        let w = iod(IO_OP_WRITE, 0, start, (len / 512) as u32);
         assert_eq!(handle_request(&r, &w, &mut buf), len as i32);
         assert_eq!(
             crypto_calls(&r),
@@ -128,7 +131,7 @@ fn one_crypto_call_per_request_in_the_requests_own_buffer_on_the_calling_thread(
 
         buf[..len].fill(0xee);
         let before = crypto_calls(&r);
-        let rd = iod(sys::IO_OP_READ, 0, start, (len / 512) as u32);
+        let rd = iod(IO_OP_READ, 0, start, (len / 512) as u32);
         assert_eq!(handle_request(&r, &rd, &mut buf), len as i32);
         assert_eq!(
             crypto_calls(&r),
@@ -159,33 +162,33 @@ fn fua_flush_write_zeroes_and_errors() {
         calls: Mutex::new(Vec::new()),
     };
     let mut buf = vec![0x55u8; 64 << 10];
-    let fua = iod(sys::IO_OP_WRITE, sys::IO_F_FUA, 0, 16);
+    let fua = iod(IO_OP_WRITE, IO_F_FUA, 0, 16);
     assert_eq!(handle_request(&r, &fua, &mut buf), 8192);
     assert_eq!(
         r.calls.lock().unwrap().last().unwrap(),
         &("write_in_place", std::thread::current().id(), true)
     );
     // A flush's start sector is meaningless (the kernel may leave anything there).
-    let flush = iod(sys::IO_OP_FLUSH, 0, u64::MAX, 0);
+    let flush = iod(IO_OP_FLUSH, 0, u64::MAX, 0);
     assert_eq!(handle_request(&r, &flush, &mut buf), 0);
     assert_eq!(r.vol.stats().flushes.load(Relaxed), 1);
     // Write-zeroes: no data buffer; reads back as zeros.
-    let z = iod(sys::IO_OP_WRITE_ZEROES, 0, 0, 16);
+    let z = iod(IO_OP_WRITE_ZEROES, 0, 0, 16);
     assert_eq!(handle_request(&r, &z, &mut buf), 0);
     let mut back = vec![1u8; 8192];
     r.vol.read_at(&mut back, 0).unwrap();
     assert!(back.iter().all(|&b| b == 0));
     // Discard is refused on a volume that does not allow it.
-    let d = iod(sys::IO_OP_DISCARD, 0, 0, 8);
+    let d = iod(IO_OP_DISCARD, 0, 0, 8);
     assert_eq!(handle_request(&r, &d, &mut buf), -libc::EOPNOTSUPP);
     // Past the end, longer than the buffer, unknown operation.
     let end = r.vol.size() / 512;
     assert_eq!(
-        handle_request(&r, &iod(sys::IO_OP_READ, 0, end, 8), &mut buf),
+        handle_request(&r, &iod(IO_OP_READ, 0, end, 8), &mut buf),
         -libc::EINVAL
     );
     assert_eq!(
-        handle_request(&r, &iod(sys::IO_OP_READ, 0, 0, 256), &mut buf),
+        handle_request(&r, &iod(IO_OP_READ, 0, 0, 256), &mut buf),
         -libc::EINVAL
     );
     assert_eq!(
