@@ -2,7 +2,7 @@
 
 use crate::error::{CliError, CliResult};
 use clap::Args;
-use cryptblk_crypto::bench::cipher_speed;
+use cryptblk_crypto::bench::{CipherSpeed, cipher_speed};
 use cryptblk_crypto::kdf::pbkdf2_iterations_per_second;
 use cryptblk_crypto::{Argon2Variant, Backend, CipherSpec, HashAlg, Kdf, KdfKind, KdfRequest};
 use serde_json::json;
@@ -50,25 +50,7 @@ fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
 }
 
 pub fn run(a: BenchmarkArgs) -> CliResult<()> {
-    let backend = match &a.backend {
-        Some(b) => {
-            let b = Backend::from_name(b)?;
-            if !b.is_supported() {
-                return Err(CliError::usage(format!(
-                    "backend {b} is not supported by this CPU"
-                )));
-            }
-            b
-        }
-        None => Backend::current()?,
-    };
-    let ciphers: Vec<CipherSpec> = match &a.cipher {
-        Some(c) => vec![CipherSpec::parse(c)?],
-        None => CipherSpec::SUPPORTED
-            .iter()
-            .map(|c| CipherSpec::parse(c).expect("built-in spec"))
-            .collect(),
-    };
+    let backend = chosen_backend(a.backend.as_deref())?;
     let dur = Duration::from_secs_f64(a.seconds.clamp(0.01, 60.0));
     let chart_base = a
         .chart
@@ -76,7 +58,6 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
         .map(cryptblk_bench::chart::chart_base)
         .transpose()
         .map_err(CliError::usage)?;
-    let mut rows = Vec::new();
     if !a.json {
         println!(
             "# Tests are approximate, in-process, one core, backend {backend} (no storage I/O)."
@@ -87,61 +68,25 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
             "Algorithm", "Key", "Sector", "Request", "Encryption", "Decryption"
         );
     }
-    for spec in &ciphers {
-        let keys = match a.key_size {
-            Some(bits) if !spec.valid_key_len(bits / 8) => {
-                return Err(CliError::usage(format!(
-                    "key size {bits} is not valid for {spec}"
-                )));
-            }
-            Some(bits) => vec![bits / 8],
-            None => key_sizes(spec),
-        };
-        for key_len in keys {
-            let sectors = match a.sector_size {
-                Some(s) => vec![s],
-                None => vec![512, 4096],
-            };
-            for ss in sectors {
-                let mut reqs = match a.request_size {
-                    Some(r) => vec![r],
-                    None => vec![ss as usize, 4096],
-                };
-                reqs.dedup();
-                for req in reqs {
-                    let s = cipher_speed(*spec, key_len, ss, req, backend, dur)?;
-                    rows.push(cryptblk_bench::chart::CipherRow {
-                        cipher: s.cipher.to_string(),
-                        key_bits: s.key_bits,
-                        sector_size: s.sector_size,
-                        request_size: s.request_size,
-                        encrypt_mb_s: s.encrypt_mb_s,
-                        decrypt_mb_s: s.decrypt_mb_s,
-                    });
-                    if a.json {
-                        println!(
-                            "{}",
-                            json!({
-                                "cipher": s.cipher, "key_bits": s.key_bits, "sector_size": s.sector_size,
-                                "request_size": s.request_size, "backend": s.backend.name(),
-                                "encrypt_mb_s": (s.encrypt_mb_s * 10.0).round() / 10.0,
-                                "decrypt_mb_s": (s.decrypt_mb_s * 10.0).round() / 10.0,
-                            })
-                        );
-                    } else {
-                        println!(
-                            "{:>22} {:>5}b {:>7} {:>8} {:>9.1} MB/s {:>9.1} MB/s",
-                            s.cipher,
-                            s.key_bits,
-                            s.sector_size,
-                            s.request_size,
-                            s.encrypt_mb_s,
-                            s.decrypt_mb_s
-                        );
-                    }
-                }
-            }
-        }
+    let mut rows = Vec::new();
+    for case in cipher_cases(&a)? {
+        let s = cipher_speed(
+            case.spec,
+            case.key_len,
+            case.sector,
+            case.request,
+            backend,
+            dur,
+        )?;
+        print_cipher_speed(&s, a.json);
+        rows.push(cryptblk_bench::chart::CipherRow {
+            cipher: s.cipher.to_string(),
+            key_bits: s.key_bits,
+            sector_size: s.sector_size,
+            request_size: s.request_size,
+            encrypt_mb_s: s.encrypt_mb_s,
+            decrypt_mb_s: s.decrypt_mb_s,
+        });
     }
     if let Some(base) = &chart_base {
         let svg = cryptblk_bench::chart::cipher_chart(&rows, backend.name());
@@ -155,9 +100,100 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
     if a.no_kdf || a.cipher.is_some() {
         return Ok(());
     }
+    print_pbkdf2_speeds(a.json)?;
+    print_argon2_costs(a.json)
+}
+
+/// The backend `--backend` names (refused if this CPU cannot run it), or the one chosen.
+fn chosen_backend(name: Option<&str>) -> CliResult<Backend> {
+    let Some(name) = name else {
+        return Ok(Backend::current()?);
+    };
+    let b = Backend::from_name(name)?;
+    if !b.is_supported() {
+        return Err(CliError::usage(format!(
+            "backend {b} is not supported by this CPU"
+        )));
+    }
+    Ok(b)
+}
+
+/// One cipher figure to measure.
+struct CipherCase {
+    spec: CipherSpec,
+    key_len: usize,
+    sector: u32,
+    request: usize,
+}
+
+/// Every (cipher, key size, sector size, request size) the arguments select, in table order.
+fn cipher_cases(a: &BenchmarkArgs) -> CliResult<Vec<CipherCase>> {
+    let ciphers: Vec<CipherSpec> = match &a.cipher {
+        Some(c) => vec![CipherSpec::parse(c)?],
+        None => CipherSpec::SUPPORTED
+            .iter()
+            .map(|c| CipherSpec::parse(c).expect("built-in spec"))
+            .collect(),
+    };
+    let sectors = match a.sector_size {
+        Some(s) => vec![s],
+        None => vec![512, 4096],
+    };
+    let mut cases = Vec::new();
+    for spec in ciphers {
+        let keys = match a.key_size {
+            Some(bits) if !spec.valid_key_len(bits / 8) => {
+                return Err(CliError::usage(format!(
+                    "key size {bits} is not valid for {spec}"
+                )));
+            }
+            Some(bits) => vec![bits / 8],
+            None => key_sizes(&spec),
+        };
+        for key_len in keys {
+            for &sector in &sectors {
+                let mut reqs = match a.request_size {
+                    Some(r) => vec![r],
+                    None => vec![sector as usize, 4096],
+                };
+                reqs.dedup();
+                for request in reqs {
+                    cases.push(CipherCase {
+                        spec,
+                        key_len,
+                        sector,
+                        request,
+                    });
+                }
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn print_cipher_speed(s: &CipherSpeed, json: bool) {
+    if json {
+        println!(
+            "{}",
+            json!({
+                "cipher": s.cipher, "key_bits": s.key_bits, "sector_size": s.sector_size,
+                "request_size": s.request_size, "backend": s.backend.name(),
+                "encrypt_mb_s": (s.encrypt_mb_s * 10.0).round() / 10.0,
+                "decrypt_mb_s": (s.decrypt_mb_s * 10.0).round() / 10.0,
+            })
+        );
+    } else {
+        println!(
+            "{:>22} {:>5}b {:>7} {:>8} {:>9.1} MB/s {:>9.1} MB/s",
+            s.cipher, s.key_bits, s.sector_size, s.request_size, s.encrypt_mb_s, s.decrypt_mb_s
+        );
+    }
+}
+
+fn print_pbkdf2_speeds(json: bool) -> CliResult<()> {
     for hash in [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha512] {
         let ips = pbkdf2_iterations_per_second(hash, 32)?;
-        if a.json {
+        if json {
             println!(
                 "{}",
                 json!({"kdf": "pbkdf2", "hash": hash.name(), "key_bits": 256, "iterations_per_second": ips})
@@ -170,6 +206,11 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// The Argon2 costs LUKS2's default time target gives on this machine.
+fn print_argon2_costs(json: bool) -> CliResult<()> {
     for variant in [Argon2Variant::Argon2i, Argon2Variant::Argon2id] {
         let mut req = KdfRequest::luks2_default();
         req.kind = KdfKind::Argon2(variant);
@@ -180,7 +221,7 @@ pub fn run(a: BenchmarkArgs) -> CliResult<()> {
             ..
         } = req.resolve(32)?
         {
-            if a.json {
+            if json {
                 println!(
                     "{}",
                     json!({"kdf": variant.name(), "key_bits": 256, "time": time, "memory_kib": memory_kib,

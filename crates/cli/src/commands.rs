@@ -153,6 +153,7 @@ pub struct BackupArgs {
 }
 
 impl KeyArgs {
+    /// Where the passphrase or key comes from, as the arguments say.
     pub fn source(&self) -> KeySource {
         KeySource {
             key_file: self.key_file.clone(),
@@ -235,6 +236,68 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
             )));
         }
     };
+    let mut opts = format_options(&a, luks1)?;
+    // Check the data device exists before asking anything.
+    let data_size = {
+        let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
+        Storage::size(&f).map_err(|e| io_err(&a.device, e))?
+    };
+    if a.sector_size.is_none()
+        && !luks1
+        && data_size.is_multiple_of(4096)
+        && a.offset.is_none_or(|o| o.is_multiple_of(8))
+    {
+        opts.sector_size = 4096;
+    }
+    confirm(
+        ctx.batch,
+        &format!(
+            "This will overwrite data on {} irrevocably.",
+            header_path(&a.device, &a.header).display()
+        ),
+    )?;
+    let volume_key = match &a.volume_key_file {
+        Some(p) => {
+            let k = read_key_file(p, 0, Some(opts.key_len))?;
+            SecretBytes::from_slice(&k)
+        }
+        None => SecretBytes::random(opts.key_len)?,
+    };
+    let pass = get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        true,
+    )?;
+
+    let mut dev = open_header_for_format(&a)?;
+    let hdr: Box<dyn LuksHeader> = if luks1 {
+        Box::new(Luks1Header::format(&mut dev, &opts, &volume_key, &pass)?)
+    } else {
+        Box::new(Luks2Header::format(&mut dev, &opts, &volume_key, &pass)?)
+    };
+    // cryptsetup refuses devices that cannot hold any data after the header.
+    if !opts.detached_header && data_size <= hdr.data_offset() {
+        return Err(CliError::usage(format!(
+            "Device {} is too small: the data segment would start at byte {} of {data_size}.",
+            a.device.display(),
+            hdr.data_offset()
+        )));
+    }
+    if ctx.verbose {
+        eprintln!(
+            "Formatted {} as LUKS{} ({}), UUID {}",
+            a.device.display(),
+            hdr.version(),
+            hdr.cipher(),
+            hdr.uuid()
+        );
+    }
+    Ok(())
+}
+
+/// The format options the arguments ask for (the sector size may still change with the
+/// device's size).
+fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
     let cipher = CipherSpec::parse(&a.cipher)?;
     let key_len = match a.key_size {
         Some(bits) if bits % 8 != 0 => {
@@ -264,46 +327,22 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     opts.keyslot = a.key_slot;
     opts.luks2_metadata_size = a.luks2_metadata_size;
     opts.luks2_keyslots_size = a.luks2_keyslots_size;
+    Ok(opts)
+}
 
-    // Check the data device exists before asking anything.
-    let data_size = {
-        let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
-        Storage::size(&f).map_err(|e| io_err(&a.device, e))?
-    };
-    if a.sector_size.is_none()
-        && !luks1
-        && data_size.is_multiple_of(4096)
-        && a.offset.is_none_or(|o| o.is_multiple_of(8))
-    {
-        opts.sector_size = 4096;
-    }
-    confirm(
-        ctx.batch,
-        &format!(
-            "This will overwrite data on {} irrevocably.",
-            header_path(&a.device, &a.header).display()
-        ),
-    )?;
-    let volume_key = match &a.volume_key_file {
-        Some(p) => {
-            let k = read_key_file(p, 0, Some(key_len))?;
-            SecretBytes::from_slice(&k)
-        }
-        None => SecretBytes::random(key_len)?,
-    };
-    let pass = get_passphrase(
-        &a.key.source(),
-        &format!("Enter passphrase for {}: ", a.device.display()),
-        true,
-    )?;
-
+/// Opens (a detached header: creates, 0600: its keyslots would let another user attack the
+/// passphrase offline) where the header goes, locked against a concurrent format or open
+/// of the same file.
+fn open_header_for_format(a: &FormatArgs) -> CliResult<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let hpath = header_path(&a.device, &a.header);
-    let mut dev = if a.header.header.is_some() {
+    let dev = if a.header.header.is_some() {
         OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(hpath)
     } else {
         OpenOptions::new().read(true).write(true).open(hpath)
@@ -315,30 +354,7 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
             format!("{} is in use", hpath.display()),
         )
     })?;
-
-    let hdr: Box<dyn LuksHeader> = if luks1 {
-        Box::new(Luks1Header::format(&mut dev, &opts, &volume_key, &pass)?)
-    } else {
-        Box::new(Luks2Header::format(&mut dev, &opts, &volume_key, &pass)?)
-    };
-    // cryptsetup refuses devices that cannot hold any data after the header.
-    if !opts.detached_header && data_size <= hdr.data_offset() {
-        return Err(CliError::usage(format!(
-            "Device {} is too small: the data segment would start at byte {} of {data_size}.",
-            a.device.display(),
-            hdr.data_offset()
-        )));
-    }
-    if ctx.verbose {
-        eprintln!(
-            "Formatted {} as LUKS{} ({}), UUID {}",
-            a.device.display(),
-            hdr.version(),
-            hdr.cipher(),
-            hdr.uuid()
-        );
-    }
-    Ok(())
+    Ok(dev)
 }
 
 /// Unlocks with a passphrase from `src`, mapping a failure to cryptsetup's message.

@@ -379,6 +379,10 @@ fn detached_header_and_data_roundtrip() {
         let img = env.image("data.img", 8);
         let hdr = env.s("hdr.img");
         let pw = format(&env, &img, kind, &["--header", &hdr]);
+        // A new header file is ours alone: its keyslots invite an offline passphrase attack.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&hdr).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{kind}: header file mode {mode:o}");
         ok(&run(
             &cryptsetup(),
             &[

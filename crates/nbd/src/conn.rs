@@ -4,11 +4,11 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::proto::*;
-use crate::{Export, Shared};
+use crate::shared::{Export, Shared, lock};
 
 /// A connected client socket (Unix or TCP); all methods take `&self` so the read and write
 /// halves can be used by different threads at the same time.
@@ -204,10 +204,6 @@ impl ReadBuf {
         self.read_exact(s, &mut b)?;
         Ok(u32::from_be_bytes(b))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How the handshake ended.
@@ -638,107 +634,126 @@ impl Conn<'_> {
         let mut small: Vec<u8> = Vec::new();
         loop {
             let mut big: Option<Vec<u8>> = None;
-            let req = {
-                let mut rd = lock(&self.rd);
-                if self.closing.load(Relaxed) {
-                    return;
-                }
-                let mut hdr = [0u8; REQUEST_LEN];
-                if rd.read_exact(self.stream, &mut hdr).is_err() {
-                    // Client gone (or server shutting down): answer nothing more.
-                    self.closing.store(true, Relaxed);
-                    return;
-                }
-                let req = Request::parse(&hdr);
-                if req.magic != REQUEST_MAGIC {
-                    self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
-                    drop(rd);
-                    self.hang_up();
-                    return;
-                }
-                match req.typ {
-                    CMD_WRITE if req.len > MAX_PAYLOAD => {
-                        // The payload cannot be skipped safely: answer, then hang up.
-                        self.closing.store(true, Relaxed);
-                        drop(rd);
-                        self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
-                        let _ = self.send_error(
-                            &req,
-                            EINVAL,
-                            "write payload exceeds the 32 MiB maximum",
-                        );
-                        self.hang_up();
-                        return;
-                    }
-                    CMD_WRITE => {
-                        let need = HEADROOM + req.len as usize;
-                        let buf = self.buffer(&mut small, &mut big, need);
-                        let pooled = need > SMALL_BUF_MAX;
-                        if pooled {
-                            // Pool memory is held until the payload is in: bound the wait.
-                            rd.deadline = Some(Instant::now() + self.shared.stall_timeout);
-                        }
-                        let r = rd.read_exact(self.stream, &mut buf[HEADROOM..need]);
-                        if pooled {
-                            rd.deadline = None;
-                            self.stream.set_read_timeout(None);
-                        }
-                        if let Err(e) = r {
-                            drop(rd);
-                            if let Some(b) = big {
-                                self.shared.buffers.give(b);
-                            }
-                            if matches!(
-                                e.kind(),
-                                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-                            ) {
-                                // Stalled: drop the client.
-                                self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
-                                self.hang_up();
-                            } else {
-                                // Gone: answer nothing more.
-                                self.closing.store(true, Relaxed);
-                            }
-                            return;
-                        }
-                    }
-                    CMD_DISC => {
-                        // Others finish what they already read; nobody reads further.
-                        self.closing.store(true, Relaxed);
-                        return;
-                    }
-                    _ => {}
-                }
-                req
+            let Some(req) = self.next_request(&mut small, &mut big) else {
+                return;
             };
-            if req.typ == CMD_READ && req.len <= MAX_PAYLOAD {
-                self.buffer(&mut small, &mut big, HEADROOM + req.len as usize);
-            }
-            let buf = match &mut big {
-                Some(b) => b,
-                None => &mut small,
-            };
-            let outcome = self.execute(&req, buf);
-            let sent = match outcome {
-                Ok(n) if req.typ == CMD_READ => self.send_read(&req, buf, n),
-                Ok(_) => {
-                    let mut r = [0u8; SIMPLE_REPLY_LEN];
-                    simple_reply(&mut r, 0, req.cookie);
-                    self.send(&r)
-                }
-                Err((errno, msg)) => {
-                    self.shared.counters.errors.fetch_add(1, Relaxed);
-                    self.send_error(&req, errno, msg)
-                }
-            };
-            if let Some(b) = big {
-                self.shared.buffers.give(b);
-            }
-            if sent.is_err() {
-                self.hang_up();
+            if !self.answer(&req, &mut small, &mut big) {
                 return;
             }
         }
+    }
+
+    /// Reads the next request header, and a write's payload (into `small`, or into `big`
+    /// from the pool), under the socket's read lock. `None` when this worker must stop:
+    /// client gone, protocol violation, disconnect request.
+    fn next_request(&self, small: &mut Vec<u8>, big: &mut Option<Vec<u8>>) -> Option<Request> {
+        let mut rd = lock(&self.rd);
+        if self.closing.load(Relaxed) {
+            return None;
+        }
+        let mut hdr = [0u8; REQUEST_LEN];
+        if rd.read_exact(self.stream, &mut hdr).is_err() {
+            // Client gone (or server shutting down): answer nothing more.
+            self.closing.store(true, Relaxed);
+            return None;
+        }
+        let req = Request::parse(&hdr);
+        if req.magic != REQUEST_MAGIC {
+            self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+            drop(rd);
+            self.hang_up();
+            return None;
+        }
+        match req.typ {
+            CMD_WRITE if req.len > MAX_PAYLOAD => {
+                // The payload cannot be skipped safely: answer, then hang up.
+                self.closing.store(true, Relaxed);
+                drop(rd);
+                self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+                let _ = self.send_error(&req, EINVAL, "write payload exceeds the 32 MiB maximum");
+                self.hang_up();
+                None
+            }
+            CMD_WRITE => match self.read_payload(&mut rd, &req, small, big) {
+                Ok(()) => Some(req),
+                Err(e) => {
+                    drop(rd);
+                    if let Some(b) = big.take() {
+                        self.shared.buffers.give(b);
+                    }
+                    if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) {
+                        // Stalled: drop the client.
+                        self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+                        self.hang_up();
+                    } else {
+                        // Gone: answer nothing more.
+                        self.closing.store(true, Relaxed);
+                    }
+                    None
+                }
+            },
+            CMD_DISC => {
+                // Others finish what they already read; nobody reads further.
+                self.closing.store(true, Relaxed);
+                None
+            }
+            _ => Some(req),
+        }
+    }
+
+    /// Reads a write's payload into the thread's buffer or one from the pool.
+    fn read_payload(
+        &self,
+        rd: &mut ReadBuf,
+        req: &Request,
+        small: &mut Vec<u8>,
+        big: &mut Option<Vec<u8>>,
+    ) -> io::Result<()> {
+        let need = HEADROOM + req.len as usize;
+        let buf = self.buffer(small, big, need);
+        let pooled = need > SMALL_BUF_MAX;
+        if pooled {
+            // Pool memory is held until the payload is in: bound the wait.
+            rd.deadline = Some(Instant::now() + self.shared.stall_timeout);
+        }
+        let r = rd.read_exact(self.stream, &mut buf[HEADROOM..need]);
+        if pooled {
+            rd.deadline = None;
+            self.stream.set_read_timeout(None);
+        }
+        r
+    }
+
+    /// Executes `req` (its payload already in `small` or `big`) and sends the reply; gives
+    /// a pooled buffer back. False when the connection must end (the reply could not go out).
+    fn answer(&self, req: &Request, small: &mut Vec<u8>, big: &mut Option<Vec<u8>>) -> bool {
+        if req.typ == CMD_READ && req.len <= MAX_PAYLOAD {
+            self.buffer(small, big, HEADROOM + req.len as usize);
+        }
+        let buf = match big {
+            Some(b) => b,
+            None => small,
+        };
+        let sent = match self.execute(req, buf) {
+            Ok(n) if req.typ == CMD_READ => self.send_read(req, buf, n),
+            Ok(_) => {
+                let mut r = [0u8; SIMPLE_REPLY_LEN];
+                simple_reply(&mut r, 0, req.cookie);
+                self.send(&r)
+            }
+            Err((errno, msg)) => {
+                self.shared.counters.errors.fetch_add(1, Relaxed);
+                self.send_error(req, errno, msg)
+            }
+        };
+        if let Some(b) = big.take() {
+            self.shared.buffers.give(b);
+        }
+        if sent.is_err() {
+            self.hang_up();
+            return false;
+        }
+        true
     }
 
     fn send(&self, bytes: &[u8]) -> io::Result<()> {

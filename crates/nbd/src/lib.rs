@@ -50,20 +50,23 @@
 mod conn;
 mod pool;
 pub mod proto;
+mod shared;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use conn::AnyStream;
 use cryptblk_device::BlockDevice;
 use pool::BufferPool;
+pub use shared::Stats;
+use shared::{ConnGuard, Counters, Export, Shared, WakeAddr, lock};
 
 /// Default number of threads serving one connection.
 pub const DEFAULT_THREADS_PER_CONNECTION: usize = 4;
@@ -73,219 +76,12 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
 /// Longest export name or description accepted (the protocol's string limit).
 pub const MAX_STRING_LEN: usize = 4096;
-/// How long `serve_*` waits at shutdown for connections to finish their in-flight requests
-/// before forcibly closing them (a client that stopped reading replies would otherwise block
-/// shutdown forever).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Refused connections answered at once (each gets a short-lived thread); beyond, dropped.
 const MAX_REJECTING: usize = 16;
 /// Default cap on the bytes of all large-request buffers of the server together.
 pub const DEFAULT_MAX_BUFFER_BYTES: usize = 256 << 20;
 /// Smallest accepted `max_buffer_bytes`: one maximum-size request must fit.
 pub const MIN_MAX_BUFFER_BYTES: usize = proto::MAX_PAYLOAD as usize + conn::HEADROOM;
-
-pub(crate) struct Export {
-    pub(crate) name: String,
-    pub(crate) description: Option<String>,
-    pub(crate) device: Arc<dyn BlockDevice>,
-    pub(crate) read_only: bool,
-    pub(crate) can_discard: bool,
-    /// Advertised size: the device size rounded down to the block size.
-    pub(crate) size: u64,
-    pub(crate) block_size: u32,
-}
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) connections_active: AtomicU64,
-    pub(crate) connections_total: AtomicU64,
-    pub(crate) connections_rejected: AtomicU64,
-    pub(crate) reads: AtomicU64,
-    pub(crate) read_bytes: AtomicU64,
-    pub(crate) writes: AtomicU64,
-    pub(crate) write_bytes: AtomicU64,
-    pub(crate) flushes: AtomicU64,
-    pub(crate) trims: AtomicU64,
-    pub(crate) trim_bytes: AtomicU64,
-    pub(crate) write_zeroes: AtomicU64,
-    pub(crate) write_zeroes_bytes: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) protocol_errors: AtomicU64,
-}
-
-/// A snapshot of the server's counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Connections open now (handshake or transmission; refused ones not counted).
-    pub connections_active: u64,
-    /// Connections accepted since the server was built (refused ones not counted).
-    pub connections_total: u64,
-    /// Connections refused because `max_connections` were open.
-    pub connections_rejected: u64,
-    pub reads: u64,
-    pub read_bytes: u64,
-    pub writes: u64,
-    pub write_bytes: u64,
-    pub flushes: u64,
-    pub trims: u64,
-    pub trim_bytes: u64,
-    pub write_zeroes: u64,
-    pub write_zeroes_bytes: u64,
-    /// Requests answered with an error (invalid requests and backend failures).
-    pub errors: u64,
-    /// Connections dropped for protocol violations (bad magic, oversized option or payload,
-    /// unknown client flags, handshake timeout...).
-    pub protocol_errors: u64,
-    /// Bytes of large-request buffers allocated now (in use or pooled for reuse).
-    pub buffer_bytes: u64,
-    /// Highest `buffer_bytes` so far; never above `max_buffer_bytes`.
-    pub buffer_bytes_peak: u64,
-    /// Requests that had to wait for the buffer pool.
-    pub buffer_waits: u64,
-}
-
-enum WakeAddr {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
-}
-
-pub(crate) struct Shared {
-    pub(crate) exports: Vec<Export>,
-    pub(crate) threads_per_connection: usize,
-    pub(crate) handshake_timeout: Duration,
-    pub(crate) stall_timeout: Duration,
-    pub(crate) busy_poll: Duration,
-    pub(crate) shutting_down: AtomicBool,
-    pub(crate) counters: Counters,
-    pub(crate) buffers: BufferPool,
-    max_connections: usize,
-    allow_remote: bool,
-    rejecting: AtomicUsize,
-    next_id: AtomicU64,
-    /// Open connections (a second handle on each socket, to shut it down from outside).
-    conns: Mutex<HashMap<u64, AnyStream>>,
-    conns_changed: Condvar,
-    wake: Mutex<Option<WakeAddr>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    fn stats(&self) -> Stats {
-        let c = &self.counters;
-        let (buffer_bytes, buffer_bytes_peak, buffer_waits) = self.buffers.usage();
-        Stats {
-            buffer_bytes,
-            buffer_bytes_peak,
-            buffer_waits,
-            connections_active: c.connections_active.load(Relaxed),
-            connections_total: c.connections_total.load(Relaxed),
-            connections_rejected: c.connections_rejected.load(Relaxed),
-            reads: c.reads.load(Relaxed),
-            read_bytes: c.read_bytes.load(Relaxed),
-            writes: c.writes.load(Relaxed),
-            write_bytes: c.write_bytes.load(Relaxed),
-            flushes: c.flushes.load(Relaxed),
-            trims: c.trims.load(Relaxed),
-            trim_bytes: c.trim_bytes.load(Relaxed),
-            write_zeroes: c.write_zeroes.load(Relaxed),
-            write_zeroes_bytes: c.write_zeroes_bytes.load(Relaxed),
-            errors: c.errors.load(Relaxed),
-            protocol_errors: c.protocol_errors.load(Relaxed),
-        }
-    }
-
-    fn shutdown(&self) {
-        self.shutting_down.store(true, Relaxed);
-        // Wake the accept loop with a connection of our own; it sees the flag and stops.
-        match &*lock(&self.wake) {
-            Some(WakeAddr::Unix(p)) => drop(UnixStream::connect(p)),
-            Some(WakeAddr::Tcp(a)) => drop(TcpStream::connect_timeout(a, Duration::from_secs(1))),
-            None => {}
-        }
-    }
-
-    /// Registers an accepted connection; `None` if the server is over its limit.
-    /// The caller must turn the id into a [`ConnGuard`].
-    fn register(&self, stream: &AnyStream, enforce_limit: bool) -> Option<u64> {
-        let clone = stream.try_clone().ok()?;
-        let mut conns = lock(&self.conns);
-        if enforce_limit && conns.len() >= self.max_connections {
-            return None;
-        }
-        let id = self.next_id.fetch_add(1, Relaxed);
-        conns.insert(id, clone);
-        self.counters
-            .connections_active
-            .store(conns.len() as u64, Relaxed);
-        self.counters.connections_total.fetch_add(1, Relaxed);
-        Some(id)
-    }
-
-    /// Stops all connections: first lets them finish what they have read, then (after the
-    /// grace period) closes them outright; returns when none is left.
-    fn drain(&self) {
-        let mut conns = lock(&self.conns);
-        for s in conns.values() {
-            s.shutdown(Shutdown::Read);
-        }
-        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
-        while !conns.is_empty() {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                for s in conns.values() {
-                    s.shutdown(Shutdown::Both);
-                }
-                conns = self
-                    .conns_changed
-                    .wait(conns)
-                    .unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            conns = self
-                .conns_changed
-                .wait_timeout(conns, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    fn flush_all(&self) -> io::Result<()> {
-        let mut result = Ok(());
-        for e in &self.exports {
-            if !e.read_only
-                && let Err(err) = e.device.flush()
-            {
-                result = Err(err);
-            }
-        }
-        result
-    }
-}
-
-/// Unregisters a connection when its thread ends (even by panic).
-struct ConnGuard<'a> {
-    shared: &'a Shared,
-    id: u64,
-}
-
-impl Drop for ConnGuard<'_> {
-    fn drop(&mut self) {
-        let mut conns = lock(&self.shared.conns);
-        conns.remove(&self.id);
-        self.shared
-            .counters
-            .connections_active
-            .store(conns.len() as u64, Relaxed);
-        if conns.is_empty() {
-            // Idle: give the pooled buffers back to the system.
-            self.shared.buffers.trim();
-        }
-        self.shared.conns_changed.notify_all();
-    }
-}
 
 struct ExportConfig {
     name: String,
@@ -391,6 +187,9 @@ impl NbdServerBuilder {
         self
     }
 
+    /// Checks the configuration and makes the server; `InvalidInput` says what is wrong
+    /// (no export, a duplicate export name, zero threads or connections, a buffer cap
+    /// below [`MIN_MAX_BUFFER_BYTES`]...).
     pub fn build(self) -> io::Result<NbdServer> {
         let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         if let Some(m) = self.misuse {
@@ -485,6 +284,7 @@ impl ShutdownHandle {
     }
 
     /// Counters, readable while the server runs.
+    /// The counters now.
     pub fn stats(&self) -> Stats {
         self.shared.stats()
     }
@@ -497,6 +297,9 @@ pub struct NbdServer {
 }
 
 impl NbdServer {
+    /// A builder with the defaults: no export yet, [`DEFAULT_THREADS_PER_CONNECTION`],
+    /// [`DEFAULT_MAX_CONNECTIONS`], loopback only, 10 s handshake and 60 s stall timeouts,
+    /// [`DEFAULT_BUSY_POLL`], [`DEFAULT_MAX_BUFFER_BYTES`].
     pub fn builder() -> NbdServerBuilder {
         NbdServerBuilder {
             exports: Vec::new(),
@@ -511,12 +314,14 @@ impl NbdServer {
         }
     }
 
+    /// A handle that stops the server from another thread.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle {
             shared: self.shared.clone(),
         }
     }
 
+    /// The counters now.
     pub fn stats(&self) -> Stats {
         self.shared.stats()
     }
