@@ -22,7 +22,7 @@ pub struct BenchmarkArgs {
     /// Bytes per call (the I/O request size); default: both the sector size and 4096.
     #[arg(long = "request-size")]
     pub request_size: Option<usize>,
-    /// vaes512, aesni or generic (default: the fastest this CPU has).
+    /// vaes512, vaes256, aesni or generic (default: the fastest this CPU has).
     #[arg(long)]
     pub backend: Option<String>,
     /// Seconds per figure.

@@ -6,14 +6,20 @@ use std::time::{Duration, Instant};
 /// One measured figure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CipherSpeed {
+    /// The cipher specification measured, e.g. `aes-xts-plain64`.
     pub cipher: String,
+    /// Key size in bits (for XTS, both halves together: 512 means AES-256).
     pub key_bits: usize,
+    /// Encryption sector size in bytes (512, 1024, 2048 or 4096).
     pub sector_size: u32,
-    /// Bytes handed to one encrypt/decrypt call (the I/O request size).
+    /// Bytes handed to one encrypt/decrypt call (the I/O request size), rounded down to a
+    /// whole number of sectors and at least one sector.
     pub request_size: usize,
+    /// The AES implementation that ran.
     pub backend: Backend,
-    /// MB/s with MB = 10^6 bytes.
+    /// Encryption throughput in MB/s, MB = 10^6 bytes.
     pub encrypt_mb_s: f64,
+    /// Decryption throughput in MB/s, MB = 10^6 bytes.
     pub decrypt_mb_s: f64,
 }
 

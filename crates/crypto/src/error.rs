@@ -7,11 +7,21 @@ pub enum Error {
     /// The cipher specification cannot be parsed or is not supported.
     UnsupportedCipher(String),
     /// The key length does not fit the cipher.
-    InvalidKeyLength { cipher: String, len: usize },
+    InvalidKeyLength {
+        /// The cipher specification the key was meant for.
+        cipher: String,
+        /// The rejected key length in bytes.
+        len: usize,
+    },
     /// Sector size is not a power of two between 512 and 4096.
     InvalidSectorSize(u32),
     /// A buffer handed to a sector cipher is not a whole number of sectors.
-    UnalignedLength { len: usize, sector_size: u32 },
+    UnalignedLength {
+        /// Length of the buffer in bytes.
+        len: usize,
+        /// The cipher's sector size in bytes.
+        sector_size: u32,
+    },
     /// Hash name unknown to cryptsetup-compatible code.
     UnknownHash(String),
     /// KDF parameters rejected (cost out of range, salt too short, ...).
@@ -20,8 +30,15 @@ pub enum Error {
     Random(String),
     /// The requested crypto backend is not available on this CPU.
     BackendUnavailable(String),
-    /// Anti-forensic splitter input of the wrong size.
-    AfLength { expected: usize, got: usize },
+    /// Anti-forensic splitter input of the wrong size: `af_merge` got less material than
+    /// `key_len × stripes` bytes or a stripe count of 0; `af_split` got a stripe count of 0.
+    AfLength {
+        /// Required size: bytes of material for `af_merge`, or the minimum stripe count (1)
+        /// when `af_split` was asked for 0 stripes.
+        expected: usize,
+        /// Size actually passed, in the same unit as `expected`.
+        got: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -59,4 +76,5 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// `Result` with the crypto layer's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

@@ -7,8 +7,11 @@ use sha2::Digest;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum HashAlg {
+    /// SHA-1 (`sha1`), 20-byte digest: LUKS1's historical default hash.
     Sha1,
+    /// SHA-256 (`sha256`), 32-byte digest: cryptsetup's current default.
     Sha256,
+    /// SHA-512 (`sha512`), 64-byte digest.
     Sha512,
     /// RIPEMD-160: cryptsetup's compiled-in default passphrase hash for plain mode, and a
     /// valid LUKS hash.
@@ -28,6 +31,8 @@ impl HashAlg {
         }
     }
 
+    /// The lower-case cryptsetup name (`sha1`, `sha256`, `sha512`, `ripemd160`), as LUKS
+    /// headers store it.
     pub fn name(self) -> &'static str {
         match self {
             HashAlg::Sha1 => "sha1",

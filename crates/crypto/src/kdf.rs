@@ -7,11 +7,14 @@ use std::time::{Duration, Instant};
 /// Argon2 flavours LUKS2 stores (`"argon2i"`, `"argon2id"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Argon2Variant {
+    /// Argon2i: data-independent memory access (side-channel resistant).
     Argon2i,
+    /// Argon2id: hybrid of Argon2i and Argon2d; cryptsetup's LUKS2 default.
     Argon2id,
 }
 
 impl Argon2Variant {
+    /// The LUKS2 JSON `type` name (`argon2i`, `argon2id`).
     pub fn name(self) -> &'static str {
         match self {
             Argon2Variant::Argon2i => "argon2i",
@@ -23,26 +26,38 @@ impl Argon2Variant {
 /// A fully specified KDF: everything needed to derive the same bytes again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kdf {
+    /// PBKDF2 with HMAC over `hash` (LUKS1 and LUKS2 `pbkdf2`).
     Pbkdf2 {
+        /// The HMAC hash.
         hash: HashAlg,
+        /// Iteration count; [`Kdf::derive`] rejects 0.
         iterations: u32,
     },
+    /// Argon2 version 1.3 (LUKS2 `argon2i` / `argon2id`).
     Argon2 {
+        /// Argon2i or Argon2id.
         variant: Argon2Variant,
+        /// Time cost: number of passes over memory.
         time: u32,
+        /// Memory cost in KiB.
         memory_kib: u32,
+        /// Degree of parallelism (lanes).
         parallel: u32,
     },
 }
 
-/// cryptsetup's floors: PBKDF2 never below 1000 iterations, Argon2 never below 4 passes
-/// and 32 MiB.
+/// cryptsetup's floor for PBKDF2: never fewer than 1000 iterations, calibrated or forced.
 pub const PBKDF2_MIN_ITERATIONS: u32 = 1000;
+/// cryptsetup's floor for the Argon2 time cost: at least 4 passes, calibrated or forced.
 pub const ARGON2_MIN_TIME: u32 = 4;
+/// Smallest Argon2 memory cost in KiB (32 KiB); requests below are raised to it.
 pub const ARGON2_MIN_MEMORY_KIB: u32 = 32;
+/// Largest Argon2 memory cost in KiB (4 GiB), as cryptsetup limits it; requests above are
+/// lowered to it, and headers asking for more are rejected.
 pub const ARGON2_MAX_MEMORY_KIB: u32 = 4 * 1024 * 1024;
-/// cryptsetup's default memory cap for Argon2 (1 GiB) and default time target (2 s).
+/// cryptsetup's default memory cap for Argon2, in KiB (1 GiB).
 pub const DEFAULT_ARGON2_MEMORY_KIB: u32 = 1024 * 1024;
+/// cryptsetup's default unlock-time target for calibration, in milliseconds (2 s).
 pub const DEFAULT_ITER_TIME_MS: u32 = 2000;
 
 impl Kdf {
@@ -150,13 +165,19 @@ pub struct KdfRequest {
     pub parallel: u32,
 }
 
+/// A KDF algorithm without costs (cryptsetup's `--pbkdf` choice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KdfKind {
+    /// PBKDF2 (`pbkdf2`), with the hash given in [`KdfRequest::hash`].
     Pbkdf2,
+    /// Argon2 (`argon2i` or `argon2id`).
     Argon2(Argon2Variant),
 }
 
 impl KdfKind {
+    /// Parses a `--pbkdf` name: `pbkdf2`, `argon2i` or `argon2id` (exact, lower case).
+    ///
+    /// Fails with [`Error::Kdf`] for any other name.
     pub fn from_name(name: &str) -> Result<Self> {
         match name {
             "pbkdf2" => Ok(KdfKind::Pbkdf2),

@@ -140,18 +140,23 @@ impl SectorCipher {
         })
     }
 
+    /// The cipher specification this cipher implements.
     pub fn spec(&self) -> &CipherSpec {
         &self.spec
     }
 
+    /// Encryption sector size in bytes (512, 1024, 2048 or 4096); buffers passed to
+    /// `encrypt`/`decrypt` must be multiples of it.
     pub fn sector_size(&self) -> u32 {
         self.sector_size
     }
 
+    /// The IV numbering options the cipher was built with.
     pub fn iv_options(&self) -> IvOptions {
         self.iv
     }
 
+    /// The AES implementation in use.
     pub fn backend(&self) -> Backend {
         self.backend
     }

@@ -4,19 +4,25 @@ use crate::{Error, HashAlg, Result};
 use std::fmt;
 use std::str::FromStr;
 
+/// The block cipher part of a specification (`aes` in `aes-xts-plain64`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BlockCipherAlg {
+    /// AES (`aes`): 128-bit blocks, 128/192/256-bit keys.
     Aes,
     /// `cipher_null`: data passes through unchanged (for measuring everything but crypto).
     Null,
 }
 
+/// The chaining mode of a specification (`xts` in `aes-xts-plain64`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ChainMode {
+    /// XTS (`xts`): the key is two equal halves, data key then tweak key.
     Xts,
+    /// CBC (`cbc`), chained within each sector, restarting from the sector's IV.
     Cbc,
+    /// ECB (`ecb`): no IV; only with IV mode [`IvMode::None`].
     Ecb,
 }
 
@@ -41,8 +47,11 @@ pub enum IvMode {
 /// A parsed cipher specification such as `aes-xts-plain64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CipherSpec {
+    /// The block cipher.
     pub cipher: BlockCipherAlg,
+    /// The chaining mode.
     pub mode: ChainMode,
+    /// The IV generator; [`IvMode::None`] exactly when `mode` is ECB.
     pub iv: IvMode,
 }
 

@@ -327,3 +327,46 @@ fn forced_backend_is_honoured() {
     }
     assert!(Backend::from_name("bogus").is_err());
 }
+
+/// The backend chosen on this CPU is the fastest one it can run: never the AES-NI path on
+/// a CPU with VAES, never VAES-256 where the AVX-512 path runs.
+#[test]
+fn chosen_backend_is_the_fastest_here() {
+    let chosen = Backend::detect();
+    let supported = backends();
+    assert!(supported.contains(&chosen));
+    for b in &supported {
+        assert!(
+            b.speed_class() <= chosen.speed_class(),
+            "{chosen} chosen although {b} (faster) runs here"
+        );
+    }
+    // Independently of the speed classes, from the CPU's features.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = |f: &str| match f {
+            "avx512" => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+            }
+            "vaes" => {
+                std::arch::is_x86_feature_detected!("vaes")
+                    && std::arch::is_x86_feature_detected!("vpclmulqdq")
+                    && std::arch::is_x86_feature_detected!("avx2")
+            }
+            _ => std::arch::is_x86_feature_detected!("aes"),
+        };
+        let expected = if has("vaes") && has("avx512") {
+            Backend::Vaes512
+        } else if has("vaes") {
+            Backend::Vaes256
+        } else if has("aes") {
+            Backend::AesNi
+        } else {
+            Backend::Generic
+        };
+        assert_eq!(chosen, expected, "backend chosen for this CPU");
+        println!("chosen backend on this CPU: {chosen}");
+    }
+}

@@ -24,15 +24,25 @@ pub fn errno_of(e: &io::Error) -> i32 {
 }
 
 // Linux values (asm-generic/errno-base.h, errno.h).
+/// Linux `EPERM`: operation not permitted.
 pub const EPERM: i32 = 1;
+/// Linux `EIO`: I/O error; the fallback for errors without a better match.
 pub const EIO: i32 = 5;
+/// Linux `ENOMEM`: out of memory.
 pub const ENOMEM: i32 = 12;
+/// Linux `EACCES`: permission denied.
 pub const EACCES: i32 = 13;
+/// Linux `EINVAL`: invalid argument (e.g. a request out of bounds or misaligned).
 pub const EINVAL: i32 = 22;
+/// Linux `EFBIG`: file too large.
 pub const EFBIG: i32 = 27;
+/// Linux `ENOSPC`: no space left on the device.
 pub const ENOSPC: i32 = 28;
+/// Linux `EROFS`: read-only file system; a write to a read-only device.
 pub const EROFS: i32 = 30;
+/// Linux `EOPNOTSUPP`: operation not supported (e.g. a discard where discards are off).
 pub const EOPNOTSUPP: i32 = 95;
+/// Linux `EDQUOT`: disk quota exceeded.
 pub const EDQUOT: i32 = 122;
 
 #[cfg(test)]

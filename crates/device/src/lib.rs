@@ -19,6 +19,7 @@ pub trait BlockDevice: Send + Sync {
     fn size(&self) -> u64;
     /// Smallest unit of I/O (the encryption sector size for encrypted volumes).
     fn block_size(&self) -> u32;
+    /// Whether the device refuses writes, write-zeroes and discards.
     fn read_only(&self) -> bool;
     /// Whether reads, writes, write-zeroes and discards may start and end anywhere, not only
     /// on block boundaries (the device then does read-modify-write itself). Frontends may
@@ -29,6 +30,8 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Whether `discard` does anything (off by default for encrypted volumes, as in dm-crypt).
     fn can_discard(&self) -> bool;
+    /// Fills `buf` with the device bytes starting at byte `offset`; the whole buffer is
+    /// read or an error is returned.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes `buf`; with `fua` the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

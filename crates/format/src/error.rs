@@ -7,13 +7,17 @@ use crate::luks2::Luks2Error;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
+    /// Reading, writing or syncing the header or data device failed.
     Io(std::io::Error),
+    /// A cipher, hash or KDF operation failed or was given parameters it cannot use.
     Crypto(cryptblk_crypto::Error),
     /// No LUKS magic at the start of the header device.
     NotLuks,
     /// The header is shorter than its format needs (truncated file or device).
     Truncated {
+        /// Bytes needed: the header, or once it is parsed, the header with its keyslot areas.
         need: u64,
+        /// Bytes the device or buffer actually has.
         have: u64,
     },
     /// No keyslot accepted the passphrase.
@@ -24,7 +28,9 @@ pub enum Error {
     NoFreeKeyslot,
     /// Options that do not fit together or the format (e.g. LUKS1 with 4096-byte sectors).
     InvalidOption(String),
+    /// A LUKS1 phdr is invalid or a LUKS1 operation was refused.
     Luks1(Luks1Error),
+    /// LUKS2 binary header or JSON metadata is invalid or a LUKS2 operation was refused.
     Luks2(Luks2Error),
 }
 
@@ -81,4 +87,5 @@ impl From<Luks2Error> for Error {
     }
 }
 
+/// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

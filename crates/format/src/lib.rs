@@ -20,6 +20,7 @@ use cryptblk_crypto::{CipherSpec, HashAlg, IvOptions, Kdf, KdfRequest, SecretByt
 /// One keyslot as `dump` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyslotInfo {
+    /// Keyslot number (LUKS1: 0..8, position in the phdr; LUKS2: the `keyslots` JSON key).
     pub id: u32,
     /// In use (LUKS1 `ENABLED`, LUKS2: present in the JSON).
     pub active: bool,
@@ -27,17 +28,22 @@ pub struct KeyslotInfo {
     pub kdf: Option<Kdf>,
     /// Salt of the passphrase KDF.
     pub salt: Vec<u8>,
-    /// Start of the key material area and its length, in bytes.
+    /// Start of the key material area on the header device, in bytes (LUKS1
+    /// `key-material-offset` × 512, LUKS2 `area.offset`).
     pub area_offset: u64,
+    /// Length of the key material area in bytes (LUKS1: the AF-split key rounded up to
+    /// 512-byte sectors, LUKS2 `area.size`).
     pub area_size: u64,
-    /// AF stripes and hash.
+    /// AF stripes (LUKS1 `stripes`, LUKS2 `af.stripes`; 0 for a LUKS2 slot we cannot parse).
     pub stripes: u32,
+    /// Hash of the AF splitter (LUKS1: the phdr `hash-spec`, LUKS2 `af.hash`).
     pub af_hash: HashAlg,
 }
 
 /// What `format` takes (cryptsetup luksFormat's options, in bytes and parsed types).
 #[derive(Debug, Clone)]
 pub struct FormatOptions {
+    /// Data cipher (`--cipher`, e.g. aes-xts-plain64).
     pub cipher: CipherSpec,
     /// Volume key length in bytes (`--key-size` / 8).
     pub key_len: usize,
@@ -45,11 +51,14 @@ pub struct FormatOptions {
     pub sector_size: u32,
     /// `--hash`: PBKDF2 hash for keyslots (if PBKDF2), the AF splitter and the digest.
     pub hash: HashAlg,
+    /// Passphrase KDF and its costs for the first keyslot (`--pbkdf`, `--iter-time`,
+    /// `--pbkdf-memory`, ...).
     pub kdf: KdfRequest,
     /// `--uuid`; random when `None`.
     pub uuid: Option<String>,
-    /// LUKS2 `--label` and `--subsystem`.
+    /// LUKS2 `--label` (binary header `label`, at most 47 bytes); LUKS1 refuses it.
     pub label: Option<String>,
+    /// LUKS2 `--subsystem` (binary header `subsystem`, at most 47 bytes); LUKS1 refuses it.
     pub subsystem: Option<String>,
     /// `--offset` in bytes: where the data segment starts. Default: after the header and
     /// keyslot areas (cryptsetup's alignment), or 0 with a detached header.
@@ -58,8 +67,12 @@ pub struct FormatOptions {
     pub detached_header: bool,
     /// Keyslot for the first passphrase (`--key-slot`), else the first free one.
     pub keyslot: Option<u32>,
-    /// LUKS2 `--luks2-metadata-size` / `--luks2-keyslots-size` in bytes (None = defaults).
+    /// LUKS2 `--luks2-metadata-size`: size of one header copy (binary header + JSON area)
+    /// in bytes; `None` = 16 KiB.
     pub luks2_metadata_size: Option<u64>,
+    /// LUKS2 `--luks2-keyslots-size`: size of the keyslots area (JSON `config.keyslots_size`)
+    /// in bytes, a multiple of 4096; `None` = the space between the two header copies and
+    /// the data offset, or up to 16 MiB from the device start when no offset is given.
     pub luks2_keyslots_size: Option<u64>,
 }
 
@@ -92,10 +105,14 @@ impl FormatOptions {
 pub trait LuksHeader: std::fmt::Debug + Send {
     /// 1 or 2.
     fn version(&self) -> u8;
+    /// Volume UUID as stored in the header (`uuid` field), e.g. for `luksUUID`.
     fn uuid(&self) -> &str;
+    /// Data segment cipher (LUKS1 `cipher_name`-`cipher_mode`, LUKS2 segment `encryption`).
     fn cipher(&self) -> CipherSpec;
     /// Volume key length in bytes.
     fn key_len(&self) -> usize;
+    /// Encryption sector size of the data segment in bytes (LUKS1: always 512, LUKS2:
+    /// segment `sector_size`).
     fn sector_size(&self) -> u32;
     /// IV numbering of the data segment as dm-crypt gets it from cryptsetup.
     fn iv_options(&self) -> IvOptions;
@@ -105,6 +122,8 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     fn data_length(&self) -> Option<u64>;
     /// Bytes occupied by header and keyslot areas (what header-backup saves).
     fn header_size(&self) -> u64;
+    /// Every keyslot, as `luksDump` lists them: all 8 for LUKS1 (free ones inactive), only
+    /// the existing ones for LUKS2.
     fn keyslots(&self) -> Vec<KeyslotInfo>;
     /// Maximum number of keyslots (8 for LUKS1, 32 for LUKS2).
     fn max_keyslots(&self) -> u32;

@@ -50,6 +50,7 @@ const FILE: INodeNo = INodeNo(2);
 pub struct FuseStats {
     /// Open file handles on the volume file.
     pub open_handles: AtomicU64,
+    /// Successful opens of the volume file since the mount (never decreases).
     pub opens_total: AtomicU64,
     /// Requests answered with an error.
     pub errors: AtomicU64,
@@ -69,6 +70,9 @@ pub struct FuseExportBuilder {
 pub struct FuseExport;
 
 impl FuseExport {
+    /// Starts configuring a mount of `device` at `mountpoint` (an existing directory), with
+    /// the defaults: file `volume`, 2 threads, writable if the device is, owner-only access.
+    /// Nothing is mounted until [`FuseExportBuilder::mount`].
     pub fn builder(
         mountpoint: impl AsRef<Path>,
         device: Arc<dyn BlockDevice>,
@@ -184,9 +188,11 @@ impl FuseMount {
     pub fn file(&self) -> &Path {
         &self.file
     }
+    /// The directory the file system is mounted on.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }
+    /// Live counters, updated by the worker threads while the mount is served.
     pub fn stats(&self) -> &Arc<FuseStats> {
         &self.stats
     }

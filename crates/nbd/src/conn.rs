@@ -3,8 +3,8 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::proto::*;
@@ -681,7 +681,10 @@ impl Conn<'_> {
                     if let Some(b) = big.take() {
                         self.shared.buffers.give(b);
                     }
-                    if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) {
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                    ) {
                         // Stalled: drop the client.
                         self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
                         self.hang_up();

@@ -2,80 +2,166 @@
 
 use std::io;
 
+/// `NBDMAGIC` (the spec's `INIT_PASSWD`): the first 8 bytes the server sends.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+/// `IHAVEOPT`: newstyle magic, sent by the server after `NBDMAGIC` and by the client
+/// before every option.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+/// Magic that starts every fixed-newstyle option reply (`0x3e889045565a9`).
 pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+/// `NBD_REQUEST_MAGIC`: first field of every transmission request.
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// `NBD_SIMPLE_REPLY_MAGIC` (formerly `NBD_REPLY_MAGIC`): first field of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+/// `NBD_STRUCTURED_REPLY_MAGIC`: first field of every structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 // Handshake flags (server) and client flags.
+/// Handshake flag `NBD_FLAG_FIXED_NEWSTYLE`: the server speaks fixed newstyle
+/// negotiation (options other than `NBD_OPT_EXPORT_NAME`, each answered by a reply).
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+/// Handshake flag `NBD_FLAG_NO_ZEROES`: the server can leave out the 124 zero bytes after
+/// the `NBD_OPT_EXPORT_NAME` reply if the client sets `NBD_FLAG_C_NO_ZEROES`.
 pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+/// Client flag `NBD_FLAG_C_FIXED_NEWSTYLE`: the client speaks fixed newstyle negotiation.
 pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+/// Client flag `NBD_FLAG_C_NO_ZEROES`: the server must not send the 124 zero bytes after
+/// the `NBD_OPT_EXPORT_NAME` reply (only valid if the server offered `NBD_FLAG_NO_ZEROES`).
 pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
 
 // Transmission flags.
+/// Transmission flag `NBD_FLAG_HAS_FLAGS`: must always be set.
 pub const FLAG_HAS_FLAGS: u16 = 1 << 0;
+/// Transmission flag `NBD_FLAG_READ_ONLY`: the export is read-only; the server errors
+/// every write command (this server with `EPERM`).
 pub const FLAG_READ_ONLY: u16 = 1 << 1;
+/// Transmission flag `NBD_FLAG_SEND_FLUSH`: the server supports `NBD_CMD_FLUSH`.
 pub const FLAG_SEND_FLUSH: u16 = 1 << 2;
+/// Transmission flag `NBD_FLAG_SEND_FUA`: the server supports `NBD_CMD_FLAG_FUA`.
 pub const FLAG_SEND_FUA: u16 = 1 << 3;
+/// Transmission flag `NBD_FLAG_SEND_TRIM`: the server supports `NBD_CMD_TRIM`.
 pub const FLAG_SEND_TRIM: u16 = 1 << 5;
+/// Transmission flag `NBD_FLAG_SEND_WRITE_ZEROES`: the server supports
+/// `NBD_CMD_WRITE_ZEROES` (and its `NBD_CMD_FLAG_NO_HOLE`).
 pub const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// Transmission flag `NBD_FLAG_SEND_DF`: the server honours `NBD_CMD_FLAG_DF` on reads;
+/// only set once structured replies are negotiated.
 pub const FLAG_SEND_DF: u16 = 1 << 7;
+/// Transmission flag `NBD_FLAG_CAN_MULTI_CONN`: flushes and FUA writes are visible on
+/// every connection to the export once replied to, so clients may use several connections.
 pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 
 // Options.
+/// `NBD_OPT_EXPORT_NAME`: pick an export by name and enter transmission at once; there is
+/// no option reply, so a refusal can only close the connection.
 pub const OPT_EXPORT_NAME: u32 = 1;
+/// `NBD_OPT_ABORT`: the client ends negotiation; the server acks and closes (soft
+/// disconnect).
 pub const OPT_ABORT: u32 = 2;
+/// `NBD_OPT_LIST`: list exports, one `NBD_REP_SERVER` each, then `NBD_REP_ACK`.
 pub const OPT_LIST: u32 = 3;
+/// `NBD_OPT_STARTTLS`: the client asks to upgrade the connection to TLS.
 pub const OPT_STARTTLS: u32 = 5;
+/// `NBD_OPT_INFO`: query an export (`NBD_REP_INFO` replies, then `NBD_REP_ACK`) without
+/// entering transmission.
 pub const OPT_INFO: u32 = 6;
+/// `NBD_OPT_GO`: like `NBD_OPT_INFO`, but the final `NBD_REP_ACK` enters transmission
+/// with that export; errors are reported as option replies.
 pub const OPT_GO: u32 = 7;
+/// `NBD_OPT_STRUCTURED_REPLY`: the client asks for structured replies in transmission (no
+/// option data); after `NBD_REP_ACK`, reads must be answered with structured replies.
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 
 // Option replies.
+/// Option reply `NBD_REP_ACK`: the option succeeded, or the last of a list of replies; no data.
 pub const REP_ACK: u32 = 1;
+/// Option reply `NBD_REP_SERVER`: one export in an `NBD_OPT_LIST` answer (32-bit name
+/// length, then the name).
 pub const REP_SERVER: u32 = 2;
+/// Option reply `NBD_REP_INFO`: one piece of export information for `NBD_OPT_INFO` /
+/// `NBD_OPT_GO`, starting with its 16-bit `NBD_INFO_*` type.
 pub const REP_INFO: u32 = 3;
+/// Option error `NBD_REP_ERR_UNSUP`: the server does not know or implement the option.
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
+/// Option error `NBD_REP_ERR_POLICY`: the option is valid but server policy forbids it.
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
+/// Option error `NBD_REP_ERR_INVALID`: the option is known but its data is malformed or
+/// not allowed in this state.
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+/// Option error `NBD_REP_ERR_UNKNOWN`: the requested export does not exist.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+/// Option error `NBD_REP_ERR_SHUTDOWN`: the server is shutting down and will not
+/// negotiate further.
 pub const REP_ERR_SHUTDOWN: u32 = (1 << 31) + 7;
 
 // Info types.
+/// `NBD_INFO_EXPORT`: export size in bytes (u64) and transmission flags (u16); always
+/// sent before a successful `NBD_OPT_INFO` / `NBD_OPT_GO`.
 pub const INFO_EXPORT: u16 = 0;
+/// `NBD_INFO_NAME`: the export's canonical name.
 pub const INFO_NAME: u16 = 1;
+/// `NBD_INFO_DESCRIPTION`: a human-readable description of the export.
 pub const INFO_DESCRIPTION: u16 = 2;
+/// `NBD_INFO_BLOCK_SIZE`: minimum, preferred and maximum block size in bytes (u32 each).
 pub const INFO_BLOCK_SIZE: u16 = 3;
 
 // Commands.
+/// `NBD_CMD_READ`: read `len` bytes at `offset`.
 pub const CMD_READ: u16 = 0;
+/// `NBD_CMD_WRITE`: write the `len` payload bytes that follow the request at `offset`.
 pub const CMD_WRITE: u16 = 1;
+/// `NBD_CMD_DISC`: the client disconnects; the server finishes outstanding requests,
+/// sends no reply and closes.
 pub const CMD_DISC: u16 = 2;
+/// `NBD_CMD_FLUSH`: make every write already replied to durable before replying.
 pub const CMD_FLUSH: u16 = 3;
+/// `NBD_CMD_TRIM`: the client no longer needs `len` bytes at `offset`; the server may
+/// discard them.
 pub const CMD_TRIM: u16 = 4;
+/// `NBD_CMD_WRITE_ZEROES`: make `len` bytes at `offset` read as zeroes, with no payload.
 pub const CMD_WRITE_ZEROES: u16 = 6;
 
 // Command flags.
+/// Command flag `NBD_CMD_FLAG_FUA` (force unit access): reply only once the command's
+/// writes are durable.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
+/// Command flag `NBD_CMD_FLAG_NO_HOLE` on `NBD_CMD_WRITE_ZEROES`: the zeroed range must
+/// stay allocated (no hole punched).
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// Command flag `NBD_CMD_FLAG_DF` (don't fragment) on `NBD_CMD_READ`: reply with at most
+/// one content chunk; needs `NBD_FLAG_SEND_DF`.
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 
 // Structured reply flags and types.
+/// Structured reply flag `NBD_REPLY_FLAG_DONE`: this is the last chunk of the reply.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+/// Chunk type `NBD_REPLY_TYPE_NONE`: empty final chunk (always with
+/// `NBD_REPLY_FLAG_DONE`); success if no error chunk came before.
 pub const REPLY_TYPE_NONE: u16 = 0;
+/// Chunk type `NBD_REPLY_TYPE_OFFSET_DATA`: read data; payload is a u64 offset, then the
+/// bytes.
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+/// Chunk type `NBD_REPLY_TYPE_ERROR`: the request failed; payload is a u32 error, a u16
+/// message length and the message.
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 
 // Errors.
+/// NBD error `EPERM`: operation not permitted (e.g. a write to a read-only export).
 pub const EPERM: u32 = 1;
+/// NBD error `EIO`: input/output error.
 pub const EIO: u32 = 5;
+/// NBD error `ENOMEM`: cannot allocate memory.
 pub const ENOMEM: u32 = 12;
+/// NBD error `EINVAL`: invalid argument (unknown command or flag, a read past the end of
+/// the export, a misaligned range).
 pub const EINVAL: u32 = 22;
+/// NBD error `ENOSPC`: no space left (also a write beyond the end of the export, and the
+/// mapping of `EDQUOT` / `EFBIG`).
 pub const ENOSPC: u32 = 28;
+/// NBD error `EOVERFLOW`: value too large (a read longer than the server sends in one
+/// reply; structured replies only).
 pub const EOVERFLOW: u32 = 75;
+/// NBD error `ESHUTDOWN`: the server is shutting down; the client must disconnect.
 pub const ESHUTDOWN: u32 = 108;
 
 /// Largest request payload (and read length) the server accepts: 32 MiB.
@@ -93,15 +179,22 @@ pub const STRUCTURED_HDR_LEN: usize = 20;
 /// A transmission request header as sent by the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// Must be [`REQUEST_MAGIC`]; [`Request::parse`] does not check it.
     pub magic: u32,
+    /// Command flags (`CMD_FLAG_*`).
     pub flags: u16,
+    /// Command type (`CMD_*`).
     pub typ: u16,
+    /// Opaque value the reply echoes (the spec's "cookie", formerly "handle").
     pub cookie: u64,
+    /// Start of the range in the export, in bytes.
     pub offset: u64,
+    /// Length of the range in bytes (also the payload length of `NBD_CMD_WRITE`).
     pub len: u32,
 }
 
 impl Request {
+    /// Decodes the 28 big-endian header bytes; checks nothing.
     pub fn parse(b: &[u8; REQUEST_LEN]) -> Request {
         Request {
             magic: u32::from_be_bytes(b[0..4].try_into().unwrap()),
@@ -113,6 +206,7 @@ impl Request {
         }
     }
 
+    /// The 28 big-endian bytes of the header, as a client sends them.
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&self.magic.to_be_bytes());
@@ -131,12 +225,16 @@ pub const OPTION_HDR_LEN: usize = 16;
 /// An option header sent by the client during the handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OptionHeader {
+    /// Must be [`IHAVEOPT`]; see [`OptionHeader::check`].
     pub magic: u64,
+    /// The option (`OPT_*`).
     pub option: u32,
+    /// Length in bytes of the option data that follows.
     pub len: u32,
 }
 
 impl OptionHeader {
+    /// Decodes the 16 big-endian header bytes; [`OptionHeader::check`] validates them.
     pub fn parse(b: &[u8; OPTION_HDR_LEN]) -> OptionHeader {
         OptionHeader {
             magic: u64::from_be_bytes(b[0..8].try_into().unwrap()),
@@ -161,6 +259,7 @@ impl OptionHeader {
 /// The payload of NBD_OPT_INFO / NBD_OPT_GO: export name and requested information types.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InfoRequest<'a> {
+    /// Requested export name, as sent (not checked for UTF-8; empty = the default export).
     pub name: &'a [u8],
     /// Raw big-endian u16 info types, two bytes each.
     requests: &'a [u8],

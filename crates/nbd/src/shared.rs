@@ -231,4 +231,3 @@ impl Drop for ConnGuard<'_> {
         self.shared.conns_changed.notify_all();
     }
 }
-

@@ -4,8 +4,8 @@ use super::*;
 use crate::proto::*;
 use cryptblk_device::MemoryDevice;
 use std::io::{Read, Write};
-use std::thread;
 use std::net::TcpStream;
+use std::thread;
 use std::time::Instant;
 
 const MIB: u64 = 1 << 20;

@@ -6,6 +6,8 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 
+/// Path of the ublk control device, through which devices are added, started, stopped,
+/// recovered and deleted; it exists once the `ublk_drv` module is loaded.
 pub const CONTROL_PATH: &str = "/dev/ublk-control";
 
 /// An open control device. Each command uses a short-lived ring of its own, so commands

@@ -82,9 +82,12 @@ pub enum Error {
     Invalid(String),
     /// The device to recover is still served, or in a state that cannot be recovered.
     Busy(String),
+    /// A control command, queue setup, queue thread, the final flush or the device's
+    /// deletion failed; the message names the step.
     Io(io::Error),
 }
 
+/// `Result` with the ublk frontend's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl fmt::Display for Error {
@@ -120,6 +123,7 @@ impl Features {
         let ctl = open_control()?;
         Ok(Features(ctl.features().map_err(Error::Io)?))
     }
+    /// Whether every bit set in `bit` (one or more `UBLK_F_*` flags) is supported.
     pub fn has(&self, bit: u64) -> bool {
         self.0 & bit == bit
     }
@@ -198,6 +202,8 @@ impl Builder {
         self.physical_block_size = Some(n);
         self
     }
+    /// Advertise a rotational disk (`UBLK_ATTR_ROTATIONAL`), so the I/O schedulers treat
+    /// the device as one (default off: non-rotational).
     pub fn rotational(mut self, r: bool) -> Self {
         self.rotational = r;
         self
@@ -514,6 +520,7 @@ impl ShutdownHandle {
             eprintln!("ublk{}: STOP_DEV failed: {e}", self.dev_id);
         }
     }
+    /// The server's counters now, summed over all queues.
     pub fn stats(&self) -> Stats {
         let mut s = Stats::default();
         for c in self.counters.iter() {
@@ -572,6 +579,7 @@ impl UblkServer {
         }
     }
 
+    /// The device number N of `/dev/ublkbN` (and of the char device `/dev/ublkcN`).
     pub fn dev_id(&self) -> u32 {
         self.info.dev_id
     }
@@ -579,12 +587,16 @@ impl UblkServer {
     pub fn block_device(&self) -> PathBuf {
         PathBuf::from(format!("/dev/ublkb{}", self.info.dev_id))
     }
+    /// Number of hardware queues (the kernel's `nr_hw_queues`), one serving thread each.
     pub fn queues(&self) -> u16 {
         self.info.nr_hw_queues
     }
+    /// Requests in flight per queue, as the device was created with.
     pub fn queue_depth(&self) -> u16 {
         self.info.queue_depth
     }
+    /// Largest request in bytes, also the buffer size per tag (the kernel's
+    /// `max_io_buf_bytes`).
     pub fn max_io_bytes(&self) -> u32 {
         self.info.max_io_buf_bytes
     }
@@ -592,9 +604,11 @@ impl UblkServer {
     pub fn recoverable(&self) -> bool {
         self.info.flags & sys::F_USER_RECOVERY != 0
     }
+    /// The ublk feature bits of the running kernel, as probed when the server was built.
     pub fn features(&self) -> Features {
         self.features
     }
+    /// A handle to stop the server from another thread; get it before [`UblkServer::run`].
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.handle.clone()
     }

@@ -67,11 +67,18 @@ pub const S_DEV_DEAD: u16 = 0;
 pub const S_DEV_LIVE: u16 = 1;
 pub const S_DEV_QUIESCED: u16 = 2;
 
+/// `UBLK_IO_OP_READ`: read `nr_sectors` from `start_sector` into the tag's buffer.
 pub const IO_OP_READ: u8 = 0;
+/// `UBLK_IO_OP_WRITE`: write the tag's buffer (filled by the kernel) at `start_sector`.
 pub const IO_OP_WRITE: u8 = 1;
+/// `UBLK_IO_OP_FLUSH`: make completed writes durable; carries no data or range.
 pub const IO_OP_FLUSH: u8 = 2;
+/// `UBLK_IO_OP_DISCARD`: the range's data is no longer needed (may be deallocated).
 pub const IO_OP_DISCARD: u8 = 3;
+/// `UBLK_IO_OP_WRITE_ZEROES`: make the range read back as zeros, without a data buffer.
 pub const IO_OP_WRITE_ZEROES: u8 = 5;
+/// `UBLK_IO_F_FUA` (in [`IoDesc::op_flags`]): forced unit access; the write must be durable
+/// when it completes.
 pub const IO_F_FUA: u32 = 1 << 13;
 pub const IO_F_NOUNMAP: u32 = 1 << 15;
 
@@ -127,13 +134,19 @@ pub struct IoDesc {
     pub nr_sectors: u32,
     /// Start in 512-byte sectors.
     pub start_sector: u64,
+    /// Address of the request's data buffer in the server's memory: the one the server
+    /// gave for this tag with `UBLK_IO_FETCH_REQ` / `UBLK_IO_COMMIT_AND_FETCH_REQ`.
+    /// [`handle_request`](crate::handle_request) ignores it and uses the buffer it is given.
     pub addr: u64,
 }
 
 impl IoDesc {
+    /// The operation (`UBLK_IO_OP_*`, e.g. [`IO_OP_READ`]): bits 0-7 of `op_flags`.
     pub fn op(&self) -> u8 {
         (self.op_flags & 0xff) as u8
     }
+    /// The `UBLK_IO_F_*` flags (e.g. [`IO_F_FUA`]): `op_flags` with the operation masked
+    /// out, bits kept in place.
     pub fn flags(&self) -> u32 {
         self.op_flags & !0xff
     }

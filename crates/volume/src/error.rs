@@ -4,16 +4,26 @@ use std::fmt;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
+    /// Opening, sizing or configuring (io_uring, O_DIRECT) the data or header file failed.
     Io(std::io::Error),
+    /// The LUKS header could not be loaded or unlocked (not LUKS, corrupt, wrong
+    /// passphrase, ...).
     Format(cryptblk_format::Error),
+    /// The sector cipher could not be set up (unsupported specification, wrong key length,
+    /// bad sector size, backend not available on this CPU).
     Crypto(cryptblk_crypto::Error),
     /// The storage is smaller than the data segment needs.
     TooSmall {
+        /// Storage size in bytes the segment needs (`u64::MAX` when offset + length
+        /// overflows).
         need: u64,
+        /// Actual storage size in bytes.
         have: u64,
     },
     /// Another process has the volume open.
     Busy(String),
+    /// The volume parameters are unusable (e.g. a data offset not aligned to 512 bytes);
+    /// the message says which.
     Invalid(String),
 }
 
@@ -53,4 +63,5 @@ impl From<cryptblk_crypto::Error> for Error {
     }
 }
 
+/// `Result` with the volume layer's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

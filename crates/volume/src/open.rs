@@ -12,16 +12,22 @@ use std::path::{Path, PathBuf};
 pub struct OpenOptions {
     /// Detached header file.
     pub header: Option<PathBuf>,
+    /// Open the data file read-only (under a shared lock); the volume then refuses writes,
+    /// write-zeroes and discards.
     pub read_only: bool,
+    /// dm-crypt's `allow_discards`: pass discards down as hole punches (reveals which
+    /// sectors are unused; off by default).
     pub allow_discards: bool,
     /// Only try this keyslot.
     pub key_slot: Option<u32>,
+    /// How the data file is read and written.
     pub io: FileIo,
 }
 
 /// How the data file is read and written.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FileIo {
+    /// pread/pwrite or io_uring (default: pread/pwrite).
     pub engine: IoEngine,
     /// O_DIRECT (bypass the page cache); an error if the file system cannot.
     pub direct: bool,
@@ -39,8 +45,11 @@ impl FileIo {
 
 /// An unlocked LUKS volume with the header it came from.
 pub struct UnlockedLuks {
+    /// The volume, ready for I/O.
     pub volume: Volume,
+    /// The LUKS1/LUKS2 header, as loaded from the data device or the detached header.
     pub header: Box<dyn LuksHeader>,
+    /// Number of the keyslot the passphrase opened.
     pub keyslot: u32,
 }
 

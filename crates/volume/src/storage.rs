@@ -40,6 +40,8 @@ pub struct FileStorage {
 }
 
 impl FileStorage {
+    /// Wraps an open file or block device, using pread/pwrite through the page cache.
+    /// The size is read once, here, by seeking to the end; errors are that seek's.
     pub fn new(file: File) -> io::Result<Self> {
         use std::io::Seek;
         let mut f = file;
@@ -94,14 +96,17 @@ impl FileStorage {
         Ok(self)
     }
 
+    /// The underlying file or block device.
     pub fn file(&self) -> &File {
         &self.file
     }
 
+    /// The I/O engine in use.
     pub fn engine(&self) -> IoEngine {
         self.engine
     }
 
+    /// Whether O_DIRECT is on (after a successful [`FileStorage::direct`]).
     pub fn is_direct(&self) -> bool {
         self.direct_mem_align.is_some()
     }

@@ -12,13 +12,18 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// How the data segment is laid out and encrypted.
 #[derive(Debug, Clone)]
 pub struct VolumeParams {
+    /// Cipher specification of the data segment, e.g. `aes-xts-plain64`.
     pub cipher: CipherSpec,
+    /// Encryption sector size in bytes (512, 1024, 2048 or 4096); also the volume's block
+    /// size. The segment length is rounded down to a multiple of it.
     pub sector_size: u32,
+    /// dm-crypt IV numbering (`iv_large_sectors`, IV offset).
     pub iv: IvOptions,
     /// Start of the data segment on the storage, in bytes.
     pub data_offset: u64,
     /// Segment length in bytes; `None` = to the end of the storage.
     pub data_length: Option<u64>,
+    /// Refuse writes, write-zeroes and discards.
     pub read_only: bool,
     /// dm-crypt's `allow_discards`: pass discards down (reveals which sectors are unused).
     pub allow_discards: bool,
@@ -27,11 +32,18 @@ pub struct VolumeParams {
 /// Counters for `status` and for tests of the data path's shape.
 #[derive(Debug, Default)]
 pub struct VolumeStats {
+    /// Read requests that passed the bounds check (inline and split path).
     pub reads: AtomicU64,
+    /// Write requests that passed the checks (inline and split path); a write-zeroes
+    /// counts once per piece of up to 1 MiB.
     pub writes: AtomicU64,
+    /// Plaintext bytes read.
     pub read_bytes: AtomicU64,
+    /// Plaintext bytes written, zeroes from write-zeroes included.
     pub written_bytes: AtomicU64,
+    /// Flushes, including those a split-path frontend reports via `note_flush`.
     pub flushes: AtomicU64,
+    /// Discards accepted (allowed and in bounds).
     pub discards: AtomicU64,
     /// Calls into the sector cipher (one per request on the aligned path).
     pub crypto_calls: AtomicU64,
@@ -132,12 +144,15 @@ impl Volume {
         })
     }
 
+    /// The keyed sector cipher (its spec, sector size and backend).
     pub fn cipher(&self) -> &SectorCipher {
         &self.cipher
     }
+    /// Start of the data segment on the storage, in bytes.
     pub fn data_offset(&self) -> u64 {
         self.offset
     }
+    /// Live counters of the data path.
     pub fn stats(&self) -> &VolumeStats {
         &self.stats
     }

@@ -21,6 +21,19 @@ fn rounds<const NR: usize, const ENC: bool, const W: usize>(
     b: &mut [__m128i; W],
     rk: &[__m128i; 15],
 ) {
+    if let Ok(b8) = <&mut [__m128i; 8]>::try_from(&mut b[..]) {
+        // SAFETY: `rk` is 15 round keys of 16 bytes, 16-byte aligned (`__m128i`), only
+        // read; the registers are plain values; the caller enables AES-NI.
+        unsafe {
+            if ENC {
+                middle_rounds8!(sse "aesenc", xmm_reg, b8, rk, NR, 16);
+            } else {
+                middle_rounds8!(sse "aesdec", xmm_reg, b8, rk, NR, 16);
+            }
+        }
+        last_round::<NR, ENC, W>(b, rk);
+        return;
+    }
     for r in 1..NR {
         for x in b.iter_mut() {
             *x = if ENC {
@@ -30,6 +43,15 @@ fn rounds<const NR: usize, const ENC: bool, const W: usize>(
             };
         }
     }
+    last_round::<NR, ENC, W>(b, rk);
+}
+
+#[inline]
+#[target_feature(enable = "aes,sse2")]
+fn last_round<const NR: usize, const ENC: bool, const W: usize>(
+    b: &mut [__m128i; W],
+    rk: &[__m128i; 15],
+) {
     for x in b.iter_mut() {
         *x = if ENC {
             _mm_aesenclast_si128(*x, rk[NR])
@@ -131,7 +153,7 @@ pub(super) unsafe fn xts(
 
 /// CBC decryption of one data unit: all blocks are independent given the ciphertext.
 #[target_feature(enable = "aes,sse2")]
-fn cbc_decrypt_unit<const NR: usize>(rk: &[__m128i; 15], iv: __m128i, data: &mut [u8]) {
+pub(super) fn cbc_decrypt_unit<const NR: usize>(rk: &[__m128i; 15], iv: __m128i, data: &mut [u8]) {
     let mut prev = iv;
     let (chunks, rest) = data.as_chunks_mut::<128>();
     for c in chunks {

@@ -127,6 +127,31 @@ pub fn load(name: &str) -> Vec<Record> {
 
 /// Every backend this CPU runs; the generic one is always among them.
 pub fn backends() -> Vec<Backend> {
+    static WARN: std::sync::Once = std::sync::Once::new();
+    WARN.call_once(|| {
+        let missing: Vec<&str> = Backend::ALL
+            .into_iter()
+            .filter(|b| !b.is_supported())
+            .map(|b| b.name())
+            .collect();
+        if !missing.is_empty() {
+            // Loud on purpose: these paths are not exercised by this run. Run the tests on
+            // a CPU that has them (docs/benchmarks.md lists where each was last tested).
+            // Written to the stream itself: the test harness captures eprintln! output.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** NOT TESTED ON THIS CPU: crypto backend(s) {} (this CPU lacks their \
+                 instructions); tested here: {} ***\n",
+                missing.join(", "),
+                Backend::supported()
+                    .iter()
+                    .map(|b| b.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    });
     let b = Backend::supported();
     assert!(
         b.contains(&Backend::Generic),

@@ -31,11 +31,16 @@ pub const MAGIC: &[u8] = b"LUKS\xba\xbe";
 pub const PHDR_SIZE: usize = 592;
 /// Size cryptsetup writes (the phdr struct padded with zeros to 1024 bytes).
 pub const PHDR_DISK_SIZE: u64 = 1024;
+/// Keyslot descriptors in the phdr (`LUKS_NUMKEYS`).
 pub const NUM_KEYSLOTS: usize = 8;
+/// Length in bytes of the `mk-digest-salt` field and of each keyslot's `salt`
+/// (`LUKS_SALTSIZE`).
 pub const SALT_SIZE: usize = 32;
 /// AF stripes of every keyslot cryptsetup writes.
 pub const STRIPES: u32 = 4000;
+/// Keyslot `active` field value of a slot holding key material (`LUKS_KEY_ENABLED`).
 pub const KEY_ENABLED: u32 = 0x00AC_71F3;
+/// Keyslot `active` field value of a free slot (`LUKS_KEY_DISABLED`).
 pub const KEY_DISABLED: u32 = 0x0000_DEAD;
 /// cryptsetup: minimum PBKDF2 iterations of the volume key digest and of keyslots.
 pub const MKD_ITERATIONS_MIN: u32 = 1000;
@@ -59,42 +64,61 @@ pub(crate) fn af_sectors(key_bytes: usize, stripes: u32) -> u64 {
 pub enum Luks1Error {
     /// LUKS magic with a version other than 1.
     UnsupportedVersion(u16),
-    /// A string field is not NUL-terminated inside its field, or not UTF-8.
+    /// A string field is not NUL-terminated inside its field or not UTF-8, or (when
+    /// formatting) a value is too long for its field.
     BadString {
+        /// The phdr field, as this crate names it: "cipher_name", "cipher_mode", "hash_spec"
+        /// or "uuid".
         field: &'static str,
+        /// What is wrong: "not NUL-terminated", "not valid UTF-8" or "too long for its field".
         reason: &'static str,
     },
+    /// The `cipher-name` and `cipher-mode` fields (given joined by `-`) name a cipher or
+    /// mode this implementation does not support.
     UnsupportedCipher(String),
+    /// The `hash-spec` field (given) names a hash this implementation does not support.
     UnsupportedHash(String),
     /// `key_bytes` does not fit the cipher (or is 0 / absurdly large).
     KeyBytes {
+        /// The header's cipher spec.
         cipher: String,
+        /// The phdr `key-bytes` value: volume key length in bytes.
         key_bytes: u32,
     },
     /// The volume key digest has 0 iterations.
     DigestIterations,
     /// A keyslot state that is neither ENABLED nor DISABLED.
     SlotState {
+        /// Keyslot number (0..8).
         slot: u32,
+        /// The on-disk `active` value.
         state: u32,
     },
-    /// Active slot with 0 stripes, or an area larger than LUKS1 allows.
+    /// A slot (free or active) whose stripes are not 4000, as cryptsetup requires, or
+    /// whose area is larger than LUKS1 allows (16 MiB).
     Stripes {
+        /// Keyslot number (0..8).
         slot: u32,
+        /// The slot's `stripes` field.
         stripes: u32,
     },
     /// Active slot with 0 PBKDF2 iterations.
     SlotIterations {
+        /// Keyslot number (0..8).
         slot: u32,
     },
     /// Key material area overlaps the phdr or reaches into the payload.
     SlotArea {
+        /// Keyslot number (0..8).
         slot: u32,
+        /// Where the area lies and what it collides with, in sectors.
         reason: String,
     },
     /// Two key material areas overlap.
     SlotOverlap {
+        /// Keyslot whose area starts first.
         a: u32,
+        /// Keyslot whose area starts inside `a`'s.
         b: u32,
     },
     /// A volume key that does not match the header digest was given to store.
@@ -265,22 +289,27 @@ impl Luks1Header {
         &self.phdr.hash_spec
     }
 
+    /// The `cipher-name` field as stored (e.g. "aes").
     pub fn cipher_name(&self) -> &str {
         &self.phdr.cipher_name
     }
 
+    /// The `cipher-mode` field as stored (e.g. "xts-plain64").
     pub fn cipher_mode(&self) -> &str {
         &self.phdr.cipher_mode
     }
 
+    /// The `mk-digest` field: PBKDF2 of the volume key, used to check a recovered key.
     pub fn mk_digest(&self) -> &[u8; DIGEST_SIZE] {
         &self.phdr.mk_digest
     }
 
+    /// The `mk-digest-salt` field: salt of the volume key digest.
     pub fn mk_digest_salt(&self) -> &[u8; SALT_SIZE] {
         &self.phdr.mk_digest_salt
     }
 
+    /// The `mk-digest-iter` field: PBKDF2 iterations of the volume key digest.
     pub fn mk_digest_iterations(&self) -> u32 {
         self.phdr.mk_digest_iterations
     }
@@ -290,6 +319,7 @@ impl Luks1Header {
         self.phdr.payload_offset
     }
 
+    /// The `key-bytes` field: volume key length in bytes.
     pub fn key_bytes(&self) -> u32 {
         self.phdr.key_bytes
     }

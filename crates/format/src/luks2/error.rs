@@ -7,9 +7,20 @@ use std::fmt;
 #[non_exhaustive]
 pub enum Luks2Error {
     /// One header copy is unusable (bad magic, version, size, checksum, JSON, ...).
-    InvalidCopy { copy: &'static str, reason: String },
+    InvalidCopy {
+        /// Which copy: "primary" or "secondary".
+        copy: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
     /// Neither the primary nor the secondary header copy is usable.
-    NoValidCopy { primary: String, secondary: String },
+    NoValidCopy {
+        /// Why the primary copy (at offset 0) was rejected.
+        primary: String,
+        /// Why the secondary copy was rejected, or that none was found at any offset the
+        /// format allows.
+        secondary: String,
+    },
     /// The JSON metadata parses but violates the LUKS2 rules (as cryptsetup validates them).
     InvalidMetadata(String),
     /// The header carries mandatory requirements this implementation does not support
@@ -18,7 +29,12 @@ pub enum Luks2Error {
     /// A keyslot, digest or segment uses something this implementation cannot compute.
     Unsupported(String),
     /// The new JSON does not fit the JSON area.
-    JsonTooLarge { need: u64, have: u64 },
+    JsonTooLarge {
+        /// Bytes the serialized JSON needs, its terminating NUL included.
+        need: u64,
+        /// Bytes of the JSON area (header copy size minus the 4096-byte binary header).
+        have: u64,
+    },
     /// No gap in the keyslots area is large enough for another keyslot.
     NoKeyslotSpace,
     /// The volume key given does not match the volume's digest.

@@ -47,7 +47,11 @@ const DEFAULT_ALIGNMENT: u64 = 1024 * 1024;
 /// What `read` found in each header copy: `None` if the copy is valid, else why not.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CopyStatus {
+    /// Why the primary copy (at offset 0) is unusable; `None` if it is valid.
     pub primary_error: Option<String>,
+    /// Why the secondary copy is unusable, or "not found"; `None` if it is valid. It is
+    /// read at the primary's `hdr_size`, or searched at every allowed offset when the
+    /// primary is unusable.
     pub secondary_error: Option<String>,
 }
 
@@ -670,9 +674,11 @@ impl Luks2Header {
         self.model.keyslots.get(&slot).map(|k| k.priority)
     }
 
+    /// The binary header `label` (`--label`, luksDump "Label"); "" when unset.
     pub fn label(&self) -> &str {
         &self.label
     }
+    /// The binary header `subsystem` (`--subsystem`); "" when unset.
     pub fn subsystem(&self) -> &str {
         &self.subsystem
     }
@@ -688,6 +694,8 @@ impl Luks2Header {
     pub fn json_size(&self) -> u64 {
         self.model.json_size
     }
+    /// Size in bytes of the keyslots area that follows the two header copies
+    /// (JSON `config.keyslots_size`).
     pub fn keyslots_size(&self) -> u64 {
         self.model.keyslots_size
     }

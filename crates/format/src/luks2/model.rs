@@ -117,6 +117,7 @@ pub fn parse_id(key: &str, what: &str) -> Result<u32, Luks2Error> {
 pub enum Priority {
     /// Only used when the slot is named explicitly.
     Ignore = 0,
+    /// Tried in keyslot order after "prefer" slots (`priority` 1 or absent).
     Normal = 1,
     /// Tried before normal slots.
     Prefer = 2,

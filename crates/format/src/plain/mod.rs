@@ -14,6 +14,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Parameters of a plain mapping, in cryptsetup's units.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlainParams {
+    /// Data cipher (`--cipher`, e.g. aes-cbc-essiv:sha256).
     pub cipher: CipherSpec,
     /// Volume key length in bytes (`--key-size` / 8).
     pub key_len: usize,

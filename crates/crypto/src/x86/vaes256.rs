@@ -1,0 +1,329 @@
+//! VAES + VPCLMULQDQ on 256-bit registers (AVX2 encoding): two blocks per instruction, for
+//! CPUs with VAES but not the AVX-512 subset of the vaes512 path (AMD Zen 3, Intel Alder
+//! Lake and other client cores, any CPU with AVX-512 disabled).
+//!
+//! XTS: lane j of a register holds T·α^j. A pass covers W registers (2·W blocks); every
+//! register's tweaks advance to the next pass by one multiplication by α^(2W), all W of
+//! them independent, so the tweak computation never serialises the AES pipeline. Each
+//! register's tweak is folded into round key 0 and the last round key, so XTS costs no
+//! extra instructions on the AES ports. Per-sector starting tweaks are encrypted together
+//! up front.
+//!
+//! CBC decryption: every block is independent given the ciphertext; the previous block of
+//! a register pair is one cross-lane permute of two ciphertext registers.
+
+use super::keys::{RoundKeys, load128};
+use super::ni;
+use core::arch::x86_64::*;
+
+/// Registers per pass: 8 × 2 blocks = 256 bytes. Two VAES units with a latency of four
+/// cycles need eight independent chains to stay busy.
+const W: usize = 8;
+
+/// Bytes per pass.
+const PASS: usize = 32 * W;
+
+#[inline]
+#[target_feature(enable = "avx")]
+fn load256(b: &[u8; 32]) -> __m256i {
+    // SAFETY: `b` is 32 readable bytes; unaligned load.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx")]
+fn store256(b: &mut [u8; 32], v: __m256i) {
+    // SAFETY: `b` is 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(b.as_mut_ptr().cast(), v) }
+}
+
+/// Folds the bits shifted out of each 128-bit lane back in: carries from the low qword go
+/// to the high one, carries out of bit 127 are multiplied by x^7+x^2+x+1 (0x87) into the low.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fold(shifted: __m256i, carry: __m256i) -> __m256i {
+    let into_hi = _mm256_bslli_epi128::<8>(carry);
+    let c = _mm256_bsrli_epi128::<8>(carry);
+    let red = _mm256_xor_si256(
+        _mm256_xor_si256(c, _mm256_slli_epi64::<1>(c)),
+        _mm256_xor_si256(_mm256_slli_epi64::<2>(c), _mm256_slli_epi64::<7>(c)),
+    );
+    _mm256_xor_si256(_mm256_xor_si256(shifted, into_hi), red)
+}
+
+/// [T, T·α] from T.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn first_tweaks(t: __m128i) -> __m256i {
+    let v = _mm256_broadcastsi128_si256(t);
+    let k = _mm256_set_epi64x(1, 1, 0, 0);
+    let back = _mm256_sub_epi64(_mm256_set1_epi64x(64), k);
+    // A variable shift by 64 yields 0, which is exactly lane 0's (absent) carry.
+    fold(_mm256_sllv_epi64(v, k), _mm256_srlv_epi64(v, back))
+}
+
+/// Every lane times α^K (1 ≤ K ≤ 56); `R` must be 64 - K (stable Rust cannot compute it).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mul_xk<const K: i32, const R: i32>(v: __m256i) -> __m256i {
+    const { assert!(K + R == 64 && K >= 1 && K <= 56) };
+    fold(_mm256_slli_epi64::<K>(v), _mm256_srli_epi64::<R>(v))
+}
+
+/// Every lane times α^(8M), for 1 ≤ M ≤ 8 (`R` = 16 - M): a byte shift plus a carry-less
+/// multiply of the M bytes shifted out by 0x87, off the ports the AES rounds use.
+#[inline]
+#[target_feature(enable = "avx2,vpclmulqdq")]
+fn mul_x8m<const M: i32, const R: i32>(v: __m256i) -> __m256i {
+    const { assert!(M + R == 16 && M >= 1 && M <= 8) };
+    let out = _mm256_bsrli_epi128::<R>(v);
+    let red = _mm256_clmulepi64_epi128::<0x00>(out, _mm256_set1_epi64x(0x87));
+    _mm256_xor_si256(_mm256_bslli_epi128::<M>(v), red)
+}
+
+/// Tweaks of the first pass of a data unit whose first tweak is `t`: register i holds
+/// [T·α^(2i), T·α^(2i+1)].
+#[inline]
+#[target_feature(enable = "avx2,vpclmulqdq")]
+fn pass_tweaks(t: __m128i) -> [__m256i; W] {
+    let mut z = [_mm256_setzero_si256(); W];
+    z[0] = first_tweaks(t);
+    z[1] = mul_xk::<2, 62>(z[0]);
+    z[2] = mul_xk::<4, 60>(z[0]);
+    z[3] = mul_xk::<4, 60>(z[1]);
+    for i in 4..W {
+        z[i] = mul_x8m::<1, 15>(z[i - 4]);
+    }
+    z
+}
+
+/// Round keys broadcast to both lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn broadcast_keys(rk: &[__m128i; 15]) -> [__m256i; 15] {
+    let mut out = [_mm256_setzero_si256(); 15];
+    for (o, k) in out.iter_mut().zip(rk) {
+        *o = _mm256_broadcastsi128_si256(*k);
+    }
+    out
+}
+
+/// Rounds 1..NR of W registers; the last round key is per register (tweak folded in).
+///
+/// The middle rounds are written in assembly, round by round across the eight registers:
+/// left to itself the compiler orders them register by register (one AES chain at a
+/// time, to save registers), and the out-of-order window then cannot keep both AES units
+/// busy.
+#[inline]
+#[target_feature(enable = "avx2,vaes")]
+fn rounds<const NR: usize, const ENC: bool>(
+    b: &mut [__m256i; W],
+    rk: &[__m256i; 15],
+    last: &[__m256i; W],
+) {
+    const { assert!(W == 8 && (NR == 10 || NR == 14)) };
+    // SAFETY: `rk` is 15 round keys of 32 bytes, only read; the registers are plain
+    // values; the caller enables AVX2 and VAES.
+    unsafe {
+        if ENC {
+            middle_rounds8!(vex "vaesenc", ymm_reg, b, rk, NR, 32);
+        } else {
+            middle_rounds8!(vex "vaesdec", ymm_reg, b, rk, NR, 32);
+        }
+    }
+    for (x, l) in b.iter_mut().zip(last) {
+        *x = if ENC {
+            _mm256_aesenclast_epi128(*x, *l)
+        } else {
+            _mm256_aesdeclast_epi128(*x, *l)
+        };
+    }
+}
+
+/// XTS over one pass (W registers) with tweaks `z`.
+#[inline]
+#[target_feature(enable = "avx2,vaes")]
+fn xts_pass<const NR: usize, const ENC: bool>(
+    regs: &mut [[u8; 32]; W],
+    z: &[__m256i; W],
+    rk: &[__m256i; 15],
+) {
+    let mut b = [_mm256_setzero_si256(); W];
+    let mut last = [_mm256_setzero_si256(); W];
+    for i in 0..W {
+        b[i] = _mm256_xor_si256(load256(&regs[i]), _mm256_xor_si256(z[i], rk[0]));
+        last[i] = _mm256_xor_si256(rk[NR], z[i]);
+    }
+    rounds::<NR, ENC>(&mut b, rk, &last);
+    for i in 0..W {
+        store256(&mut regs[i], b[i]);
+    }
+}
+
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse2")]
+fn xts_nr<const NR: usize, const ENC: bool>(
+    k1: &RoundKeys,
+    k2: &RoundKeys,
+    ivs: &mut [[u8; 16]],
+    data: &mut [u8],
+    unit: usize,
+) {
+    ni::encrypt_blocks::<NR>(&k2.load(true), ivs);
+    let rk128 = k1.load(ENC);
+    let rk = broadcast_keys(&rk128);
+    for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
+        let mut z = pass_tweaks(load128(iv));
+        let (passes, rest) = sector.as_chunks_mut::<PASS>();
+        for p in passes {
+            let regs: &mut [[u8; 32]; W] =
+                p.as_chunks_mut::<32>().0.try_into().expect("W registers");
+            xts_pass::<NR, ENC>(regs, &z, &rk);
+            // α^(2W) = α^16: two bytes.
+            for t in z.iter_mut() {
+                *t = mul_x8m::<2, 14>(*t);
+            }
+        }
+        if !rest.is_empty() {
+            ni::xts_unit::<NR, ENC>(&rk128, _mm256_castsi256_si128(z[0]), rest);
+        }
+    }
+}
+
+/// XTS over `ivs.len()` data units of `unit` bytes (any multiple of 16); `ivs` is
+/// overwritten with the encrypted tweaks.
+///
+/// # Safety
+/// The CPU must support AVX2, VAES, VPCLMULQDQ and AES-NI.
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse2")]
+pub(super) unsafe fn xts(
+    k1: &RoundKeys,
+    k2: &RoundKeys,
+    ivs: &mut [[u8; 16]],
+    data: &mut [u8],
+    unit: usize,
+    enc: bool,
+) {
+    match (k1.rounds, enc) {
+        (10, true) => xts_nr::<10, true>(k1, k2, ivs, data, unit),
+        (10, false) => xts_nr::<10, false>(k1, k2, ivs, data, unit),
+        (_, true) => xts_nr::<14, true>(k1, k2, ivs, data, unit),
+        (_, false) => xts_nr::<14, false>(k1, k2, ivs, data, unit),
+    }
+}
+
+/// CBC decryption of one data unit starting from `iv`.
+#[target_feature(enable = "avx2,vaes,aes,sse2")]
+fn cbc_decrypt_unit<const NR: usize>(
+    rk128: &[__m128i; 15],
+    rk: &[__m256i; 15],
+    iv: __m128i,
+    data: &mut [u8],
+) {
+    let mut prev = iv;
+    let (passes, rest) = data.as_chunks_mut::<PASS>();
+    for p in passes {
+        let regs: &mut [[u8; 32]; W] = p.as_chunks_mut::<32>().0.try_into().expect("W registers");
+        let mut ct = [_mm256_setzero_si256(); W];
+        let mut b = [_mm256_setzero_si256(); W];
+        let mut last = [rk[NR]; W];
+        for i in 0..W {
+            ct[i] = load256(&regs[i]);
+            b[i] = _mm256_xor_si256(ct[i], rk[0]);
+        }
+        // The block before each register's pair: [previous ciphertext, first of the pair].
+        // Folded into the last round key, as XTS does with its tweak.
+        last[0] = _mm256_xor_si256(
+            last[0],
+            _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(prev),
+                _mm256_castsi256_si128(ct[0]),
+            ),
+        );
+        for i in 1..W {
+            let before = _mm256_permute2x128_si256::<0x21>(ct[i - 1], ct[i]);
+            last[i] = _mm256_xor_si256(last[i], before);
+        }
+        rounds::<NR, false>(&mut b, rk, &last);
+        for i in 0..W {
+            store256(&mut regs[i], b[i]);
+        }
+        prev = _mm256_extracti128_si256::<1>(ct[W - 1]);
+    }
+    ni::cbc_decrypt_unit::<NR>(rk128, prev, rest);
+}
+
+/// CBC decryption over `ivs.len()` data units of `unit` bytes (encryption is one chain per
+/// unit and stays on the AES-NI path, which interleaves units).
+///
+/// # Safety
+/// The CPU must support AVX2, VAES and AES-NI.
+#[target_feature(enable = "avx2,vaes,aes,sse2")]
+pub(super) unsafe fn cbc_decrypt(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], unit: usize) {
+    let rk128 = k.load(false);
+    let rk = broadcast_keys(&rk128);
+    for (iv, unit_data) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
+        if k.rounds == 10 {
+            cbc_decrypt_unit::<10>(&rk128, &rk, load128(iv), unit_data);
+        } else {
+            cbc_decrypt_unit::<14>(&rk128, &rk, load128(iv), unit_data);
+        }
+    }
+}
+
+/// Stores a register pair's low block (tests of the lane helpers).
+#[cfg(test)]
+#[target_feature(enable = "avx2")]
+fn lane(v: __m256i, hi: bool) -> [u8; 16] {
+    use super::keys::store128;
+    let mut b = [0u8; 16];
+    let x = if hi {
+        _mm256_extracti128_si256::<1>(v)
+    } else {
+        _mm256_castsi256_si128(v)
+    };
+    store128(&mut b, x);
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn supported() -> bool {
+        crate::Backend::Vaes256.is_supported()
+    }
+
+    /// T·α^n computed one doubling at a time, as IEEE 1619 defines it.
+    fn alpha_pow(t: [u8; 16], n: usize) -> [u8; 16] {
+        let mut x = u128::from_le_bytes(t);
+        for _ in 0..n {
+            let carry = x >> 127;
+            x = (x << 1) ^ (carry * 0x87);
+        }
+        x.to_le_bytes()
+    }
+
+    #[test]
+    fn pass_tweaks_are_consecutive_powers_of_alpha() {
+        if !supported() {
+            eprintln!("SKIPPED: this CPU has no VAES/VPCLMULQDQ with AVX2 (vaes256 path)");
+            return;
+        }
+        let t: [u8; 16] = core::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0x80);
+        // SAFETY: the features were checked above.
+        unsafe {
+            let mut z = pass_tweaks(load128(&t));
+            for pass in 0..3 {
+                for (i, r) in z.iter().enumerate() {
+                    for hi in [false, true] {
+                        let n = pass * 2 * W + 2 * i + hi as usize;
+                        assert_eq!(lane(*r, hi), alpha_pow(t, n), "pass {pass} reg {i} hi {hi}");
+                    }
+                }
+                for r in z.iter_mut() {
+                    *r = mul_x8m::<2, 14>(*r);
+                }
+            }
+        }
+    }
+}
