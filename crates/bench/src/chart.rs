@@ -13,10 +13,12 @@ const PALETTE: [&str; 12] = [
     "#bcbd22", "#17becf", "#393b79", "#637939",
 ];
 
-pub fn color(i: usize) -> &'static str {
+/// The color of series `i` (the palette repeats after 12).
+pub(crate) fn color(i: usize) -> &'static str {
     PALETTE[i % PALETTE.len()]
 }
 
+/// `s` escaped for SVG text and attributes.
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -30,7 +32,7 @@ fn text_w(s: &str, size: f64) -> f64 {
 }
 
 /// "Nice" linear ticks from 0 to at least `max`.
-pub fn nice_ticks(max: f64) -> Vec<f64> {
+pub(crate) fn nice_ticks(max: f64) -> Vec<f64> {
     let max = if max.is_finite() && max > 0.0 {
         max
     } else {
@@ -48,7 +50,7 @@ pub fn nice_ticks(max: f64) -> Vec<f64> {
 }
 
 /// Tick label: compact, no trailing zeros.
-pub fn fmt_num(v: f64) -> String {
+pub(crate) fn fmt_num(v: f64) -> String {
     let a = v.abs();
     if a >= 1e6 {
         format!("{}M", trim(v / 1e6))
@@ -59,6 +61,7 @@ pub fn fmt_num(v: f64) -> String {
     }
 }
 
+/// `v` with at most two decimals (one from 10 up), trailing zeros dropped.
 fn trim(v: f64) -> String {
     let s = if v.fract() == 0.0 {
         format!("{v:.0}")
@@ -74,15 +77,23 @@ fn trim(v: f64) -> String {
     }
 }
 
+/// A chart's layout in pixels: the whole image, and the plot area inside it.
 struct Frame {
+    /// Image width.
     w: f64,
+    /// Image height.
     h: f64,
+    /// The plot's left edge.
     left: f64,
+    /// The plot's top edge.
     top: f64,
+    /// Plot width.
     pw: f64,
+    /// Plot height.
     ph: f64,
 }
 
+/// Opens the SVG document: white background, centered title.
 fn header(svg: &mut String, w: f64, h: f64, title: &str) {
     let _ = write!(
         svg,
@@ -97,6 +108,12 @@ fn header(svg: &mut String, w: f64, h: f64, title: &str) {
     );
 }
 
+/// Width the legend of `names` takes right of the plot.
+fn legend_width(names: &[String]) -> f64 {
+    names.iter().map(|n| text_w(n, 12.0)).fold(0.0, f64::max) + 40.0
+}
+
+/// A color box and name per series, right of the plot.
 fn legend(svg: &mut String, f: &Frame, names: &[String]) {
     let x = f.left + f.pw + 16.0;
     for (i, n) in names.iter().enumerate() {
@@ -152,39 +169,37 @@ fn y_axis(
 
 /// One line of a line chart.
 #[derive(Clone, Debug)]
-pub struct Series {
-    pub name: String,
+pub(crate) struct Series {
+    /// The legend entry (a target's label).
+    pub(crate) name: String,
     /// (x, y); x values are drawn evenly spaced in sorted order (1, 2, 4, 8 ... jobs).
-    pub points: Vec<(f64, f64)>,
+    pub(crate) points: Vec<(f64, f64)>,
 }
 
-pub struct LineChart {
-    pub title: String,
-    pub x_label: String,
-    pub y_label: String,
-    pub series: Vec<Series>,
+/// Lines over evenly spaced x values (throughput by parallel jobs), y from 0.
+pub(crate) struct LineChart {
+    /// The heading above the plot.
+    pub(crate) title: String,
+    /// The x axis's label.
+    pub(crate) x_label: String,
+    /// The y axis's label (the unit).
+    pub(crate) y_label: String,
+    /// One line each, in legend order.
+    pub(crate) series: Vec<Series>,
 }
 
 impl LineChart {
-    pub fn svg(&self) -> String {
-        let mut xs: Vec<f64> = self
-            .series
-            .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.0))
-            .collect();
-        xs.sort_by(f64::total_cmp);
-        xs.dedup();
+    /// The chart as a standalone SVG document.
+    pub(crate) fn svg(&self) -> String {
+        let xs = self.x_values();
         let ymax = self
             .series
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))
             .fold(0.0, f64::max);
-        let ticks = nice_ticks(ymax * 1.05);
-        let top_v = *ticks.last().unwrap_or(&1.0);
         let names: Vec<String> = self.series.iter().map(|s| s.name.clone()).collect();
-        let legend_w = names.iter().map(|n| text_w(n, 12.0)).fold(0.0, f64::max) + 40.0;
         let f = Frame {
-            w: 80.0 + 520.0 + legend_w,
+            w: 80.0 + 520.0 + legend_width(&names),
             h: 400.0,
             left: 70.0,
             top: 40.0,
@@ -193,9 +208,8 @@ impl LineChart {
         };
         let mut svg = String::new();
         header(&mut svg, f.w, f.h, &self.title);
-        let ypos = |v: f64| f.top + f.ph - v / top_v * f.ph;
-        let tl: Vec<(f64, String)> = ticks.iter().map(|&v| (v, fmt_num(v))).collect();
-        y_axis(&mut svg, &f, &tl, &self.y_label, &ypos);
+        let (ticks, ypos) = linear_scale(ymax, &f);
+        y_axis(&mut svg, &f, &ticks, &self.y_label, &*ypos);
         let n = xs.len().max(1);
         let xpos = |x: f64| {
             let i = xs.iter().position(|&v| v == x).unwrap_or(0);
@@ -205,7 +219,30 @@ impl LineChart {
                 f.left + 30.0 + i as f64 * (f.pw - 60.0) / (n - 1) as f64
             }
         };
-        for &x in &xs {
+        self.x_axis(&mut svg, &f, &xs, &xpos);
+        for (i, s) in self.series.iter().enumerate() {
+            polyline(&mut svg, i, s, &xpos, &*ypos);
+        }
+        legend(&mut svg, &f, &names);
+        svg.push_str("</svg>\n");
+        svg
+    }
+
+    /// Every x value of any series, sorted, once each.
+    fn x_values(&self) -> Vec<f64> {
+        let mut xs: Vec<f64> = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        xs
+    }
+
+    /// The x values under the plot and the x axis's label.
+    fn x_axis(&self, svg: &mut String, f: &Frame, xs: &[f64], xpos: &dyn Fn(f64) -> f64) {
+        for &x in xs {
             let _ = write!(
                 svg,
                 r#"<text x="{:.1}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
@@ -221,70 +258,144 @@ impl LineChart {
             f.top + f.ph + 36.0,
             esc(&self.x_label)
         );
-        for (i, s) in self.series.iter().enumerate() {
-            let mut pts = s.points.clone();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let path: Vec<String> = pts
-                .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", xpos(x), ypos(y)))
-                .collect();
-            let _ = write!(
-                svg,
-                r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>"#,
-                path.join(" "),
-                color(i)
-            );
-            for &(x, y) in &pts {
-                let _ = write!(
-                    svg,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{}"><title>{}: {}</title></circle>"#,
-                    xpos(x),
-                    ypos(y),
-                    color(i),
-                    esc(&s.name),
-                    fmt_num(y)
-                );
-            }
-        }
-        legend(&mut svg, &f, &names);
-        svg.push_str("</svg>\n");
-        svg
+    }
+}
+
+/// Series `i` as a line with a dot (and a tooltip) at each point.
+fn polyline(
+    svg: &mut String,
+    i: usize,
+    s: &Series,
+    xpos: &dyn Fn(f64) -> f64,
+    ypos: &dyn Fn(f64) -> f64,
+) {
+    let mut pts = s.points.clone();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let path: Vec<String> = pts
+        .iter()
+        .map(|&(x, y)| format!("{:.1},{:.1}", xpos(x), ypos(y)))
+        .collect();
+    let _ = write!(
+        svg,
+        r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>"#,
+        path.join(" "),
+        color(i)
+    );
+    for &(x, y) in &pts {
+        let _ = write!(
+            svg,
+            r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{}"><title>{}: {}</title></circle>"#,
+            xpos(x),
+            ypos(y),
+            color(i),
+            esc(&s.name),
+            fmt_num(y)
+        );
     }
 }
 
 /// Maps a value to a y pixel.
 type YPos = Box<dyn Fn(f64) -> f64>;
 
+/// A y axis's labelled ticks and its value-to-pixel mapping.
+type YScale = (Vec<(f64, String)>, YPos);
+
+/// A linear scale from 0 to a "nice" value at least 5 % above `vmax`.
+fn linear_scale(vmax: f64, f: &Frame) -> YScale {
+    let t = nice_ticks(vmax * 1.05);
+    let top_v = *t.last().unwrap_or(&1.0);
+    let (top, ph) = (f.top, f.ph);
+    (
+        t.iter().map(|&v| (v, fmt_num(v))).collect(),
+        Box::new(move |v: f64| top + ph - v / top_v * ph),
+    )
+}
+
+/// A logarithmic scale over whole decades, from the one holding the least of `values` to
+/// at least one decade more, up to `vmax`.
+fn log_scale(values: &[f64], vmax: f64, f: &Frame) -> YScale {
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let lo = if lo.is_finite() { lo } else { 1.0 };
+    let d0 = lo.log10().floor();
+    let d1 = vmax.max(lo * 10.0).log10().ceil().max(d0 + 1.0);
+    let ticks = (d0 as i32..=d1 as i32)
+        .map(|d| (10f64.powi(d), fmt_num(10f64.powi(d))))
+        .collect();
+    let (top, ph) = (f.top, f.ph);
+    (
+        ticks,
+        Box::new(move |v: f64| {
+            let v = v.max(10f64.powf(d0));
+            top + ph - (v.log10() - d0) / (d1 - d0) * ph
+        }),
+    )
+}
+
 /// Grouped bars: one group per category, one bar per series in each group.
-pub struct BarChart {
-    pub title: String,
-    pub y_label: String,
-    pub groups: Vec<String>,
-    pub series: Vec<String>,
+pub(crate) struct BarChart {
+    /// The heading above the plot.
+    pub(crate) title: String,
+    /// The y axis's label (the unit).
+    pub(crate) y_label: String,
+    /// The categories along the x axis, in order.
+    pub(crate) groups: Vec<String>,
+    /// The bars of each group, in legend order.
+    pub(crate) series: Vec<String>,
     /// `values[group][series]`; `None` leaves a gap.
-    pub values: Vec<Vec<Option<f64>>>,
+    pub(crate) values: Vec<Vec<Option<f64>>>,
     /// Logarithmic y axis (latencies).
-    pub log_y: bool,
+    pub(crate) log_y: bool,
     /// A dashed reference line (100 % of plain).
-    pub reference: Option<f64>,
+    pub(crate) reference: Option<f64>,
 }
 
 impl BarChart {
-    pub fn svg(&self) -> String {
-        let all: Vec<f64> = self
-            .values
+    /// The chart as a standalone SVG document.
+    pub(crate) fn svg(&self) -> String {
+        let all = self.drawable_values();
+        let vmax = all
+            .iter()
+            .copied()
+            .fold(self.reference.unwrap_or(0.0), f64::max);
+        let group_w = (self.series.len().max(1) as f64 * 14.0 + 16.0).max(50.0);
+        let f = self.frame(group_w);
+        let mut svg = String::new();
+        header(&mut svg, f.w, f.h, &self.title);
+        let (ticks, pos) = if self.log_y {
+            log_scale(&all, vmax, &f)
+        } else {
+            linear_scale(vmax, &f)
+        };
+        y_axis(&mut svg, &f, &ticks, &self.y_label, &*pos);
+        self.bars(&mut svg, &f, group_w, &*pos);
+        if let Some(r) = self.reference {
+            let y = pos(r);
+            let _ = write!(
+                svg,
+                r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#000000" stroke-dasharray="6,4"/>"##,
+                f.left,
+                f.left + f.pw
+            );
+        }
+        legend(&mut svg, &f, &self.series);
+        svg.push_str("</svg>\n");
+        svg
+    }
+
+    /// The values that get a bar: finite and positive.
+    fn drawable_values(&self) -> Vec<f64> {
+        self.values
             .iter()
             .flatten()
             .flatten()
             .copied()
             .filter(|v| v.is_finite() && *v > 0.0)
-            .collect();
-        let vmax = all
-            .iter()
-            .copied()
-            .fold(self.reference.unwrap_or(0.0), f64::max);
-        let nb = self.series.len().max(1) as f64;
-        let group_w = (nb * 14.0 + 16.0).max(50.0);
+            .collect()
+    }
+
+    /// The layout for groups `group_w` pixels wide, with room below the plot for the
+    /// rotated group labels.
+    fn frame(&self, group_w: f64) -> Frame {
         let pw = (group_w * self.groups.len().max(1) as f64).max(360.0);
         let longest = self
             .groups
@@ -294,49 +405,20 @@ impl BarChart {
         let bottom = 20.0 + longest * 0.6;
         // Labels are rotated 35°: the first one reaches left of the plot.
         let left = 70f64.max(longest * 0.82 - group_w / 2.0 + 10.0);
-        let legend_w = self
-            .series
-            .iter()
-            .map(|n| text_w(n, 12.0))
-            .fold(0.0, f64::max)
-            + 40.0;
         let ph = 300.0;
-        let f = Frame {
-            w: left + 10.0 + pw + legend_w,
+        Frame {
+            w: left + 10.0 + pw + legend_width(&self.series),
             h: 40.0 + ph + bottom + 10.0,
             left,
             top: 40.0,
             pw,
             ph,
-        };
-        let mut svg = String::new();
-        header(&mut svg, f.w, f.h, &self.title);
-        let (ticks, pos): (Vec<(f64, String)>, YPos) = if self.log_y {
-            let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
-            let lo = if lo.is_finite() { lo } else { 1.0 };
-            let d0 = lo.log10().floor();
-            let d1 = vmax.max(lo * 10.0).log10().ceil().max(d0 + 1.0);
-            let ticks = (d0 as i32..=d1 as i32)
-                .map(|d| (10f64.powi(d), fmt_num(10f64.powi(d))))
-                .collect();
-            let (top, ph) = (f.top, f.ph);
-            (
-                ticks,
-                Box::new(move |v: f64| {
-                    let v = v.max(10f64.powf(d0));
-                    top + ph - (v.log10() - d0) / (d1 - d0) * ph
-                }),
-            )
-        } else {
-            let t = nice_ticks(vmax * 1.05);
-            let top_v = *t.last().unwrap_or(&1.0);
-            let (top, ph) = (f.top, f.ph);
-            (
-                t.iter().map(|&v| (v, fmt_num(v))).collect(),
-                Box::new(move |v: f64| top + ph - v / top_v * ph),
-            )
-        };
-        y_axis(&mut svg, &f, &ticks, &self.y_label, &*pos);
+        }
+    }
+
+    /// Each group's bars (with tooltips) and its rotated label.
+    fn bars(&self, svg: &mut String, f: &Frame, group_w: f64, pos: &dyn Fn(f64) -> f64) {
+        let nb = self.series.len().max(1) as f64;
         let base_y = f.top + f.ph;
         for (gi, g) in self.groups.iter().enumerate() {
             let gx = f.left + gi as f64 * group_w + 8.0;
@@ -364,21 +446,10 @@ impl BarChart {
                 esc(g)
             );
         }
-        if let Some(r) = self.reference {
-            let y = pos(r);
-            let _ = write!(
-                svg,
-                r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#000000" stroke-dasharray="6,4"/>"##,
-                f.left,
-                f.left + f.pw
-            );
-        }
-        legend(&mut svg, &f, &self.series);
-        svg.push_str("</svg>\n");
-        svg
     }
 }
 
+/// The system fonts, loaded once; sans-serif is the first of the usual families found.
 fn fontdb() -> &'static Arc<usvg::fontdb::Database> {
     static DB: OnceLock<Arc<usvg::fontdb::Database>> = OnceLock::new();
     DB.get_or_init(|| {
@@ -401,12 +472,12 @@ fn fontdb() -> &'static Arc<usvg::fontdb::Database> {
 }
 
 /// Whether PNG charts get text (some system font was found).
-pub fn fonts_available() -> bool {
+pub(crate) fn fonts_available() -> bool {
     !fontdb().is_empty()
 }
 
 /// Rasterizes an SVG document to PNG bytes.
-pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn svg_to_png(svg: &str) -> Result<Vec<u8>, String> {
     let opt = usvg::Options {
         fontdb: fontdb().clone(),
         ..usvg::Options::default()
@@ -430,11 +501,17 @@ pub fn write_svg_png(svg: &str, base: &Path) -> Result<(), String> {
 /// One figure of `cryptblk benchmark`.
 #[derive(Clone, Debug)]
 pub struct CipherRow {
+    /// The cipher, e.g. `aes-xts-plain64`.
     pub cipher: String,
+    /// Key size in bits.
     pub key_bits: usize,
+    /// Encryption sector size in bytes.
     pub sector_size: u32,
+    /// Bytes per encrypt or decrypt call.
     pub request_size: usize,
+    /// Encryption speed in MB/s (MB = 10^6 bytes).
     pub encrypt_mb_s: f64,
+    /// Decryption speed in MB/s (MB = 10^6 bytes).
     pub decrypt_mb_s: f64,
 }
 

@@ -19,6 +19,7 @@ pub enum Family {
 }
 
 impl Family {
+    /// The heading of this family's section in the report.
     pub fn title(self) -> &'static str {
         match self {
             Family::Cloudflare => "Cloudflare test (4k readwrite, QD1)",
@@ -34,12 +35,15 @@ impl Family {
 pub struct Workload {
     /// Unique and file-name safe, e.g. `cybozu-randread-4k-j2`.
     pub id: String,
+    /// The experiment this workload belongs to (decides its table and chart).
     pub family: Family,
     /// fio's `rw`: read, write, randread, randwrite, readwrite, randrw.
     pub rw: String,
     /// fio's `bs`, e.g. `4k`.
     pub bs: String,
+    /// fio's `iodepth`: I/Os in flight per job.
     pub iodepth: u32,
+    /// fio's `numjobs`: parallel jobs (one NBD connection or one thread each).
     pub numjobs: u32,
     /// Flush after every write.
     #[serde(default)]
@@ -47,6 +51,7 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// A workload without a flush per write.
     pub fn new(id: &str, family: Family, rw: &str, bs: &str, iodepth: u32, numjobs: u32) -> Self {
         Workload {
             id: id.to_string(),
@@ -64,10 +69,12 @@ impl Workload {
         format!("{} {}", self.rw, self.bs)
     }
 
+    /// Whether the workload issues reads (it has read latencies).
     pub fn reads(&self) -> bool {
         self.rw.contains("read") || self.rw.contains("rw")
     }
 
+    /// Whether the workload issues writes (it has write latencies).
     pub fn writes(&self) -> bool {
         self.rw.contains("write") || self.rw.contains("rw")
     }
@@ -94,9 +101,15 @@ impl Workload {
 #[serde(rename_all = "lowercase")]
 pub enum IoPath {
     /// fio's nbd engine (libnbd); each job opens its own connection.
-    Nbd { uri: String },
+    Nbd {
+        /// The NBD URI, e.g. `nbd+unix:///?socket=/dev/shm/x/nbd.sock`.
+        uri: String,
+    },
     /// A block device (inside the VM), O_DIRECT.
-    Block { path: String },
+    Block {
+        /// The device node, e.g. `/dev/ram0`.
+        path: String,
+    },
 }
 
 /// Run length and data set size shared by every job of a run.
@@ -164,6 +177,7 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
+/// `prog args...` as one shell-quoted line, for the report and the guest script.
 pub fn command_line(prog: &str, args: &[String]) -> String {
     let mut s = shell_quote(prog);
     for a in args {
@@ -176,26 +190,47 @@ pub fn command_line(prog: &str, args: &[String]) -> String {
 /// Completion-latency percentiles of one direction, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
+    /// Median, µs.
     pub p50: f64,
+    /// 99th percentile, µs.
     pub p99: f64,
+    /// 99.9th percentile, µs.
     pub p999: f64,
 }
 
 /// One direction (read or write) of a fio result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DirStats {
+    /// I/Os completed in this direction (0: the workload does not read, or write).
     pub ios: u64,
     /// Bytes per second.
     pub bw_bytes: f64,
+    /// I/Os per second.
     pub iops: f64,
+    /// Completion latency percentiles, µs.
     pub clat_us: Percentiles,
 }
 
 /// What the report uses of one fio JSON output.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FioResult {
+    /// The read side.
     pub read: DirStats,
+    /// The write side.
     pub write: DirStats,
+}
+
+impl DirStats {
+    /// Folds in another job entry of the same direction: rates add up, percentiles keep
+    /// the worst.
+    fn merge(&mut self, d: DirStats) {
+        self.ios += d.ios;
+        self.bw_bytes += d.bw_bytes;
+        self.iops += d.iops;
+        self.clat_us.p50 = self.clat_us.p50.max(d.clat_us.p50);
+        self.clat_us.p99 = self.clat_us.p99.max(d.clat_us.p99);
+        self.clat_us.p999 = self.clat_us.p999.max(d.clat_us.p999);
+    }
 }
 
 impl FioResult {
@@ -203,6 +238,8 @@ impl FioResult {
     pub fn mb_s(&self) -> f64 {
         (self.read.bw_bytes + self.write.bw_bytes) / 1e6
     }
+
+    /// Read + write I/Os per second.
     pub fn iops(&self) -> f64 {
         self.read.iops + self.write.iops
     }
@@ -240,11 +277,7 @@ fn dir_stats(job: &Value, dir: &str) -> Result<DirStats, String> {
 /// Parses fio's `--output-format=json` (run with `--group_reporting`: one job entry).
 /// A job that reports an error fails the parse.
 pub fn parse_fio_json(text: &str) -> Result<FioResult, String> {
-    // fio may print warnings before the JSON object.
-    let start = text
-        .find('{')
-        .ok_or_else(|| "fio output has no JSON object".to_string())?;
-    let v: Value = serde_json::from_str(&text[start..]).map_err(|e| format!("fio JSON: {e}"))?;
+    let v = json_object(text)?;
     let jobs = v
         .get("jobs")
         .and_then(Value::as_array)
@@ -259,17 +292,22 @@ pub fn parse_fio_json(text: &str) -> Result<FioResult, String> {
         }
         let r = dir_stats(job, "read")?;
         let w = dir_stats(job, "write")?;
-        // Several entries only without group_reporting: sum rates, keep the worst percentiles.
-        for (acc, d) in [(&mut out.read, r), (&mut out.write, w)] {
-            acc.ios += d.ios;
-            acc.bw_bytes += d.bw_bytes;
-            acc.iops += d.iops;
-            acc.clat_us.p50 = acc.clat_us.p50.max(d.clat_us.p50);
-            acc.clat_us.p99 = acc.clat_us.p99.max(d.clat_us.p99);
-            acc.clat_us.p999 = acc.clat_us.p999.max(d.clat_us.p999);
-        }
+        // Several entries only without group_reporting.
+        out.read.merge(r);
+        out.write.merge(w);
     }
     Ok(out)
+}
+
+/// The first character of fio's JSON output.
+const JSON_START: char = '{';
+
+/// The JSON object in fio's output; fio may print warnings before it.
+fn json_object(text: &str) -> Result<Value, String> {
+    let start = text
+        .find(JSON_START)
+        .ok_or_else(|| "fio output has no JSON object".to_string())?;
+    serde_json::from_str(&text[start..]).map_err(|e| format!("fio JSON: {e}"))
 }
 
 fn errno_name(e: i64) -> &'static str {

@@ -5,13 +5,13 @@
 #![forbid(unsafe_code)]
 
 pub mod chart;
-pub mod fio;
-pub mod model;
+mod fio;
+mod model;
 pub mod preset;
 pub mod report;
 pub mod runner;
 pub mod target;
-pub mod vm;
+mod vm;
 
 pub use preset::Preset;
 pub use runner::{Config, run};

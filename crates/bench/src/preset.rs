@@ -3,16 +3,21 @@
 use crate::fio::{Family, Workload};
 use serde::{Deserialize, Serialize};
 
+/// A workload matrix with its run length, repetitions and device size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Preset {
+    /// A small matrix, 1 s runs, 2 repetitions, 256 MiB: under two minutes.
     Quick,
+    /// The Cybozu matrix up to 4 jobs, Ceph 4M/4K, 2 s runs, 3 repetitions, 1 GiB.
     Standard,
+    /// The Cybozu matrix up to 16 jobs, Ceph 4M/4K, 10 s runs, 5 repetitions, 4 GiB.
     Full,
 }
 
 impl Preset {
-    pub fn name(self) -> &'static str {
+    /// The preset's name as the report shows it (and `from_str` takes it).
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Preset::Quick => "quick",
             Preset::Standard => "standard",
@@ -21,7 +26,7 @@ impl Preset {
     }
 
     /// Seconds per fio run.
-    pub fn runtime(self) -> u32 {
+    pub(crate) fn runtime(self) -> u32 {
         match self {
             Preset::Quick => 1,
             Preset::Standard => 2,
@@ -30,7 +35,7 @@ impl Preset {
     }
 
     /// Runs per figure (min / median / max are shown).
-    pub fn repeats(self) -> u32 {
+    pub(crate) fn repeats(self) -> u32 {
         match self {
             Preset::Quick => 2,
             Preset::Standard => 3,
@@ -39,7 +44,7 @@ impl Preset {
     }
 
     /// Bytes of each device or image.
-    pub fn size(self) -> u64 {
+    pub(crate) fn size(self) -> u64 {
         match self {
             Preset::Quick => 256 << 20,
             Preset::Standard => 1 << 30,
@@ -47,7 +52,8 @@ impl Preset {
         }
     }
 
-    pub fn workloads(self) -> Vec<Workload> {
+    /// The workloads, in report order.
+    pub(crate) fn workloads(self) -> Vec<Workload> {
         let mut v = vec![Workload::new(
             "cloudflare-4k-rw-qd1",
             Family::Cloudflare,

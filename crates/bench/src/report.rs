@@ -2,21 +2,25 @@
 
 use crate::chart::{BarChart, LineChart, Series, write_svg_png};
 use crate::fio::{Family, FioResult, Percentiles, Workload, parse_fio_json};
-use crate::model::{Index, Status, TargetRecord};
+use crate::model::{Index, Meta, Status, TargetRecord};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// min / median / max of the repetitions of one figure.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Agg {
-    pub min: f64,
-    pub median: f64,
-    pub max: f64,
+pub(crate) struct Agg {
+    /// The smallest value.
+    pub(crate) min: f64,
+    /// The middle value (the mean of the two middle ones for an even count).
+    pub(crate) median: f64,
+    /// The largest value.
+    pub(crate) max: f64,
 }
 
 impl Agg {
-    pub fn of(v: &[f64]) -> Option<Agg> {
+    /// The aggregate of `v`; `None` if it is empty.
+    pub(crate) fn of(v: &[f64]) -> Option<Agg> {
         if v.is_empty() {
             return None;
         }
@@ -38,18 +42,21 @@ impl Agg {
 
 /// The results of one target on one workload.
 #[derive(Clone, Debug, Default)]
-pub struct Cell {
-    pub results: Vec<FioResult>,
-    pub errors: Vec<String>,
+pub(crate) struct Cell {
+    /// One per repetition that produced a result.
+    pub(crate) results: Vec<FioResult>,
+    /// One per repetition that did not: `rep N: why`.
+    pub(crate) errors: Vec<String>,
 }
 
 impl Cell {
-    pub fn agg(&self, f: impl Fn(&FioResult) -> f64) -> Option<Agg> {
+    /// `f` aggregated over the repetitions; `None` without results.
+    pub(crate) fn agg(&self, f: impl Fn(&FioResult) -> f64) -> Option<Agg> {
         Agg::of(&self.results.iter().map(f).collect::<Vec<_>>())
     }
 
     /// Median of each percentile over the repetitions, for one direction.
-    pub fn percentiles(&self, write: bool) -> Option<Percentiles> {
+    pub(crate) fn percentiles(&self, write: bool) -> Option<Percentiles> {
         let d = |r: &FioResult| if write { r.write } else { r.read };
         if self.results.iter().all(|r| d(r).ios == 0) {
             return None;
@@ -73,13 +80,17 @@ impl Cell {
 }
 
 /// Everything loaded: (target id, workload id) → cell.
-pub struct Data {
-    pub index: Index,
-    pub cells: BTreeMap<(String, String), Cell>,
+pub(crate) struct Data {
+    /// The index the cells were loaded from.
+    pub(crate) index: Index,
+    /// The runs' results, grouped by target and workload.
+    pub(crate) cells: BTreeMap<(String, String), Cell>,
 }
 
 impl Data {
-    pub fn load(dir: &Path) -> Result<Data, String> {
+    /// Loads `runs.json` of the report directory `dir` and every fio JSON it points to; a
+    /// file that cannot be read or parsed is an error of its cell, not of the load.
+    pub(crate) fn load(dir: &Path) -> Result<Data, String> {
         let index = Index::load(dir)?;
         let mut cells: BTreeMap<(String, String), Cell> = BTreeMap::new();
         for r in &index.runs {
@@ -102,12 +113,14 @@ impl Data {
         Ok(Data { index, cells })
     }
 
-    pub fn cell(&self, target: &str, workload: &str) -> Option<&Cell> {
+    /// The cell of `target` on `workload`, if it has any result.
+    pub(crate) fn cell(&self, target: &str, workload: &str) -> Option<&Cell> {
         self.cells
             .get(&(target.to_string(), workload.to_string()))
             .filter(|c| !c.results.is_empty())
     }
 
+    /// The targets of `env` ("host" or "vm") that ran.
     fn targets(&self, env: &str) -> Vec<&TargetRecord> {
         self.index
             .targets
@@ -117,7 +130,7 @@ impl Data {
     }
 
     /// Median MB/s of `t` as a percentage of its baseline's.
-    pub fn pct_of_plain(&self, t: &TargetRecord, w: &str) -> Option<f64> {
+    pub(crate) fn pct_of_plain(&self, t: &TargetRecord, w: &str) -> Option<f64> {
         let b = t.baseline.as_deref()?;
         let a = self.cell(&t.id, w)?.agg(FioResult::mb_s)?.median;
         let p = self.cell(b, w)?.agg(FioResult::mb_s)?.median;
@@ -125,18 +138,22 @@ impl Data {
     }
 }
 
+/// MB/s, one decimal.
 fn mb(v: f64) -> String {
     format!("{v:.1}")
 }
 
+/// `median (min–max)`, each formatted with `f`.
 fn agg3(a: Agg, f: fn(f64) -> String) -> String {
     format!("{} ({}–{})", f(a.median), f(a.min), f(a.max))
 }
 
+/// IOPS, no decimals.
 fn iops(v: f64) -> String {
     format!("{v:.0}")
 }
 
+/// `p50 / p99 / p99.9` in µs, or "–" without any.
 fn lat(p: Option<Percentiles>) -> String {
     match p {
         Some(p) => format!("{:.1} / {:.1} / {:.1}", p.p50, p.p99, p.p999),
@@ -144,10 +161,12 @@ fn lat(p: Option<Percentiles>) -> String {
     }
 }
 
+/// `s` made safe for a Markdown table cell.
 fn md_cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
+/// Bytes as whole GiB when they are, else MiB.
 fn human_size(b: u64) -> String {
     if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
         format!("{} GiB", b >> 30)
@@ -160,11 +179,37 @@ fn human_size(b: u64) -> String {
 /// files written (SVG and PNG).
 pub fn generate(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let data = Data::load(dir)?;
-    let charts_dir = dir.join("charts");
-    std::fs::create_dir_all(&charts_dir).map_err(|e| format!("{}: {e}", charts_dir.display()))?;
-    let mut charts = Vec::new();
-    let m = &data.index.meta;
+    let mut charts = ChartWriter::new(dir)?;
     let mut md = String::new();
+    intro(&mut md, &data.index.meta);
+    environment(&mut md, &data.index.meta);
+    targets_table(&mut md, &data.index.targets);
+    for env in ["host", "vm"] {
+        let targets = data.targets(env);
+        if targets.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "\n## Results: {}\n",
+            if env == "vm" {
+                "VM guest (fio on block devices, O_DIRECT)"
+            } else {
+                "host (fio's nbd engine over a unix socket)"
+            }
+        );
+        section_tables(&mut md, &data, &targets);
+        section_charts(&mut md, &data, env, &targets, &mut charts)?;
+    }
+    failures(&mut md, &data);
+    commands(&mut md, &data);
+    let p = dir.join("report.md");
+    std::fs::write(&p, md).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(charts.written)
+}
+
+/// The title, how to read the figures, and the run's caveats.
+fn intro(md: &mut String, m: &Meta) {
     let _ = writeln!(md, "# cryptblk bench report\n");
     let _ = writeln!(
         md,
@@ -189,16 +234,25 @@ pub fn generate(dir: &Path) -> Result<Vec<PathBuf>, String> {
     for n in &notes {
         let _ = writeln!(md, "> **Note:** {n}\n");
     }
+}
+
+/// The machine the run was on (CPU, kernel, tool versions, ...).
+fn environment(md: &mut String, m: &Meta) {
     let _ = writeln!(md, "## Environment\n\n| | |\n|---|---|");
     for (k, v) in &m.env {
         let _ = writeln!(md, "| {} | {} |", md_cell(k), md_cell(v));
     }
+}
+
+/// Every target with where it ran, what it is compared with and whether it ran; then
+/// those that did not run, with the reason.
+fn targets_table(md: &mut String, targets: &[TargetRecord]) {
     let _ = writeln!(md, "\n## Targets\n");
     let _ = writeln!(
         md,
         "| target | where | encrypted | compared with | status |\n|---|---|---|---|---|"
     );
-    for t in &data.index.targets {
+    for t in targets {
         let status = match t.status {
             Status::Ok => "ran".to_string(),
             Status::Skipped => format!(
@@ -225,12 +279,7 @@ pub fn generate(dir: &Path) -> Result<Vec<PathBuf>, String> {
             status
         );
     }
-    let not_run: Vec<&TargetRecord> = data
-        .index
-        .targets
-        .iter()
-        .filter(|t| t.status != Status::Ok)
-        .collect();
+    let not_run: Vec<&TargetRecord> = targets.iter().filter(|t| t.status != Status::Ok).collect();
     if !not_run.is_empty() {
         let _ = writeln!(md, "\nNot run:\n");
         for t in not_run {
@@ -242,30 +291,9 @@ pub fn generate(dir: &Path) -> Result<Vec<PathBuf>, String> {
             );
         }
     }
-    for env in ["host", "vm"] {
-        let targets = data.targets(env);
-        if targets.is_empty() {
-            continue;
-        }
-        let _ = writeln!(
-            md,
-            "\n## Results: {}\n",
-            if env == "vm" {
-                "VM guest (fio on block devices, O_DIRECT)"
-            } else {
-                "host (fio's nbd engine over a unix socket)"
-            }
-        );
-        section_tables(&mut md, &data, &targets);
-        section_charts(&mut md, &data, env, &targets, &charts_dir, &mut charts)?;
-    }
-    failures(&mut md, &data);
-    commands(&mut md, &data);
-    let p = dir.join("report.md");
-    std::fs::write(&p, md).map_err(|e| format!("{}: {e}", p.display()))?;
-    Ok(charts)
 }
 
+/// The workloads of family `f`, in report order.
 fn workloads_of(data: &Data, f: Family) -> Vec<&Workload> {
     data.index
         .workloads
@@ -274,171 +302,239 @@ fn workloads_of(data: &Data, f: Family) -> Vec<&Workload> {
         .collect()
 }
 
+/// The Cybozu patterns (rw and block size), in report order: one table or chart each,
+/// with the job counts across.
+fn cybozu_patterns(cybozu: &[&Workload]) -> Vec<String> {
+    let mut patterns: Vec<String> = cybozu.iter().map(|w| w.pattern()).collect();
+    patterns.dedup();
+    patterns
+}
+
+/// The targets that have a baseline (encrypted, and cipher_null): those with a
+/// "% of plain".
+fn compared<'a>(targets: &[&'a TargetRecord]) -> Vec<&'a TargetRecord> {
+    targets
+        .iter()
+        .copied()
+        .filter(|t| t.baseline.is_some())
+        .collect()
+}
+
+/// "N %" of a percentage, or "–" without one.
+fn pct(p: Option<f64>) -> String {
+    p.map_or("–".into(), |p| format!("{p:.0} %"))
+}
+
+/// A table's header row with `first` and then `columns`, and the separator row.
+fn header_row(md: &mut String, first: &str, columns: &[String]) {
+    let _ = write!(md, "| {first} |");
+    for c in columns {
+        let _ = write!(md, " {c} |");
+    }
+    let _ = write!(md, "\n|---|");
+    for _ in columns {
+        let _ = write!(md, "---|");
+    }
+    let _ = writeln!(md);
+}
+
+/// The result tables of one environment: per workload, then the Cybozu matrix, then the
+/// "% of plain" summary.
 fn section_tables(md: &mut String, data: &Data, targets: &[&TargetRecord]) {
     for fam in [Family::Cloudflare, Family::Ceph, Family::Sync] {
         for w in workloads_of(data, fam) {
-            let _ = writeln!(md, "### {}: {}\n", fam.title(), w.describe());
-            let _ = writeln!(
-                md,
-                "| target | MB/s | IOPS | read clat µs p50 / p99 / p99.9 | write clat µs p50 / p99 / p99.9 | % of plain |\n|---|---|---|---|---|---|"
-            );
-            for t in targets {
-                let Some(c) = data.cell(&t.id, &w.id) else {
-                    let _ = writeln!(md, "| {} | no result | | | | |", md_cell(&t.label));
-                    continue;
-                };
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {} | {} | {} | {} |",
-                    md_cell(&t.label),
-                    c.agg(FioResult::mb_s).map_or("–".into(), |a| agg3(a, mb)),
-                    c.agg(FioResult::iops).map_or("–".into(), |a| agg3(a, iops)),
-                    lat(c.percentiles(false)),
-                    lat(c.percentiles(true)),
-                    data.pct_of_plain(t, &w.id)
-                        .map_or("–".into(), |p| format!("{p:.0} %"))
-                );
-            }
-            let _ = writeln!(md);
+            workload_table(md, data, fam, w, targets);
         }
     }
-    // Cybozu: one table per pattern, jobs across.
     let cy = workloads_of(data, Family::Cybozu);
-    let mut patterns: Vec<String> = cy.iter().map(|w| w.pattern()).collect();
-    patterns.dedup();
-    for pat in patterns {
-        let ws: Vec<&&Workload> = cy.iter().filter(|w| w.pattern() == pat).collect();
-        let _ = writeln!(
-            md,
-            "### {}: {pat}, MB/s (IOPS) by parallel jobs\n",
-            Family::Cybozu.title()
-        );
-        let _ = write!(md, "| target |");
-        for w in &ws {
-            let _ = write!(
-                md,
-                " {} job{} |",
-                w.numjobs,
-                if w.numjobs == 1 { "" } else { "s" }
-            );
-        }
-        let _ = write!(md, "\n|---|");
-        for _ in &ws {
-            let _ = write!(md, "---|");
-        }
-        let _ = writeln!(md);
-        for t in targets {
-            let _ = write!(md, "| {} |", md_cell(&t.label));
-            for w in &ws {
-                match data.cell(&t.id, &w.id) {
-                    Some(c) => {
-                        let a = c.agg(FioResult::mb_s);
-                        let i = c.agg(FioResult::iops);
-                        let _ = write!(
-                            md,
-                            " {} ({}) |",
-                            a.map_or("–".into(), |a| agg3(a, mb)),
-                            i.map_or("–".into(), |a| iops(a.median))
-                        );
-                    }
-                    None => {
-                        let _ = write!(md, " no result |");
-                    }
-                }
-            }
-            let _ = writeln!(md);
-        }
-        let _ = writeln!(md);
+    for pat in cybozu_patterns(&cy) {
+        let ws: Vec<&Workload> = cy.iter().copied().filter(|w| w.pattern() == pat).collect();
+        cybozu_table(md, data, &pat, &ws, targets);
     }
-    // Encrypted (and cipher_null) as % of plain.
-    let cmp: Vec<&&TargetRecord> = targets.iter().filter(|t| t.baseline.is_some()).collect();
+    let cmp = compared(targets);
     if !cmp.is_empty() {
-        let _ = writeln!(
-            md,
-            "### Throughput as % of plain (median MB/s of the target / median MB/s of its baseline)\n"
-        );
-        let _ = write!(md, "| workload |");
-        for t in &cmp {
-            let _ = write!(
-                md,
-                " {} (vs {}) |",
-                md_cell(&t.label),
-                t.baseline.as_deref().unwrap_or("")
-            );
-        }
-        let _ = write!(md, "\n|---|");
-        for _ in &cmp {
-            let _ = write!(md, "---|");
-        }
-        let _ = writeln!(md);
-        for w in &data.index.workloads {
-            let _ = write!(md, "| {} |", w.id);
-            for t in &cmp {
-                let _ = write!(
-                    md,
-                    " {} |",
-                    data.pct_of_plain(t, &w.id)
-                        .map_or("–".into(), |p| format!("{p:.0} %"))
-                );
-            }
-            let _ = writeln!(md);
-        }
-        let _ = writeln!(md);
+        pct_of_plain_table(md, data, &cmp);
     }
 }
 
-fn chart_link(md: &mut String, dir: &Path, base: &Path, alt: &str) {
-    let rel = base.strip_prefix(dir).unwrap_or(base);
+/// One workload: a row per target with throughput, IOPS, latencies and % of plain.
+fn workload_table(
+    md: &mut String,
+    data: &Data,
+    fam: Family,
+    w: &Workload,
+    targets: &[&TargetRecord],
+) {
+    let _ = writeln!(md, "### {}: {}\n", fam.title(), w.describe());
     let _ = writeln!(
         md,
-        "![{}]({}.png) ([SVG]({}.svg))\n",
-        alt,
-        rel.display(),
-        rel.display()
+        "| target | MB/s | IOPS | read clat µs p50 / p99 / p99.9 | write clat µs p50 / p99 / p99.9 | % of plain |\n|---|---|---|---|---|---|"
     );
+    for t in targets {
+        let Some(c) = data.cell(&t.id, &w.id) else {
+            let _ = writeln!(md, "| {} | no result | | | | |", md_cell(&t.label));
+            continue;
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            md_cell(&t.label),
+            c.agg(FioResult::mb_s).map_or("–".into(), |a| agg3(a, mb)),
+            c.agg(FioResult::iops).map_or("–".into(), |a| agg3(a, iops)),
+            lat(c.percentiles(false)),
+            lat(c.percentiles(true)),
+            pct(data.pct_of_plain(t, &w.id))
+        );
+    }
+    let _ = writeln!(md);
 }
 
+/// One Cybozu pattern: MB/s (IOPS) per target (rows) and job count (columns).
+fn cybozu_table(
+    md: &mut String,
+    data: &Data,
+    pat: &str,
+    ws: &[&Workload],
+    targets: &[&TargetRecord],
+) {
+    let _ = writeln!(
+        md,
+        "### {}: {pat}, MB/s (IOPS) by parallel jobs\n",
+        Family::Cybozu.title()
+    );
+    let columns: Vec<String> = ws
+        .iter()
+        .map(|w| format!("{} job{}", w.numjobs, if w.numjobs == 1 { "" } else { "s" }))
+        .collect();
+    header_row(md, "target", &columns);
+    for t in targets {
+        let _ = write!(md, "| {} |", md_cell(&t.label));
+        for w in ws {
+            match data.cell(&t.id, &w.id) {
+                Some(c) => {
+                    let a = c.agg(FioResult::mb_s);
+                    let i = c.agg(FioResult::iops);
+                    let _ = write!(
+                        md,
+                        " {} ({}) |",
+                        a.map_or("–".into(), |a| agg3(a, mb)),
+                        i.map_or("–".into(), |a| iops(a.median))
+                    );
+                }
+                None => {
+                    let _ = write!(md, " no result |");
+                }
+            }
+        }
+        let _ = writeln!(md);
+    }
+    let _ = writeln!(md);
+}
+
+/// Every workload (rows) of every compared target (columns) as % of its baseline.
+fn pct_of_plain_table(md: &mut String, data: &Data, cmp: &[&TargetRecord]) {
+    let _ = writeln!(
+        md,
+        "### Throughput as % of plain (median MB/s of the target / median MB/s of its baseline)\n"
+    );
+    let columns: Vec<String> = cmp
+        .iter()
+        .map(|t| {
+            format!(
+                "{} (vs {})",
+                md_cell(&t.label),
+                t.baseline.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    header_row(md, "workload", &columns);
+    for w in &data.index.workloads {
+        let _ = write!(md, "| {} |", w.id);
+        for t in cmp {
+            let _ = write!(md, " {} |", pct(data.pct_of_plain(t, &w.id)));
+        }
+        let _ = writeln!(md);
+    }
+    let _ = writeln!(md);
+}
+
+/// Writes charts as SVG and PNG under `charts/` and links them from the report.
+struct ChartWriter {
+    /// The report directory (links are relative to it).
+    dir: PathBuf,
+    /// `dir/charts`.
+    charts_dir: PathBuf,
+    /// The files written so far.
+    written: Vec<PathBuf>,
+}
+
+impl ChartWriter {
+    /// Creates `dir/charts`.
+    fn new(dir: &Path) -> Result<Self, String> {
+        let charts_dir = dir.join("charts");
+        std::fs::create_dir_all(&charts_dir)
+            .map_err(|e| format!("{}: {e}", charts_dir.display()))?;
+        Ok(ChartWriter {
+            dir: dir.to_path_buf(),
+            charts_dir,
+            written: Vec::new(),
+        })
+    }
+
+    /// Writes `charts/name.svg` and `.png` and links the PNG (and the SVG) in `md`.
+    fn emit(&mut self, md: &mut String, name: &str, svg: &str, alt: &str) -> Result<(), String> {
+        let base = self.charts_dir.join(name);
+        write_svg_png(svg, &base)?;
+        self.written.push(base.with_extension("svg"));
+        self.written.push(base.with_extension("png"));
+        let rel = base.strip_prefix(&self.dir).unwrap_or(&base);
+        let _ = writeln!(
+            md,
+            "![{}]({}.png) ([SVG]({}.svg))\n",
+            alt,
+            rel.display(),
+            rel.display()
+        );
+        Ok(())
+    }
+}
+
+/// The charts of one environment: Cybozu throughput and IOPS by jobs, latency
+/// percentiles per workload and direction, and "% of plain".
 fn section_charts(
     md: &mut String,
     data: &Data,
     env: &str,
     targets: &[&TargetRecord],
-    charts_dir: &Path,
-    out: &mut Vec<PathBuf>,
+    charts: &mut ChartWriter,
 ) -> Result<(), String> {
-    let dir = charts_dir.parent().unwrap_or(charts_dir);
-    let mut emit = |md: &mut String, name: String, svg: String, alt: &str| -> Result<(), String> {
-        let base = charts_dir.join(name);
-        write_svg_png(&svg, &base)?;
-        out.push(base.with_extension("svg"));
-        out.push(base.with_extension("png"));
-        chart_link(md, dir, &base, alt);
-        Ok(())
-    };
     let _ = writeln!(md, "### Charts ({env})\n");
+    cybozu_charts(md, data, env, targets, charts)?;
+    latency_charts(md, data, env, targets, charts)?;
+    let cmp = compared(targets);
+    if !cmp.is_empty() {
+        let c = pct_of_plain_chart(data, env, &cmp);
+        charts.emit(md, &format!("{env}-pct-of-plain"), &c.svg(), "% of plain")?;
+    }
+    Ok(())
+}
+
+/// Per Cybozu pattern, MB/s and IOPS by job count: a line per target.
+fn cybozu_charts(
+    md: &mut String,
+    data: &Data,
+    env: &str,
+    targets: &[&TargetRecord],
+    charts: &mut ChartWriter,
+) -> Result<(), String> {
     let cy = workloads_of(data, Family::Cybozu);
-    let mut patterns: Vec<String> = cy.iter().map(|w| w.pattern()).collect();
-    patterns.dedup();
-    for pat in &patterns {
+    for pat in &cybozu_patterns(&cy) {
+        let ws: Vec<&Workload> = cy.iter().copied().filter(|w| &w.pattern() == pat).collect();
         for (metric, unit, f) in [
             ("mbs", "MB/s", FioResult::mb_s as fn(&FioResult) -> f64),
             ("iops", "IOPS", FioResult::iops),
         ] {
-            let series: Vec<Series> = targets
-                .iter()
-                .map(|t| Series {
-                    name: t.label.clone(),
-                    points: cy
-                        .iter()
-                        .filter(|w| &w.pattern() == pat)
-                        .filter_map(|w| {
-                            let a = data.cell(&t.id, &w.id)?.agg(f)?;
-                            Some((w.numjobs as f64, a.median))
-                        })
-                        .collect(),
-                })
-                .filter(|s| !s.points.is_empty())
-                .collect();
+            let series = jobs_series(data, targets, &ws, f);
             if series.is_empty() {
                 continue;
             }
@@ -449,10 +545,44 @@ fn section_charts(
                 series,
             };
             let name = format!("{env}-cybozu-{}-{metric}", pat.replace(' ', "-"));
-            emit(md, name, c.svg(), &format!("{pat} {unit}"))?;
+            charts.emit(md, &name, &c.svg(), &format!("{pat} {unit}"))?;
         }
     }
-    // Latency percentiles per target, for the latency-bound workloads.
+    Ok(())
+}
+
+/// Per target with results, the median of `f` by job count over the workloads `ws`.
+fn jobs_series(
+    data: &Data,
+    targets: &[&TargetRecord],
+    ws: &[&Workload],
+    f: fn(&FioResult) -> f64,
+) -> Vec<Series> {
+    targets
+        .iter()
+        .map(|t| Series {
+            name: t.label.clone(),
+            points: ws
+                .iter()
+                .filter_map(|w| {
+                    let a = data.cell(&t.id, &w.id)?.agg(f)?;
+                    Some((w.numjobs as f64, a.median))
+                })
+                .collect(),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect()
+}
+
+/// Latency percentiles per target, for the latency-bound (non-Cybozu) workloads: a chart
+/// per workload and direction it does.
+fn latency_charts(
+    md: &mut String,
+    data: &Data,
+    env: &str,
+    targets: &[&TargetRecord],
+    charts: &mut ChartWriter,
+) -> Result<(), String> {
     for w in data
         .index
         .workloads
@@ -463,63 +593,79 @@ fn section_charts(
             if (write && !w.writes()) || (!write && !w.reads()) {
                 continue;
             }
-            let rows: Vec<(String, Percentiles)> = targets
-                .iter()
-                .filter_map(|t| {
-                    Some((
-                        t.label.clone(),
-                        data.cell(&t.id, &w.id)?.percentiles(write)?,
-                    ))
-                })
-                .collect();
-            if rows.is_empty() {
+            let Some(c) = latency_chart(data, env, targets, w, write) else {
                 continue;
-            }
-            let dname = if write { "write" } else { "read" };
-            let c = BarChart {
-                title: format!("{}: {dname} latency ({env})", w.describe()),
-                y_label: "clat µs (log scale)".into(),
-                groups: rows.iter().map(|r| r.0.clone()).collect(),
-                series: vec!["p50".into(), "p99".into(), "p99.9".into()],
-                values: rows
-                    .iter()
-                    .map(|r| vec![Some(r.1.p50), Some(r.1.p99), Some(r.1.p999)])
-                    .collect(),
-                log_y: true,
-                reference: None,
             };
-            emit(
+            let dname = if write { "write" } else { "read" };
+            charts.emit(
                 md,
-                format!("{env}-lat-{}-{dname}", w.id),
-                c.svg(),
+                &format!("{env}-lat-{}-{dname}", w.id),
+                &c.svg(),
                 &format!("{} {dname} latency", w.id),
             )?;
         }
     }
-    let cmp: Vec<&&TargetRecord> = targets.iter().filter(|t| t.baseline.is_some()).collect();
-    if !cmp.is_empty() {
-        let c = BarChart {
-            title: format!("Throughput as % of plain ({env}; dashed line = 100 %)"),
-            y_label: "% of the baseline's MB/s".into(),
-            groups: data.index.workloads.iter().map(|w| w.id.clone()).collect(),
-            series: cmp
-                .iter()
-                .map(|t| format!("{} vs {}", t.label, t.baseline.as_deref().unwrap_or("")))
-                .collect(),
-            values: data
-                .index
-                .workloads
-                .iter()
-                .map(|w| cmp.iter().map(|t| data.pct_of_plain(t, &w.id)).collect())
-                .collect(),
-            log_y: false,
-            reference: Some(100.0),
-        };
-        emit(md, format!("{env}-pct-of-plain"), c.svg(), "% of plain")?;
-    }
     Ok(())
 }
 
+/// p50 / p99 / p99.9 of one direction of `w`, a group per target with results (none:
+/// no chart).
+fn latency_chart(
+    data: &Data,
+    env: &str,
+    targets: &[&TargetRecord],
+    w: &Workload,
+    write: bool,
+) -> Option<BarChart> {
+    let rows: Vec<(String, Percentiles)> = targets
+        .iter()
+        .filter_map(|t| {
+            Some((
+                t.label.clone(),
+                data.cell(&t.id, &w.id)?.percentiles(write)?,
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let dname = if write { "write" } else { "read" };
+    Some(BarChart {
+        title: format!("{}: {dname} latency ({env})", w.describe()),
+        y_label: "clat µs (log scale)".into(),
+        groups: rows.iter().map(|r| r.0.clone()).collect(),
+        series: vec!["p50".into(), "p99".into(), "p99.9".into()],
+        values: rows
+            .iter()
+            .map(|r| vec![Some(r.1.p50), Some(r.1.p99), Some(r.1.p999)])
+            .collect(),
+        log_y: true,
+        reference: None,
+    })
+}
+
+/// Every workload (groups) of every compared target (bars) as % of its baseline.
+fn pct_of_plain_chart(data: &Data, env: &str, cmp: &[&TargetRecord]) -> BarChart {
+    BarChart {
+        title: format!("Throughput as % of plain ({env}; dashed line = 100 %)"),
+        y_label: "% of the baseline's MB/s".into(),
+        groups: data.index.workloads.iter().map(|w| w.id.clone()).collect(),
+        series: cmp
+            .iter()
+            .map(|t| format!("{} vs {}", t.label, t.baseline.as_deref().unwrap_or("")))
+            .collect(),
+        values: data
+            .index
+            .workloads
+            .iter()
+            .map(|w| cmp.iter().map(|t| data.pct_of_plain(t, &w.id)).collect())
+            .collect(),
+        log_y: false,
+        reference: Some(100.0),
+    }
+}
+
+/// Every run that gave no result, with the reason.
 fn failures(md: &mut String, data: &Data) {
     let bad: Vec<(&(String, String), &Cell)> = data
         .cells
@@ -538,6 +684,7 @@ fn failures(md: &mut String, data: &Data) {
     let _ = writeln!(md);
 }
 
+/// How each target was set up and the fio command lines, folded away.
 fn commands(md: &mut String, data: &Data) {
     let _ = writeln!(
         md,

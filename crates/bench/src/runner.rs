@@ -4,7 +4,8 @@
 use crate::fio::{IoPath, RunParams, Workload, command_line, fio_args, parse_fio_json};
 use crate::model::{Index, Meta, RunRecord, Status, TargetRecord};
 use crate::preset::Preset;
-use crate::target::{CipherChoice, HostEnv, host_targets, which};
+use crate::target::{CipherChoice, HostEnv, HostTarget, host_targets, which};
+use crate::vm::VmTarget;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -13,10 +14,13 @@ use std::time::{Duration, Instant};
 /// What `cryptblk bench` was asked to do.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The workload matrix, and the defaults of the three overrides below.
     pub preset: Preset,
-    /// Overrides of the preset.
+    /// Seconds per fio run, instead of the preset's.
     pub runtime: Option<u32>,
+    /// Bytes per device or image, instead of the preset's.
     pub size: Option<u64>,
+    /// fio runs per figure, instead of the preset's.
     pub repeats: Option<u32>,
     /// cryptblk targets (one per entry); empty: aes-xts-plain64:512:4096.
     pub ciphers: Vec<CipherChoice>,
@@ -26,6 +30,7 @@ pub struct Config {
     pub work: PathBuf,
     /// The cryptblk binary the cryptblk targets run.
     pub cryptblk: PathBuf,
+    /// How the report names that cryptblk (version and path).
     pub cryptblk_version: String,
     /// Only targets whose id starts with one of these.
     pub targets: Vec<String>,
@@ -40,18 +45,26 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn params(&self) -> RunParams {
+    /// Run length and size, the overrides applied (at least 1 s).
+    pub(crate) fn params(&self) -> RunParams {
         RunParams {
             runtime: self.runtime.unwrap_or(self.preset.runtime()).max(1),
             size: self.size.unwrap_or(self.preset.size()),
         }
     }
 
-    pub fn repeats(&self) -> u32 {
+    /// fio runs per figure, the override applied (at least 1).
+    pub(crate) fn repeats(&self) -> u32 {
         self.repeats.unwrap_or(self.preset.repeats()).max(1)
     }
 
-    pub fn selected_workloads(&self) -> Vec<Workload> {
+    /// fio runs per target: every repetition of every workload.
+    pub(crate) fn runs_per_target(&self, workloads: &[Workload]) -> usize {
+        workloads.len() * self.repeats() as usize
+    }
+
+    /// The preset's workloads that `workloads` selects (all if it is empty).
+    pub(crate) fn selected_workloads(&self) -> Vec<Workload> {
         self.preset
             .workloads()
             .into_iter()
@@ -68,23 +81,31 @@ impl Config {
             .collect()
     }
 
-    pub fn wants_target(&self, id: &str) -> bool {
+    /// Whether `targets` selects the target `id` (all are if it is empty).
+    pub(crate) fn wants_target(&self, id: &str) -> bool {
         self.targets.is_empty() || self.targets.iter().any(|f| id.starts_with(f.as_str()))
     }
 }
 
 /// Progress bar with ETA on stderr (a line per step when stderr is not a terminal).
-pub struct Progress {
+pub(crate) struct Progress {
+    /// Steps (fio runs) expected.
     total: usize,
+    /// Steps finished.
     done: usize,
+    /// When the bar was created: the measured time per step counts from here.
     start: Instant,
+    /// Expected time per step, until one has finished.
     guess: Duration,
+    /// stderr is a terminal: redraw one line in place.
     tty: bool,
+    /// Without a terminal, the next `show` prints its line.
     log_next: bool,
 }
 
 impl Progress {
-    pub fn new(total: usize, guess_per_step: Duration) -> Self {
+    /// A bar for `total` steps, each guessed to take `guess_per_step`.
+    pub(crate) fn new(total: usize, guess_per_step: Duration) -> Self {
         Progress {
             total,
             done: 0,
@@ -96,7 +117,7 @@ impl Progress {
     }
 
     /// Remaining time: the measured mean per step once something ran, else the guess.
-    pub fn eta(&self) -> Duration {
+    pub(crate) fn eta(&self) -> Duration {
         let left = self.total.saturating_sub(self.done) as u32;
         if self.done == 0 {
             self.guess * left
@@ -105,7 +126,9 @@ impl Progress {
         }
     }
 
-    pub fn show(&self, what: &str) {
+    /// Redraws the bar with `what` as what runs now; without a terminal, prints a line
+    /// only for [`Progress::step`] and [`Progress::note`].
+    pub(crate) fn show(&self, what: &str) {
         let frac = if self.total == 0 {
             1.0
         } else {
@@ -136,7 +159,7 @@ impl Progress {
     }
 
     /// Counts one finished step; without a terminal, logs one line per step.
-    pub fn step(&mut self, what: &str) {
+    pub(crate) fn step(&mut self, what: &str) {
         self.done += 1;
         self.log_next = true;
         self.show(what);
@@ -144,24 +167,26 @@ impl Progress {
     }
 
     /// A message that is logged even without a terminal (starting a target, ...).
-    pub fn note(&mut self, what: &str) {
+    pub(crate) fn note(&mut self, what: &str) {
         self.log_next = true;
         self.show(what);
         self.log_next = false;
     }
 
     /// Steps that will not run (a target skipped or failed to start).
-    pub fn drop_steps(&mut self, n: usize) {
+    pub(crate) fn drop_steps(&mut self, n: usize) {
         self.total = self.total.saturating_sub(n);
     }
 
-    pub fn finish(&self) {
+    /// Ends the bar's line on a terminal.
+    pub(crate) fn finish(&self) {
         if self.tty {
             let _ = writeln!(std::io::stderr());
         }
     }
 }
 
+/// The first line `cmd arg` prints (its version), if it runs.
 fn tool_version(cmd: &str, arg: &str) -> Option<String> {
     let out = Command::new(cmd).arg(arg).output().ok()?;
     let s =
@@ -171,6 +196,7 @@ fn tool_version(cmd: &str, arg: &str) -> Option<String> {
         .map(|l| l.trim().to_string())
 }
 
+/// The CPU's model name from /proc/cpuinfo.
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -183,6 +209,7 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// The CPU flags that matter for crypto speed (AES-NI, AVX, VAES, ...).
 fn cpu_flags() -> String {
     let want = [
         "aes",
@@ -206,7 +233,8 @@ fn cpu_flags() -> String {
         .unwrap_or_default()
 }
 
-pub fn host_env(cfg: &Config) -> Vec<(String, String)> {
+/// This machine's facts for the report: CPU, cores, kernel, tool versions, work directory.
+pub(crate) fn host_env(cfg: &Config) -> Vec<(String, String)> {
     let mut v = vec![
         ("CPU".to_string(), cpu_model()),
         (
@@ -240,13 +268,13 @@ pub fn host_env(cfg: &Config) -> Vec<(String, String)> {
 }
 
 /// Free bytes for unprivileged users on the file system holding `dir`.
-pub fn free_space(dir: &Path) -> Result<u64, String> {
+pub(crate) fn free_space(dir: &Path) -> Result<u64, String> {
     let st = rustix::fs::statvfs(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Bytes the host targets need in the work directory (one image at a time).
-pub fn space_needed(size: u64) -> u64 {
+pub(crate) fn space_needed(size: u64) -> u64 {
     size + (16 << 20) + (8 << 20)
 }
 
@@ -283,7 +311,7 @@ fn run_fio(args: &[String], runtime: u32, err_path: &Path) -> Result<(), String>
 }
 
 /// Runs every (workload, repetition) of one started target; `io` is where fio goes.
-pub fn run_workloads(
+pub(crate) fn run_workloads(
     cfg: &Config,
     target: &str,
     io: &IoPath,
@@ -340,28 +368,55 @@ pub fn run(cfg: &Config) -> Result<PathBuf, String> {
         return Err("no workload matches --workloads".into());
     }
     let p = cfg.params();
-    std::fs::create_dir_all(&cfg.work).map_err(|e| format!("{}: {e}", cfg.work.display()))?;
-    if cfg.host {
-        let free = free_space(&cfg.work)?;
-        let need = space_needed(p.size);
-        if free < need {
-            let _ = std::fs::remove_dir(&cfg.work);
-            return Err(format!(
-                "not enough space in the work directory {}: {} MiB free, {} MiB needed \
-                 for --size {} MiB (image plus LUKS header); use a smaller --size or another --dir",
-                cfg.work.display(),
-                free >> 20,
-                need.div_ceil(1 << 20),
-                p.size >> 20
-            ));
-        }
-    }
+    prepare_work_dir(cfg, p.size)?;
     std::fs::create_dir_all(cfg.out.join("logs"))
         .map_err(|e| format!("{}: {e}", cfg.out.display()))?;
+    let mut index = new_index(cfg, &workloads);
+    let (hosts, vm_targets) = selected_targets(cfg)?;
+    let mut progress = Progress::new(
+        (hosts.len() + vm_targets.len()) * cfg.runs_per_target(&workloads),
+        Duration::from_millis(p.runtime as u64 * 1000 + 400),
+    );
+    run_host_targets(cfg, &hosts, &workloads, &mut index, &mut progress)?;
+    if !vm_targets.is_empty() {
+        crate::vm::run(cfg, &vm_targets, &workloads, &mut index, &mut progress)?;
+    }
+    progress.finish();
+    let _ = std::fs::remove_dir(&cfg.work);
+    index.save(&cfg.out)?;
+    crate::report::generate(&cfg.out)?;
+    Ok(cfg.out.join("report.md"))
+}
+
+/// Creates the work directory and, for the host targets, checks that an image fits.
+fn prepare_work_dir(cfg: &Config, size: u64) -> Result<(), String> {
+    std::fs::create_dir_all(&cfg.work).map_err(|e| format!("{}: {e}", cfg.work.display()))?;
+    if !cfg.host {
+        return Ok(());
+    }
+    let free = free_space(&cfg.work)?;
+    let need = space_needed(size);
+    if free < need {
+        let _ = std::fs::remove_dir(&cfg.work);
+        return Err(format!(
+            "not enough space in the work directory {}: {} MiB free, {} MiB needed \
+             for --size {} MiB (image plus LUKS header); use a smaller --size or another --dir",
+            cfg.work.display(),
+            free >> 20,
+            need.div_ceil(1 << 20),
+            size >> 20
+        ));
+    }
+    Ok(())
+}
+
+/// The index before anything ran: the run's parameters and environment, the workloads.
+fn new_index(cfg: &Config, workloads: &[Workload]) -> Index {
+    let p = cfg.params();
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut index = Index {
+    Index {
         meta: Meta {
             preset: cfg.preset.name().into(),
             runtime: p.runtime,
@@ -371,10 +426,15 @@ pub fn run(cfg: &Config) -> Result<PathBuf, String> {
             env: host_env(cfg),
             notes: Vec::new(),
         },
-        workloads: workloads.clone(),
+        workloads: workloads.to_vec(),
         targets: Vec::new(),
         runs: Vec::new(),
-    };
+    }
+}
+
+/// The host and VM targets asked for, for the `--cipher`s (default
+/// aes-xts-plain64:512:4096).
+fn selected_targets(cfg: &Config) -> Result<(Vec<HostTarget>, Vec<VmTarget>), String> {
     let ciphers = if cfg.ciphers.is_empty() {
         vec!["aes-xts-plain64:512:4096".parse()?]
     } else {
@@ -388,7 +448,7 @@ pub fn run(cfg: &Config) -> Result<PathBuf, String> {
     } else {
         Vec::new()
     };
-    let vm_targets: Vec<crate::vm::VmTarget> = if cfg.vm {
+    let vm_targets: Vec<_> = if cfg.vm {
         crate::vm::vm_targets(&ciphers)
             .into_iter()
             .filter(|t| cfg.wants_target(&t.id))
@@ -396,71 +456,96 @@ pub fn run(cfg: &Config) -> Result<PathBuf, String> {
     } else {
         Vec::new()
     };
-    let per_target = workloads.len() * cfg.repeats() as usize;
-    let mut progress = Progress::new(
-        (hosts.len() + vm_targets.len()) * per_target,
-        Duration::from_millis(p.runtime as u64 * 1000 + 400),
-    );
-    let nbd_engine = Command::new("fio")
+    Ok((hosts, vm_targets))
+}
+
+/// Whether this fio has the nbd engine (the host targets need it).
+fn fio_has_nbd_engine() -> bool {
+    Command::new("fio")
         .arg("--enghelp=nbd")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|s| s.success());
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs every host target in turn, recording each in `index` (saved after each target
+/// that was started).
+fn run_host_targets(
+    cfg: &Config,
+    hosts: &[HostTarget],
+    workloads: &[Workload],
+    index: &mut Index,
+    progress: &mut Progress,
+) -> Result<(), String> {
+    let nbd_engine = fio_has_nbd_engine();
     let env = HostEnv {
         cryptblk: cfg.cryptblk.clone(),
         work: cfg.work.clone(),
         logs: cfg.out.join("logs"),
-        size: p.size,
+        size: cfg.params().size,
     };
-    for t in &hosts {
-        let mut rec = TargetRecord {
-            id: t.id.clone(),
-            label: t.label.clone(),
-            env: "host".into(),
-            encrypted: t.encrypted,
-            baseline: t.baseline.clone(),
-            status: Status::Ok,
-            reason: None,
-            setup: Vec::new(),
-        };
+    for t in hosts {
         let skip = if nbd_engine {
             t.missing_tool()
         } else {
             Some("this fio has no nbd engine (Debian's fio package has it)".into())
         };
         if let Some(reason) = skip {
+            let mut rec = host_record(t);
             rec.status = Status::Skipped;
             rec.reason = Some(reason);
-            progress.drop_steps(per_target);
+            progress.drop_steps(cfg.runs_per_target(workloads));
             index.targets.push(rec);
             continue;
         }
-        progress.note(&format!("starting {}", t.id));
-        match t.start(&env, &mut rec.setup) {
-            Ok(running) => {
-                let io = IoPath::Nbd {
-                    uri: running.uri.clone(),
-                };
-                let r = run_workloads(cfg, &t.id, &io, &workloads, &mut index, &mut progress);
-                running.stop();
-                r?;
-            }
-            Err(e) => {
-                rec.status = Status::Failed;
-                rec.reason = Some(e);
-                progress.drop_steps(per_target);
-            }
-        }
+        let rec = measure_host_target(cfg, t, &env, workloads, index, progress)?;
         index.targets.push(rec);
         index.save(&cfg.out)?;
     }
-    if !vm_targets.is_empty() {
-        crate::vm::run(cfg, &vm_targets, &workloads, &mut index, &mut progress)?;
+    Ok(())
+}
+
+/// The record of a host target that ran (so far).
+fn host_record(t: &HostTarget) -> TargetRecord {
+    TargetRecord {
+        id: t.id.clone(),
+        label: t.label.clone(),
+        env: "host".into(),
+        encrypted: t.encrypted,
+        baseline: t.baseline.clone(),
+        status: Status::Ok,
+        reason: None,
+        setup: Vec::new(),
     }
-    progress.finish();
-    let _ = std::fs::remove_dir(&cfg.work);
-    index.save(&cfg.out)?;
-    crate::report::generate(&cfg.out)?;
-    Ok(cfg.out.join("report.md"))
+}
+
+/// Starts `t`, runs the workloads on it and stops it again; returns its record, failed
+/// if it did not start.
+fn measure_host_target(
+    cfg: &Config,
+    t: &HostTarget,
+    env: &HostEnv,
+    workloads: &[Workload],
+    index: &mut Index,
+    progress: &mut Progress,
+) -> Result<TargetRecord, String> {
+    let mut rec = host_record(t);
+    progress.note(&format!("starting {}", t.id));
+    match t.start(env, &mut rec.setup) {
+        Ok(running) => {
+            let io = IoPath::Nbd {
+                uri: running.uri.clone(),
+            };
+            let r = run_workloads(cfg, &t.id, &io, workloads, index, progress);
+            running.stop();
+            r?;
+        }
+        Err(e) => {
+            rec.status = Status::Failed;
+            rec.reason = Some(e);
+            progress.drop_steps(cfg.runs_per_target(workloads));
+        }
+    }
+    Ok(rec)
 }

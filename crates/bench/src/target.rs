@@ -19,8 +19,11 @@ const HEADER_ROOM: u64 = 16 << 20;
 /// One `--cipher` entry: `SPEC[:KEY_BITS[:SECTOR_SIZE]]`, e.g. `aes-xts-plain64:512:4096`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CipherChoice {
+    /// The cipher in dm-crypt notation, e.g. `aes-xts-plain64` or `aes-cbc-essiv:sha256`.
     pub spec: String,
+    /// Key size in bits (default 512 for XTS, else 256).
     pub key_bits: usize,
+    /// Encryption sector size in bytes: 512, 1024, 2048 or 4096 (default 4096).
     pub sector: u32,
 }
 
@@ -80,31 +83,42 @@ impl std::fmt::Display for CipherChoice {
     }
 }
 
+/// What a host target runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HostKind {
+pub(crate) enum HostKind {
     /// cryptblk's NBD server exporting the raw image: no volume layer, no crypto.
     Plain,
     /// `cryptblk open --type plain --cipher cipher_null` on the raw image.
     CryptblkNull,
     /// `cryptblk open` on a LUKS2 image.
     Cryptblk(CipherChoice),
+    /// nbdkit's file plugin on the raw image.
     NbdkitRaw,
+    /// nbdkit's luks filter on a LUKS1 image.
     NbdkitLuks,
+    /// qemu-nbd on the raw image.
     QemuNbdRaw,
+    /// qemu-nbd's LUKS driver on a LUKS1 image.
     QemuNbdLuks,
 }
 
+/// One NBD server measured on this machine.
 #[derive(Clone, Debug)]
-pub struct HostTarget {
-    pub id: String,
-    pub label: String,
-    pub kind: HostKind,
-    pub encrypted: bool,
-    pub baseline: Option<String>,
+pub(crate) struct HostTarget {
+    /// Unique and file-name safe, e.g. `cryptblk-aes-xts-plain64-512-4096`.
+    pub(crate) id: String,
+    /// Its name in tables and charts.
+    pub(crate) label: String,
+    /// What it runs.
+    pub(crate) kind: HostKind,
+    /// Whether data is encrypted (cipher_null counts as not).
+    pub(crate) encrypted: bool,
+    /// The id of the no-crypto target it is compared with ("% of plain").
+    pub(crate) baseline: Option<String>,
 }
 
 /// Every host target, in report order.
-pub fn host_targets(ciphers: &[CipherChoice]) -> Vec<HostTarget> {
+pub(crate) fn host_targets(ciphers: &[CipherChoice]) -> Vec<HostTarget> {
     let t = |id: &str, label: &str, kind, encrypted, baseline: Option<&str>| HostTarget {
         id: id.into(),
         label: label.into(),
@@ -174,7 +188,7 @@ pub fn host_targets(ciphers: &[CipherChoice]) -> Vec<HostTarget> {
 }
 
 /// Finds an executable in `$PATH`.
-pub fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -186,20 +200,20 @@ pub fn which(name: &str) -> Option<PathBuf> {
 
 /// What the host targets need from the caller.
 #[derive(Clone, Debug)]
-pub struct HostEnv {
+pub(crate) struct HostEnv {
     /// The cryptblk binary (the running one).
-    pub cryptblk: PathBuf,
+    pub(crate) cryptblk: PathBuf,
     /// Images, sockets and run dirs go here (tmpfs by default).
-    pub work: PathBuf,
+    pub(crate) work: PathBuf,
     /// Server logs.
-    pub logs: PathBuf,
+    pub(crate) logs: PathBuf,
     /// Data bytes per image.
-    pub size: u64,
+    pub(crate) size: u64,
 }
 
 impl HostTarget {
     /// Why this target cannot run here, if it cannot.
-    pub fn missing_tool(&self) -> Option<String> {
+    pub(crate) fn missing_tool(&self) -> Option<String> {
         let need = match self.kind {
             HostKind::NbdkitRaw | HostKind::NbdkitLuks => ("nbdkit", "nbdkit"),
             HostKind::QemuNbdRaw | HostKind::QemuNbdLuks => ("qemu-nbd", "qemu-utils"),
@@ -230,187 +244,303 @@ impl HostTarget {
 
     /// Creates the image, starts the server and waits until it accepts connections.
     /// `setup` receives the command lines used.
-    pub fn start(&self, env: &HostEnv, setup: &mut Vec<String>) -> Result<Running, String> {
-        let dir = env.work.join(&self.id);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let sock = dir.join("nbd.sock");
-        let pw = dir.join("passphrase");
-        std::fs::write(&pw, "bench-passphrase").map_err(|e| format!("{}: {e}", pw.display()))?;
-        let img = dir.join("disk.img");
-        let luks_size = env.size + HEADER_ROOM;
-        let cryptblk = env.cryptblk.to_string_lossy().into_owned();
-        let s = |p: &Path| p.to_string_lossy().into_owned();
-        let run_dir = dir.join("run");
-        let mut running = Running {
-            uri: format!("nbd+unix:///?socket={}", sock.display()),
-            child: None,
-            plain: None,
-            close: None,
-            dir: dir.clone(),
-        };
+    pub(crate) fn start(&self, env: &HostEnv, setup: &mut Vec<String>) -> Result<Running, String> {
+        let files = TargetFiles::create(&env.work, &self.id)?;
         let log = env.logs.join(format!("{}.log", self.id));
-        let cmd: Vec<String> = match &self.kind {
-            HostKind::Plain => {
-                fill_image(&img, env.size)?;
-                setup.push(format!(
-                    "in-process: cryptblk_nbd::NbdServer (4 threads per connection) exporting {} through cryptblk_volume::FileStorage, no volume layer",
-                    img.display()
-                ));
-                running.plain = Some(serve_plain(&img, &sock)?);
-                wait_socket(&sock, None, &log)?;
-                return Ok(running);
-            }
+        let cryptblk = env.cryptblk.to_string_lossy().into_owned();
+        let luks_size = env.size + HEADER_ROOM;
+        let server = match &self.kind {
+            HostKind::Plain => return start_in_process(files, env.size, &log, setup),
             HostKind::CryptblkNull => {
-                fill_image(&img, env.size)?;
-                let c = vec![
-                    cryptblk.clone(),
-                    "open".into(),
-                    s(&img),
-                    "bench-null".into(),
-                    "--type".into(),
-                    "plain".into(),
-                    "--cipher".into(),
-                    "cipher_null".into(),
-                    "--key-size".into(),
-                    "8".into(),
-                    "--sector-size".into(),
-                    "4096".into(),
-                    "--key-file".into(),
-                    s(&pw),
-                    "--nbd".into(),
-                    format!("unix:{}", sock.display()),
-                    "--run-dir".into(),
-                    s(&run_dir),
-                ];
-                running.close = Some(vec![
-                    cryptblk.clone(),
-                    "close".into(),
-                    "bench-null".into(),
-                    "--run-dir".into(),
-                    s(&run_dir),
-                ]);
-                c
+                fill_image(&files.img, env.size)?;
+                cryptblk_null_server(&cryptblk, &files)
             }
             HostKind::Cryptblk(c) => {
-                fill_image(&img, luks_size)?;
-                let fmt = vec![
-                    cryptblk.clone(),
-                    "format".into(),
-                    "-q".into(),
-                    s(&img),
-                    "--type".into(),
-                    "luks2".into(),
-                    "--cipher".into(),
-                    c.spec.clone(),
-                    "--key-size".into(),
-                    c.key_bits.to_string(),
-                    "--sector-size".into(),
-                    c.sector.to_string(),
-                    "--pbkdf".into(),
-                    "pbkdf2".into(),
-                    "--pbkdf-force-iterations".into(),
-                    BENCH_ITERATIONS.into(),
-                    "--key-file".into(),
-                    s(&pw),
-                ];
-                run_tool(&fmt, setup)?;
-                running.close = Some(vec![
-                    cryptblk.clone(),
-                    "close".into(),
-                    "bench".into(),
-                    "--run-dir".into(),
-                    s(&run_dir),
-                ]);
-                vec![
-                    cryptblk.clone(),
-                    "open".into(),
-                    s(&img),
-                    "bench".into(),
-                    "--key-file".into(),
-                    s(&pw),
-                    "--nbd".into(),
-                    format!("unix:{}", sock.display()),
-                    "--run-dir".into(),
-                    s(&run_dir),
-                ]
+                fill_image(&files.img, luks_size)?;
+                run_tool(&luks2_format_command(&cryptblk, c, &files), setup)?;
+                cryptblk_luks2_server(&cryptblk, &files)
             }
-            HostKind::NbdkitRaw | HostKind::QemuNbdRaw => {
-                fill_image(&img, env.size)?;
-                if self.kind == HostKind::NbdkitRaw {
-                    vec![
-                        "nbdkit".into(),
-                        "-f".into(),
-                        "-U".into(),
-                        s(&sock),
-                        "file".into(),
-                        s(&img),
-                    ]
-                } else {
-                    qemu_nbd(&sock, vec!["-f".into(), "raw".into(), s(&img)])
-                }
+            HostKind::NbdkitRaw => {
+                fill_image(&files.img, env.size)?;
+                ServerCommand::killed(nbdkit_command(&files, false))
             }
-            HostKind::NbdkitLuks | HostKind::QemuNbdLuks => {
-                fill_image(&img, luks_size)?;
-                let fmt = vec![
-                    cryptblk.clone(),
-                    "format".into(),
-                    "-q".into(),
-                    s(&img),
-                    "--type".into(),
-                    "luks1".into(),
-                    "--cipher".into(),
-                    "aes-xts-plain64".into(),
-                    "--key-size".into(),
-                    "512".into(),
-                    "--pbkdf-force-iterations".into(),
-                    BENCH_ITERATIONS.into(),
-                    "--key-file".into(),
-                    s(&pw),
-                ];
-                run_tool(&fmt, setup)?;
-                if self.kind == HostKind::NbdkitLuks {
-                    vec![
-                        "nbdkit".into(),
-                        "-f".into(),
-                        "-U".into(),
-                        s(&sock),
-                        "--filter=luks".into(),
-                        "file".into(),
-                        s(&img),
-                        format!("passphrase=+{}", pw.display()),
-                    ]
-                } else {
-                    qemu_nbd(
-                        &sock,
-                        vec![
-                            "--object".into(),
-                            format!("secret,id=s0,file={}", pw.display()),
-                            "--image-opts".into(),
-                            format!("driver=luks,key-secret=s0,file.filename={}", img.display()),
-                        ],
-                    )
-                }
+            HostKind::QemuNbdRaw => {
+                fill_image(&files.img, env.size)?;
+                ServerCommand::killed(qemu_nbd(
+                    &files.sock,
+                    vec!["-f".into(), "raw".into(), arg(&files.img)],
+                ))
+            }
+            HostKind::NbdkitLuks => {
+                fill_image(&files.img, luks_size)?;
+                run_tool(&luks1_format_command(&cryptblk, &files), setup)?;
+                ServerCommand::killed(nbdkit_command(&files, true))
+            }
+            HostKind::QemuNbdLuks => {
+                fill_image(&files.img, luks_size)?;
+                run_tool(&luks1_format_command(&cryptblk, &files), setup)?;
+                ServerCommand::killed(qemu_nbd_luks_command(&files))
             }
         };
-        setup.push(crate::fio::command_line(&cmd[0], &cmd[1..]));
-        let logf = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let child = Command::new(&cmd[0])
-            .args(&cmd[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(logf)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", cmd[0]))?;
-        running.child = Some(child);
-        if let Err(e) = wait_socket(&sock, running.child.as_mut(), &log) {
-            running.stop();
-            return Err(e);
-        }
-        Ok(running)
+        spawn_server(server, files, &log, setup)
     }
 }
 
+/// A target's files, all in its own directory under the work directory (removed again by
+/// [`Running::stop`]).
+struct TargetFiles {
+    /// `work/id`.
+    dir: PathBuf,
+    /// The server's unix socket.
+    sock: PathBuf,
+    /// The passphrase (key file) of the encrypted targets.
+    passphrase: PathBuf,
+    /// The disk image.
+    img: PathBuf,
+    /// cryptblk's `--run-dir`.
+    run_dir: PathBuf,
+}
+
+impl TargetFiles {
+    /// Makes a fresh `work/id` with the passphrase file in it.
+    fn create(work: &Path, id: &str) -> Result<Self, String> {
+        let dir = work.join(id);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let passphrase = dir.join("passphrase");
+        std::fs::write(&passphrase, "bench-passphrase")
+            .map_err(|e| format!("{}: {e}", passphrase.display()))?;
+        Ok(TargetFiles {
+            sock: dir.join("nbd.sock"),
+            img: dir.join("disk.img"),
+            run_dir: dir.join("run"),
+            passphrase,
+            dir,
+        })
+    }
+
+    /// A started target serving from these files; the server is still to be attached.
+    fn running(self) -> Running {
+        Running {
+            uri: format!("nbd+unix:///?socket={}", self.sock.display()),
+            child: None,
+            plain: None,
+            close: None,
+            dir: self.dir,
+        }
+    }
+}
+
+/// A path as a command-line argument.
+fn arg(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// An external server: its command line, and the command that stops it cleanly (without
+/// one, the server is killed).
+struct ServerCommand {
+    /// The server's command line.
+    start: Vec<String>,
+    /// `cryptblk close ...` for cryptblk's servers.
+    close: Option<Vec<String>>,
+}
+
+impl ServerCommand {
+    /// A server that is stopped by killing it.
+    fn killed(start: Vec<String>) -> Self {
+        ServerCommand { start, close: None }
+    }
+}
+
+/// cryptblk's own NBD server in this process, on the raw image (the `plain` baseline).
+fn start_in_process(
+    files: TargetFiles,
+    size: u64,
+    log: &Path,
+    setup: &mut Vec<String>,
+) -> Result<Running, String> {
+    fill_image(&files.img, size)?;
+    setup.push(format!(
+        "in-process: cryptblk_nbd::NbdServer (4 threads per connection) exporting {} through cryptblk_volume::FileStorage, no volume layer",
+        files.img.display()
+    ));
+    let plain = serve_plain(&files.img, &files.sock)?;
+    let sock = files.sock.clone();
+    let mut running = files.running();
+    running.plain = Some(plain);
+    wait_socket(&sock, None, log)?;
+    Ok(running)
+}
+
+/// `cryptblk open IMG NAME OPTIONS... --key-file ... --nbd unix:SOCK --run-dir ...`.
+fn cryptblk_open_command(
+    cryptblk: &str,
+    name: &str,
+    options: &[&str],
+    f: &TargetFiles,
+) -> Vec<String> {
+    let mut cmd = vec![
+        cryptblk.to_string(),
+        "open".into(),
+        arg(&f.img),
+        name.into(),
+    ];
+    cmd.extend(options.iter().map(|o| o.to_string()));
+    cmd.extend([
+        "--key-file".into(),
+        arg(&f.passphrase),
+        "--nbd".into(),
+        format!("unix:{}", f.sock.display()),
+        "--run-dir".into(),
+        arg(&f.run_dir),
+    ]);
+    cmd
+}
+
+/// `cryptblk close NAME --run-dir ...`: stops a server `cryptblk open` started.
+fn cryptblk_close_command(cryptblk: &str, name: &str, f: &TargetFiles) -> Vec<String> {
+    vec![
+        cryptblk.to_string(),
+        "close".into(),
+        name.into(),
+        "--run-dir".into(),
+        arg(&f.run_dir),
+    ]
+}
+
+/// `cryptblk open --type plain --cipher cipher_null` on the raw image.
+fn cryptblk_null_server(cryptblk: &str, f: &TargetFiles) -> ServerCommand {
+    let options = [
+        "--type",
+        "plain",
+        "--cipher",
+        "cipher_null",
+        "--key-size",
+        "8",
+        "--sector-size",
+        "4096",
+    ];
+    ServerCommand {
+        start: cryptblk_open_command(cryptblk, "bench-null", &options, f),
+        close: Some(cryptblk_close_command(cryptblk, "bench-null", f)),
+    }
+}
+
+/// `cryptblk open` on the LUKS2 image.
+fn cryptblk_luks2_server(cryptblk: &str, f: &TargetFiles) -> ServerCommand {
+    ServerCommand {
+        start: cryptblk_open_command(cryptblk, "bench", &[], f),
+        close: Some(cryptblk_close_command(cryptblk, "bench", f)),
+    }
+}
+
+/// `cryptblk format -q IMG OPTIONS...` with the cheap benchmark PBKDF and the passphrase.
+fn format_command(cryptblk: &str, options: Vec<String>, f: &TargetFiles) -> Vec<String> {
+    let mut cmd = vec![
+        cryptblk.to_string(),
+        "format".into(),
+        "-q".into(),
+        arg(&f.img),
+    ];
+    cmd.extend(options);
+    cmd.extend([
+        "--pbkdf-force-iterations".into(),
+        BENCH_ITERATIONS.into(),
+        "--key-file".into(),
+        arg(&f.passphrase),
+    ]);
+    cmd
+}
+
+/// Formats the image as LUKS2 with cipher `c` (for cryptblk's own targets).
+fn luks2_format_command(cryptblk: &str, c: &CipherChoice, f: &TargetFiles) -> Vec<String> {
+    let options = vec![
+        "--type".into(),
+        "luks2".into(),
+        "--cipher".into(),
+        c.spec.clone(),
+        "--key-size".into(),
+        c.key_bits.to_string(),
+        "--sector-size".into(),
+        c.sector.to_string(),
+        "--pbkdf".into(),
+        "pbkdf2".into(),
+    ];
+    format_command(cryptblk, options, f)
+}
+
+/// Formats the image as LUKS1 aes-xts-plain64 (what nbdkit's and qemu-nbd's LUKS
+/// support reads).
+fn luks1_format_command(cryptblk: &str, f: &TargetFiles) -> Vec<String> {
+    let options = [
+        "--type",
+        "luks1",
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "512",
+    ];
+    format_command(cryptblk, Vec::from(options.map(String::from)), f)
+}
+
+/// nbdkit's file plugin on the image, through its luks filter if `luks`.
+fn nbdkit_command(f: &TargetFiles, luks: bool) -> Vec<String> {
+    let mut cmd: Vec<String> = vec!["nbdkit".into(), "-f".into(), "-U".into(), arg(&f.sock)];
+    if luks {
+        cmd.push("--filter=luks".into());
+    }
+    cmd.extend(["file".into(), arg(&f.img)]);
+    if luks {
+        cmd.push(format!("passphrase=+{}", f.passphrase.display()));
+    }
+    cmd
+}
+
+/// qemu-nbd with its LUKS driver on the image.
+fn qemu_nbd_luks_command(f: &TargetFiles) -> Vec<String> {
+    qemu_nbd(
+        &f.sock,
+        vec![
+            "--object".into(),
+            format!("secret,id=s0,file={}", f.passphrase.display()),
+            "--image-opts".into(),
+            format!(
+                "driver=luks,key-secret=s0,file.filename={}",
+                f.img.display()
+            ),
+        ],
+    )
+}
+
+/// Starts an external server (its stderr goes to `log`) and waits until it listens.
+fn spawn_server(
+    server: ServerCommand,
+    files: TargetFiles,
+    log: &Path,
+    setup: &mut Vec<String>,
+) -> Result<Running, String> {
+    let cmd = &server.start;
+    setup.push(crate::fio::command_line(&cmd[0], &cmd[1..]));
+    let logf = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(logf)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", cmd[0]))?;
+    let sock = files.sock.clone();
+    let mut running = files.running();
+    running.child = Some(child);
+    running.close = server.close;
+    if let Err(e) = wait_socket(&sock, running.child.as_mut(), log) {
+        running.stop();
+        return Err(e);
+    }
+    Ok(running)
+}
+
+/// qemu-nbd serving on `sock`, with `tail` naming the image.
 fn qemu_nbd(sock: &Path, tail: Vec<String>) -> Vec<String> {
     let mut v: Vec<String> = vec![
         "qemu-nbd".into(),
@@ -426,6 +556,7 @@ fn qemu_nbd(sock: &Path, tail: Vec<String>) -> Vec<String> {
     v
 }
 
+/// Runs a setup tool (formatting an image) to completion; its command line goes to `setup`.
 fn run_tool(cmd: &[String], setup: &mut Vec<String>) -> Result<(), String> {
     setup.push(crate::fio::command_line(&cmd[0], &cmd[1..]));
     let out = Command::new(&cmd[0])
@@ -458,6 +589,8 @@ fn fill_image(path: &Path, size: u64) -> Result<(), String> {
     f.sync_all().map_err(err)
 }
 
+/// Waits up to 20 s until something listens on `sock`; fails early if `child` (the server)
+/// exits, with its log.
 fn wait_socket(sock: &Path, mut child: Option<&mut Child>, log: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -481,17 +614,22 @@ fn wait_socket(sock: &Path, mut child: Option<&mut Child>, log: &Path) -> Result
 }
 
 /// A started target.
-pub struct Running {
-    pub uri: String,
+pub(crate) struct Running {
+    /// Where fio connects: `nbd+unix:///?socket=...`.
+    pub(crate) uri: String,
+    /// An external server.
     child: Option<Child>,
-    plain: Option<(ShutdownHandle, std::thread::JoinHandle<io::Result<()>>)>,
+    /// The in-process server of the `plain` target.
+    plain: Option<PlainServer>,
+    /// The command that stops `child` cleanly (else it is killed).
     close: Option<Vec<String>>,
+    /// The target's directory in the work directory.
     dir: PathBuf,
 }
 
 impl Running {
     /// Stops the server and removes the image.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         if let Some((h, t)) = self.plain.take() {
             h.shutdown();
             let _ = t.join();
@@ -515,8 +653,10 @@ impl Running {
     }
 }
 
+/// An in-process NBD server: how to stop it, and the thread serving.
 type PlainServer = (ShutdownHandle, std::thread::JoinHandle<io::Result<()>>);
 
+/// Serves the raw image on `sock` from a thread of this process.
 fn serve_plain(img: &Path, sock: &Path) -> Result<PlainServer, String> {
     let f = std::fs::OpenOptions::new()
         .read(true)

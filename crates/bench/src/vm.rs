@@ -7,33 +7,47 @@ use crate::model::{Index, RunRecord, Status, TargetRecord};
 use crate::runner::{Config, Progress};
 use crate::target::CipherChoice;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+/// What a VM target measures.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum VmKind {
+    /// The RAM disk itself (brd, /dev/ram0): the baseline of every other VM target.
     Brd,
     /// dm-crypt with this cipher and these optional table parameters.
     DmCrypt {
+        /// The cipher, key size and sector size of the table.
         cipher: CipherChoice,
+        /// dm-crypt's optional parameters, e.g. `same_cpu_crypt`.
         flags: Vec<String>,
     },
+    /// dm-crypt with `cipher_null`: dm-crypt's own cost without any crypto.
     DmNull,
+    /// `cryptblk open --ublk` on the RAM disk.
     CryptblkUblk,
 }
 
+/// One target measured inside the VM.
 #[derive(Clone, Debug)]
 pub struct VmTarget {
+    /// Unique and file-name safe, e.g. `vm-dmcrypt-aes-xts-plain64-512-4096-default`.
     pub id: String,
+    /// Its name in tables and charts.
     pub label: String,
+    /// What it measures.
     pub kind: VmKind,
+    /// Whether data is encrypted (cipher_null counts as not).
     pub encrypted: bool,
 }
 
 const GUEST_RESULTS: &str = "/results";
 const SKIP_UBLK: &str = "cryptblk has no ublk frontend in this build";
 
+/// Every VM target, in report order: the performance flags are tried with the first
+/// cipher only.
 pub fn vm_targets(ciphers: &[CipherChoice]) -> Vec<VmTarget> {
     let mut v = vec![VmTarget {
         id: "vm-brd".into(),
@@ -197,22 +211,12 @@ pub fn guest_script(
 fn setup_command(t: &VmTarget, cryptblk: &str) -> String {
     match &t.kind {
         VmKind::Brd => "true".to_string(),
-        VmKind::DmCrypt { cipher, flags } => {
-            let mut opts = flags.clone();
-            if cipher.sector != 512 {
-                opts.push(format!("sector_size:{}", cipher.sector));
-            }
-            let tail = if opts.is_empty() {
-                String::new()
-            } else {
-                format!(" {} {}", opts.len(), opts.join(" "))
-            };
-            format!(
-                "dmsetup create bench --table \"0 $SECTORS crypt {} $(key {}) 0 /dev/ram0 0{tail}\" 2>/tmp/setup.err",
-                cipher.spec,
-                cipher.key_bits / 8
-            )
-        }
+        VmKind::DmCrypt { cipher, flags } => format!(
+            "dmsetup create bench --table \"0 $SECTORS crypt {} $(key {}) 0 /dev/ram0 0{}\" 2>/tmp/setup.err",
+            cipher.spec,
+            cipher.key_bits / 8,
+            optional_params(cipher, flags)
+        ),
         VmKind::DmNull => {
             "dmsetup create bench --table \"0 $SECTORS crypt capi:ecb(cipher_null) - 0 /dev/ram0 0\" 2>/tmp/setup.err".to_string()
         }
@@ -231,25 +235,30 @@ fn teardown_command(t: &VmTarget, cryptblk: &str) -> String {
     }
 }
 
+/// The end of a dm-crypt table line: ` COUNT PARAM...` (the flags, and the sector size
+/// unless it is dm-crypt's default 512), or nothing.
+fn optional_params(cipher: &CipherChoice, flags: &[String]) -> String {
+    let mut opts = flags.to_vec();
+    if cipher.sector != 512 {
+        opts.push(format!("sector_size:{}", cipher.sector));
+    }
+    if opts.is_empty() {
+        String::new()
+    } else {
+        format!(" {} {}", opts.len(), opts.join(" "))
+    }
+}
+
+/// How `t` is set up, for the report (the key is not shown).
 fn setup_description(t: &VmTarget) -> Vec<String> {
     match &t.kind {
         VmKind::Brd => vec!["modprobe brd rd_nr=1 rd_size=SIZE_KiB; fio on /dev/ram0".into()],
-        VmKind::DmCrypt { cipher, flags } => {
-            let mut opts = flags.clone();
-            if cipher.sector != 512 {
-                opts.push(format!("sector_size:{}", cipher.sector));
-            }
-            vec![format!(
-                "dmsetup create bench --table '0 SECTORS crypt {} <{}-bit random key> 0 /dev/ram0 0{}'",
-                cipher.spec,
-                cipher.key_bits,
-                if opts.is_empty() {
-                    String::new()
-                } else {
-                    format!(" {} {}", opts.len(), opts.join(" "))
-                }
-            )]
-        }
+        VmKind::DmCrypt { cipher, flags } => vec![format!(
+            "dmsetup create bench --table '0 SECTORS crypt {} <{}-bit random key> 0 /dev/ram0 0{}'",
+            cipher.spec,
+            cipher.key_bits,
+            optional_params(cipher, flags)
+        )],
         VmKind::DmNull => vec![
             "dmsetup create bench --table '0 SECTORS crypt capi:ecb(cipher_null) - 0 /dev/ram0 0'"
                 .into(),
@@ -276,63 +285,79 @@ pub fn run(
              meaningless (functional check only). Use a host with hardware KVM for VM figures."
         ));
     }
-    let per_target = workloads.len() * cfg.repeats() as usize;
-    let mut records: Vec<TargetRecord> = targets
-        .iter()
-        .map(|t| TargetRecord {
-            id: t.id.clone(),
-            label: t.label.clone(),
-            env: "vm".into(),
-            encrypted: t.encrypted,
-            baseline: (t.kind != VmKind::Brd).then(|| "vm-brd".to_string()),
-            status: Status::Failed,
-            reason: Some("the guest did not report this target".into()),
-            setup: setup_description(t),
-        })
-        .collect();
-    let fail_all = |records: &mut Vec<TargetRecord>, why: String, progress: &mut Progress| {
+    let per_target = cfg.runs_per_target(workloads);
+    let mut records: Vec<TargetRecord> = targets.iter().map(unreported_record).collect();
+    if let Err(why) = prepare_harness(&cfg.vm_harness, progress) {
         for r in records.iter_mut() {
             r.status = Status::Skipped;
             r.reason = Some(why.clone());
         }
         progress.drop_steps(per_target * targets.len());
-    };
-    let harness = &cfg.vm_harness;
-    if !harness.exists() {
-        fail_all(
-            &mut records,
-            format!(
-                "the VM harness is not at {} (set CRYPTBLK_VM to tests/vm/vm.sh)",
-                harness.display()
-            ),
-            progress,
-        );
         index.targets.extend(records);
         return Ok(());
+    }
+    stage_guest_files(cfg, targets, workloads, ublk)?;
+    let guest = run_guest(cfg, progress, per_target)?;
+    record_guest_env(cfg, index);
+    for r in records.iter_mut() {
+        match guest.statuses.iter().find(|s| s.id == r.id) {
+            Some(st) => apply_status(cfg, workloads, r, st, index),
+            None => {
+                if let Some(why) = &guest.failure {
+                    r.reason = Some(why.clone());
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(cfg.out.join("cryptblk-guest"));
+    index.targets.extend(records);
+    Ok(())
+}
+
+/// The record of `t` before the guest says anything about it: failed, unless the guest
+/// reports it.
+fn unreported_record(t: &VmTarget) -> TargetRecord {
+    TargetRecord {
+        id: t.id.clone(),
+        label: t.label.clone(),
+        env: "vm".into(),
+        encrypted: t.encrypted,
+        baseline: (t.kind != VmKind::Brd).then(|| "vm-brd".to_string()),
+        status: Status::Failed,
+        reason: Some("the guest did not report this target".into()),
+        setup: setup_description(t),
+    }
+}
+
+/// Checks that the VM harness is there and runs its `setup`; `Err` says why no VM target
+/// can run.
+fn prepare_harness(harness: &Path, progress: &mut Progress) -> Result<(), String> {
+    if !harness.exists() {
+        return Err(format!(
+            "the VM harness is not at {} (set CRYPTBLK_VM to tests/vm/vm.sh)",
+            harness.display()
+        ));
     }
     // Idempotent: installs QEMU and fetches the kernel the first time only.
     progress.note("preparing the VM (tests/vm/vm.sh setup)");
     match Command::new(harness).arg("setup").output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            let why = format!(
-                "VM setup failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-            fail_all(&mut records, why, progress);
-            index.targets.extend(records);
-            return Ok(());
-        }
-        Err(e) => {
-            fail_all(
-                &mut records,
-                format!("cannot run {}: {e}", harness.display()),
-                progress,
-            );
-            index.targets.extend(records);
-            return Ok(());
-        }
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "VM setup failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {}: {e}", harness.display())),
     }
+}
+
+/// Puts what the guest needs into the report directory (its /results): guest.sh, and
+/// the cryptblk binary when the ublk target can run.
+fn stage_guest_files(
+    cfg: &Config,
+    targets: &[VmTarget],
+    workloads: &[Workload],
+    ublk: bool,
+) -> Result<(), String> {
     let script = guest_script(cfg, targets, workloads, ublk);
     let gpath = cfg.out.join("guest.sh");
     std::fs::write(&gpath, &script).map_err(|e| format!("{}: {e}", gpath.display()))?;
@@ -340,9 +365,52 @@ pub fn run(
         let dst = cfg.out.join("cryptblk-guest");
         std::fs::copy(&cfg.cryptblk, &dst).map_err(|e| format!("{}: {e}", dst.display()))?;
     }
+    Ok(())
+}
+
+/// A guest's `STATUS id ok|skipped|failed reason` line.
+struct GuestStatus {
+    /// The [`VmTarget::id`].
+    id: String,
+    /// `ok`, `skipped` or `failed`.
+    status: String,
+    /// Why it was skipped or failed (empty for `ok`).
+    reason: String,
+}
+
+impl GuestStatus {
+    /// Parses what follows `STATUS `.
+    fn parse(rest: &str) -> Self {
+        let mut it = rest.splitn(3, ' ');
+        let mut next = || it.next().unwrap_or_default().to_string();
+        GuestStatus {
+            id: next(),
+            status: next(),
+            reason: next(),
+        }
+    }
+}
+
+/// What came back from the VM run.
+struct GuestOutput {
+    /// One per target the guest got to, in order.
+    statuses: Vec<GuestStatus>,
+    /// Why the run ended before the guest's `DONE`, if it did: the harness's exit status
+    /// and the last lines of its stderr.
+    failure: Option<String>,
+}
+
+/// Boots the VM on guest.sh and follows it to the end; the guest's output and the
+/// harness's stderr go to logs/vm.log.
+fn run_guest(
+    cfg: &Config,
+    progress: &mut Progress,
+    per_target: usize,
+) -> Result<GuestOutput, String> {
+    let harness = &cfg.vm_harness;
     let out_abs = std::fs::canonicalize(&cfg.out).map_err(|e| e.to_string())?;
     let logp = cfg.out.join("logs").join("vm.log");
-    let mut log = std::fs::File::create(&logp).map_err(|e| format!("{}: {e}", logp.display()))?;
+    let mut log = File::create(&logp).map_err(|e| format!("{}: {e}", logp.display()))?;
     progress.note("booting the VM (guest script: guest.sh)");
     let mut child = Command::new(harness)
         .arg("run")
@@ -355,23 +423,47 @@ pub fn run(
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", harness.display()))?;
     let stderr = child.stderr.take().expect("piped");
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-            s.push_str(&l);
-            s.push('\n');
-        }
-        s
+    // Drained on a thread of its own so that neither pipe can fill up and stall the VM.
+    let err_thread = std::thread::spawn(move || read_all_lines(stderr));
+    let stdout = child.stdout.take().expect("piped");
+    let (statuses, done) = follow_guest(stdout, &mut log, progress, per_target);
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let errs = err_thread.join().unwrap_or_default();
+    let _ = writeln!(log, "--- VM harness stderr ---\n{errs}");
+    let failure = (!done).then(|| {
+        format!(
+            "the VM run failed ({status}): {}",
+            errs.lines().rev().take(3).collect::<Vec<_>>().join(" / ")
+        )
     });
-    let mut statuses: Vec<(String, String, String)> = Vec::new();
+    Ok(GuestOutput { statuses, failure })
+}
+
+/// Every line of `r`, each ended by `\n`.
+fn read_all_lines(r: impl Read) -> String {
+    let mut s = String::new();
+    for l in BufReader::new(r).lines().map_while(Result::ok) {
+        s.push_str(&l);
+        s.push('\n');
+    }
+    s
+}
+
+/// Follows the guest's output: logs every line, moves the progress bar on `PROGRESS`,
+/// collects the `STATUS` lines; also returns whether the guest got to `DONE`.
+fn follow_guest(
+    stdout: impl Read,
+    log: &mut File,
+    progress: &mut Progress,
+    per_target: usize,
+) -> (Vec<GuestStatus>, bool) {
+    let mut statuses = Vec::new();
+    // The fio run in progress: it counts as a step once the next line shows it ended.
     let mut last: Option<String> = None;
     let mut done = false;
-    for line in BufReader::new(child.stdout.take().expect("piped"))
-        .lines()
-        .map_while(Result::ok)
-    {
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         let _ = writeln!(log, "{line}");
-        let line = line.trim_end_matches('\r').to_string();
+        let line = line.trim_end_matches('\r');
         if let Some(rest) = line.strip_prefix("PROGRESS ") {
             if let Some(l) = last.take() {
                 progress.step(&l);
@@ -382,32 +474,21 @@ pub fn run(
             if let Some(l) = last.take() {
                 progress.step(&l);
             }
-            let mut it = rest.splitn(3, ' ');
-            let id = it.next().unwrap_or_default().to_string();
-            let st = it.next().unwrap_or_default().to_string();
-            let why = it.next().unwrap_or_default().to_string();
-            if st != "ok" {
+            let st = GuestStatus::parse(rest);
+            if st.status != "ok" {
                 progress.drop_steps(per_target);
             }
-            statuses.push((id, st, why));
+            statuses.push(st);
         } else if line == "DONE" {
             done = true;
         }
     }
-    let status = child.wait().map_err(|e| e.to_string())?;
-    let errs = err_thread.join().unwrap_or_default();
-    let _ = writeln!(log, "--- VM harness stderr ---\n{errs}");
-    if !done {
-        let why = format!(
-            "the VM run failed ({status}): {}",
-            errs.lines().rev().take(3).collect::<Vec<_>>().join(" / ")
-        );
-        for r in records.iter_mut() {
-            if !statuses.iter().any(|s| s.0 == r.id) {
-                r.reason = Some(why.clone());
-            }
-        }
-    }
+    (statuses, done)
+}
+
+/// Adds the guest's environment (guest-env.txt, written by the guest) and the VM's
+/// accelerator to the report's environment.
+fn record_guest_env(cfg: &Config, index: &mut Index) {
     if let Ok(genv) = std::fs::read_to_string(cfg.out.join("guest-env.txt")) {
         for l in genv.lines() {
             if let Some((k, v)) = l.split_once(": ") {
@@ -424,66 +505,74 @@ pub fn run(
         }
         .into(),
     ));
-    for r in records.iter_mut() {
-        let Some((_, st, why)) = statuses.iter().find(|s| s.0 == r.id) else {
-            continue;
-        };
-        match st.as_str() {
-            "ok" => {
-                r.status = Status::Ok;
-                r.reason = None;
-                let table = cfg.out.join("raw").join(format!("{}.table", r.id));
-                if let Ok(t) = std::fs::read_to_string(&table)
-                    && !t.trim().is_empty()
-                {
-                    r.setup.push(format!("dmsetup table: {}", t.trim()));
-                }
-                for w in workloads {
-                    for rep in 1..=cfg.repeats() {
-                        let file = format!("raw/{}/{}.r{rep}.json", r.id, w.id);
-                        let dev = match r.id.as_str() {
-                            "vm-brd" => "/dev/ram0",
-                            "vm-cryptblk-ublk" => "/dev/ublkbN",
-                            _ => "/dev/mapper/bench",
-                        };
-                        let args = fio_args(
-                            w,
-                            &IoPath::Block { path: dev.into() },
-                            &cfg.params(),
-                            &Path::new(GUEST_RESULTS).join(&file),
-                        );
-                        let error = if cfg.out.join(&file).exists() {
-                            None
-                        } else {
-                            let e =
-                                std::fs::read_to_string(cfg.out.join(&file).with_extension("err"))
-                                    .unwrap_or_default();
-                            Some(format!("no fio output: {}", e.trim()))
-                        };
-                        index.runs.push(RunRecord {
-                            target: r.id.clone(),
-                            workload: w.id.clone(),
-                            rep,
-                            file,
-                            command: command_line("fio", &args),
-                            error,
-                        });
-                    }
-                }
+}
+
+/// Records what the guest reported of `r`: its status and, if it ran, its fio runs.
+fn apply_status(
+    cfg: &Config,
+    workloads: &[Workload],
+    r: &mut TargetRecord,
+    st: &GuestStatus,
+    index: &mut Index,
+) {
+    match st.status.as_str() {
+        "ok" => {
+            r.status = Status::Ok;
+            r.reason = None;
+            let table = cfg.out.join("raw").join(format!("{}.table", r.id));
+            if let Ok(t) = std::fs::read_to_string(&table)
+                && !t.trim().is_empty()
+            {
+                r.setup.push(format!("dmsetup table: {}", t.trim()));
             }
-            "skipped" => {
-                r.status = Status::Skipped;
-                r.reason = Some(why.clone());
-            }
-            _ => {
-                r.status = Status::Failed;
-                r.reason = Some(why.clone());
+            for w in workloads {
+                for rep in 1..=cfg.repeats() {
+                    index.runs.push(guest_run_record(cfg, &r.id, w, rep));
+                }
             }
         }
+        "skipped" => {
+            r.status = Status::Skipped;
+            r.reason = Some(st.reason.clone());
+        }
+        _ => {
+            r.status = Status::Failed;
+            r.reason = Some(st.reason.clone());
+        }
     }
-    let _ = std::fs::remove_file(cfg.out.join("cryptblk-guest"));
-    index.targets.extend(records);
-    Ok(())
+}
+
+/// The record of one fio run the guest made: the command line as the guest ran it, and an
+/// error if it left no JSON.
+fn guest_run_record(cfg: &Config, target: &str, w: &Workload, rep: u32) -> RunRecord {
+    let file = format!("raw/{target}/{}.r{rep}.json", w.id);
+    // The ublk device's number is only known in the guest.
+    let dev = match target {
+        "vm-brd" => "/dev/ram0",
+        "vm-cryptblk-ublk" => "/dev/ublkbN",
+        _ => "/dev/mapper/bench",
+    };
+    let args = fio_args(
+        w,
+        &IoPath::Block { path: dev.into() },
+        &cfg.params(),
+        &Path::new(GUEST_RESULTS).join(&file),
+    );
+    let error = if cfg.out.join(&file).exists() {
+        None
+    } else {
+        let e =
+            std::fs::read_to_string(cfg.out.join(&file).with_extension("err")).unwrap_or_default();
+        Some(format!("no fio output: {}", e.trim()))
+    };
+    RunRecord {
+        target: target.to_string(),
+        workload: w.id.clone(),
+        rep,
+        file,
+        command: command_line("fio", &args),
+        error,
+    }
 }
 
 #[cfg(test)]
