@@ -17,6 +17,8 @@ pub struct IvOptions {
 
 /// Most IVs prepared on the stack at once; longer runs are handled in batches.
 const IV_BATCH: usize = 64;
+/// IV buffer of requests up to this many sectors (4 KiB of 512-byte sectors).
+const SMALL_IV_BATCH: usize = 8;
 
 enum Engine {
     Null,
@@ -215,7 +217,10 @@ impl SectorCipher {
         // and wiped when the thread ends.
         crate::secret::guard_stack();
         let ss = self.sector_size as usize;
-        if !data.len().is_multiple_of(ss) {
+        // Sector sizes are powers of two (checked at construction): a mask, not a division,
+        // on this per-request path.
+        debug_assert!(ss.is_power_of_two());
+        if data.len() & (ss - 1) != 0 {
             return Err(Error::UnalignedLength {
                 len: data.len(),
                 sector_size: self.sector_size,
@@ -232,10 +237,23 @@ impl SectorCipher {
             }
             return Ok(());
         }
-        let mut iv_buf = [[0u8; 16]; IV_BATCH];
+        // Small requests (the common case) get a small IV buffer: zeroing the whole batch
+        // buffer cost more than the crypto of one 512-byte sector.
+        if data.len() <= ss * SMALL_IV_BATCH {
+            self.process_batches::<SMALL_IV_BATCH>(sector, data, enc);
+        } else {
+            self.process_batches::<IV_BATCH>(sector, data, enc);
+        }
+        Ok(())
+    }
+
+    /// Runs the IV-based engines over `data` (whole sectors) in batches of up to `N` sectors.
+    fn process_batches<const N: usize>(&self, sector: u64, data: &mut [u8], enc: bool) {
+        let ss = self.sector_size as usize;
+        let mut iv_buf = [[0u8; 16]; N];
         let mut first = sector;
-        for batch in data.chunks_mut(ss * IV_BATCH) {
-            let n = batch.len() / ss;
+        for batch in data.chunks_mut(ss * N) {
+            let n = batch.len() >> ss.trailing_zeros();
             let ivs = &mut iv_buf[..n];
             self.fill_ivs(self.iv_sector(first), ivs);
             match &self.engine {
@@ -257,7 +275,6 @@ impl SectorCipher {
             // The fast XTS paths leave encrypted tweaks here: wipe what was used.
             ivs.as_flattened_mut().zeroize();
         }
-        Ok(())
     }
 }
 

@@ -8,6 +8,10 @@ use zeroize::Zeroize;
 pub(crate) struct RoundKeys {
     pub(crate) enc: [[u8; 16]; 15],
     pub(crate) dec: [[u8; 16]; 15],
+    /// Both schedules with every round key twice (both lanes of a 256-bit register), so
+    /// the VAES paths use them as memory operands with no per-call broadcast.
+    pub(crate) enc_wide: [[u8; 32]; 15],
+    pub(crate) dec_wide: [[u8; 32]; 15],
     /// 10 or 14.
     pub(crate) rounds: usize,
 }
@@ -16,6 +20,8 @@ impl Drop for RoundKeys {
     fn drop(&mut self) {
         self.enc.as_flattened_mut().zeroize();
         self.dec.as_flattened_mut().zeroize();
+        self.enc_wide.as_flattened_mut().zeroize();
+        self.dec_wide.as_flattened_mut().zeroize();
     }
 }
 
@@ -25,6 +31,8 @@ impl RoundKeys {
         RoundKeys {
             enc: [[0; 16]; 15],
             dec: [[0; 16]; 15],
+            enc_wide: [[0; 32]; 15],
+            dec_wide: [[0; 32]; 15],
             rounds: 0,
         }
     }
@@ -93,6 +101,14 @@ fn finish(rk: &mut RoundKeys, regs: &[__m128i]) {
         store128(&mut rk.dec[i], _mm_aesimc_si128(regs[nr - i]));
     }
     store128(&mut rk.dec[nr], regs[0]);
+    for (wide, k) in rk.enc_wide.iter_mut().zip(&rk.enc) {
+        wide[..16].copy_from_slice(k);
+        wide[16..].copy_from_slice(k);
+    }
+    for (wide, k) in rk.dec_wide.iter_mut().zip(&rk.dec) {
+        wide[..16].copy_from_slice(k);
+        wide[16..].copy_from_slice(k);
+    }
 }
 
 macro_rules! round128 {

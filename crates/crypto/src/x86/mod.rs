@@ -10,132 +10,71 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::Backend;
+use crate::secret::LockedBox;
 
-/// The text of one AES round (`$op`) on eight registers `{b0}`..`{b7}` with the round key
-/// at byte `$off` of `{k}`: VEX three-operand form (`vex`), or legacy SSE two-operand form
-/// (`sse`; its memory operand must be 16-byte aligned).
+/// The text of one AES round (`$op`) on the registers `{b0}`.. named in the list: the
+/// round key at byte `$off` of `{k}` is loaded once into `{t}` and used from there (one
+/// load per round, not one per register: a memory operand per register saturated the
+/// load ports), in the VEX three-operand form (`vex`) or the legacy SSE two-operand form
+/// (`sse`; its aligned load wants `{k}` 16-byte aligned).
 #[cfg(target_arch = "x86_64")]
-macro_rules! round8 {
-    (vex $op:literal, $off:expr) => {
+macro_rules! aes_round {
+    (vex $op:literal, $off:literal, [$($r:ident => $i:literal),*]) => {
         concat!(
-            $op,
-            " {b0}, {b0}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b1}, {b1}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b2}, {b2}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b3}, {b3}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b4}, {b4}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b5}, {b5}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b6}, {b6}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b7}, {b7}, [{k} + ",
-            $off,
-            "]\n",
+            "vmovdqu {t}, [{k} + ", $off, "]\n",
+            $($op, " {", stringify!($r), "}, {", stringify!($r), "}, {t}\n",)*
         )
     };
-    (sse $op:literal, $off:expr) => {
+    (sse $op:literal, $off:literal, [$($r:ident => $i:literal),*]) => {
         concat!(
-            $op,
-            " {b0}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b1}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b2}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b3}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b4}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b5}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b6}, [{k} + ",
-            $off,
-            "]\n",
-            $op,
-            " {b7}, [{k} + ",
-            $off,
-            "]\n",
+            "movdqa {t}, [{k} + ", $off, "]\n",
+            $($op, " {", stringify!($r), "}, {t}\n",)*
         )
     };
 }
 
-/// Rounds 1..NR-1 of AES (`$op`: aesenc/aesdec or their VEX forms) on the eight registers
-/// of the array `$b` (register class `$class`), round keys `$rk` (an array of 15 keys,
-/// `$size` bytes each) as memory operands; `$nr` is 10 or 14. Unsafe: the caller states
-/// that `$rk` is readable and the CPU has the instructions.
+/// Rounds 1..NR-1 of AES (`$op`: aesenc/aesdec or their VEX forms) on the registers of the
+/// array `$b` (register class `$class`; `[b0 => 0, ...]` names each element), round keys
+/// `$rk` (an array of 15 keys of `$size` bytes, 16 or 32) read from memory; `$nr` is 10 or
+/// 14. Unsafe: the caller states that `$rk` is readable and the CPU has the instructions.
 ///
-/// Written in assembly, round by round across the eight registers: left to itself the
-/// compiler orders the rounds register by register (one AES chain at a time, to save
-/// registers), and the out-of-order window then cannot keep the AES units busy: the
-/// 128-bit path ran at 0.6x the kernel's `aesni-avx` for that reason.
+/// Written in assembly, round by round across the registers: left to itself the compiler
+/// orders the rounds register by register (one AES chain at a time, to save registers),
+/// and the out-of-order window then cannot keep the AES units busy: the 128-bit path ran
+/// at 0.6x the kernel's `aesni-avx` for that reason.
 #[cfg(target_arch = "x86_64")]
-macro_rules! middle_rounds8 {
-    ($form:ident $op:literal, $class:ident, $b:ident, $rk:ident, $nr:expr, 32) => {
-        middle_rounds8!(@asm $form $op, $class, $b, $rk, $nr,
+macro_rules! middle_rounds {
+    ($form:ident $op:literal, $class:ident, $b:ident $regs:tt, $rk:ident, $nr:expr, 32) => {
+        middle_rounds!(@asm $form $op, $class, $b, $regs, $regs, $rk, $nr,
             ["32", "64", "96", "128", "160", "192", "224", "256", "288"],
             ["320", "352", "384", "416"])
     };
-    ($form:ident $op:literal, $class:ident, $b:ident, $rk:ident, $nr:expr, 16) => {
-        middle_rounds8!(@asm $form $op, $class, $b, $rk, $nr,
+    ($form:ident $op:literal, $class:ident, $b:ident $regs:tt, $rk:ident, $nr:expr, 16) => {
+        middle_rounds!(@asm $form $op, $class, $b, $regs, $regs, $rk, $nr,
             ["16", "32", "48", "64", "80", "96", "112", "128", "144"],
             ["160", "176", "192", "208"])
     };
-    (@asm $form:ident $op:literal, $class:ident, $b:ident, $rk:ident, $nr:expr,
+    (@asm $form:ident $op:literal, $class:ident, $b:ident, $regs:tt,
+        [$($r:ident => $i:literal),*], $rk:ident, $nr:expr,
         [$($o:literal),*], [$($o14:literal),*]) => {{
         core::arch::asm!(
-            $(round8!($form $op, $o),)*
+            $(aes_round!($form $op, $o, $regs),)*
             k = in(reg) $rk.as_ptr(),
-            b0 = inout($class) $b[0], b1 = inout($class) $b[1],
-            b2 = inout($class) $b[2], b3 = inout($class) $b[3],
-            b4 = inout($class) $b[4], b5 = inout($class) $b[5],
-            b6 = inout($class) $b[6], b7 = inout($class) $b[7],
+            $($r = inout($class) $b[$i],)*
+            t = out($class) _,
             options(nostack, readonly, preserves_flags),
         );
         if $nr == 14 {
             core::arch::asm!(
-                $(round8!($form $op, $o14),)*
+                $(aes_round!($form $op, $o14, $regs),)*
                 k = in(reg) $rk.as_ptr(),
-                b0 = inout($class) $b[0], b1 = inout($class) $b[1],
-                b2 = inout($class) $b[2], b3 = inout($class) $b[3],
-                b4 = inout($class) $b[4], b5 = inout($class) $b[5],
-                b6 = inout($class) $b[6], b7 = inout($class) $b[7],
+                $($r = inout($class) $b[$i],)*
+                t = out($class) _,
                 options(nostack, readonly, preserves_flags),
             );
         }
     }};
 }
-use crate::secret::LockedBox;
 
 #[cfg(target_arch = "x86_64")]
 mod keys;

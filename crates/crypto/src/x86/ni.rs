@@ -26,9 +26,9 @@ fn rounds<const NR: usize, const ENC: bool, const W: usize>(
         // read; the registers are plain values; the caller enables AES-NI.
         unsafe {
             if ENC {
-                middle_rounds8!(sse "aesenc", xmm_reg, b8, rk, NR, 16);
+                middle_rounds!(sse "aesenc", xmm_reg, b8 [b0 => 0, b1 => 1, b2 => 2, b3 => 3, b4 => 4, b5 => 5, b6 => 6, b7 => 7], rk, NR, 16);
             } else {
-                middle_rounds8!(sse "aesdec", xmm_reg, b8, rk, NR, 16);
+                middle_rounds!(sse "aesdec", xmm_reg, b8 [b0 => 0, b1 => 1, b2 => 2, b3 => 3, b4 => 4, b5 => 5, b6 => 6, b7 => 7], rk, NR, 16);
             }
         }
         last_round::<NR, ENC, W>(b, rk);

@@ -81,6 +81,18 @@ fn mul_x8m<const M: i32, const R: i32>(v: __m256i) -> __m256i {
     _mm256_xor_si256(_mm256_bslli_epi128::<M>(v), red)
 }
 
+/// A register's tweaks one pass later: times α^(2W), a whole number of bytes.
+#[inline]
+#[target_feature(enable = "avx2,vpclmulqdq")]
+fn next_pass(t: __m256i) -> __m256i {
+    const { assert!(W == 4 || W == 8) };
+    if W == 4 {
+        mul_x8m::<1, 15>(t)
+    } else {
+        mul_x8m::<2, 14>(t)
+    }
+}
+
 /// Tweaks of the first pass of a data unit whose first tweak is `t`: register i holds
 /// [T·α^(2i), T·α^(2i+1)].
 #[inline]
@@ -97,16 +109,8 @@ fn pass_tweaks(t: __m128i) -> [__m256i; W] {
     z
 }
 
-/// Round keys broadcast to both lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn broadcast_keys(rk: &[__m128i; 15]) -> [__m256i; 15] {
-    let mut out = [_mm256_setzero_si256(); 15];
-    for (o, k) in out.iter_mut().zip(rk) {
-        *o = _mm256_broadcastsi128_si256(*k);
-    }
-    out
-}
+/// Round keys as 256-bit values (both lanes), in memory.
+type WideKeys = [[u8; 32]; 15];
 
 /// Rounds 1..NR of W registers; the last round key is per register (tweak folded in).
 ///
@@ -118,17 +122,18 @@ fn broadcast_keys(rk: &[__m128i; 15]) -> [__m256i; 15] {
 #[target_feature(enable = "avx2,vaes")]
 fn rounds<const NR: usize, const ENC: bool>(
     b: &mut [__m256i; W],
-    rk: &[__m256i; 15],
+    rk: &WideKeys,
     last: &[__m256i; W],
 ) {
     const { assert!(W == 8 && (NR == 10 || NR == 14)) };
-    // SAFETY: `rk` is 15 round keys of 32 bytes, only read; the registers are plain
-    // values; the caller enables AVX2 and VAES.
+    // SAFETY: `rk` is 15 round keys of 32 bytes (VEX memory operands need no
+    // alignment), only read; the registers are plain values; the caller enables AVX2
+    // and VAES.
     unsafe {
         if ENC {
-            middle_rounds8!(vex "vaesenc", ymm_reg, b, rk, NR, 32);
+            middle_rounds!(vex "vaesenc", ymm_reg, b [b0 => 0, b1 => 1, b2 => 2, b3 => 3, b4 => 4, b5 => 5, b6 => 6, b7 => 7], rk, NR, 32);
         } else {
-            middle_rounds8!(vex "vaesdec", ymm_reg, b, rk, NR, 32);
+            middle_rounds!(vex "vaesdec", ymm_reg, b [b0 => 0, b1 => 1, b2 => 2, b3 => 3, b4 => 4, b5 => 5, b6 => 6, b7 => 7], rk, NR, 32);
         }
     }
     for (x, l) in b.iter_mut().zip(last) {
@@ -146,13 +151,14 @@ fn rounds<const NR: usize, const ENC: bool>(
 fn xts_pass<const NR: usize, const ENC: bool>(
     regs: &mut [[u8; 32]; W],
     z: &[__m256i; W],
-    rk: &[__m256i; 15],
+    rk: &WideKeys,
 ) {
+    let (first, final_key) = (load256(&rk[0]), load256(&rk[NR]));
     let mut b = [_mm256_setzero_si256(); W];
     let mut last = [_mm256_setzero_si256(); W];
     for i in 0..W {
-        b[i] = _mm256_xor_si256(load256(&regs[i]), _mm256_xor_si256(z[i], rk[0]));
-        last[i] = _mm256_xor_si256(rk[NR], z[i]);
+        b[i] = _mm256_xor_si256(load256(&regs[i]), _mm256_xor_si256(z[i], first));
+        last[i] = _mm256_xor_si256(final_key, z[i]);
     }
     rounds::<NR, ENC>(&mut b, rk, &last);
     for i in 0..W {
@@ -169,22 +175,24 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     unit: usize,
 ) {
     ni::encrypt_blocks::<NR>(&k2.load(true), ivs);
-    let rk128 = k1.load(ENC);
-    let rk = broadcast_keys(&rk128);
+    let rk = if ENC { &k1.enc_wide } else { &k1.dec_wide };
     for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
         let mut z = pass_tweaks(load128(iv));
         let (passes, rest) = sector.as_chunks_mut::<PASS>();
         for p in passes {
             let regs: &mut [[u8; 32]; W] =
                 p.as_chunks_mut::<32>().0.try_into().expect("W registers");
-            xts_pass::<NR, ENC>(regs, &z, &rk);
-            // α^(2W) = α^16: two bytes.
-            for t in z.iter_mut() {
-                *t = mul_x8m::<2, 14>(*t);
+            // The next pass's tweaks before this pass's rounds, so they are ready when its
+            // last round retires.
+            let mut next = z;
+            for t in next.iter_mut() {
+                *t = next_pass(*t);
             }
+            xts_pass::<NR, ENC>(regs, &z, rk);
+            z = next;
         }
         if !rest.is_empty() {
-            ni::xts_unit::<NR, ENC>(&rk128, _mm256_castsi256_si128(z[0]), rest);
+            ni::xts_unit::<NR, ENC>(&k1.load(ENC), _mm256_castsi256_si128(z[0]), rest);
         }
     }
 }
@@ -213,22 +221,19 @@ pub(super) unsafe fn xts(
 
 /// CBC decryption of one data unit starting from `iv`.
 #[target_feature(enable = "avx2,vaes,aes,sse2")]
-fn cbc_decrypt_unit<const NR: usize>(
-    rk128: &[__m128i; 15],
-    rk: &[__m256i; 15],
-    iv: __m128i,
-    data: &mut [u8],
-) {
+fn cbc_decrypt_unit<const NR: usize>(k: &RoundKeys, iv: __m128i, data: &mut [u8]) {
+    let rk = &k.dec_wide;
+    let (first, final_key) = (load256(&rk[0]), load256(&rk[NR]));
     let mut prev = iv;
     let (passes, rest) = data.as_chunks_mut::<PASS>();
     for p in passes {
         let regs: &mut [[u8; 32]; W] = p.as_chunks_mut::<32>().0.try_into().expect("W registers");
         let mut ct = [_mm256_setzero_si256(); W];
         let mut b = [_mm256_setzero_si256(); W];
-        let mut last = [rk[NR]; W];
+        let mut last = [final_key; W];
         for i in 0..W {
             ct[i] = load256(&regs[i]);
-            b[i] = _mm256_xor_si256(ct[i], rk[0]);
+            b[i] = _mm256_xor_si256(ct[i], first);
         }
         // The block before each register's pair: [previous ciphertext, first of the pair].
         // Folded into the last round key, as XTS does with its tweak.
@@ -249,7 +254,9 @@ fn cbc_decrypt_unit<const NR: usize>(
         }
         prev = _mm256_extracti128_si256::<1>(ct[W - 1]);
     }
-    ni::cbc_decrypt_unit::<NR>(rk128, prev, rest);
+    if !rest.is_empty() {
+        ni::cbc_decrypt_unit::<NR>(&k.load(false), prev, rest);
+    }
 }
 
 /// CBC decryption over `ivs.len()` data units of `unit` bytes (encryption is one chain per
@@ -259,13 +266,11 @@ fn cbc_decrypt_unit<const NR: usize>(
 /// The CPU must support AVX2, VAES and AES-NI.
 #[target_feature(enable = "avx2,vaes,aes,sse2")]
 pub(super) unsafe fn cbc_decrypt(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], unit: usize) {
-    let rk128 = k.load(false);
-    let rk = broadcast_keys(&rk128);
     for (iv, unit_data) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
         if k.rounds == 10 {
-            cbc_decrypt_unit::<10>(&rk128, &rk, load128(iv), unit_data);
+            cbc_decrypt_unit::<10>(k, load128(iv), unit_data);
         } else {
-            cbc_decrypt_unit::<14>(&rk128, &rk, load128(iv), unit_data);
+            cbc_decrypt_unit::<14>(k, load128(iv), unit_data);
         }
     }
 }
@@ -321,7 +326,7 @@ mod tests {
                     }
                 }
                 for r in z.iter_mut() {
-                    *r = mul_x8m::<2, 14>(*r);
+                    *r = next_pass(*r);
                 }
             }
         }
