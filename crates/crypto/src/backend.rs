@@ -63,6 +63,7 @@ impl Backend {
             #[cfg(target_arch = "x86_64")]
             Backend::AesNi => {
                 std::arch::is_x86_feature_detected!("aes")
+                    && std::arch::is_x86_feature_detected!("pclmulqdq")
                     && std::arch::is_x86_feature_detected!("sse2")
                     && std::arch::is_x86_feature_detected!("sse4.1")
             }

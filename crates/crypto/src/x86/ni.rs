@@ -15,8 +15,17 @@ pub(super) fn mulx(t: __m128i) -> __m128i {
     _mm_xor_si128(_mm_slli_epi64(t, 1), carries)
 }
 
+/// XTS tweak times α^8: a byte shift, and the byte shifted out multiplied by 0x87.
 #[inline]
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "sse2,pclmulqdq")]
+fn mul_x8(t: __m128i) -> __m128i {
+    let out = _mm_srli_si128::<15>(t);
+    let red = _mm_clmulepi64_si128::<0x00>(out, _mm_set_epi64x(0, 0x87));
+    _mm_xor_si128(_mm_slli_si128::<1>(t), red)
+}
+
+#[inline]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 fn rounds<const NR: usize, const ENC: bool, const W: usize>(
     b: &mut [__m128i; W],
     rk: &[__m128i; 15],
@@ -47,7 +56,7 @@ fn rounds<const NR: usize, const ENC: bool, const W: usize>(
 }
 
 #[inline]
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 fn last_round<const NR: usize, const ENC: bool, const W: usize>(
     b: &mut [__m128i; W],
     rk: &[__m128i; 15],
@@ -62,7 +71,7 @@ fn last_round<const NR: usize, const ENC: bool, const W: usize>(
 }
 
 /// Encrypts blocks in place (ECB), eight at a time: used for XTS tweaks.
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 pub(super) fn encrypt_blocks<const NR: usize>(rk: &[__m128i; 15], blocks: &mut [[u8; 16]]) {
     let (chunks, rest) = blocks.as_chunks_mut::<8>();
     for c in chunks {
@@ -83,20 +92,26 @@ pub(super) fn encrypt_blocks<const NR: usize>(rk: &[__m128i; 15], blocks: &mut [
 }
 
 /// XTS over one data unit starting with tweak `t`; returns the tweak after its last block.
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 pub(super) fn xts_unit<const NR: usize, const ENC: bool>(
     rk: &[__m128i; 15],
     mut t: __m128i,
     data: &mut [u8],
 ) -> __m128i {
     let (chunks, rest) = data.as_chunks_mut::<128>();
+    // The eight tweaks of a chunk; each advances to the next chunk on its own (× α^8), so
+    // no serial chain of doublings sits between the AES passes.
+    let mut tw = [t; 8];
+    for i in 1..8 {
+        tw[i] = mulx(tw[i - 1]);
+    }
     for c in chunks {
         let blocks: &mut [[u8; 16]; 8] = c.as_chunks_mut::<16>().0.try_into().expect("8 blocks");
-        let mut tw = [t; 8];
-        for i in 1..8 {
-            tw[i] = mulx(tw[i - 1]);
+        let mut next = tw;
+        for x in next.iter_mut() {
+            *x = mul_x8(*x);
         }
-        t = mulx(tw[7]);
+        t = next[0];
         let mut b = [_mm_setzero_si128(); 8];
         for i in 0..8 {
             b[i] = _mm_xor_si128(load128(&blocks[i]), _mm_xor_si128(tw[i], rk[0]));
@@ -105,6 +120,7 @@ pub(super) fn xts_unit<const NR: usize, const ENC: bool>(
         for i in 0..8 {
             store128(&mut blocks[i], _mm_xor_si128(b[i], tw[i]));
         }
+        tw = next;
     }
     for blk in rest.as_chunks_mut::<16>().0 {
         let mut b = [_mm_xor_si128(load128(blk), _mm_xor_si128(t, rk[0]))];
@@ -115,7 +131,7 @@ pub(super) fn xts_unit<const NR: usize, const ENC: bool>(
     t
 }
 
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 fn xts_nr<const NR: usize, const ENC: bool>(
     k1: &RoundKeys,
     k2: &RoundKeys,
@@ -133,8 +149,8 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 /// XTS over `ivs.len()` data units of `unit` bytes (any multiple of 16).
 ///
 /// # Safety
-/// The CPU must support AES-NI and SSE2.
-#[target_feature(enable = "aes,sse2")]
+/// The CPU must support AES-NI, PCLMULQDQ and SSE2.
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 pub(super) unsafe fn xts(
     k1: &RoundKeys,
     k2: &RoundKeys,
@@ -152,7 +168,7 @@ pub(super) unsafe fn xts(
 }
 
 /// CBC decryption of one data unit: all blocks are independent given the ciphertext.
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 pub(super) fn cbc_decrypt_unit<const NR: usize>(rk: &[__m128i; 15], iv: __m128i, data: &mut [u8]) {
     let mut prev = iv;
     let (chunks, rest) = data.as_chunks_mut::<128>();
@@ -181,7 +197,7 @@ pub(super) fn cbc_decrypt_unit<const NR: usize>(rk: &[__m128i; 15], iv: __m128i,
 }
 
 /// CBC encryption of W data units side by side: block j of every unit in one pass.
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 fn cbc_encrypt_units<const NR: usize, const W: usize>(
     rk: &[__m128i; 15],
     ivs: &[[u8; 16]],
@@ -209,7 +225,7 @@ fn cbc_encrypt_units<const NR: usize, const W: usize>(
     }
 }
 
-#[target_feature(enable = "aes,sse2")]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 fn cbc_nr<const NR: usize>(
     k: &RoundKeys,
     ivs: &[[u8; 16]],
@@ -249,8 +265,8 @@ fn cbc_nr<const NR: usize>(
 /// CBC over `ivs.len()` data units of `unit` bytes.
 ///
 /// # Safety
-/// The CPU must support AES-NI and SSE2.
-#[target_feature(enable = "aes,sse2")]
+/// The CPU must support AES-NI, PCLMULQDQ and SSE2.
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
 pub(super) unsafe fn cbc(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
     if k.rounds == 10 {
         cbc_nr::<10>(k, ivs, data, unit, enc)

@@ -166,7 +166,7 @@ fn xts_pass<const NR: usize, const ENC: bool>(
     }
 }
 
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse2")]
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
 fn xts_nr<const NR: usize, const ENC: bool>(
     k1: &RoundKeys,
     k2: &RoundKeys,
@@ -202,7 +202,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 ///
 /// # Safety
 /// The CPU must support AVX2, VAES, VPCLMULQDQ and AES-NI.
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse2")]
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
 pub(super) unsafe fn xts(
     k1: &RoundKeys,
     k2: &RoundKeys,
@@ -220,7 +220,7 @@ pub(super) unsafe fn xts(
 }
 
 /// CBC decryption of one data unit starting from `iv`.
-#[target_feature(enable = "avx2,vaes,aes,sse2")]
+#[target_feature(enable = "avx2,vaes,aes,pclmulqdq,sse2")]
 fn cbc_decrypt_unit<const NR: usize>(k: &RoundKeys, iv: __m128i, data: &mut [u8]) {
     let rk = &k.dec_wide;
     let (first, final_key) = (load256(&rk[0]), load256(&rk[NR]));
@@ -264,7 +264,7 @@ fn cbc_decrypt_unit<const NR: usize>(k: &RoundKeys, iv: __m128i, data: &mut [u8]
 ///
 /// # Safety
 /// The CPU must support AVX2, VAES and AES-NI.
-#[target_feature(enable = "avx2,vaes,aes,sse2")]
+#[target_feature(enable = "avx2,vaes,aes,pclmulqdq,sse2")]
 pub(super) unsafe fn cbc_decrypt(k: &RoundKeys, ivs: &[[u8; 16]], data: &mut [u8], unit: usize) {
     for (iv, unit_data) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
         if k.rounds == 10 {

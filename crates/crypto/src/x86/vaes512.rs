@@ -116,7 +116,7 @@ fn tweaks_from(z0: __m512i, z1: __m512i) -> [__m512i; W] {
     z
 }
 
-#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
 fn xts_nr<const NR: usize, const ENC: bool>(
     k1: &RoundKeys,
     k2: &RoundKeys,
@@ -161,7 +161,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512BW, VAES, VPCLMULQDQ and AES-NI.
-#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
 pub(super) unsafe fn xts(
     k1: &RoundKeys,
     k2: &RoundKeys,
