@@ -38,10 +38,12 @@ workloads=(
   "128k-write-qd8 --rw=write --bs=128k --iodepth=8"
 )
 
-# MB/s (reads and writes together) from fio's JSON on stdin.
+# MB/s (reads and writes together) from fio's JSON on stdin (fio's nbd engine may print a
+# "connected to NBD server" line before it).
 mbps() {
   python3 -c 'import json, sys
-job = json.load(sys.stdin)["jobs"][0]
+text = sys.stdin.read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
 print("%.0f" % ((job["read"]["bw"] + job["write"]["bw"]) / 1024))' 2> /dev/null || echo ERR
 }
 
