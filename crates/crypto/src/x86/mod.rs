@@ -12,6 +12,20 @@
 use crate::Backend;
 use crate::secret::LockedBox;
 
+/// Calls `$f::<NR, ENC>(args)` with the round count of `$keys` (10 for AES-128, else 14)
+/// and the direction `$enc` as constants, so each combination is compiled on its own.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rounds_and_direction {
+    ($keys:expr, $enc:expr, $f:ident($($arg:expr),*)) => {
+        match ($keys.rounds, $enc) {
+            (10, true) => $f::<10, true>($($arg),*),
+            (10, false) => $f::<10, false>($($arg),*),
+            (_, true) => $f::<14, true>($($arg),*),
+            (_, false) => $f::<14, false>($($arg),*),
+        }
+    };
+}
+
 /// The text of one AES round (`$op`) on the registers `{b0}`.. named in the list: the
 /// round key at byte `$off` of `{k}` is loaded once into `{t}` and used from there (one
 /// load per round, not one per register: a memory operand per register saturated the

@@ -170,10 +170,5 @@ pub(super) unsafe fn xts(
     unit: usize,
     enc: bool,
 ) {
-    match (k1.rounds, enc) {
-        (10, true) => xts_nr::<10, true>(k1, k2, ivs, data, unit),
-        (10, false) => xts_nr::<10, false>(k1, k2, ivs, data, unit),
-        (_, true) => xts_nr::<14, true>(k1, k2, ivs, data, unit),
-        (_, false) => xts_nr::<14, false>(k1, k2, ivs, data, unit),
-    }
+    by_rounds_and_direction!(k1, enc, xts_nr(k1, k2, ivs, data, unit))
 }
