@@ -249,6 +249,17 @@ pub(crate) fn guard_stack() {
     STACK_GUARD_TLS.with(|_| {});
 }
 
+/// Overwrites 16-byte blocks (IVs, encrypted tweaks) with zeros, one volatile 16-byte store
+/// each: `zeroize` on the flattened bytes stores byte by byte, which for a request's eight
+/// IVs cost more than a tenth of encrypting a 512-byte sector.
+pub(crate) fn wipe_blocks(blocks: &mut [[u8; 16]]) {
+    for b in blocks {
+        // SAFETY: `b` is a valid, aligned, exclusive reference to 16 bytes; a volatile
+        // store is never elided.
+        unsafe { core::ptr::write_volatile(b, [0u8; 16]) };
+    }
+}
+
 /// Overwrites the stack below the caller with zeros: key setup (key expansion into values
 /// that are then moved into place) leaves copies in dead stack frames, which a call made
 /// right after it from the same frame reuses and wipes.

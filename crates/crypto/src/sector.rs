@@ -273,7 +273,7 @@ impl SectorCipher {
             }
             first = first.wrapping_add(n as u64);
             // The fast XTS paths leave encrypted tweaks here: wipe what was used.
-            ivs.as_flattened_mut().zeroize();
+            crate::secret::wipe_blocks(ivs);
         }
     }
 }

@@ -4,10 +4,10 @@
 //!
 //! XTS: lane j of a register holds T·α^j. A pass covers W registers (2·W blocks); every
 //! register's tweaks advance to the next pass by one multiplication by α^(2W), all W of
-//! them independent, so the tweak computation never serialises the AES pipeline. Each
-//! register's tweak is folded into round key 0 and the last round key, so XTS costs no
-//! extra instructions on the AES ports. Per-sector starting tweaks are encrypted together
-//! up front.
+//! them independent, so the tweak computation never serialises the AES pipeline. The pass
+//! loop of a sector is one assembly block (`xts_passes`): eight block registers round by
+//! round, the next pass's tweaks computed in between, nothing spilled. Per-sector starting
+//! tweaks are encrypted together up front.
 //!
 //! CBC decryption: every block is independent given the ciphertext; the previous block of
 //! a register pair is one cross-lane permute of two ciphertext registers.
@@ -81,7 +81,9 @@ fn mul_x8m<const M: i32, const R: i32>(v: __m256i) -> __m256i {
     _mm256_xor_si256(_mm256_bslli_epi128::<M>(v), red)
 }
 
-/// A register's tweaks one pass later: times α^(2W), a whole number of bytes.
+/// A register's tweaks one pass later: times α^(2W), a whole number of bytes (what the
+/// pass loop's `tweak_step` computes; the tests check the powers with it).
+#[cfg(test)]
 #[inline]
 #[target_feature(enable = "avx2,vpclmulqdq")]
 fn next_pass(t: __m256i) -> __m256i {
@@ -112,7 +114,8 @@ fn pass_tweaks(t: __m128i) -> [__m256i; W] {
 /// Round keys as 256-bit values (both lanes), in memory.
 type WideKeys = [[u8; 32]; 15];
 
-/// Rounds 1..NR of W registers; the last round key is per register (tweak folded in).
+/// Rounds 1..NR of W registers; the last round key is per register (`last`: CBC folds the
+/// previous ciphertext block into it).
 ///
 /// The middle rounds are written in assembly, round by round across the eight registers:
 /// left to itself the compiler orders them register by register (one AES chain at a
@@ -145,24 +148,227 @@ fn rounds<const NR: usize, const ENC: bool>(
     }
 }
 
-/// XTS over one pass (W registers) with tweaks `z`.
-#[inline]
-#[target_feature(enable = "avx2,vaes")]
-fn xts_pass<const NR: usize, const ENC: bool>(
-    regs: &mut [[u8; 32]; W],
-    z: &[__m256i; W],
-    rk: &WideKeys,
-) {
-    let (first, final_key) = (load256(&rk[0]), load256(&rk[NR]));
-    let mut b = [_mm256_setzero_si256(); W];
-    let mut last = [_mm256_setzero_si256(); W];
-    for i in 0..W {
-        b[i] = _mm256_xor_si256(load256(&regs[i]), _mm256_xor_si256(z[i], first));
-        last[i] = _mm256_xor_si256(final_key, z[i]);
+/// One AES round (`$op`) on ymm0..ymm7 with round key `$off` bytes into `{k}`, loaded once
+/// into ymm8.
+#[rustfmt::skip]
+macro_rules! round8 {
+    ($op:literal, $off:literal) => {
+        concat!(
+            "vmovdqu ymm8, [{k} + ", $off, "]\n",
+            $op, " ymm0, ymm0, ymm8\n", $op, " ymm1, ymm1, ymm8\n",
+            $op, " ymm2, ymm2, ymm8\n", $op, " ymm3, ymm3, ymm8\n",
+            $op, " ymm4, ymm4, ymm8\n", $op, " ymm5, ymm5, ymm8\n",
+            $op, " ymm6, ymm6, ymm8\n", $op, " ymm7, ymm7, ymm8\n",
+        )
+    };
+}
+
+/// The next pass's tweaks of registers `$a` and `$a + 32` (byte offsets into `{tw}`): the
+/// current ones times α^16, written to `{twn}`. Each is a two-byte shift left plus the two
+/// bytes shifted out, multiplied by 0x87 carry-less. One carry-less multiply serves both
+/// registers: the first's carry bytes sit at bits 0..16 of the operand, the second's at
+/// 32..48, and their 23-bit products do not overlap. On AMD Zen 3 a 256-bit VPCLMULQDQ takes
+/// about two AES slots, so halving them was worth the extra shifts. Interleaved with the
+/// AES rounds, one pair per round (ymm11..ymm14 scratch; `{c}`: constants, see `TWEAK_CONSTS`).
+#[rustfmt::skip]
+macro_rules! tweak_step {
+    ($a:literal, $b:literal) => {
+        concat!(
+            "vmovdqu ymm11, [{tw} + ",
+            $a,
+            "]\n",
+            "vmovdqu ymm12, [{tw} + ",
+            $b,
+            "]\n",
+            "vpsrldq ymm13, ymm11, 14\n",
+            "vpsrldq ymm14, ymm12, 10\n",
+            "vpand ymm14, ymm14, [{c} + 32]\n",
+            "vpxor ymm13, ymm13, ymm14\n",
+            "vpclmulqdq ymm13, ymm13, ymm15, 0\n",
+            "vpslldq ymm11, ymm11, 2\n",
+            "vpslldq ymm12, ymm12, 2\n",
+            "vpsrlq ymm14, ymm13, 32\n",
+            "vpand ymm13, ymm13, [{c} + 64]\n",
+            "vpxor ymm11, ymm11, ymm13\n",
+            "vpxor ymm12, ymm12, ymm14\n",
+            "vmovdqu [{twn} + ",
+            $a,
+            "], ymm11\n",
+            "vmovdqu [{twn} + ",
+            $b,
+            "], ymm12\n",
+        )
+    };
+}
+
+/// Whitening of a register: data ^ tweak ^ round key 0 (ymm9).
+#[rustfmt::skip]
+macro_rules! whiten {
+    ($r:literal, $off:literal) => {
+        concat!(
+            "vpxor ymm", $r, ", ymm9, [{tw} + ", $off, "]\n",
+            "vpxor ymm", $r, ", ymm", $r, ", [{d} + ", $off, "]\n",
+        )
+    };
+}
+
+/// Last round of a register (key in ymm10), the tweak XORed after it, stored.
+#[rustfmt::skip]
+macro_rules! finish {
+    ($op:literal, $r:literal, $off:literal) => {
+        concat!(
+            $op, " ymm", $r, ", ymm", $r, ", ymm10\n",
+            "vpxor ymm", $r, ", ymm", $r, ", [{tw} + ", $off, "]\n",
+            "vmovdqu [{d} + ", $off, "], ymm", $r, "\n",
+        )
+    };
+}
+
+/// The text of the XTS pass loop: `{n}` passes of 256 bytes at `{d}`, the current pass's
+/// tweaks at `{tw}` (eight registers of two), the next pass's written to `{twn}` (the two
+/// buffers swap every pass). `$last_off` is the byte offset of round key NR; `$more` the
+/// rounds after the eighth.
+#[rustfmt::skip]
+macro_rules! xts_loop {
+    ($op:literal, $oplast:literal, $last_off:literal, [$($more:literal),*]) => {
+        concat!(
+            "vmovdqu ymm9, [{k}]\n",
+            "vmovdqu ymm10, [{k} + ", $last_off, "]\n",
+            "vmovdqu ymm15, [{c}]\n",
+            "2:\n",
+            whiten!("0", "0"), whiten!("1", "32"), whiten!("2", "64"), whiten!("3", "96"),
+            whiten!("4", "128"), whiten!("5", "160"), whiten!("6", "192"), whiten!("7", "224"),
+            round8!($op, "32"),
+            round8!($op, "64"), tweak_step!("0", "32"),
+            round8!($op, "96"),
+            round8!($op, "128"), tweak_step!("64", "96"),
+            round8!($op, "160"),
+            round8!($op, "192"), tweak_step!("128", "160"),
+            round8!($op, "224"),
+            round8!($op, "256"), tweak_step!("192", "224"),
+            $(round8!($op, $more),)*
+            finish!($oplast, "0", "0"), finish!($oplast, "1", "32"),
+            finish!($oplast, "2", "64"), finish!($oplast, "3", "96"),
+            finish!($oplast, "4", "128"), finish!($oplast, "5", "160"),
+            finish!($oplast, "6", "192"), finish!($oplast, "7", "224"),
+            "add {d}, 256\n",
+            "xchg {tw}, {twn}\n",
+            "dec {n}\n",
+            "jnz 2b\n",
+        )
+    };
+}
+
+/// Constants of the tweak step, one 256-bit value each (both lanes alike, low qword
+/// shown): at 0 the reduction polynomial 0x87; at 32 a mask of bytes 4..6 (where the second
+/// register's carry bytes land); at 64 a mask of the low 32 bits (the first register's
+/// product).
+#[repr(C, align(32))]
+struct TweakConsts([u64; 12]);
+static TWEAK_CONSTS: TweakConsts = TweakConsts([
+    0x87,
+    0,
+    0x87,
+    0,
+    0xffff_0000_0000,
+    0,
+    0xffff_0000_0000,
+    0,
+    0xffff_ffff,
+    0,
+    0xffff_ffff,
+    0,
+]);
+
+/// One pass's tweaks, eight registers of two blocks, aligned so no access splits a cache
+/// line.
+#[repr(C, align(64))]
+struct PassTweaks([[u8; 32]; W]);
+
+impl PassTweaks {
+    /// All zero.
+    fn new() -> Self {
+        PassTweaks([[0; 32]; W])
     }
-    rounds::<NR, ENC>(&mut b, rk, &last);
-    for i in 0..W {
-        store256(&mut regs[i], b[i]);
+
+    /// Overwrites the tweaks with zeros, 32 bytes per store (a byte-wise wipe of both
+    /// buffers cost as much as encrypting a 512-byte sector).
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn wipe(&mut self) {
+        for t in self.0.iter_mut() {
+            // SAFETY: `t` is 32 writable bytes; a volatile store is never elided.
+            unsafe {
+                core::ptr::write_volatile(t.as_mut_ptr().cast::<__m256i>(), _mm256_setzero_si256())
+            };
+        }
+    }
+}
+
+/// XTS over `passes` passes of 256 bytes at `data`, first tweaks in `tw` (register i holds
+/// [T·α^(2i), T·α^(2i+1)]); `scratch` receives the later passes' tweaks. Both tweak buffers
+/// are left holding tweaks (the caller wipes them).
+///
+/// The whole loop is one assembly block with every value in a named register: eight
+/// blocks registers, a round key, round keys 0 and NR, the reduction constant and four
+/// for the tweak step. Compiled from intrinsics, eight blocks plus eight tweak registers
+/// plus keys did not fit in 16 registers and were spilled on every pass; and the tweak
+/// step is placed one register per round, so its carry-less multiply (which takes an AES
+/// unit's slot on AMD Zen 3) spreads thin.
+#[inline]
+#[target_feature(enable = "avx2,vaes,vpclmulqdq")]
+fn xts_passes<const NR: usize, const ENC: bool>(
+    rk: &WideKeys,
+    tw: &mut PassTweaks,
+    scratch: &mut PassTweaks,
+    data: &mut [[u8; PASS]],
+) {
+    const { assert!(W == 8 && (NR == 10 || NR == 14)) };
+    if data.is_empty() {
+        return;
+    }
+    let (k, d, n) = (rk.as_ptr(), data.as_mut_ptr(), data.len());
+    let (tw, twn) = (tw.0.as_mut_ptr(), scratch.0.as_mut_ptr());
+    // SAFETY: `{d}` covers `n` passes of 256 bytes, read and written in place; `{k}` is
+    // 15 round keys of 32 bytes, read; `{tw}` and `{twn}` are 256 bytes each, distinct,
+    // read and written; `{c}` is 96 readable bytes. Every vector register used is
+    // declared clobbered, as are the pointer and counter registers; VEX memory operands
+    // need no alignment. The caller enables AVX2, VAES and VPCLMULQDQ.
+    unsafe {
+        macro_rules! run {
+            ($text:expr) => {
+                core::arch::asm!(
+                    $text,
+                    k = in(reg) k,
+                    c = in(reg) TWEAK_CONSTS.0.as_ptr(),
+                    d = inout(reg) d => _,
+                    n = inout(reg) n => _,
+                    tw = inout(reg) tw => _,
+                    twn = inout(reg) twn => _,
+                    out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+                    out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+                    out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+                    out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                    options(nostack),
+                )
+            };
+        }
+        match (NR, ENC) {
+            (10, true) => run!(xts_loop!("vaesenc", "vaesenclast", "320", ["288"])),
+            (10, false) => run!(xts_loop!("vaesdec", "vaesdeclast", "320", ["288"])),
+            (_, true) => run!(xts_loop!(
+                "vaesenc",
+                "vaesenclast",
+                "448",
+                ["288", "320", "352", "384", "416"]
+            )),
+            (_, false) => run!(xts_loop!(
+                "vaesdec",
+                "vaesdeclast",
+                "448",
+                ["288", "320", "352", "384", "416"]
+            )),
+        }
     }
 }
 
@@ -176,25 +382,26 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 ) {
     ni::encrypt_blocks::<NR>(&k2.load(true), ivs);
     let rk = if ENC { &k1.enc_wide } else { &k1.dec_wide };
+    let mut tw = PassTweaks::new();
+    let mut scratch = PassTweaks::new();
     for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
-        let mut z = pass_tweaks(load128(iv));
-        let (passes, rest) = sector.as_chunks_mut::<PASS>();
-        for p in passes {
-            let regs: &mut [[u8; 32]; W] =
-                p.as_chunks_mut::<32>().0.try_into().expect("W registers");
-            // The next pass's tweaks before this pass's rounds, so they are ready when its
-            // last round retires.
-            let mut next = z;
-            for t in next.iter_mut() {
-                *t = next_pass(*t);
-            }
-            xts_pass::<NR, ENC>(regs, &z, rk);
-            z = next;
+        let z = pass_tweaks(load128(iv));
+        for (t, v) in tw.0.iter_mut().zip(z) {
+            store256(t, v);
         }
+        let (passes, rest) = sector.as_chunks_mut::<PASS>();
+        xts_passes::<NR, ENC>(rk, &mut tw, &mut scratch, passes);
         if !rest.is_empty() {
-            ni::xts_unit::<NR, ENC>(&k1.load(ENC), _mm256_castsi256_si128(z[0]), rest);
+            // The tweak after the last whole pass: its first register's low lane, in
+            // whichever buffer the pass loop left it (they swap every pass).
+            let after = if passes.len() % 2 == 0 { &tw } else { &scratch };
+            let t = load128(after.0[0][..16].try_into().expect("16 bytes"));
+            ni::xts_unit::<NR, ENC>(&k1.load(ENC), t, rest);
         }
     }
+    // Tweaks are derived from the key: leave none on the stack.
+    tw.wipe();
+    scratch.wipe();
 }
 
 /// XTS over `ivs.len()` data units of `unit` bytes (any multiple of 16); `ivs` is
