@@ -466,7 +466,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
             // whichever buffer the pass loop left it (they swap every pass).
             let after = if passes.len() % 2 == 0 { &tw } else { &scratch };
             let t = load128(after.0[0][..16].try_into().expect("16 bytes"));
-            ni::xts_unit::<NR, ENC>(&k1.load(ENC), t, rest);
+            ni::xts_unit::<NR, ENC>(k1, &k1.load(ENC), t, rest);
         }
     }
     // Tweaks are derived from the key: leave none on the stack.
