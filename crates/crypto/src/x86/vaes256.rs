@@ -464,7 +464,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
         if !rest.is_empty() {
             // The tweak after the last whole pass: its first register's low lane, in
             // whichever buffer the pass loop left it (they swap every pass).
-            let after = if passes.len() % 2 == 0 { &tw } else { &scratch };
+            let after = if passes.len().is_multiple_of(2) { &tw } else { &scratch };
             let t = load128(after.0[0][..16].try_into().expect("16 bytes"));
             ni::xts_unit::<NR, ENC>(k1, &k1.load(ENC), t, rest);
         }
