@@ -309,7 +309,11 @@ fn xts_chunks<const NR: usize, const ENC: bool>(
         }
     }
     // The buffers swap every chunk: after an odd count the next tweaks are in `scratch`.
-    let after = if n.is_multiple_of(2) { &tw.0[0] } else { &scratch.0[0] };
+    let after = if n.is_multiple_of(2) {
+        &tw.0[0]
+    } else {
+        &scratch.0[0]
+    };
     let t = load128(after);
     tw.wipe();
     scratch.wipe();
