@@ -474,15 +474,26 @@ fn xts_nr<const NR: usize, const ENC: bool>(
 ) {
     ni::encrypt_blocks::<NR>(&k2.load(true), ivs);
     let rk = if ENC { &k1.enc_wide } else { &k1.dec_wide };
-    let mut tw = PassTweaks::new();
-    let mut scratch = PassTweaks::new();
-    for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
-        let z = pass_tweaks(load128(iv));
-        for (t, v) in tw.0.iter_mut().zip(z) {
-            store256(t, v);
+    let (mut first, mut second, mut scratch) =
+        (PassTweaks::new(), PassTweaks::new(), PassTweaks::new());
+    // The next sector's first-pass tweaks are computed before this sector's pass loop, so
+    // their latency hides behind its rounds instead of sitting between two sectors; they
+    // are written long before they are read (eight-byte stores cannot be forwarded to the
+    // loop's 32-byte loads).
+    let (mut tw, mut next) = (&mut first, &mut second);
+    // The first sector's in vector registers: that is the shorter chain, and nothing runs
+    // beside it yet. The later ones in general-purpose registers, a sector ahead.
+    if let Some(iv) = ivs.first() {
+        for (slot, v) in tw.0.iter_mut().zip(pass_tweaks(load128(iv))) {
+            store256(slot, v);
+        }
+    }
+    for (i, sector) in data.chunks_exact_mut(unit).enumerate() {
+        if let Some(iv) = ivs.get(i + 1) {
+            store_pass_tweaks(next, iv);
         }
         let (passes, rest) = sector.as_chunks_mut::<PASS>();
-        xts_passes::<NR, ENC>(rk, &mut tw, &mut scratch, passes);
+        xts_passes::<NR, ENC>(rk, tw, &mut scratch, passes);
         if !rest.is_empty() {
             // The tweak after the last whole pass: the last pass's first register times
             // α^16 (the loop computes no tweaks in its last pass), its low lane. The buffers
@@ -490,15 +501,41 @@ fn xts_nr<const NR: usize, const ENC: bool>(
             let t = if passes.is_empty() {
                 load128(tw.0[0][..16].try_into().expect("16 bytes"))
             } else {
-                let last = if passes.len() % 2 == 1 { &tw } else { &scratch };
+                let last = if passes.len() % 2 == 1 {
+                    &*tw
+                } else {
+                    &scratch
+                };
                 _mm256_castsi256_si128(next_pass(load256(&last.0[0])))
             };
             ni::xts_unit::<NR, ENC>(k1, &k1.load(ENC), t, rest);
         }
+        core::mem::swap(&mut tw, &mut next);
     }
     // Tweaks are derived from the key: leave none on the stack.
-    tw.wipe();
+    first.wipe();
+    if ivs.len() > 1 {
+        second.wipe();
+    }
     scratch.wipe();
+}
+
+/// Stores the first pass's tweaks of a data unit whose first tweak is `t`: sixteen
+/// doublings in general-purpose registers (branch-free: the carry becomes a mask), which
+/// leaves the vector pipes to the AES rounds of the sector before.
+#[inline]
+fn store_pass_tweaks(tw: &mut PassTweaks, t: &[u8; 16]) {
+    let (mut lo, mut hi) = (
+        u64::from_le_bytes(t[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(t[8..].try_into().expect("8 bytes")),
+    );
+    for lane in tw.0.as_flattened_mut().chunks_exact_mut(16) {
+        lane[..8].copy_from_slice(&lo.to_le_bytes());
+        lane[8..].copy_from_slice(&hi.to_le_bytes());
+        let carry = ((hi as i64) >> 63) as u64 & 0x87;
+        hi = (hi << 1) | (lo >> 63);
+        lo = (lo << 1) ^ carry;
+    }
 }
 
 /// XTS over `ivs.len()` data units of `unit` bytes (any multiple of 16); `ivs` is
