@@ -112,30 +112,6 @@ macro_rules! tweak_step {
     };
 }
 
-/// The next chunk's tweak of register `$lo / 16` (`$hi` = `$lo` + 8), times α^8, in
-/// general-purpose registers (the integer units are idle during the rounds, while vector
-/// tweak arithmetic takes the AES units' pipes): hi:lo shifted left by 8, the byte shifted
-/// out (c) reduced as c ^ c<<1 ^ c<<2 ^ c<<7 (carry-less c·0x87).
-#[rustfmt::skip]
-macro_rules! tweak_lane {
-    ($lo:literal, $hi:literal) => {
-        concat!(
-            "mov {ga}, [{tw} + ", $lo, "]\n",
-            "mov {gb}, [{tw} + ", $hi, "]\n",
-            "mov {gc}, {gb}\n", "shr {gc}, 56\n",
-            "mov {gd}, {ga}\n", "shr {gd}, 56\n",
-            "shl {gb}, 8\n", "or {gb}, {gd}\n",
-            "shl {ga}, 8\n",
-            "lea {gd}, [{gc} + {gc}]\n", "xor {gd}, {gc}\n",
-            "lea {ge}, [{gc} * 4]\n", "xor {gd}, {ge}\n",
-            "shl {gc}, 7\n", "xor {gd}, {gc}\n",
-            "xor {ga}, {gd}\n",
-            "mov [{twn} + ", $lo, "], {ga}\n",
-            "mov [{twn} + ", $hi, "], {gb}\n",
-        )
-    };
-}
-
 /// Whitening (data ^ tweak ^ round key 0 in xmm9), last round (key in xmm10), tweak, store.
 #[rustfmt::skip]
 macro_rules! whiten {
@@ -166,14 +142,14 @@ macro_rules! finish {
 macro_rules! first_rounds {
     (gpr, $op:literal) => {
         concat!(
-            round8!($op, "16"), tweak_lane!("0", "8"),
-            round8!($op, "32"), tweak_lane!("16", "24"),
-            round8!($op, "48"), tweak_lane!("32", "40"),
-            round8!($op, "64"), tweak_lane!("48", "56"),
-            round8!($op, "80"), tweak_lane!("64", "72"),
-            round8!($op, "96"), tweak_lane!("80", "88"),
-            round8!($op, "112"), tweak_lane!("96", "104"),
-            round8!($op, "128"), tweak_lane!("112", "120"),
+            round8!($op, "16"), tweak_lane!("8", "56", "0", "8"),
+            round8!($op, "32"), tweak_lane!("8", "56", "16", "24"),
+            round8!($op, "48"), tweak_lane!("8", "56", "32", "40"),
+            round8!($op, "64"), tweak_lane!("8", "56", "48", "56"),
+            round8!($op, "80"), tweak_lane!("8", "56", "64", "72"),
+            round8!($op, "96"), tweak_lane!("8", "56", "80", "88"),
+            round8!($op, "112"), tweak_lane!("8", "56", "96", "104"),
+            round8!($op, "128"), tweak_lane!("8", "56", "112", "120"),
         )
     };
     (half, $op:literal) => {
@@ -182,10 +158,10 @@ macro_rules! first_rounds {
             round8!($op, "32"), tweak_step!("16"),
             round8!($op, "48"), tweak_step!("32"),
             round8!($op, "64"), tweak_step!("48"),
-            round8!($op, "80"), tweak_lane!("64", "72"),
-            round8!($op, "96"), tweak_lane!("80", "88"),
-            round8!($op, "112"), tweak_lane!("96", "104"),
-            round8!($op, "128"), tweak_lane!("112", "120"),
+            round8!($op, "80"), tweak_lane!("8", "56", "64", "72"),
+            round8!($op, "96"), tweak_lane!("8", "56", "80", "88"),
+            round8!($op, "112"), tweak_lane!("8", "56", "96", "104"),
+            round8!($op, "128"), tweak_lane!("8", "56", "112", "120"),
         )
     };
 }
