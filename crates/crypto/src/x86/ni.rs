@@ -300,7 +300,6 @@ fn xts_chunks<const NR: usize, const ENC: bool>(
 #[target_feature(enable = "aes,sse2,pclmulqdq")]
 pub(super) fn xts_unit<const NR: usize, const ENC: bool>(
     keys: &RoundKeys,
-    rk: &[__m128i; 15],
     t: __m128i,
     data: &mut [u8],
 ) -> __m128i {
@@ -317,11 +316,16 @@ pub(super) fn xts_unit<const NR: usize, const ENC: bool>(
         let sched = if ENC { &keys.enc } else { &keys.dec };
         t = xts_chunks::<NR, ENC>(sched, &mut tw, &mut scratch, chunks);
     }
-    for blk in rest.as_chunks_mut::<16>().0 {
-        let mut b = [_mm_xor_si128(load128(blk), _mm_xor_si128(t, rk[0]))];
-        rounds::<NR, ENC, 1>(&mut b, rk);
-        store128(blk, _mm_xor_si128(b[0], t));
-        t = mulx(t);
+    let blocks = rest.as_chunks_mut::<16>().0;
+    if !blocks.is_empty() {
+        // A part chunk: only data units that are not whole chunks have one.
+        let rk = keys.load(ENC);
+        for blk in blocks {
+            let mut b = [_mm_xor_si128(load128(blk), _mm_xor_si128(t, rk[0]))];
+            rounds::<NR, ENC, 1>(&mut b, &rk);
+            store128(blk, _mm_xor_si128(b[0], t));
+            t = mulx(t);
+        }
     }
     t
 }
@@ -335,9 +339,8 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     unit: usize,
 ) {
     encrypt_blocks::<NR>(&k2.load(true), ivs);
-    let rk = k1.load(ENC);
     for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
-        xts_unit::<NR, ENC>(k1, &rk, load128(iv), sector);
+        xts_unit::<NR, ENC>(k1, load128(iv), sector);
     }
 }
 

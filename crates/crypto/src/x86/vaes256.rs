@@ -482,7 +482,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
                 };
                 _mm256_castsi256_si128(next_pass(load256(&last.0[0])))
             };
-            ni::xts_unit::<NR, ENC>(k1, &k1.load(ENC), t, rest);
+            ni::xts_unit::<NR, ENC>(k1, t, rest);
         }
         core::mem::swap(&mut tw, &mut next);
     }

@@ -152,7 +152,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
             z1 = mul_x8m::<4, 12>(z1);
         }
         if !rest.is_empty() {
-            ni::xts_unit::<NR, ENC>(k1, &rk128, _mm512_castsi512_si128(z0), rest);
+            ni::xts_unit::<NR, ENC>(k1, _mm512_castsi512_si128(z0), rest);
         }
     }
 }
