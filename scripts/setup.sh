@@ -14,6 +14,7 @@ have fusermount3 || need+=(fuse3)
 have nbd-client || need+=(nbd-client)
 have mkfs.xfs || need+=(xfsprogs)
 have python3 || need+=(python3)
+have strace || need+=(strace)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

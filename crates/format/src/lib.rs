@@ -134,6 +134,34 @@ pub trait LuksHeader: std::fmt::Debug + Send {
         passphrase: &[u8],
         slot: Option<u32>,
     ) -> Result<(u32, SecretBytes)>;
+    /// Unlocks every key the data needs and lays the data out for a data device of
+    /// `data_size` bytes: one segment, except for a LUKS2 volume in the middle of a
+    /// reencryption (one per key, and plaintext stretches while encrypting or decrypting).
+    /// Returns the keyslot that opened it and the segments in volume order.
+    fn unlock_segments(
+        &self,
+        dev: &mut dyn Storage,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        data_size: u64,
+    ) -> Result<(u32, Vec<SegmentKey>)> {
+        single_segment(self, dev, passphrase, slot, data_size)
+    }
+    /// Recovers the step of a LUKS2 reencryption that a crash cut off, as cryptsetup does
+    /// on activation: the hot zone is rewritten from its resilience data (checksums,
+    /// journal or the shifted copy) on `data` (a `data_size`-byte device), then the
+    /// metadata records the step as done (and the reencryption as finished if it was the
+    /// last). Returns whether there was such a step. Needs the passphrase of both keys.
+    fn recover_interrupted_step(
+        &mut self,
+        _dev: &mut dyn Storage,
+        _data: &dyn Storage,
+        _passphrase: &[u8],
+        _slot: Option<u32>,
+        _data_size: u64,
+    ) -> Result<bool> {
+        Ok(false)
+    }
     /// Checks a volume key against the stored digest.
     fn verify_volume_key(&self, key: &[u8]) -> Result<bool>;
     /// Stores `volume_key` under `passphrase` in `slot` (or the first free slot).
@@ -165,6 +193,55 @@ pub trait LuksHeader: std::fmt::Debug + Send {
         self.kill_keyslot(dev, old_slot)?;
         Ok(slot)
     }
+}
+
+/// One stretch of an unlocked volume's data: where it is and how it is encrypted.
+#[derive(Debug)]
+pub struct SegmentKey {
+    /// First plaintext byte of the volume it covers.
+    pub start: u64,
+    /// Bytes it covers.
+    pub len: u64,
+    /// Where its first byte lies on the data device.
+    pub storage_offset: u64,
+    /// Its cipher; `cipher_null-ecb` (and an empty key) for plaintext.
+    pub cipher: CipherSpec,
+    /// Its encryption sector size.
+    pub sector_size: u32,
+    /// Its IV numbering (LUKS2 `iv_tweak` is the offset).
+    pub iv: IvOptions,
+    /// Its volume key.
+    pub key: SecretBytes,
+}
+
+/// The one data segment of a header, unlocked (the default of
+/// [`LuksHeader::unlock_segments`]); its length is what fits the data device, rounded down
+/// to whole sectors (0 when nothing does: the volume layer reports that).
+pub(crate) fn single_segment<H: LuksHeader + ?Sized>(
+    h: &H,
+    dev: &mut dyn Storage,
+    passphrase: &[u8],
+    slot: Option<u32>,
+    data_size: u64,
+) -> Result<(u32, Vec<SegmentKey>)> {
+    let (slot, key) = h.unlock(dev, passphrase, slot)?;
+    let ss = h.sector_size() as u64;
+    let off = h.data_offset();
+    let len = h
+        .data_length()
+        .unwrap_or_else(|| data_size.saturating_sub(off))
+        / ss
+        * ss;
+    let seg = SegmentKey {
+        start: 0,
+        len,
+        storage_offset: off,
+        cipher: h.cipher(),
+        sector_size: h.sector_size(),
+        iv: h.iv_options(),
+        key,
+    };
+    Ok((slot, vec![seg]))
 }
 
 /// Reads whichever LUKS version the device holds.

@@ -24,4 +24,4 @@ pub use open::{
     unlock_luks, volume_from_key,
 };
 pub use storage::{FileStorage, IoEngine};
-pub use volume::{Volume, VolumeParams, VolumeStats};
+pub use volume::{DataSegment, Volume, VolumeParams, VolumeStats};

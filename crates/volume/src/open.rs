@@ -1,7 +1,7 @@
 //! Opening volumes: LUKS (unlock with a passphrase) or a raw key (plain mode, tests).
 
 use crate::storage::{FileStorage, IoEngine, Storage};
-use crate::{Error, Result, Volume, VolumeParams};
+use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
 use cryptblk_format::{LuksHeader, load_header};
 use std::fs::File;
@@ -92,22 +92,58 @@ pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result
 pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<UnlockedLuks> {
     let data = open_data_file(device, opts.read_only)?;
     let mut hdev = match &opts.header {
-        Some(h) => File::open(h)?,
+        // Read-write only where a crashed reencryption step may have to be recovered.
+        Some(h) => std::fs::OpenOptions::new()
+            .read(true)
+            .write(!opts.read_only)
+            .open(h)?,
         None => data.try_clone()?,
     };
-    let header = load_header(&mut hdev)?;
-    let (keyslot, key) = header.unlock(&mut hdev, passphrase, opts.key_slot)?;
-    let params = VolumeParams {
-        cipher: header.cipher(),
-        sector_size: header.sector_size(),
-        iv: header.iv_options(),
-        data_offset: header.data_offset(),
-        data_length: header.data_length(),
-        read_only: opts.read_only,
-        allow_discards: opts.allow_discards,
+    let mut header = load_header(&mut hdev)?;
+    // Files and block devices alike: the end is their size.
+    let data_size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
+    if !opts.read_only {
+        // A reencryption step cut off by a crash is finished first, as cryptsetup does on
+        // activation (a read-only open refuses such a volume instead).
+        let raw = FileStorage::new(data.try_clone()?)?;
+        header.recover_interrupted_step(&mut hdev, &raw, passphrase, opts.key_slot, data_size)?;
+    }
+    let (keyslot, mut segments) =
+        header.unlock_segments(&mut hdev, passphrase, opts.key_slot, data_size)?;
+    let volume = if let [one] = segments.as_slice() {
+        let params = VolumeParams {
+            cipher: one.cipher,
+            sector_size: one.sector_size,
+            iv: one.iv,
+            data_offset: one.storage_offset,
+            data_length: header.data_length(),
+            read_only: opts.read_only,
+            allow_discards: opts.allow_discards,
+        };
+        let storage = opts.io.storage(data, params.sector_size)?;
+        volume_from_key(Box::new(storage), &one.key, &params)?
+    } else {
+        // A LUKS2 volume mid-reencryption: one cipher per stretch of the data.
+        let largest = segments.iter().map(|s| s.sector_size).max().unwrap_or(512);
+        let storage = opts.io.storage(data, largest)?;
+        let parts = segments
+            .drain(..)
+            .map(|s| {
+                Ok(DataSegment {
+                    start: s.start,
+                    len: s.len,
+                    storage_offset: s.storage_offset,
+                    cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Volume::with_segments(
+            Box::new(storage),
+            parts,
+            opts.read_only,
+            opts.allow_discards,
+        )?
     };
-    let storage = opts.io.storage(data, params.sector_size)?;
-    let volume = volume_from_key(Box::new(storage), &key, &params)?;
     Ok(UnlockedLuks {
         volume,
         header,

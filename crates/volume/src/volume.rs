@@ -51,12 +51,40 @@ pub struct VolumeStats {
     pub unaligned: AtomicU64,
 }
 
+/// One stretch of a volume with its own key, cipher and place on the storage. A volume
+/// has one; a LUKS2 volume in the middle of a reencryption has one per key (the part
+/// already reencrypted, the part not yet), and a linear (`cipher_null`) one while it is
+/// being encrypted or decrypted.
+pub struct DataSegment {
+    /// First plaintext byte of the volume it covers.
+    pub start: u64,
+    /// Bytes it covers: a multiple of the volume's block size.
+    pub len: u64,
+    /// Where its first byte lies on the storage.
+    pub storage_offset: u64,
+    /// Its keyed cipher; the IV offset (LUKS2 `iv_tweak`) is part of it.
+    pub cipher: SectorCipher,
+}
+
+impl std::fmt::Debug for DataSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataSegment")
+            .field("start", &self.start)
+            .field("len", &self.len)
+            .field("storage_offset", &self.storage_offset)
+            .field("cipher", &self.cipher.spec().to_string())
+            .field("sector_size", &self.cipher.sector_size())
+            .finish()
+    }
+}
+
 /// An unlocked volume. Shared by all frontend threads; each request is encrypted or
-/// decrypted on the thread that submits it, all its sectors in one cipher call.
+/// decrypted on the thread that submits it, all its sectors in one cipher call (one per
+/// segment it touches).
 pub struct Volume {
     storage: Box<dyn Storage>,
-    cipher: SectorCipher,
-    offset: u64,
+    /// Sorted, contiguous from 0 to `size`; never empty.
+    segments: Vec<DataSegment>,
     size: u64,
     sector: u64,
     read_only: bool,
@@ -131,10 +159,15 @@ impl Volume {
                 params.data_offset
             )));
         }
+        let segment = DataSegment {
+            start: 0,
+            len: size,
+            storage_offset: params.data_offset,
+            cipher,
+        };
         Ok(Volume {
             storage,
-            cipher,
-            offset: params.data_offset,
+            segments: vec![segment],
             size,
             sector,
             read_only: params.read_only,
@@ -144,13 +177,68 @@ impl Volume {
         })
     }
 
-    /// The keyed sector cipher (its spec, sector size and backend).
-    pub fn cipher(&self) -> &SectorCipher {
-        &self.cipher
+    /// A volume of several segments (e.g. a LUKS2 volume in the middle of a reencryption).
+    /// They must be sorted, contiguous from byte 0, each a whole number of the largest
+    /// sector size among them (the volume's block size), and inside the storage.
+    pub fn with_segments(
+        storage: Box<dyn Storage>,
+        segments: Vec<DataSegment>,
+        read_only: bool,
+        allow_discards: bool,
+    ) -> Result<Self> {
+        let sector = segments
+            .iter()
+            .map(|s| s.cipher.sector_size() as u64)
+            .max()
+            .ok_or_else(|| Error::Invalid("a volume needs at least one segment".into()))?;
+        let have = storage.size()?;
+        let mut at = 0u64;
+        for (i, s) in segments.iter().enumerate() {
+            if s.start != at {
+                return Err(Error::Invalid(format!(
+                    "segment {i} starts at byte {}, not {at}",
+                    s.start
+                )));
+            }
+            if s.len == 0 || !s.len.is_multiple_of(sector) || !s.storage_offset.is_multiple_of(512)
+            {
+                return Err(Error::Invalid(format!(
+                    "segment {i} ({} bytes at storage offset {}) is empty or not aligned to {sector} bytes",
+                    s.len, s.storage_offset
+                )));
+            }
+            let end = s.storage_offset.checked_add(s.len).ok_or(Error::TooSmall {
+                need: u64::MAX,
+                have,
+            })?;
+            if end > have {
+                return Err(Error::TooSmall { need: end, have });
+            }
+            at += s.len;
+        }
+        Ok(Volume {
+            storage,
+            segments,
+            size: at,
+            sector,
+            read_only,
+            allow_discards,
+            rmw: RwLock::new(()),
+            stats: VolumeStats::default(),
+        })
     }
-    /// Start of the data segment on the storage, in bytes.
+
+    /// The keyed sector cipher of the first segment (its spec, sector size and backend).
+    pub fn cipher(&self) -> &SectorCipher {
+        &self.segments[0].cipher
+    }
+    /// The segments, in volume order (one, unless the volume is mid-reencryption).
+    pub fn segments(&self) -> &[DataSegment] {
+        &self.segments
+    }
+    /// Start of the (first) data segment on the storage, in bytes.
     pub fn data_offset(&self) -> u64 {
-        self.offset
+        self.segments[0].storage_offset
     }
     /// Live counters of the data path.
     pub fn stats(&self) -> &VolumeStats {
@@ -211,22 +299,51 @@ impl Volume {
         Ok(off)
     }
 
-    /// Reads and decrypts an aligned range (segment-relative byte offset).
-    fn read_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.storage.read_at(buf, self.offset + off)?;
-        self.stats.crypto_calls.fetch_add(1, Relaxed);
-        self.cipher
-            .decrypt(off / self.sector, buf)
-            .map_err(crypto_io)
+    /// Calls `f(segment, offset in it, piece of buf)` for each segment an aligned range at
+    /// volume offset `off` touches, in order.
+    fn per_segment(
+        &self,
+        off: u64,
+        buf: &mut [u8],
+        mut f: impl FnMut(&DataSegment, u64, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if let [only] = self.segments.as_slice() {
+            return f(only, off, buf);
+        }
+        let end = off + buf.len() as u64;
+        let first = self.segments.partition_point(|s| s.start + s.len <= off);
+        for s in &self.segments[first..] {
+            if s.start >= end {
+                break;
+            }
+            let (lo, hi) = (off.max(s.start), end.min(s.start + s.len));
+            f(
+                s,
+                lo - s.start,
+                &mut buf[(lo - off) as usize..(hi - off) as usize],
+            )?;
+        }
+        Ok(())
     }
 
-    /// Encrypts `buf` in place and writes it at an aligned segment-relative offset.
+    /// Reads and decrypts an aligned range (volume byte offset).
+    fn read_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.per_segment(off, buf, |seg, rel, piece| {
+            self.storage.read_at(piece, seg.storage_offset + rel)?;
+            self.stats.crypto_calls.fetch_add(1, Relaxed);
+            let sector = rel / seg.cipher.sector_size() as u64;
+            seg.cipher.decrypt(sector, piece).map_err(crypto_io)
+        })
+    }
+
+    /// Encrypts `buf` in place and writes it at an aligned volume offset.
     fn write_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.stats.crypto_calls.fetch_add(1, Relaxed);
-        self.cipher
-            .encrypt(off / self.sector, buf)
-            .map_err(crypto_io)?;
-        self.storage.write_at(buf, self.offset + off)
+        self.per_segment(off, buf, |seg, rel, piece| {
+            self.stats.crypto_calls.fetch_add(1, Relaxed);
+            let sector = rel / seg.cipher.sector_size() as u64;
+            seg.cipher.encrypt(sector, piece).map_err(crypto_io)?;
+            self.storage.write_at(piece, seg.storage_offset + rel)
+        })
     }
 
     fn is_aligned(&self, offset: u64, len: u64) -> bool {
@@ -459,12 +576,21 @@ impl BlockDevice for Volume {
         // is advisory).
         let start = offset.div_ceil(self.sector) * self.sector;
         let end = (offset + len) / self.sector * self.sector;
-        if end > start {
-            self.storage.punch_hole(self.offset + start, end - start)?;
+        for s in &self.segments {
+            let (lo, hi) = (start.max(s.start), end.min(s.start + s.len));
+            if hi > lo {
+                self.storage
+                    .punch_hole(s.storage_offset + (lo - s.start), hi - lo)?;
+            }
         }
         Ok(())
     }
+    /// Only for one segment: the split path maps a request to one storage range and one
+    /// cipher.
     fn split_io(&self) -> Option<&dyn SplitIo> {
+        if self.segments.len() != 1 {
+            return None;
+        }
         self.storage.raw_fd().map(|_| self as &dyn SplitIo)
     }
     fn write_zeroes(&self, offset: u64, len: u64, _may_unmap: bool) -> io::Result<()> {
@@ -505,7 +631,7 @@ impl SplitIo for Volume {
                 "split I/O must be whole sectors",
             ));
         }
-        Ok(self.offset + offset)
+        Ok(self.segments[0].storage_offset + offset)
     }
     fn seal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.map(offset, buf.len() as u64, true)?;
@@ -514,7 +640,8 @@ impl SplitIo for Volume {
             .written_bytes
             .fetch_add(buf.len() as u64, Relaxed);
         self.stats.crypto_calls.fetch_add(1, Relaxed);
-        self.cipher
+        self.segments[0]
+            .cipher
             .encrypt(offset / self.sector, buf)
             .map_err(crypto_io)
     }
@@ -523,7 +650,8 @@ impl SplitIo for Volume {
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(buf.len() as u64, Relaxed);
         self.stats.crypto_calls.fetch_add(1, Relaxed);
-        self.cipher
+        self.segments[0]
+            .cipher
             .decrypt(offset / self.sector, buf)
             .map_err(crypto_io)
     }

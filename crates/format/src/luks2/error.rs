@@ -43,6 +43,16 @@ pub enum Luks2Error {
     InvalidLabel(String),
     /// `--uuid` is not a UUID.
     InvalidUuid(String),
+    /// The change must wait until the volume's unfinished reencryption is done.
+    InReencryption,
+    /// The reencryption verification digest is missing or does not match the keys and
+    /// the reencryption metadata (which may have been tampered with).
+    ReencryptionDigest(&'static str),
+    /// A reencryption step was cut off (this regular segment is flagged
+    /// `in-reencryption`); its hot zone must be recovered before the data can be used.
+    ReencryptionCrashed(u32),
+    /// The volume holds plaintext only (a decryption has finished): there is no key.
+    PlainData(u64),
 }
 
 impl fmt::Display for Luks2Error {
@@ -74,6 +84,25 @@ impl fmt::Display for Luks2Error {
             Luks2Error::VolumeKeyMismatch => write!(f, "volume key does not match the volume"),
             Luks2Error::InvalidLabel(s) => write!(f, "invalid label or subsystem: {s}"),
             Luks2Error::InvalidUuid(s) => write!(f, "wrong LUKS UUID format provided: '{s}'"),
+            Luks2Error::InReencryption => write!(
+                f,
+                "operation incompatible with a volume in LUKS2 reencryption; finish or \
+                 resume the reencryption first"
+            ),
+            Luks2Error::ReencryptionDigest(why) => write!(
+                f,
+                "reencryption metadata is invalid: its verification digest {why}"
+            ),
+            Luks2Error::PlainData(off) => write!(
+                f,
+                "the volume is decrypted (no encrypted data, no key): its plaintext starts at \
+                 byte {off} of the data device"
+            ),
+            Luks2Error::ReencryptionCrashed(seg) => write!(
+                f,
+                "a reencryption step was interrupted (segment {seg} is in reencryption): its \
+                 hot zone must be recovered first (`cryptsetup repair` does it)"
+            ),
         }
     }
 }

@@ -20,6 +20,7 @@ mod digest;
 mod error;
 mod keyslot;
 mod model;
+mod reencrypt;
 #[cfg(test)]
 mod tests;
 
@@ -28,9 +29,10 @@ use serde_json::{Map, Value, json};
 
 pub use binary::HDR_SIZES;
 pub use error::Luks2Error;
-pub use model::Priority;
+pub use model::{Priority, ReencryptDirection, ReencryptMode, Resilience};
+pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3};
 
-use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, Storage};
+use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, SegmentKey, Storage};
 use binary::{BIN_HDR_LEN, BinHeader, LABEL_LEN, RawCopy, SALT_LEN};
 use model::{MAX_KEYSLOTS_SIZE, MAX_OBJECTS, Model};
 
@@ -275,10 +277,19 @@ impl Luks2Header {
 
     /// Recomputes the cached segment and key facts from a freshly validated model.
     fn refresh(&mut self, model: Model) -> Result<()> {
-        let (seg_id, seg) = model
-            .default_segment()
+        // Mid-reencryption the volume's cipher and key are those of the final layout (or of
+        // the previous one when decrypting to plaintext), as cryptsetup reports them.
+        let reenc_segment = match model.reencryption()? {
+            Some(r) if r.final_.1.kind == "crypt" => Some(r.final_),
+            Some(r) => Some(r.previous),
+            None => None,
+        };
+        let (seg_id, seg) = reenc_segment
+            .or_else(|| model.default_segment())
             .ok_or_else(|| Luks2Error::Unsupported("header without a data segment".into()))?;
-        if seg.kind != "crypt" {
+        // "linear": what a finished decryption leaves (plaintext behind a vestigial
+        // header); it loads, and unlocking it says so.
+        if seg.kind != "crypt" && seg.kind != "linear" {
             return Err(
                 Luks2Error::Unsupported(format!("data segment of type '{}'", seg.kind)).into(),
             );
@@ -291,8 +302,12 @@ impl Luks2Header {
             )
             .into());
         }
-        let cipher = CipherSpec::parse(&seg.encryption)
-            .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
+        let cipher = if seg.kind == "linear" {
+            CipherSpec::parse("cipher_null-ecb")?
+        } else {
+            CipherSpec::parse(&seg.encryption)
+                .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?
+        };
         let key_len = model
             .segment_digest(seg_id)
             .and_then(|(_, d)| d.keyslots.iter().find_map(|k| model.keyslots.get(k)))
@@ -303,7 +318,10 @@ impl Luks2Header {
         if let Some(k) = key_len {
             self.key_len = k;
         }
-        self.unmet_requirements = !model.requirements.is_empty();
+        self.unmet_requirements = model
+            .requirements
+            .iter()
+            .any(|r| !reencrypt::is_known_requirement(r));
         self.model = model;
         Ok(())
     }
@@ -413,6 +431,139 @@ impl Luks2Header {
         Ok(())
     }
 
+    /// Metadata changes other than the reencryption's own wait until it is finished, as in
+    /// cryptsetup (a new keyslot would not know which of the two keys to hold).
+    fn check_changeable(&self) -> Result<()> {
+        self.check_usable()?;
+        if self.in_reencryption() {
+            return Err(Luks2Error::InReencryption.into());
+        }
+        Ok(())
+    }
+
+    /// Whether an unfinished reencryption is recorded (requirement `online-reencrypt-v2/3`).
+    pub fn in_reencryption(&self) -> bool {
+        self.model
+            .requirements
+            .iter()
+            .any(|r| reencrypt::is_known_requirement(r))
+    }
+
+    /// Opens a keyslot of digest `digest_id` with `passphrase`: `slot` only, if given, else
+    /// every slot of the digest, "prefer" first, "ignore" never.
+    fn open_digest(
+        &self,
+        dev: &mut dyn Storage,
+        digest_id: u32,
+        passphrase: &[u8],
+        slot: Option<u32>,
+    ) -> Result<(u32, SecretBytes)> {
+        let digest = &self.model.digests[&digest_id];
+        let candidates: Vec<u32> = match slot {
+            Some(s) => {
+                if !self.model.keyslots.contains_key(&s) {
+                    return Err(Error::Keyslot(format!("keyslot {s} is not active")));
+                }
+                if !digest.keyslots.contains(&s) {
+                    return Err(Error::Keyslot(format!(
+                        "keyslot {s} is not bound to the data segment"
+                    )));
+                }
+                vec![s]
+            }
+            None => {
+                let mut c: Vec<(model::Priority, u32)> = digest
+                    .keyslots
+                    .iter()
+                    .filter_map(|id| self.model.keyslots.get(id).map(|k| (k.priority, *id)))
+                    .filter(|(p, _)| *p != Priority::Ignore)
+                    .collect();
+                c.sort_by_key(|&(p, id)| (std::cmp::Reverse(p), id));
+                c.dedup();
+                c.into_iter().map(|(_, id)| id).collect()
+            }
+        };
+        let mut unsupported = None;
+        for id in candidates {
+            let k = &self.model.keyslots[&id];
+            let p = match &k.params {
+                Ok(p) => p,
+                Err(e) => {
+                    unsupported = Some(format!("keyslot {id}: {e}"));
+                    continue;
+                }
+            };
+            let key = keyslot::open(dev, p, k.key_size as usize, k.area_offset, passphrase)?;
+            if digest::verify(digest, &key)? {
+                return Ok((id, key));
+            }
+        }
+        match (slot, unsupported) {
+            (Some(_), Some(u)) => Err(Luks2Error::Unsupported(u).into()),
+            _ => Err(Error::WrongPassphrase),
+        }
+    }
+
+    /// Mid-reencryption: opens the old and the new key (each where that side is encrypted)
+    /// with one passphrase and checks the verification digest over both keys and the
+    /// reencryption metadata. Returns the keyslot that opened the new key (else the old),
+    /// and the keys by digest id.
+    fn open_reencryption_keys(
+        &self,
+        r: &reencrypt::Reencryption<'_>,
+        dev: &mut dyn Storage,
+        passphrase: &[u8],
+        slot: Option<u32>,
+    ) -> Result<(u32, Vec<(u32, SecretBytes)>)> {
+        let digest_of = |seg: &(u32, &model::Segment)| -> Result<Option<u32>> {
+            if seg.1.kind != "crypt" {
+                return Ok(None);
+            }
+            self.model
+                .segment_digest(seg.0)
+                .map(|(id, _)| Some(id))
+                .ok_or_else(|| {
+                    Luks2Error::InvalidMetadata("backup segment without a digest".into()).into()
+                })
+        };
+        let old = digest_of(&r.previous)?;
+        let new = digest_of(&r.final_)?.filter(|d| Some(*d) != old);
+        let mut keys: Vec<(u32, SecretBytes)> = Vec::new();
+        let mut opened_by = None;
+        for d in [old, new].into_iter().flatten() {
+            // A named slot opens its own digest's key; the other key is tried in every slot.
+            let this_slot = slot.filter(|s| self.model.digests[&d].keyslots.contains(s));
+            let (id, key) = self.open_digest(dev, d, passphrase, this_slot)?;
+            opened_by = Some(id);
+            keys.push((d, key));
+        }
+        if let Some(s) = slot
+            && !keys
+                .iter()
+                .any(|(d, _)| self.model.digests[d].keyslots.contains(&s))
+        {
+            return Err(Error::Keyslot(format!(
+                "keyslot {s} holds neither key of the reencryption"
+            )));
+        }
+        let key_of = |d: Option<u32>| {
+            d.and_then(|d| keys.iter().find(|(k, _)| *k == d))
+                .map(|(_, k)| k.as_ref())
+        };
+        let data = r.verification_data(key_of(old), key_of(new))?;
+        let (_, vd) = self
+            .model
+            .digests
+            .iter()
+            .find(|(_, d)| d.keyslots.contains(&r.keyslot_id))
+            .ok_or(Luks2Error::ReencryptionDigest("missing"))?;
+        if !digest::verify(vd, &data)? {
+            return Err(Luks2Error::ReencryptionDigest("does not match").into());
+        }
+        let slot = opened_by.ok_or(Error::WrongPassphrase)?;
+        Ok((slot, keys))
+    }
+
     /// Writes `json` (and the current label/subsystem) as the next seqid to both copies:
     /// primary, sync, secondary, sync. Validates before writing anything.
     fn commit(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
@@ -480,7 +631,7 @@ impl Luks2Header {
         kdf_req: &KdfRequest,
         replace: Option<u32>,
     ) -> Result<u32> {
-        self.check_usable()?;
+        self.check_changeable()?;
         let (digest_id, digest) = self.segment_digest()?;
         if !digest::verify(digest, volume_key)? {
             return Err(Luks2Error::VolumeKeyMismatch.into());
@@ -578,14 +729,14 @@ impl Luks2Header {
         new_slot: Option<u32>,
         kdf: &KdfRequest,
     ) -> Result<u32> {
-        self.check_usable()?;
+        self.check_changeable()?;
         let (old, key) = self.unlock(dev, old_passphrase, old_slot)?;
         self.store_keyslot(dev, &key, new_passphrase, new_slot, kdf, Some(old))
     }
 
     /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).
     pub fn repair(&mut self, dev: &mut dyn Storage) -> Result<()> {
-        self.check_usable()?;
+        self.check_changeable()?;
         let json = self.json.clone();
         self.commit(dev, json)
     }
@@ -601,7 +752,7 @@ impl Luks2Header {
     }
 
     fn set_labels(&mut self, dev: &mut dyn Storage, label: &str, subsystem: &str) -> Result<()> {
-        self.check_usable()?;
+        self.check_changeable()?;
         check_label(label)?;
         check_label(subsystem)?;
         let (old_l, old_s) = (
@@ -625,7 +776,7 @@ impl Luks2Header {
     /// Replaces the persistent activation flags and writes the header; an empty list removes
     /// the `flags` array.
     pub fn set_config_flags(&mut self, dev: &mut dyn Storage, flags: &[&str]) -> Result<()> {
-        self.check_usable()?;
+        self.check_changeable()?;
         if let Some(f) = flags.iter().find(|f| f.is_empty()) {
             return Err(Error::InvalidOption(format!("invalid flag '{f}'")));
         }
@@ -799,50 +950,129 @@ impl LuksHeader for Luks2Header {
         slot: Option<u32>,
     ) -> Result<(u32, SecretBytes)> {
         self.check_usable()?;
-        let (_, digest) = self.segment_digest()?;
-        let candidates: Vec<u32> = match slot {
-            Some(s) => {
-                if !self.model.keyslots.contains_key(&s) {
-                    return Err(Error::Keyslot(format!("keyslot {s} is not active")));
-                }
-                if !digest.keyslots.contains(&s) {
-                    return Err(Error::Keyslot(format!(
-                        "keyslot {s} is not bound to the data segment"
-                    )));
-                }
-                vec![s]
-            }
-            None => {
-                let mut c: Vec<(model::Priority, u32)> = digest
-                    .keyslots
-                    .iter()
-                    .filter_map(|id| self.model.keyslots.get(id).map(|k| (k.priority, *id)))
-                    .filter(|(p, _)| *p != Priority::Ignore)
-                    .collect();
-                c.sort_by_key(|&(p, id)| (std::cmp::Reverse(p), id));
-                c.dedup();
-                c.into_iter().map(|(_, id)| id).collect()
-            }
+        if self.segment().kind == "linear" && !self.in_reencryption() {
+            return Err(Luks2Error::PlainData(self.segment().offset).into());
+        }
+        let (digest_id, _) = self.segment_digest()?;
+        if let Some(r) = self.model.reencryption()? {
+            // Both keys and the verification digest: a passphrase that opens only one side,
+            // or forged metadata, does not open the volume.
+            let (slot, mut keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
+            let i = keys
+                .iter()
+                .position(|(d, _)| *d == digest_id)
+                .ok_or(Error::WrongPassphrase)?;
+            return Ok((slot, keys.swap_remove(i).1));
+        }
+        self.open_digest(dev, digest_id, passphrase, slot)
+    }
+    /// Mid-reencryption: every regular segment with its own key, cipher and place, laid
+    /// out as cryptsetup maps them. A step cut off by a crash (a segment flagged
+    /// `in-reencryption`) must be recovered first; that is refused here.
+    fn unlock_segments(
+        &self,
+        dev: &mut dyn Storage,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        data_size: u64,
+    ) -> Result<(u32, Vec<SegmentKey>)> {
+        self.check_usable()?;
+        let Some(r) = self.model.reencryption()? else {
+            return crate::single_segment(self, dev, passphrase, slot, data_size);
         };
-        let mut unsupported = None;
-        for id in candidates {
-            let k = &self.model.keyslots[&id];
-            let p = match &k.params {
-                Ok(p) => p,
-                Err(e) => {
-                    unsupported = Some(format!("keyslot {id}: {e}"));
-                    continue;
-                }
+        if let Some(hot) = r.hot {
+            return Err(Luks2Error::ReencryptionCrashed(hot).into());
+        }
+        let layout = r.layout(&self.model, data_size)?;
+        let (slot, keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
+        let mut out = Vec::with_capacity(layout.len());
+        for st in layout {
+            let seg = &self.model.segments[&st.segment];
+            let (cipher, sector_size, iv_offset, key) = if seg.kind == "linear" {
+                (
+                    CipherSpec::parse("cipher_null-ecb")?,
+                    512,
+                    0,
+                    SecretBytes::zeroed(0),
+                )
+            } else if seg.kind == "crypt" {
+                let cipher = CipherSpec::parse(&seg.encryption).map_err(|_| {
+                    Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption))
+                })?;
+                let key = keys
+                    .iter()
+                    .find(|(d, _)| self.model.digests[d].segments.contains(&st.segment))
+                    .ok_or_else(|| {
+                        Luks2Error::InvalidMetadata(format!(
+                            "segment {} is bound to neither key of the reencryption",
+                            st.segment
+                        ))
+                    })?;
+                (cipher, seg.sector_size, seg.iv_tweak, key.1.clone())
+            } else {
+                return Err(Luks2Error::Unsupported(format!(
+                    "data segment of type '{}'",
+                    seg.kind
+                ))
+                .into());
             };
-            let key = keyslot::open(dev, p, k.key_size as usize, k.area_offset, passphrase)?;
-            if digest::verify(digest, &key)? {
-                return Ok((id, key));
+            if seg.integrity {
+                return Err(Luks2Error::Unsupported(
+                    "data segment with integrity protection (dm-integrity)".into(),
+                )
+                .into());
             }
+            out.push(SegmentKey {
+                start: st.start,
+                len: st.len,
+                storage_offset: seg.offset,
+                cipher,
+                sector_size,
+                iv: IvOptions {
+                    large_sectors: false,
+                    offset: iv_offset,
+                },
+                key,
+            });
         }
-        match (slot, unsupported) {
-            (Some(_), Some(u)) => Err(Luks2Error::Unsupported(u).into()),
-            _ => Err(Error::WrongPassphrase),
+        Ok((slot, out))
+    }
+    fn recover_interrupted_step(
+        &mut self,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        data_size: u64,
+    ) -> Result<bool> {
+        self.check_usable()?;
+        let model = self.model.clone();
+        let Some(r) = model.reencryption()? else {
+            return Ok(false);
+        };
+        if r.hot.is_none() {
+            return Ok(false);
         }
+        let (_, keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
+        let key_of = |seg: (u32, &model::Segment)| {
+            let d = model.segment_digest(seg.0).map(|(d, _)| d)?;
+            keys.iter().find(|(k, _)| *k == d).map(|(_, k)| k.as_ref())
+        };
+        let (old, new) = (key_of(r.previous), key_of(r.final_));
+        // Data first, synced; then the metadata that says it is done.
+        r.rewrite_hot_zone(&model, &*dev, data, old, new)?;
+        data.sync()?;
+        let after = r.after_recovery(&model, &self.json, data_size)?;
+        self.commit(dev, after.json)?;
+        for (off, len) in after.wipe_header {
+            keyslot::wipe_area(dev, off, len)?;
+        }
+        dev.sync()?;
+        for (off, len) in after.wipe_data {
+            reencrypt::wipe_random(data, off, len)?;
+        }
+        data.sync()?;
+        Ok(true)
     }
     fn verify_volume_key(&self, key: &[u8]) -> Result<bool> {
         let (_, digest) = self.segment_digest()?;
@@ -887,7 +1117,7 @@ impl LuksHeader for Luks2Header {
     }
 
     fn kill_keyslot(&mut self, dev: &mut dyn Storage, slot: u32) -> Result<()> {
-        self.check_usable()?;
+        self.check_changeable()?;
         let k = self
             .model
             .keyslots

@@ -144,6 +144,95 @@ pub struct KeyslotEntry {
     /// `Err` when the slot's type or algorithms are not supported here (it is kept and
     /// preserved, only not usable).
     pub params: Result<Luks2Keyslot, String>,
+    /// The parameters of a `reencrypt` keyslot (the one a volume mid-reencryption has).
+    pub reencrypt: Option<ReencryptKeyslot>,
+}
+
+/// What a reencryption does to the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReencryptMode {
+    /// Old key to new key.
+    Reencrypt,
+    /// Plaintext (a `linear` segment) to the new key.
+    Encrypt,
+    /// The old key to plaintext.
+    Decrypt,
+}
+
+/// Which end the reencryption starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReencryptDirection {
+    /// From the first sector up.
+    Forward,
+    /// From the last sector down.
+    Backward,
+}
+
+/// How the hot zone (the stretch being rewritten) survives a crash, and where its
+/// protection lives: the `reencrypt` keyslot's binary area.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resilience {
+    /// A hash of each block of the hot zone's old bytes.
+    Checksum {
+        /// The hash (e.g. `sha256`).
+        hash: String,
+        /// Bytes per hashed block.
+        sector_size: u32,
+    },
+    /// A copy of the hot zone's old bytes.
+    Journal,
+    /// No protection (a crash mid-hot-zone loses it).
+    None,
+    /// Data moved by `shift_size` bytes; the old copy still exists at its old place.
+    Datashift {
+        /// Bytes the data moves.
+        shift_size: u64,
+    },
+    /// Data shift; checksums protect the last, in-place step of the moved segment.
+    DatashiftChecksum {
+        /// The hash (e.g. `sha256`).
+        hash: String,
+        /// Bytes per hashed block.
+        sector_size: u32,
+        /// Bytes the data moves.
+        shift_size: u64,
+    },
+    /// Data shift; the journal protects the last, in-place step of the moved segment.
+    DatashiftJournal {
+        /// Bytes the data moves.
+        shift_size: u64,
+    },
+}
+
+impl Resilience {
+    /// The name in the metadata (`area.type`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Resilience::Checksum { .. } => "checksum",
+            Resilience::Journal => "journal",
+            Resilience::None => "none",
+            Resilience::Datashift { .. } => "datashift",
+            Resilience::DatashiftChecksum { .. } => "datashift-checksum",
+            Resilience::DatashiftJournal { .. } => "datashift-journal",
+        }
+    }
+    /// Bytes the data moves (0 without a data shift).
+    pub fn shift_size(&self) -> u64 {
+        match self {
+            Resilience::Datashift { shift_size }
+            | Resilience::DatashiftChecksum { shift_size, .. }
+            | Resilience::DatashiftJournal { shift_size } => *shift_size,
+            _ => 0,
+        }
+    }
+}
+
+/// The `reencrypt` keyslot: the state of an unfinished reencryption.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReencryptKeyslot {
+    pub mode: ReencryptMode,
+    pub direction: ReencryptDirection,
+    pub resilience: Resilience,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +247,18 @@ pub struct Segment {
     pub flags: Vec<String>,
     /// The segment has an `integrity` object (dm-integrity / AEAD under the encryption).
     pub integrity: bool,
+}
+
+impl Segment {
+    /// A reencryption's record of a layout (`backup-previous`, `backup-final`,
+    /// `backup-moved-segment`), not a stretch of live data.
+    pub fn is_backup(&self) -> bool {
+        self.flags.iter().any(|f| f.starts_with("backup-"))
+    }
+    /// The hot zone of a reencryption step that was running when the process stopped.
+    pub fn in_reencryption(&self) -> bool {
+        self.flags.iter().any(|f| f == "in-reencryption")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +356,11 @@ fn parse_keyslot(v: &Value, what: &str) -> Result<KeyslotEntry, Luks2Error> {
     } else {
         Err(format!("keyslot type '{kind}'"))
     };
+    let reencrypt = if kind == "reencrypt" {
+        Some(parse_reencrypt_keyslot(o, key_size, what)?)
+    } else {
+        None
+    };
     Ok(KeyslotEntry {
         kind,
         key_size,
@@ -262,6 +368,77 @@ fn parse_keyslot(v: &Value, what: &str) -> Result<KeyslotEntry, Luks2Error> {
         area_size,
         priority,
         params,
+        reencrypt,
+    })
+}
+
+/// The `reencrypt` keyslot's fields, validated as cryptsetup validates them
+/// (lib/luks2/luks2_keyslot_reenc.c): key_size 1, a known mode and direction, and the area
+/// fields each resilience type needs.
+fn parse_reencrypt_keyslot(
+    o: &Obj,
+    key_size: u32,
+    what: &str,
+) -> Result<ReencryptKeyslot, Luks2Error> {
+    if key_size != 1 {
+        return Err(bad(format!(
+            "{what}: reencrypt keyslot key_size {key_size}"
+        )));
+    }
+    let mode = match get_str(o, "mode", what)? {
+        "reencrypt" => ReencryptMode::Reencrypt,
+        "encrypt" => ReencryptMode::Encrypt,
+        "decrypt" => ReencryptMode::Decrypt,
+        m => return Err(bad(format!("{what}: reencryption mode '{m}'"))),
+    };
+    let direction = match get_str(o, "direction", what)? {
+        "forward" => ReencryptDirection::Forward,
+        "backward" => ReencryptDirection::Backward,
+        d => return Err(bad(format!("{what}: reencryption direction '{d}'"))),
+    };
+    let area = get_obj(o, "area", what)?;
+    let checksum = || -> Result<(String, u32), Luks2Error> {
+        let hash = get_str(area, "hash", what)?.to_string();
+        let sector_size = get_u32_int(area, "sector_size", what)?;
+        if sector_size < 512 || !sector_size.is_power_of_two() {
+            return Err(bad(format!("{what}: checksum sector_size {sector_size}")));
+        }
+        Ok((hash, sector_size))
+    };
+    let shift = || -> Result<u64, Luks2Error> {
+        let s = get_u64_str(area, "shift_size", what)?;
+        if s == 0 || !s.is_multiple_of(512) {
+            return Err(bad(format!("{what}: shift_size {s}")));
+        }
+        Ok(s)
+    };
+    let resilience = match get_str(area, "type", what)? {
+        "checksum" => {
+            let (hash, sector_size) = checksum()?;
+            Resilience::Checksum { hash, sector_size }
+        }
+        "journal" => Resilience::Journal,
+        "none" => Resilience::None,
+        "datashift" => Resilience::Datashift {
+            shift_size: shift()?,
+        },
+        "datashift-checksum" => {
+            let (hash, sector_size) = checksum()?;
+            Resilience::DatashiftChecksum {
+                hash,
+                sector_size,
+                shift_size: shift()?,
+            }
+        }
+        "datashift-journal" => Resilience::DatashiftJournal {
+            shift_size: shift()?,
+        },
+        t => return Err(bad(format!("{what}: reencryption area type '{t}'"))),
+    };
+    Ok(ReencryptKeyslot {
+        mode,
+        direction,
+        resilience,
     })
 }
 
@@ -513,7 +690,11 @@ impl Model {
             {
                 return Err(bad(format!("segment {id} offset+size overflows")));
             }
-            segs.push((s.offset, s.size));
+            // Backup segments (a reencryption's record of the old and new layouts) describe
+            // the same data as the live ones and overlap them by design.
+            if !s.is_backup() {
+                segs.push((s.offset, s.size));
+            }
         }
         segs.sort();
         for w in segs.windows(2) {
@@ -572,7 +753,7 @@ impl Model {
     pub fn default_segment(&self) -> Option<(u32, &Segment)> {
         self.segments
             .iter()
-            .find(|(_, s)| !s.flags.iter().any(|f| f.starts_with("backup-")))
+            .find(|(_, s)| !s.is_backup())
             .map(|(id, s)| (*id, s))
     }
 

@@ -437,15 +437,31 @@ fn hostile_metadata_is_rejected() {
 fn unknown_mandatory_requirement_refuses() {
     let (mut dev, h) = fresh();
     let mut j = h.json().clone();
-    j["config"]["requirements"] = json!({"mandatory": ["online-reencrypt-v2", "future-thing"]});
+    j["config"]["requirements"] = json!({"mandatory": ["online-reencrypt-v4", "future-thing"]});
     put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
     let e = Luks2Header::read(&mut dev).unwrap_err();
     assert!(e.to_string().contains("future-thing"), "{e}");
     let mut r = Luks2Header::read_ignoring_requirements(&mut dev).unwrap();
-    assert_eq!(r.requirements(), ["online-reencrypt-v2", "future-thing"]);
+    assert_eq!(r.requirements(), ["online-reencrypt-v4", "future-thing"]);
     assert!(r.unlock(&mut dev, b"pass0", None).is_err());
     assert!(r.kill_keyslot(&mut dev, 0).is_err());
     assert!(r.set_label(&mut dev, Some("x")).is_err());
+}
+
+#[test]
+fn reencryption_requirement_needs_its_metadata() {
+    // A known reencryption requirement without the reencrypt keyslot and backup segments
+    // is broken metadata, not a volume to open with one key.
+    let (mut dev, h) = fresh();
+    let mut j = h.json().clone();
+    j["config"]["requirements"] = json!({"mandatory": ["online-reencrypt-v2"]});
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    let e = Luks2Header::read(&mut dev).unwrap_err();
+    assert!(e.to_string().contains("reencrypt keyslot"), "{e}");
+    j["config"]["requirements"] = json!({"mandatory": ["online-reencrypt"]});
+    put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
+    let e = Luks2Header::read(&mut dev).unwrap_err();
+    assert!(e.to_string().contains("cryptsetup repair"), "{e}");
 }
 
 #[test]

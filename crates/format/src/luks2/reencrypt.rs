@@ -1,0 +1,730 @@
+//! An unfinished LUKS2 reencryption (cryptsetup's `online-reencrypt-v2`/`-v3` metadata):
+//! which stretch of the data is under which key, and the digest that binds both keys to
+//! that metadata (CVE-2021-4122: without it, forged "half-decrypted" metadata could make a
+//! tool write plaintext over ciphertext).
+//!
+//! The layout rules follow cryptsetup 2.6 (lib/luks2/luks2_reencrypt.c,
+//! luks2_reencrypt_digest.c); the on-disk format is `docs/on-disk-format-luks2.pdf` §4.9.
+
+use super::Luks2Error;
+use super::model::{
+    KeyslotEntry, Model, ReencryptDirection, ReencryptKeyslot, ReencryptMode, Resilience, Segment,
+};
+use zeroize::Zeroizing;
+
+/// The requirement an unfinished reencryption sets, by metadata version.
+pub const REQUIREMENT_V2: &str = "online-reencrypt-v2";
+/// ... the version written for decryption that moves the first segment.
+pub const REQUIREMENT_V3: &str = "online-reencrypt-v3";
+/// cryptsetup 2.2-2.4.2's unversioned flag (no verification digest).
+const REQUIREMENT_LEGACY: &str = "online-reencrypt";
+
+/// Requirements this implementation knows how to honour.
+pub(crate) fn is_known_requirement(r: &str) -> bool {
+    r == REQUIREMENT_V2 || r == REQUIREMENT_V3
+}
+
+/// The reencryption metadata of a header, validated.
+#[derive(Debug)]
+pub(crate) struct Reencryption<'m> {
+    /// 2 or 3 (the requirement's version; part of the digest input).
+    pub version: u8,
+    pub keyslot_id: u32,
+    pub keyslot: &'m KeyslotEntry,
+    pub params: &'m ReencryptKeyslot,
+    /// The layout before (`backup-previous`): the old key, cipher, sector size, offset.
+    pub previous: (u32, &'m Segment),
+    /// The layout after (`backup-final`).
+    pub final_: (u32, &'m Segment),
+    /// Where the moved first stretch of data lives (`backup-moved-segment`), if any.
+    pub moved: Option<(u32, &'m Segment)>,
+    /// The regular segment of a step that was cut off (flag `in-reencryption`).
+    pub hot: Option<u32>,
+}
+
+fn bad(s: impl Into<String>) -> Luks2Error {
+    Luks2Error::InvalidMetadata(s.into())
+}
+
+fn backup<'m>(model: &'m Model, flag: &str) -> Result<Option<(u32, &'m Segment)>, Luks2Error> {
+    let mut found = model
+        .segments
+        .iter()
+        .filter(|(_, s)| s.flags.iter().any(|f| f == flag));
+    let first = found.next().map(|(id, s)| (*id, s));
+    if found.next().is_some() {
+        return Err(bad(format!("more than one '{flag}' segment")));
+    }
+    Ok(first)
+}
+
+/// Same type, and for crypt segments the same cipher and sector size.
+fn matches(a: &Segment, b: &Segment) -> bool {
+    a.kind == b.kind
+        && (a.kind != "crypt" || (a.encryption == b.encryption && a.sector_size == b.sector_size))
+}
+
+impl Model {
+    /// The unfinished reencryption this metadata records, or `None` when there is none.
+    pub(crate) fn reencryption(&self) -> Result<Option<Reencryption<'_>>, Luks2Error> {
+        let mut versions = self.requirements.iter().filter_map(|r| match r.as_str() {
+            REQUIREMENT_V2 => Some(Ok(2u8)),
+            REQUIREMENT_V3 => Some(Ok(3u8)),
+            REQUIREMENT_LEGACY => Some(Err(())),
+            _ => None,
+        });
+        let version = match (versions.next(), versions.next()) {
+            (None, _) => return Ok(None),
+            (Some(_), Some(_)) => return Err(bad("more than one online-reencrypt requirement")),
+            (Some(Err(())), None) => {
+                return Err(Luks2Error::Unsupported(
+                    "reencryption metadata of cryptsetup before 2.4.3 (no verification \
+                     digest); run `cryptsetup repair` on it first"
+                        .into(),
+                ));
+            }
+            (Some(Ok(v)), None) => v,
+        };
+        let mut slots = self
+            .keyslots
+            .iter()
+            .filter_map(|(id, k)| k.reencrypt.as_ref().map(|p| (*id, k, p)));
+        let (keyslot_id, keyslot, params) = match (slots.next(), slots.next()) {
+            (Some(s), None) => s,
+            (None, _) => return Err(bad("reencryption requirement without a reencrypt keyslot")),
+            (Some(_), Some(_)) => return Err(bad("more than one reencrypt keyslot")),
+        };
+        let previous =
+            backup(self, "backup-previous")?.ok_or_else(|| bad("no backup-previous segment"))?;
+        let final_ = backup(self, "backup-final")?.ok_or_else(|| bad("no backup-final segment"))?;
+        let moved = backup(self, "backup-moved-segment")?;
+        let mut hot = None;
+        for (id, s) in self.segments.iter().filter(|(_, s)| !s.is_backup()) {
+            if s.in_reencryption() {
+                if hot.replace(*id).is_some() {
+                    return Err(bad("more than one segment in reencryption"));
+                }
+                if !matches(s, final_.1) {
+                    return Err(bad(format!(
+                        "segment {id} in reencryption does not match backup-final"
+                    )));
+                }
+            } else if !matches(s, final_.1) && !matches(s, previous.1) {
+                return Err(bad(format!(
+                    "segment {id} matches neither backup-previous nor backup-final"
+                )));
+            }
+        }
+        Ok(Some(Reencryption {
+            version,
+            keyslot_id,
+            keyslot,
+            params,
+            previous,
+            final_,
+            moved,
+            hot,
+        }))
+    }
+}
+
+/// One stretch of the volume as the metadata lays it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stretch {
+    pub segment: u32,
+    /// First plaintext byte it covers.
+    pub start: u64,
+    pub len: u64,
+}
+
+impl Reencryption<'_> {
+    /// Where the data starts for the size computation: the final layout's offset, plus the
+    /// shift once a forward data shift has begun (cryptsetup's `LUKS2_reencrypt_data_offset`).
+    fn data_offset(&self) -> u64 {
+        let mut off = self.final_.1.offset;
+        if self.hot.is_none() && self.params.direction == ReencryptDirection::Forward {
+            off += self.params.resilience.shift_size();
+        }
+        off
+    }
+
+    /// The regular segments in order, each with the plaintext stretch it covers, for a data
+    /// device of `data_size` bytes. All fixed sizes: the volume is their sum; a dynamic last
+    /// segment runs to the end of the device as cryptsetup sizes it.
+    pub fn layout(&self, model: &Model, data_size: u64) -> Result<Vec<Stretch>, Luks2Error> {
+        let data_offset = self.data_offset();
+        let device_size = data_size.checked_sub(data_offset).ok_or_else(|| {
+            bad(format!(
+                "the data device ({data_size} bytes) ends before the reencryption's data \
+                 offset {data_offset}"
+            ))
+        })?;
+        let mut out = Vec::new();
+        let mut start = 0u64;
+        for (id, s) in model.segments.iter().filter(|(_, s)| !s.is_backup()) {
+            let len = match s.size {
+                Some(len) => len,
+                None => device_size
+                    .checked_sub(start)
+                    .filter(|&l| l > 0)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "segment {id} starts at byte {start} of a {device_size}-byte volume"
+                        ))
+                    })?,
+            };
+            out.push(Stretch {
+                segment: *id,
+                start,
+                len,
+            });
+            start += len;
+        }
+        if out.is_empty() {
+            return Err(bad("no data segment"));
+        }
+        Ok(out)
+    }
+
+    /// The bytes the verification digest is computed over (cryptsetup's
+    /// `reencrypt_assembly_verification_data`): "v", the version digit, the old and the new
+    /// volume key (each only if that side is encrypted; one key if both sides share it),
+    /// then the reencrypt keyslot and the backup segments, field by field.
+    pub fn verification_data(
+        &self,
+        old_key: Option<&[u8]>,
+        new_key: Option<&[u8]>,
+    ) -> Result<Zeroizing<Vec<u8>>, Luks2Error> {
+        let mut b = Zeroizing::new(vec![b'v', b'0' + self.version]);
+        if old_key.is_none() && new_key.is_none() {
+            return Err(bad("reencryption digest without any volume key"));
+        }
+        for key in [old_key, new_key].into_iter().flatten() {
+            b.extend_from_slice(key);
+        }
+        let str_ = |b: &mut Vec<u8>, s: &str| -> Result<(), Luks2Error> {
+            if s.len() > 64 {
+                return Err(bad(format!(
+                    "reencryption field '{s}' longer than 64 bytes"
+                )));
+            }
+            b.extend_from_slice(s.as_bytes());
+            Ok(())
+        };
+        let p = self.params;
+        str_(
+            &mut b,
+            match p.mode {
+                ReencryptMode::Reencrypt => "reencrypt",
+                ReencryptMode::Encrypt => "encrypt",
+                ReencryptMode::Decrypt => "decrypt",
+            },
+        )?;
+        str_(
+            &mut b,
+            match p.direction {
+                ReencryptDirection::Forward => "forward",
+                ReencryptDirection::Backward => "backward",
+            },
+        )?;
+        str_(&mut b, p.resilience.name())?;
+        b.extend_from_slice(&self.keyslot.area_offset.to_be_bytes());
+        b.extend_from_slice(&self.keyslot.area_size.to_be_bytes());
+        match &p.resilience {
+            Resilience::Checksum { hash, sector_size } => {
+                str_(&mut b, hash)?;
+                b.extend_from_slice(&sector_size.to_be_bytes());
+            }
+            Resilience::DatashiftChecksum {
+                hash,
+                sector_size,
+                shift_size,
+            } => {
+                str_(&mut b, hash)?;
+                b.extend_from_slice(&sector_size.to_be_bytes());
+                b.extend_from_slice(&shift_size.to_be_bytes());
+            }
+            Resilience::Datashift { shift_size } | Resilience::DatashiftJournal { shift_size } => {
+                b.extend_from_slice(&shift_size.to_be_bytes());
+            }
+            Resilience::Journal | Resilience::None => {}
+        }
+        let segments = [Some(self.previous), Some(self.final_), self.moved];
+        for (_, s) in segments.into_iter().flatten() {
+            str_(&mut b, &s.kind)?;
+            b.extend_from_slice(&s.offset.to_be_bytes());
+            match s.size {
+                None => b.extend_from_slice(b"dynamic"),
+                Some(n) => b.extend_from_slice(&n.to_be_bytes()),
+            }
+            if s.kind == "crypt" {
+                b.extend_from_slice(&s.iv_tweak.to_be_bytes());
+                str_(&mut b, &s.encryption)?;
+                b.extend_from_slice(&s.sector_size.to_be_bytes());
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// Which side of the reencryption a regular segment holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// Not yet reencrypted (the `backup-previous` layout).
+    Old,
+    /// Done (the `backup-final` layout).
+    New,
+}
+
+/// Where an interrupted step's old bytes are found again.
+enum Protection<'a> {
+    /// Hashes of the old bytes of each `bs`-byte block, in the keyslot area.
+    Checksum { hash: &'a str, bs: u64 },
+    /// The old bytes themselves, in the keyslot area.
+    Journal,
+    /// The old bytes at their old place on the data device, with their old IV base.
+    Shift { source: u64, iv_base: u64 },
+}
+
+/// The metadata after a recovered step and what to wipe once it is committed.
+pub(crate) struct AfterRecovery {
+    pub json: serde_json::Value,
+    /// Keyslot areas no longer referenced (header device).
+    pub wipe_header: Vec<(u64, u64)>,
+    /// Stale copies of data on the data device (the moved plaintext of an encryption, the
+    /// tail a forward data shift leaves behind): overwritten with random bytes.
+    pub wipe_data: Vec<(u64, u64)>,
+}
+
+/// Bytes of the hot zone processed at once (bounded memory whatever the hot-zone size).
+const RECOVERY_CHUNK: u64 = 1 << 20;
+
+fn sector_cipher(
+    seg: &Segment,
+    key: Option<&[u8]>,
+    iv_base: u64,
+) -> Result<Option<cryptblk_crypto::SectorCipher>, crate::Error> {
+    if seg.kind != "crypt" {
+        return Ok(None);
+    }
+    let key = key.ok_or_else(|| bad("encrypted backup segment without its key"))?;
+    let spec = cryptblk_crypto::CipherSpec::parse(&seg.encryption)
+        .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
+    let iv = cryptblk_crypto::IvOptions {
+        large_sectors: false,
+        offset: iv_base,
+    };
+    Ok(Some(cryptblk_crypto::SectorCipher::new(
+        spec,
+        key,
+        seg.sector_size,
+        iv,
+    )?))
+}
+
+/// Old bytes (raw, as on disk before the step) of a stretch `at` bytes into the hot zone,
+/// to what the final layout stores there.
+fn convert(
+    old: &Option<cryptblk_crypto::SectorCipher>,
+    new: &Option<cryptblk_crypto::SectorCipher>,
+    at: u64,
+    buf: &mut [u8],
+) -> Result<(), crate::Error> {
+    if let Some(c) = old {
+        c.decrypt(at / c.sector_size() as u64, buf)?;
+    }
+    if let Some(c) = new {
+        c.encrypt(at / c.sector_size() as u64, buf)?;
+    }
+    Ok(())
+}
+
+impl Reencryption<'_> {
+    /// The regular segment index and logical stretch of the interrupted step.
+    fn hot_zone(&self, model: &Model) -> Result<(usize, u64, u64), Luks2Error> {
+        let hot = self.hot.ok_or_else(|| bad("no step to recover"))?;
+        let seg = &model.segments[&hot];
+        let index = model
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.is_backup())
+            .position(|(id, _)| *id == hot)
+            .unwrap_or(0);
+        let off = seg
+            .offset
+            .checked_sub(self.final_.1.offset)
+            .ok_or_else(|| bad("hot zone before the final data offset"))?;
+        let len = seg.size.ok_or_else(|| bad("hot zone of dynamic size"))?;
+        Ok((index, off, len))
+    }
+
+    /// Rewrites the hot zone of the interrupted step the way cryptsetup's crash recovery
+    /// does (lib/luks2/luks2_reencrypt.c, `reencrypt_recover_segment`): what still holds
+    /// old bytes is converted to the final layout, what was already converted is left.
+    /// Safe to repeat if it is itself interrupted.
+    pub fn rewrite_hot_zone(
+        &self,
+        model: &Model,
+        keyslot_area: &dyn crate::Storage,
+        data: &dyn crate::Storage,
+        old_key: Option<&[u8]>,
+        new_key: Option<&[u8]>,
+    ) -> Result<(), crate::Error> {
+        let (index, off, len) = self.hot_zone(model)?;
+        let d_new = self.final_.1.offset;
+        let hot = &model.segments[&self.hot.unwrap_or_default()];
+        let iv_base = if self.params.mode == ReencryptMode::Decrypt {
+            off / 512
+        } else {
+            hot.iv_tweak
+        };
+        let moved_step = off == 0 && self.moved.is_some();
+        let shift_source = |shift: u64| -> Result<Protection<'_>, Luks2Error> {
+            if index == 0
+                && let Some((_, m)) = self.moved
+            {
+                return Ok(Protection::Shift {
+                    source: m.offset,
+                    iv_base: 0,
+                });
+            }
+            let dst = d_new + off;
+            let source = match self.params.direction {
+                ReencryptDirection::Forward => dst.checked_add(shift),
+                ReencryptDirection::Backward => dst.checked_sub(shift),
+            }
+            .ok_or_else(|| bad("data shift outside the device"))?;
+            Ok(Protection::Shift { source, iv_base })
+        };
+        let prot = match &self.params.resilience {
+            Resilience::Checksum { hash, sector_size } => Protection::Checksum {
+                hash,
+                bs: *sector_size as u64,
+            },
+            Resilience::DatashiftChecksum {
+                hash, sector_size, ..
+            } if moved_step => Protection::Checksum {
+                hash,
+                bs: *sector_size as u64,
+            },
+            Resilience::Journal => Protection::Journal,
+            Resilience::DatashiftJournal { .. } if moved_step => Protection::Journal,
+            Resilience::Datashift { shift_size }
+            | Resilience::DatashiftChecksum { shift_size, .. }
+            | Resilience::DatashiftJournal { shift_size } => shift_source(*shift_size)?,
+            Resilience::None => {
+                return Err(Luks2Error::Unsupported(
+                    "an interrupted step without resilience data cannot be recovered".into(),
+                )
+                .into());
+            }
+        };
+        let src_iv = match prot {
+            Protection::Shift { iv_base, .. } => iv_base,
+            _ => iv_base,
+        };
+        let old = sector_cipher(self.previous.1, old_key, src_iv)?;
+        let new = sector_cipher(self.final_.1, new_key, iv_base)?;
+        let dst = d_new + off;
+        if let Protection::Checksum { bs, .. } = prot
+            && (bs == 0 || !len.is_multiple_of(bs) || !RECOVERY_CHUNK.is_multiple_of(bs))
+        {
+            return Err(bad(format!(
+                "hot zone of {len} bytes in {bs}-byte checksum blocks"
+            ))
+            .into());
+        }
+        let (area_off, area_size) = (self.keyslot.area_offset, self.keyslot.area_size);
+        let stored = match prot {
+            Protection::Checksum { hash, bs } => {
+                let h = cryptblk_crypto::HashAlg::from_name(hash)
+                    .map_err(|_| Luks2Error::Unsupported(format!("checksum hash '{hash}'")))?;
+                let need = len / bs * h.output_len() as u64;
+                if need > area_size {
+                    return Err(bad("checksums do not fit the reencrypt keyslot area").into());
+                }
+                let mut sums = vec![0u8; need as usize];
+                keyslot_area.read_at(&mut sums, area_off)?;
+                Some((h, sums))
+            }
+            Protection::Journal if len > area_size => {
+                return Err(bad("hot zone larger than the journal").into());
+            }
+            _ => None,
+        };
+        let mut buf = Zeroizing::new(vec![0u8; RECOVERY_CHUNK.min(len) as usize]);
+        let mut at = 0u64;
+        while at < len {
+            let n = (len - at).min(RECOVERY_CHUNK);
+            let b = &mut buf[..n as usize];
+            match prot {
+                Protection::Checksum { bs, .. } => {
+                    let (h, sums) = stored.as_ref().expect("checksums were read");
+                    data.read_at(b, dst + at)?;
+                    let hl = h.output_len();
+                    for (i, block) in b.chunks_mut(bs as usize).enumerate() {
+                        let pos = at + i as u64 * bs;
+                        let k = (pos / bs) as usize;
+                        // Only blocks still holding their old bytes are converted.
+                        if h.digest(block) == sums[k * hl..(k + 1) * hl] {
+                            convert(&old, &new, pos, block)?;
+                            data.write_at(block, dst + pos)?;
+                        }
+                    }
+                }
+                Protection::Journal => {
+                    keyslot_area.read_at(b, area_off + at)?;
+                    convert(&old, &new, at, b)?;
+                    data.write_at(b, dst + at)?;
+                }
+                Protection::Shift { source, .. } => {
+                    data.read_at(b, source + at)?;
+                    convert(&old, &new, at, b)?;
+                    data.write_at(b, dst + at)?;
+                }
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The side a regular segment holds: by its key where the two keys differ, else by
+    /// which layout its cipher and sector size match; plaintext is old when encrypting
+    /// and new when decrypting.
+    fn side(&self, model: &Model, id: u32, s: &Segment) -> Side {
+        if s.in_reencryption() {
+            return Side::New;
+        }
+        if s.kind != "crypt" {
+            return if self.final_.1.kind == "crypt" {
+                Side::Old
+            } else {
+                Side::New
+            };
+        }
+        let digest_of = |seg: u32| model.segment_digest(seg).map(|(d, _)| d);
+        let (old_d, new_d) = (digest_of(self.previous.0), digest_of(self.final_.0));
+        match digest_of(id) {
+            Some(d) if old_d != new_d && Some(d) == new_d => Side::New,
+            Some(d) if old_d != new_d && Some(d) == old_d => Side::Old,
+            _ if matches(s, self.final_.1) && !matches(s, self.previous.1) => Side::New,
+            _ => Side::Old,
+        }
+    }
+
+    /// The metadata once the interrupted step is rewritten: the hot segment joins the
+    /// finished stretch next to it (cryptsetup's "post" layout), digests are reassigned,
+    /// backups follow the regular segments; if nothing old is left, the reencryption is
+    /// finished in the same commit (old keyslots, backups, the reencrypt keyslot, its
+    /// digest and the requirement go; their areas are wiped after the commit).
+    pub fn after_recovery(
+        &self,
+        model: &Model,
+        json: &serde_json::Value,
+        data_size: u64,
+    ) -> Result<AfterRecovery, Luks2Error> {
+        use serde_json::{Map, Value, json};
+        let hot = self.hot.ok_or_else(|| bad("no step to recover"))?;
+        let seg_json = |id: u32| -> Result<Map<String, Value>, Luks2Error> {
+            json["segments"][id.to_string()]
+                .as_object()
+                .cloned()
+                .ok_or_else(|| bad(format!("segment {id} missing")))
+        };
+        // (json, parsed, side) of each regular segment, the hot one unflagged.
+        let mut regular: Vec<(Map<String, Value>, Segment, Side)> = Vec::new();
+        for (id, s) in model.segments.iter().filter(|(_, s)| !s.is_backup()) {
+            let mut j = seg_json(*id)?;
+            let mut s = s.clone();
+            let side = self.side(model, *id, &s);
+            if *id == hot {
+                j.remove("flags");
+                s.flags.clear();
+            }
+            regular.push((j, s, side));
+        }
+        let hot_index = model
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.is_backup())
+            .position(|(id, _)| *id == hot)
+            .unwrap_or(0);
+        // Joins b into a when both are the same side, contiguous on the device and in the
+        // volume, and (encrypted) with continuous IVs.
+        let joinable = |a: &Segment, b: &Segment| {
+            let Some(alen) = a.size else { return false };
+            matches(a, b)
+                && a.offset + alen == b.offset
+                && (a.kind != "crypt" || b.iv_tweak == a.iv_tweak + alen / 512)
+        };
+        let mut merged_index = hot_index;
+        if hot_index + 1 < regular.len()
+            && regular[hot_index + 1].2 == Side::New
+            && joinable(&regular[hot_index].1, &regular[hot_index + 1].1)
+        {
+            let next = regular.remove(hot_index + 1);
+            let cur = &mut regular[hot_index];
+            cur.1.size = match (cur.1.size, next.1.size) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+        }
+        if hot_index > 0
+            && regular[hot_index - 1].2 == Side::New
+            && joinable(&regular[hot_index - 1].1, &regular[hot_index].1)
+        {
+            let cur = regular.remove(hot_index);
+            let prev = &mut regular[hot_index - 1];
+            prev.1.size = match (prev.1.size, cur.1.size) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+            merged_index = hot_index - 1;
+        }
+        let finished = regular.iter().all(|r| r.2 == Side::New);
+        let last = merged_index + 1 == regular.len();
+        // A finished volume, and a decryption's plaintext that runs to the end, are sized
+        // "dynamic" as cryptsetup leaves them; otherwise the sizes stay as they were.
+        if finished || (last && self.params.mode == ReencryptMode::Decrypt && self.moved.is_some())
+        {
+            regular[merged_index].1.size = None;
+        }
+        let size_value = |s: Option<u64>| match s {
+            None => Value::String("dynamic".into()),
+            Some(n) => Value::String(n.to_string()),
+        };
+        let mut out = json.clone();
+        let mut segments = Map::new();
+        for (i, (mut j, s, _)) in regular.iter().cloned().enumerate() {
+            j.insert("size".into(), size_value(s.size));
+            segments.insert(i.to_string(), Value::Object(j));
+        }
+        let digest_id = |seg: u32| model.segment_digest(seg).map(|(d, _)| d);
+        let (old_d, new_d) = (digest_id(self.previous.0), digest_id(self.final_.0));
+        let reenc_digest = model
+            .digests
+            .iter()
+            .find(|(_, d)| d.keyslots.contains(&self.keyslot_id))
+            .map(|(id, _)| *id);
+        let mut wipe_header = Vec::new();
+        let mut wipe_data = Vec::new();
+        // Digest id -> segment ids it covers, rebuilt from scratch.
+        let mut assign: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for (i, (_, s, side)) in regular.iter().enumerate() {
+            if s.kind == "crypt" {
+                let d = match side {
+                    Side::New => new_d,
+                    Side::Old => old_d,
+                };
+                let d = d.ok_or_else(|| bad("encrypted segment without a key"))?;
+                assign.entry(d).or_default().push(i as u32);
+            }
+        }
+        if finished {
+            let keyslots = out["keyslots"]
+                .as_object_mut()
+                .ok_or_else(|| bad("keyslots missing"))?;
+            let mut drop_slots = vec![self.keyslot_id];
+            if old_d != new_d
+                && let Some(d) = old_d
+            {
+                drop_slots.extend(model.digests[&d].keyslots.iter().copied());
+            }
+            for id in drop_slots {
+                if keyslots.remove(&id.to_string()).is_some()
+                    && let Some(k) = model.keyslots.get(&id)
+                {
+                    wipe_header.push((k.area_offset, k.area_size));
+                }
+            }
+            let digests = out["digests"]
+                .as_object_mut()
+                .ok_or_else(|| bad("digests missing"))?;
+            for d in [reenc_digest, old_d.filter(|d| Some(*d) != new_d)]
+                .into_iter()
+                .flatten()
+            {
+                digests.remove(&d.to_string());
+            }
+            let config = out["config"]
+                .as_object_mut()
+                .ok_or_else(|| bad("config missing"))?;
+            if let Some(req) = config
+                .get_mut("requirements")
+                .and_then(|r| r.as_object_mut())
+            {
+                if let Some(m) = req.get_mut("mandatory").and_then(|m| m.as_array_mut()) {
+                    m.retain(|r| {
+                        r.as_str()
+                            .is_none_or(|r| !r.starts_with("online-reencrypt"))
+                    });
+                    if m.is_empty() {
+                        req.remove("mandatory");
+                    }
+                }
+                if req.is_empty() {
+                    config.remove("requirements");
+                }
+            }
+            // The stale copies the finished operation leaves behind.
+            if let Some((_, m)) = self.moved
+                && self.params.mode == ReencryptMode::Encrypt
+            {
+                wipe_data.push((m.offset, m.size.unwrap_or(0)));
+            }
+            let shift = self.params.resilience.shift_size();
+            if shift > 0 && self.params.direction == ReencryptDirection::Forward {
+                wipe_data.push((data_size.saturating_sub(shift), shift));
+            }
+        } else {
+            for (flag_seg, d) in [
+                (Some(self.previous), old_d),
+                (Some(self.final_), new_d),
+                (self.moved, old_d),
+            ] {
+                let Some((id, s)) = flag_seg else { continue };
+                let n = segments.len() as u32;
+                segments.insert(n.to_string(), Value::Object(seg_json(id)?));
+                if s.kind == "crypt" {
+                    let d = d.ok_or_else(|| bad("encrypted backup segment without a key"))?;
+                    assign.entry(d).or_default().push(n);
+                }
+            }
+        }
+        out["segments"] = Value::Object(segments);
+        let digests = out["digests"]
+            .as_object_mut()
+            .ok_or_else(|| bad("digests missing"))?;
+        for (id, d) in digests.iter_mut() {
+            let segs: Vec<Value> = id
+                .parse::<u32>()
+                .ok()
+                .and_then(|id| assign.get(&id))
+                .map(|v| v.iter().map(|s| json!(s.to_string())).collect())
+                .unwrap_or_default();
+            d["segments"] = Value::Array(segs);
+        }
+        Ok(AfterRecovery {
+            json: out,
+            wipe_header,
+            wipe_data,
+        })
+    }
+}
+
+/// Overwrites `len` bytes at `off` with random bytes (stale copies of data).
+pub(crate) fn wipe_random(
+    dev: &dyn crate::Storage,
+    off: u64,
+    len: u64,
+) -> Result<(), crate::Error> {
+    let mut buf = vec![0u8; RECOVERY_CHUNK.min(len) as usize];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(RECOVERY_CHUNK) as usize;
+        cryptblk_crypto::random_bytes(&mut buf[..n])?;
+        dev.write_at(&buf[..n], off + at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
