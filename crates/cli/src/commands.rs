@@ -198,7 +198,7 @@ pub fn load(dev: &mut File, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
     })
 }
 
-fn kdf_request(args: &KdfArgs, luks1: bool) -> CliResult<KdfRequest> {
+pub fn kdf_request(args: &KdfArgs, luks1: bool) -> CliResult<KdfRequest> {
     let mut r = if luks1 {
         KdfRequest::luks1_default()
     } else {

@@ -9,6 +9,7 @@ mod error;
 mod frontend;
 mod passphrase;
 mod process;
+mod reencrypt;
 mod rundir;
 mod serve;
 mod transfer;
@@ -106,6 +107,8 @@ enum Command {
     Uuid(commands::DeviceArgs),
     /// Exit 0 if the device holds a LUKS header (cryptsetup isLuks).
     IsLuks(commands::DeviceArgs),
+    /// Change the volume key of a LUKS2 volume, resumably (cryptsetup reencrypt).
+    Reencrypt(reencrypt::ReencryptArgs),
     /// Save the header and keyslot areas to a file (cryptsetup luksHeaderBackup).
     HeaderBackup(commands::BackupArgs),
     /// Write a saved header back (cryptsetup luksHeaderRestore).
@@ -151,6 +154,7 @@ fn main() {
         Command::TestPassphrase(a) => commands::test_passphrase(&ctx, a),
         Command::Uuid(a) => commands::uuid(&ctx, a),
         Command::IsLuks(a) => commands::is_luks(&ctx, a),
+        Command::Reencrypt(a) => reencrypt::reencrypt(&ctx, a),
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),

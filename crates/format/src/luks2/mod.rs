@@ -21,6 +21,7 @@ mod error;
 mod keyslot;
 mod model;
 mod reencrypt;
+mod reencrypt_job;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +32,7 @@ pub use binary::HDR_SIZES;
 pub use error::Luks2Error;
 pub use model::{Priority, ReencryptDirection, ReencryptMode, Resilience};
 pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3};
+pub use reencrypt_job::{ReencryptOutcome, ReencryptRequest, ResilienceRequest};
 
 use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, SegmentKey, Storage};
 use binary::{BIN_HDR_LEN, BinHeader, LABEL_LEN, RawCopy, SALT_LEN};

@@ -1,0 +1,252 @@
+//! `cryptblk reencrypt`: cryptsetup's LUKS2 reencryption, offline, on an image file or a
+//! block device nobody holds open. Metadata and resilience data are cryptsetup's, so
+//! either tool resumes (or recovers) what the other started.
+
+use crate::commands::{Ctx, open_header};
+use crate::error::{CliError, CliResult, EXIT_PERMISSION, io_err};
+use crate::passphrase::get_passphrase;
+use crate::{HeaderArgs, KdfArgs, KeyArgs};
+use clap::Args;
+use cryptblk_crypto::{CipherSpec, HashAlg};
+use cryptblk_format::LuksHeader;
+use cryptblk_format::luks2::{Luks2Header, ReencryptOutcome, ReencryptRequest, ResilienceRequest};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ReencryptArgs {
+    /// The LUKS2 device or image file.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+    /// Keyslot whose passphrase is used (the new key gets a keyslot under it too).
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    /// New data cipher (default: keep the current one).
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// New volume key size in bits (default: keep the current one).
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
+    /// New encryption sector size (default: keep the current one).
+    #[arg(long = "sector-size")]
+    pub sector_size: Option<u32>,
+    /// How a step survives a crash: checksum, journal or none.
+    #[arg(long, default_value = "checksum")]
+    pub resilience: String,
+    /// Hash of the checksum resilience.
+    #[arg(long = "resilience-hash", default_value = "sha256")]
+    pub resilience_hash: String,
+    /// Largest stretch rewritten per step (e.g. 8M).
+    #[arg(long = "hotzone-size")]
+    pub hotzone_size: Option<String>,
+    /// Only write the reencryption metadata; the data is rewritten by a later run.
+    #[arg(long = "init-only")]
+    pub init_only: bool,
+    /// Only continue a reencryption already started.
+    #[arg(long = "resume-only")]
+    pub resume_only: bool,
+    /// Accepted for cryptsetup scripts: cryptblk always works on the device directly.
+    #[arg(long = "force-offline-reencrypt")]
+    pub force_offline: bool,
+    /// Encrypt a plaintext device in place (not supported by cryptblk yet).
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Decrypt the device to plaintext (not supported by cryptblk yet).
+    #[arg(long)]
+    pub decrypt: bool,
+    /// Move the data to make room for a header (not supported by cryptblk yet).
+    #[arg(long = "reduce-device-size")]
+    pub reduce_device_size: Option<String>,
+}
+
+fn parse_bytes(s: &str) -> CliResult<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                'S' => 512,
+                _ => return Err(CliError::usage(format!("bad size suffix in '{s}'"))),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0 && n.is_multiple_of(512))
+        .ok_or_else(|| {
+            CliError::usage(format!("bad size '{s}' (a multiple of 512 bytes, e.g. 8M)"))
+        })
+}
+
+fn request(a: &ReencryptArgs) -> CliResult<ReencryptRequest> {
+    let resilience = match a.resilience.as_str() {
+        "checksum" => ResilienceRequest::Checksum(HashAlg::from_name(&a.resilience_hash)?),
+        "journal" => ResilienceRequest::Journal,
+        "none" => ResilienceRequest::None,
+        "datashift" => {
+            return Err(CliError::usage(
+                "--resilience datashift comes with --reduce-device-size, which cryptblk does not do yet",
+            ));
+        }
+        other => {
+            return Err(CliError::usage(format!(
+                "unknown --resilience {other} (checksum, journal, none)"
+            )));
+        }
+    };
+    let key_len = match a.key_size {
+        Some(bits) if bits % 8 != 0 || bits == 0 => {
+            return Err(CliError::usage(format!("bad --key-size {bits}")));
+        }
+        Some(bits) => Some(bits / 8),
+        None => None,
+    };
+    Ok(ReencryptRequest {
+        cipher: a.cipher.as_deref().map(CipherSpec::parse).transpose()?,
+        key_len,
+        sector_size: a.sector_size,
+        resilience,
+        kdf: crate::commands::kdf_request(&a.kdf, false)?,
+    })
+}
+
+fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
+    match e {
+        cryptblk_format::Error::WrongPassphrase => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        e => e.into(),
+    }
+}
+
+/// cryptsetup's progress line: percent, ETA, bytes written, speed.
+fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
+    let secs = start.elapsed().as_secs_f64().max(1e-3);
+    let rate = (done - first) as f64 / secs;
+    let eta = if rate > 0.0 {
+        ((total - done) as f64 / rate) as u64
+    } else {
+        0
+    };
+    eprint!(
+        "\rProgress: {:5.1}%, ETA {:02}:{:02}, {} MiB written, speed {:.1} MiB/s",
+        done as f64 * 100.0 / total.max(1) as f64,
+        eta / 60,
+        eta % 60,
+        (done - first) >> 20,
+        rate / (1 << 20) as f64
+    );
+}
+
+pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
+    if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+        return Err(CliError::usage(
+            "cryptblk reencrypt changes the key of an encrypted LUKS2 volume; --encrypt, \
+             --decrypt and --reduce-device-size are not supported yet (cryptsetup's jobs of \
+             those kinds open in cryptblk, and cryptblk recovers their interrupted steps)",
+        ));
+    }
+    if a.init_only && a.resume_only {
+        return Err(CliError::usage(
+            "--init-only and --resume-only exclude each other",
+        ));
+    }
+    let hotzone = a.hotzone_size.as_deref().map(parse_bytes).transpose()?;
+    let req = request(&a)?;
+    // The data device is locked exclusively: a volume being served cannot be reencrypted
+    // behind the server's back.
+    let data = cryptblk_volume::open_data_file(&a.device, false)
+        .map_err(|e| CliError::new(crate::error::EXIT_BUSY, e.to_string()))?;
+    let mut hdev = match &a.header.header {
+        Some(_) => open_header(&a.device, &a.header, true)?,
+        None => data.try_clone().map_err(|e| io_err(&a.device, e))?,
+    };
+    let header_path = a.header.header.clone().unwrap_or_else(|| a.device.clone());
+    let mut hdr = match Luks2Header::read(&mut hdev) {
+        Ok(h) => h,
+        Err(cryptblk_format::Error::NotLuks) => {
+            return Err(CliError::usage(format!(
+                "Device {} is not a valid LUKS device.",
+                header_path.display()
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let started = hdr.in_reencryption();
+    if a.resume_only && !started {
+        return Err(CliError::usage("Device reencryption not in progress."));
+    }
+    let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
+    let storage = cryptblk_volume::FileStorage::new(data).map_err(|e| io_err(&a.device, e))?;
+    let data_size = cryptblk_format::Storage::size(&storage).map_err(|e| io_err(&a.device, e))?;
+    if !started {
+        let slot = hdr
+            .reencrypt_init(&mut hdev, data_size, &pass, a.key_slot, &req)
+            .map_err(wrong_passphrase)?;
+        if ctx.verbose {
+            eprintln!("New volume key in key slot {slot}.");
+        }
+        if a.init_only {
+            return Ok(());
+        }
+    } else if a.init_only {
+        return Err(CliError::usage(
+            "a reencryption is already in progress (resume it with --resume-only)",
+        ));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err(&a.device, e))?;
+    }
+    let start = Instant::now();
+    let mut first = None;
+    let outcome = hdr
+        .reencrypt_run(
+            &mut hdev,
+            &storage,
+            data_size,
+            &pass,
+            a.key_slot,
+            hotzone,
+            &|| stop.load(Ordering::Relaxed),
+            &mut |done, total| {
+                let f = *first.get_or_insert(0);
+                if !ctx.batch || ctx.verbose {
+                    show_progress(start, f, done, total);
+                }
+            },
+        )
+        .map_err(wrong_passphrase)?;
+    if !ctx.batch || ctx.verbose {
+        eprintln!();
+    }
+    match outcome {
+        ReencryptOutcome::Finished => {
+            if ctx.verbose {
+                eprintln!(
+                    "Reencryption finished: {} bits {}.",
+                    hdr.key_len() * 8,
+                    hdr.cipher()
+                );
+            }
+            Ok(())
+        }
+        ReencryptOutcome::Stopped => Err(CliError::new(
+            crate::error::EXIT_USAGE,
+            "Reencryption interrupted; resume it with `reencrypt --resume-only`.",
+        )),
+    }
+}

@@ -1,0 +1,375 @@
+//! `cryptblk reencrypt` against the real cryptsetup 2.6, both ways: what one tool starts
+//! the other resumes; a process killed (SIGKILL) at every durability point of a job (each
+//! fdatasync, via `strace --inject`) leaves a volume that both tools open with the data
+//! intact and either finishes; the result is checked against an independent decryption
+//! with the new volume key as cryptsetup dumps it.
+
+mod common;
+
+use common::*;
+
+const MIB: usize = 1 << 20;
+const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+struct Lab {
+    dir: tempfile::TempDir,
+    cs: String,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pw"), b"rotate the key").unwrap();
+        Lab {
+            dir,
+            cs: tool("cryptsetup", "cryptsetup-bin"),
+        }
+    }
+    fn p(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+    fn cs(&self, args: &[&str]) -> std::process::Output {
+        run_in(&self.cs, args, b"")
+    }
+    fn cb(&self, args: &[&str]) -> std::process::Output {
+        run_in(bin(), args, b"")
+    }
+    /// A 48 MiB LUKS2 image (32 MiB of data, `sector`-byte sectors) full of random
+    /// plaintext; returns the path and the plaintext.
+    fn volume(&self, name: &str, sector: &str) -> (String, Vec<u8>) {
+        let img = self.p(name);
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(48 * MIB as u64)
+            .unwrap();
+        let pw = self.p("pw");
+        let mut args = vec![
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--sector-size",
+            sector,
+        ];
+        args.extend(KDF);
+        args.extend(["--key-file", &pw, &img]);
+        ok(&self.cs(&args));
+        let plain: Vec<u8> = (0..32 * MIB).map(|i| (i * 31 + i / 4093) as u8).collect();
+        let src = self.p("plain");
+        std::fs::write(&src, &plain).unwrap();
+        ok(&self.cb(&["import", &img, &src, "--key-file", &pw]));
+        (img, plain)
+    }
+    fn read(&self, img: &str) -> Vec<u8> {
+        let out = self.p("out");
+        let _ = std::fs::remove_file(&out);
+        ok(&self.cb(&["export", img, &out, "--key-file", &self.p("pw")]));
+        std::fs::read(out).unwrap()
+    }
+    /// cryptblk reencrypt with `args`, killed at its `nth` fdatasync if `kill`.
+    fn cb_reencrypt(&self, img: &str, args: &[&str], kill: Option<u32>) -> bool {
+        let pw = self.p("pw");
+        let mut a: Vec<&str> = vec!["reencrypt", "-q", img, "--key-file", &pw];
+        a.extend(KDF);
+        a.extend(args);
+        match kill {
+            None => self.cb(&a).status.success(),
+            Some(n) => {
+                let inject = format!("inject=fdatasync:signal=SIGKILL:when={n}");
+                let mut s = vec![
+                    "-f",
+                    "-o",
+                    "/dev/null",
+                    "-e",
+                    "trace=fdatasync",
+                    "-e",
+                    &inject,
+                    bin(),
+                ];
+                s.extend(a);
+                run_in(&tool("strace", "strace"), &s, b"").status.success()
+            }
+        }
+    }
+    /// cryptsetup finishes the job; offline, a cut-off step needs its `repair` first.
+    fn cs_resume(&self, img: &str) {
+        let hot = self.json(img)["segments"]
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|s| {
+                s["flags"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|f| f == "in-reencryption"))
+            });
+        if hot {
+            ok(&self.cs(&["repair", "-q", "--key-file", &self.p("pw"), img]));
+            if !self.in_reencryption(img) {
+                return; // that was the last step
+            }
+        }
+        ok(&self.cs(&[
+            "reencrypt",
+            "-q",
+            "--force-offline-reencrypt",
+            "--resume-only",
+            "--key-file",
+            &self.p("pw"),
+            img,
+        ]));
+    }
+    fn json(&self, img: &str) -> serde_json::Value {
+        serde_json::from_str(&ok(&self.cs(&["luksDump", "--dump-json-metadata", img]))).unwrap()
+    }
+    fn in_reencryption(&self, img: &str) -> bool {
+        self.json(img)["config"]["requirements"]["mandatory"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|r| r == "online-reencrypt-v2"))
+    }
+    /// The volume key as cryptsetup dumps it.
+    fn volume_key(&self, img: &str) -> Vec<u8> {
+        let out = ok(&self.cs(&[
+            "luksDump",
+            "--dump-volume-key",
+            "-q",
+            "--key-file",
+            &self.p("pw"),
+            img,
+        ]));
+        let hex: String = out
+            .split("MK dump:")
+            .nth(1)
+            .expect("volume key dump")
+            .split_whitespace()
+            .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+            .collect();
+        (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect()
+    }
+}
+
+/// Decrypts sectors of a finished image's data area with `key` (AES-256-XTS, plain64 IVs
+/// counting 512-byte units as dm-crypt does) by a textbook XTS over RustCrypto's AES block
+/// cipher, independently of cryptblk's sector cipher and volume code.
+fn decrypt_independently(img: &str, key: &[u8], sector: usize, data: &[u8]) -> bool {
+    use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
+    let k1 = aes::Aes256::new_from_slice(&key[..32]).unwrap();
+    let k2 = aes::Aes256::new_from_slice(&key[32..]).unwrap();
+    let raw = std::fs::read(img).unwrap();
+    let ct = &raw[16 * MIB..16 * MIB + data.len()];
+    let sectors = data.len() / sector;
+    for s in [0, 1, sectors / 2, sectors - 1] {
+        let mut t = [0u8; 16];
+        t[..8].copy_from_slice(&((s * sector / 512) as u64).to_le_bytes());
+        let mut tb = aes::Block::from(t);
+        k2.encrypt_block(&mut tb);
+        let mut t: [u8; 16] = tb.into();
+        let mut buf = ct[s * sector..(s + 1) * sector].to_vec();
+        for c in buf.chunks_mut(16) {
+            let mut b = [0u8; 16];
+            for i in 0..16 {
+                b[i] = c[i] ^ t[i];
+            }
+            let mut bb = aes::Block::from(b);
+            k1.decrypt_block(&mut bb);
+            let b: [u8; 16] = bb.into();
+            for i in 0..16 {
+                c[i] = b[i] ^ t[i];
+            }
+            let carry = t[15] >> 7;
+            for i in (1..16).rev() {
+                t[i] = (t[i] << 1) | (t[i - 1] >> 7);
+            }
+            t[0] = (t[0] << 1) ^ (carry * 0x87);
+        }
+        if buf != data[s * sector..(s + 1) * sector] {
+            return false;
+        }
+    }
+    true
+}
+
+#[test]
+fn reencrypts_and_cryptsetup_agrees() {
+    let lab = Lab::new();
+    for (sector, res) in [("4096", "checksum"), ("512", "journal"), ("4096", "none")] {
+        let (img, plain) = lab.volume("a.img", sector);
+        let before = lab.volume_key(&img);
+        assert!(lab.cb_reencrypt(&img, &["--resilience", res, "--hotzone-size", "8M"], None));
+        assert!(!lab.in_reencryption(&img));
+        let after = lab.volume_key(&img);
+        assert_ne!(before, after, "{res}: a new volume key");
+        assert!(lab.read(&img) == plain, "{res}: cryptblk reads it back");
+        ok(&lab.cs(&[
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            &lab.p("pw"),
+            &img,
+        ]));
+        let j = lab.json(&img);
+        assert_eq!(
+            j["keyslots"].as_object().unwrap().len(),
+            1,
+            "{res}: old keyslot gone: {j}"
+        );
+        assert!(
+            decrypt_independently(&img, &after, sector.parse().unwrap(), &plain),
+            "{res}: OpenSSL with the new key decrypts the data"
+        );
+        assert!(
+            ok(&lab.cs(&["repair", "-q", "--key-file", &lab.p("pw"), &img])).is_empty()
+                || !lab.in_reencryption(&img)
+        );
+    }
+}
+
+#[test]
+fn cipher_and_sector_size_change_and_cryptsetup_resumes_what_we_start() {
+    let lab = Lab::new();
+    let (img, plain) = lab.volume("b.img", "512");
+    let args = [
+        "--init-only",
+        "--key-size",
+        "256",
+        "--sector-size",
+        "4096",
+        "--hotzone-size",
+        "8M",
+    ];
+    assert!(lab.cb_reencrypt(&img, &args, None));
+    assert!(lab.in_reencryption(&img));
+    assert!(lab.read(&img) == plain, "readable right after init");
+    lab.cs_resume(&img);
+    assert!(!lab.in_reencryption(&img));
+    let j = lab.json(&img);
+    assert_eq!(j["segments"]["0"]["sector_size"], 4096, "{j}");
+    assert_eq!(lab.volume_key(&img).len(), 32);
+    assert!(lab.read(&img) == plain);
+}
+
+#[test]
+fn we_resume_what_cryptsetup_starts_and_refuse_a_second_start() {
+    let lab = Lab::new();
+    let (img, plain) = lab.volume("c.img", "4096");
+    let pw = lab.p("pw");
+    let mut args = vec![
+        "reencrypt",
+        "-q",
+        "--force-offline-reencrypt",
+        "--init-only",
+        "--key-file",
+        &pw,
+    ];
+    args.extend(KDF);
+    args.push(&img);
+    ok(&lab.cs(&args));
+    let o = lab.cb(&["reencrypt", "-q", &img, "--key-file", &pw, "--init-only"]);
+    assert!(!o.status.success(), "a second start is refused");
+    assert!(lab.in_reencryption(&img));
+    assert!(lab.cb_reencrypt(&img, &["--resume-only", "--hotzone-size", "8M"], None));
+    assert!(!lab.in_reencryption(&img));
+    assert!(lab.read(&img) == plain);
+    let wrong = lab.p("wrong");
+    std::fs::write(&wrong, b"nope").unwrap();
+    let o = lab.cb(&["reencrypt", "-q", &img, "--key-file", &wrong]);
+    assert!(!o.status.success(), "wrong passphrase");
+    assert!(!lab.in_reencryption(&img), "nothing started");
+    let o = lab.cb(&["reencrypt", "-q", &img, "--key-file", &pw, "--resume-only"]);
+    assert!(!o.status.success(), "nothing to resume");
+}
+
+/// Kills cryptblk at each fdatasync of a whole job (init and four steps); after each kill
+/// the data reads back through cryptblk (which recovers an interrupted step) and the
+/// other tool finishes the job, alternating which tool finishes.
+#[test]
+fn killed_at_every_sync_either_tool_finishes() {
+    let lab = Lab::new();
+    let (img0, plain) = lab.volume("k0.img", "4096");
+    for res in ["checksum", "journal"] {
+        let mut n = 1;
+        loop {
+            let img = lab.p("k.img");
+            std::fs::copy(&img0, &img).unwrap();
+            let args = ["--resilience", res, "--hotzone-size", "8M"];
+            if lab.cb_reencrypt(&img, &args, Some(n)) {
+                assert!(n > 10, "{res}: the job has more than {n} syncs");
+                break;
+            }
+            let pw = lab.p("pw");
+            match n % 3 {
+                // cryptsetup recovers and finishes.
+                0 => {
+                    if lab.in_reencryption(&img) {
+                        lab.cs_resume(&img);
+                    }
+                }
+                // cryptblk's read-write open recovers the step; cryptsetup finishes.
+                1 => {
+                    ok(&lab.cb(&["import", &img, "/dev/null", "--key-file", &pw]));
+                    assert!(
+                        lab.read(&img) == plain,
+                        "{res}, killed at sync {n}: recovered"
+                    );
+                    if lab.in_reencryption(&img) {
+                        lab.cs_resume(&img);
+                    }
+                }
+                // cryptblk resumes.
+                _ => {
+                    if lab.in_reencryption(&img) {
+                        assert!(
+                            lab.cb_reencrypt(&img, &["--resume-only"], None),
+                            "{res} {n}"
+                        );
+                    }
+                }
+            }
+            assert!(!lab.in_reencryption(&img), "{res}, killed at sync {n}");
+            assert!(
+                lab.read(&img) == plain,
+                "{res}, killed at sync {n}: finished intact"
+            );
+            n += 1;
+        }
+    }
+}
+
+#[test]
+fn cryptsetup_killed_at_every_step_we_finish() {
+    let lab = Lab::new();
+    let (img0, plain) = lab.volume("s0.img", "4096");
+    let pw = lab.p("pw");
+    for n in 1..=4 {
+        let img = lab.p("s.img");
+        std::fs::copy(&img0, &img).unwrap();
+        let inject = format!("inject=fdatasync:signal=SIGKILL:when={n}");
+        let mut s = vec![
+            "-f",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=fdatasync",
+            "-e",
+            &inject,
+            &lab.cs,
+        ];
+        s.extend([
+            "reencrypt",
+            "-q",
+            "--force-offline-reencrypt",
+            "--hotzone-size",
+            "8M",
+            "--key-file",
+            &pw,
+        ]);
+        s.extend(KDF);
+        s.push(&img);
+        let killed = !run_in(&tool("strace", "strace"), &s, b"").status.success();
+        assert!(killed, "cryptsetup has at least {n} data syncs");
+        assert!(lab.cb_reencrypt(&img, &["--resume-only"], None), "step {n}");
+        assert!(!lab.in_reencryption(&img));
+        assert!(lab.read(&img) == plain, "cryptsetup killed in step {n}");
+    }
+}

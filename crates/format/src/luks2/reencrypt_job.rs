@@ -1,0 +1,584 @@
+//! `cryptblk reencrypt`: a new volume key (and optionally cipher, key size, sector size) for
+//! a LUKS2 volume, in cryptsetup's on-disk format, so either tool can resume the other's
+//! job or recover its crash.
+//!
+//! One step: the hot zone's old bytes are protected (checksums or a journal copy in the
+//! `reencrypt` keyslot's area, synced), the metadata says the zone is `in-reencryption`
+//! (commit), the zone is rewritten under the new key and synced, then the metadata says
+//! the step is done (commit; the last one also removes the old key). A crash at any write
+//! leaves either the previous state or one [`Luks2Header::recover_interrupted_step`] (and
+//! cryptsetup) recovers.
+
+use super::model::{Model, ReencryptDirection, ReencryptMode, Resilience, Segment};
+use super::reencrypt::{REQUIREMENT_V2, Reencryption};
+use super::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
+use crate::{Error, LuksHeader, Result, Storage};
+use cryptblk_crypto::{
+    CipherSpec, HashAlg, IvOptions, KdfRequest, SecretBytes, SectorCipher, random_bytes,
+};
+use serde_json::{Map, Value, json};
+use zeroize::Zeroizing;
+
+/// How the hot zone survives a crash (`--resilience`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResilienceRequest {
+    /// A hash of each block's old bytes (cryptsetup's default).
+    Checksum(HashAlg),
+    /// A copy of the old bytes.
+    Journal,
+    /// Nothing: a crash in a step loses that step's data.
+    None,
+}
+
+/// What `reencrypt` changes, and how it protects itself.
+#[derive(Debug, Clone)]
+pub struct ReencryptRequest {
+    /// New data cipher (`--cipher`); the current one if `None`.
+    pub cipher: Option<CipherSpec>,
+    /// New volume key length in bytes (`--key-size` / 8); the current one if `None`.
+    pub key_len: Option<usize>,
+    /// New encryption sector size (`--sector-size`); the current one if `None`.
+    pub sector_size: Option<u32>,
+    /// `--resilience`.
+    pub resilience: ResilienceRequest,
+    /// KDF of the new keyslot that holds the new key under the same passphrase.
+    pub kdf: KdfRequest,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReencryptOutcome {
+    /// Every byte is under the new key; the old key and the reencryption metadata are gone.
+    Finished,
+    /// Stopped between steps when asked; either tool can resume.
+    Stopped,
+}
+
+/// cryptsetup's cap on one step (1 GiB) and the default for `none` (20 MiB).
+const MAX_HOTZONE: u64 = 1 << 30;
+const DEFAULT_NONE_HOTZONE: u64 = 20 << 20;
+/// Bytes converted at once.
+const CHUNK: u64 = 1 << 20;
+
+fn lowest_free<V>(m: &std::collections::BTreeMap<u32, V>) -> Result<u32> {
+    (0..super::MAX_OBJECTS)
+        .find(|i| !m.contains_key(i))
+        .ok_or(Error::NoFreeKeyslot)
+}
+
+/// The largest free stretch of the keyslots area (where cryptsetup puts the reencrypt
+/// keyslot's checksums or journal).
+fn largest_gap(model: &Model, hdr_size: u64) -> Option<(u64, u64)> {
+    let mut used: Vec<(u64, u64)> = model
+        .keyslots
+        .values()
+        .map(|k| (k.area_offset, k.area_size))
+        .collect();
+    used.sort();
+    let end = 2 * hdr_size + model.keyslots_size;
+    let mut best: Option<(u64, u64)> = None;
+    let mut off = 2 * hdr_size;
+    for (a_off, a_len) in used.into_iter().chain([(end, 0)]) {
+        if a_off > off && best.is_none_or(|b| a_off - off > b.1) {
+            best = Some((off, a_off - off));
+        }
+        off = off.max(a_off + a_len);
+    }
+    best
+}
+
+fn cipher_of(seg: &Segment, key: &[u8]) -> Result<SectorCipher> {
+    let spec = CipherSpec::parse(&seg.encryption)
+        .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
+    let iv = IvOptions {
+        large_sectors: false,
+        offset: seg.iv_tweak,
+    };
+    Ok(SectorCipher::new(spec, key, seg.sector_size, iv)?)
+}
+
+fn seg_json(
+    seg: &Segment,
+    offset: u64,
+    iv_tweak: u64,
+    size: Option<u64>,
+    flag: Option<&str>,
+) -> Value {
+    let mut o = Map::new();
+    o.insert("type".into(), json!("crypt"));
+    o.insert("offset".into(), json!(offset.to_string()));
+    o.insert(
+        "size".into(),
+        json!(size.map_or("dynamic".to_string(), |s| s.to_string())),
+    );
+    o.insert("iv_tweak".into(), json!(iv_tweak.to_string()));
+    o.insert("encryption".into(), json!(seg.encryption));
+    o.insert("sector_size".into(), json!(seg.sector_size));
+    if let Some(f) = flag {
+        o.insert("flags".into(), json!([f]));
+    }
+    Value::Object(o)
+}
+
+impl Luks2Header {
+    /// Starts a reencryption (`reencrypt --init-only`): a new random volume key in a new
+    /// keyslot under the same passphrase, the `reencrypt` keyslot, the backup segments, the
+    /// verification digest and the `online-reencrypt-v2` requirement, in one commit. No
+    /// data is touched (`data_size`: bytes of the data device). Returns the new keyslot.
+    pub fn reencrypt_init(
+        &mut self,
+        dev: &mut dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        req: &ReencryptRequest,
+    ) -> Result<u32> {
+        self.check_usable()?;
+        if self.in_reencryption() {
+            return Err(Luks2Error::Unsupported(
+                "a reencryption is already in progress; resume it (--resume-only)".into(),
+            )
+            .into());
+        }
+        let (seg_id, old_seg) = (self.segment_id, self.segment().clone());
+        if old_seg.kind != "crypt" {
+            return Err(
+                Luks2Error::Unsupported("the volume holds no encrypted data".into()).into(),
+            );
+        }
+        let regular = self
+            .model
+            .segments
+            .values()
+            .filter(|s| !s.is_backup())
+            .count();
+        if regular != 1 {
+            return Err(Luks2Error::Unsupported(format!("{regular} data segments")).into());
+        }
+        let (old_digest, _) = self.segment_digest()?;
+        let (_, old_key) = self.open_digest(dev, old_digest, passphrase, slot)?;
+        let cipher = req.cipher.unwrap_or(self.cipher);
+        let key_len = req.key_len.unwrap_or(old_key.len());
+        let sector_size = req.sector_size.unwrap_or(old_seg.sector_size);
+        let mut new_key = SecretBytes::zeroed(key_len);
+        random_bytes(&mut new_key)?;
+        // Refuses what the new layout cannot be (cipher, key length, sector size) before
+        // anything is written.
+        SectorCipher::new(cipher, &new_key, sector_size, IvOptions::default())?;
+        let hash = req.kdf.hash;
+
+        // The new keyslot's material first (synced; unreferenced until the commit).
+        let new_slot = lowest_free(&self.model.keyslots)?;
+        let area_size = keyslot::area_size_for(key_len);
+        let area_offset = keyslot::find_area_gap(&self.model, self.hdr_size, area_size)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let (area_cipher, area_key_size) = keyslot_cipher(&cipher, key_len);
+        let ks_json = keyslot::create(
+            dev,
+            &keyslot::NewKeyslot {
+                kdf: req.kdf.resolve(key_len)?,
+                af_hash: hash,
+                area_cipher: &area_cipher,
+                area_key_size,
+                area_offset,
+                area_size,
+            },
+            &new_key,
+            passphrase,
+        )?;
+        dev.sync()?;
+
+        let mut json = self.json.clone();
+        section_mut(&mut json, "keyslots")?.insert(new_slot.to_string(), ks_json);
+        let with_slot = Model::from_json(&json, self.hdr_size)?;
+        let reenc_slot = lowest_free(&with_slot.keyslots)?;
+        let (gap_off, gap_len) = largest_gap(&with_slot, self.hdr_size)
+            .filter(|g| g.1 >= 4096)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let gap_len = gap_len / 4096 * 4096;
+        // Checksum blocks: 4096 bytes where the data allows (cryptsetup's block for image
+        // files), never smaller than a sector of either layout, always dividing the data.
+        let total = match old_seg.size {
+            Some(len) => len,
+            None => data_size.checked_sub(old_seg.offset).ok_or_else(|| {
+                bad(format!(
+                    "data device ({data_size} bytes) ends before the data offset"
+                ))
+            })?,
+        };
+        let sectors = sector_size.max(old_seg.sector_size) as u64;
+        if total == 0 || !total.is_multiple_of(sectors) {
+            return Err(Luks2Error::Unsupported(format!(
+                "data size {total} is not a whole number of {sectors}-byte sectors"
+            ))
+            .into());
+        }
+        let mut block = 4096u64.max(sectors);
+        while !total.is_multiple_of(block) {
+            block /= 2;
+        }
+        let mut area = Map::new();
+        area.insert("offset".into(), json!(gap_off.to_string()));
+        area.insert("size".into(), json!(gap_len.to_string()));
+        match req.resilience {
+            ResilienceRequest::Checksum(h) => {
+                area.insert("type".into(), json!("checksum"));
+                area.insert("hash".into(), json!(h.name()));
+                area.insert("sector_size".into(), json!(block));
+            }
+            ResilienceRequest::Journal => {
+                area.insert("type".into(), json!("journal"));
+            }
+            ResilienceRequest::None => {
+                area.insert("type".into(), json!("none"));
+            }
+        }
+        section_mut(&mut json, "keyslots")?.insert(
+            reenc_slot.to_string(),
+            json!({"type": "reencrypt", "key_size": 1, "mode": "reencrypt",
+                   "direction": "forward", "priority": 0, "area": Value::Object(area)}),
+        );
+        // Segments: the data as it is, then the layouts before and after.
+        let seg0 = json["segments"][seg_id.to_string()].clone();
+        let mut previous = seg0.clone();
+        previous["flags"] = json!(["backup-previous"]);
+        let mut final_seg = old_seg.clone();
+        final_seg.encryption = cipher.to_string();
+        final_seg.sector_size = sector_size;
+        let final_json = seg_json(&final_seg, old_seg.offset, 0, None, Some("backup-final"));
+        json["segments"] = json!({"0": seg0, "1": previous, "2": final_json});
+        let iterations = digest::iterations(hash, key_len, req.kdf.forced_iterations.is_some())?;
+        let new_digest = lowest_free(&with_slot.digests)?;
+        let digests = section_mut(&mut json, "digests")?;
+        digests
+            .get_mut(&old_digest.to_string())
+            .ok_or_else(|| bad("digest missing"))?["segments"] = json!(["0", "1"]);
+        digests.insert(
+            new_digest.to_string(),
+            digest::create(&new_key, hash, iterations, &[new_slot], &[2])?,
+        );
+        let config = section_mut(&mut json, "config")?;
+        let reqs = config
+            .entry("requirements")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .ok_or_else(|| bad("requirements is not an object"))?;
+        let mandatory = reqs.entry("mandatory").or_insert_with(|| json!([]));
+        mandatory
+            .as_array_mut()
+            .ok_or_else(|| bad("mandatory requirements are not a list"))?
+            .push(json!(REQUIREMENT_V2));
+        // The verification digest over both keys and the metadata just built.
+        let model = Model::from_json(&json, self.hdr_size)?;
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("reencryption metadata not recognised"))?;
+        let data = r.verification_data(Some(&old_key), Some(&new_key))?;
+        let vd_id = lowest_free(&model.digests)?;
+        let vd = digest::create(&data, hash, iterations, &[reenc_slot], &[])?;
+        section_mut(&mut json, "digests")?.insert(vd_id.to_string(), vd);
+        self.commit(dev, json)?;
+        Ok(new_slot)
+    }
+
+    /// Runs a reencryption (`reencrypt`, `--resume-only`) step by step until it is done or
+    /// `stop()` says to stop between steps. An interrupted step is recovered first.
+    /// `progress(done, total)` is called after every step. `data` is the data device
+    /// (`data_size` bytes; the same file as `dev` unless the header is detached).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reencrypt_run(
+        &mut self,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        hotzone: Option<u64>,
+        stop: &dyn Fn() -> bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ReencryptOutcome> {
+        self.check_usable()?;
+        if !self.in_reencryption() {
+            return Err(Luks2Error::Unsupported("no reencryption in progress".into()).into());
+        }
+        self.recover_interrupted_step(dev, data, passphrase, slot, data_size)?;
+        if !self.in_reencryption() {
+            return Ok(ReencryptOutcome::Finished);
+        }
+        let model = self.model.clone();
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        if r.params.mode != ReencryptMode::Reencrypt
+            || r.params.direction != ReencryptDirection::Forward
+            || r.params.resilience.shift_size() != 0
+            || r.moved.is_some()
+        {
+            return Err(Luks2Error::Unsupported(format!(
+                "resuming a {:?} {:?} reencryption with {} resilience (cryptblk resumes \
+                 forward key changes without a data shift; cryptsetup can resume this one)",
+                r.params.mode,
+                r.params.direction,
+                r.params.resilience.name()
+            ))
+            .into());
+        }
+        let (_, keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
+        let key_of = |seg: u32| -> Result<SecretBytes> {
+            let d = model
+                .segment_digest(seg)
+                .map(|(d, _)| d)
+                .ok_or_else(|| bad("backup segment without a key"))?;
+            keys.iter()
+                .find(|(k, _)| *k == d)
+                .map(|(_, k)| k.clone())
+                .ok_or_else(|| bad("key missing"))
+        };
+        let (old_key, new_key) = (key_of(r.previous.0)?, key_of(r.final_.0)?);
+        let d_new = r.final_.1.offset;
+        if r.previous.1.offset != d_new {
+            return Err(bad("old and new data offsets differ without a data shift"));
+        }
+        let total = data_size
+            .checked_sub(d_new)
+            .ok_or_else(|| bad("data device smaller than the data offset"))?;
+        let align = r.previous.1.sector_size.max(r.final_.1.sector_size) as u64;
+        if !total.is_multiple_of(align) {
+            return Err(Luks2Error::Unsupported(format!(
+                "data size {total} is not a multiple of the {align}-byte sector size"
+            ))
+            .into());
+        }
+        let step_len = step_length(&r, hotzone, align)?;
+        drop(keys);
+        let mut pending: Option<Value> = None;
+        loop {
+            let model = self.model.clone();
+            let json = pending.clone().unwrap_or_else(|| self.json.clone());
+            let model = match &pending {
+                Some(j) => Model::from_json(j, self.hdr_size)?,
+                None => model,
+            };
+            let r = model
+                .reencryption()?
+                .ok_or_else(|| bad("no reencryption"))?;
+            let regular: Vec<(&u32, &Segment)> = model
+                .segments
+                .iter()
+                .filter(|(_, s)| !s.is_backup())
+                .collect();
+            let off = match regular.as_slice() {
+                [_] => 0,
+                [(_, first), _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
+                _ => return Err(bad("unexpected segments mid-reencryption")),
+            };
+            let len = step_len.min(total - off);
+            let hot_json = hot_layout(&r, &json, off, len, total)?;
+            let hot_model = Model::from_json(&hot_json, self.hdr_size)?;
+            let hot_r = hot_model
+                .reencryption()?
+                .ok_or_else(|| bad("no reencryption"))?;
+            let none = r.params.resilience == Resilience::None;
+            protect(&hot_r, &*dev, data, d_new + off, len)?;
+            if !none {
+                dev.sync()?;
+                self.commit(dev, hot_json.clone())?;
+            }
+            let old = cipher_of(r.previous.1, &old_key)?;
+            let new = cipher_of(r.final_.1, &new_key)?;
+            let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(CHUNK);
+                let b = &mut buf[..n as usize];
+                let pos = off + at;
+                data.read_at(b, d_new + pos)?;
+                old.decrypt(pos / old.sector_size() as u64, b)?;
+                new.encrypt(pos / new.sector_size() as u64, b)?;
+                data.write_at(b, d_new + pos)?;
+                at += n;
+            }
+            if !none {
+                data.sync()?;
+            }
+            let after = hot_r.after_recovery(&hot_model, &hot_json, data_size)?;
+            let finished = Model::from_json(&after.json, self.hdr_size)?
+                .reencryption()?
+                .is_none();
+            progress(off + len, total);
+            if none && !finished && !stop() {
+                pending = Some(after.json);
+                continue;
+            }
+            if none {
+                data.sync()?;
+            }
+            self.commit(dev, after.json)?;
+            for (o, l) in after.wipe_header {
+                keyslot::wipe_area(dev, o, l)?;
+            }
+            dev.sync()?;
+            if finished {
+                return Ok(ReencryptOutcome::Finished);
+            }
+            pending = None;
+            if stop() {
+                return Ok(ReencryptOutcome::Stopped);
+            }
+        }
+    }
+}
+
+/// Bytes per step: what the resilience area can protect, capped (1 GiB, `--hotzone-size`)
+/// and rounded down to whole sectors of both layouts.
+fn step_length(r: &Reencryption<'_>, hotzone: Option<u64>, align: u64) -> Result<u64> {
+    let area = r.keyslot.area_size;
+    let mut l = match &r.params.resilience {
+        Resilience::Checksum { hash, sector_size } => {
+            let h = HashAlg::from_name(hash)
+                .map_err(|_| Luks2Error::Unsupported(format!("checksum hash '{hash}'")))?;
+            area / h.output_len() as u64 * *sector_size as u64
+        }
+        Resilience::Journal => area,
+        _ => hotzone.unwrap_or(DEFAULT_NONE_HOTZONE),
+    };
+    l = l.min(MAX_HOTZONE);
+    if let Some(h) = hotzone {
+        l = l.min(h);
+    }
+    let align = match &r.params.resilience {
+        Resilience::Checksum { sector_size, .. } => align.max(*sector_size as u64),
+        _ => align,
+    };
+    l -= l % align;
+    if l == 0 {
+        return Err(Luks2Error::Unsupported(format!(
+            "hot zone smaller than one {align}-byte block"
+        ))
+        .into());
+    }
+    Ok(l)
+}
+
+/// The metadata while the step `[off, off+len)` runs: the part done under the new key, the
+/// hot zone (new layout, flagged), the rest under the old key; backups after; the hot
+/// zone bound to both keys (cryptsetup's "hot" layout, forward, no data shift).
+fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64) -> Result<Value> {
+    let (prev, fin) = (r.previous.1, r.final_.1);
+    let d = fin.offset;
+    let mut segs: Vec<Value> = Vec::new();
+    if off > 0 {
+        segs.push(seg_json(fin, d, 0, Some(off), None));
+    }
+    let hot = segs.len();
+    segs.push(seg_json(
+        fin,
+        d + off,
+        off / 512,
+        Some(len),
+        Some("in-reencryption"),
+    ));
+    if off + len < total {
+        segs.push(seg_json(prev, d + off + len, (off + len) / 512, None, None));
+    }
+    let n = segs.len();
+    let mut out = json.clone();
+    let mut m = Map::new();
+    for (i, s) in segs.into_iter().enumerate() {
+        m.insert(i.to_string(), s);
+    }
+    m.insert(
+        n.to_string(),
+        json["segments"][r.previous.0.to_string()].clone(),
+    );
+    m.insert(
+        (n + 1).to_string(),
+        json["segments"][r.final_.0.to_string()].clone(),
+    );
+    out["segments"] = Value::Object(m);
+    let digest_of = |seg: u32| {
+        json["digests"]
+            .as_object()
+            .and_then(|ds| {
+                ds.iter().find(|(_, d)| {
+                    d["segments"]
+                        .as_array()
+                        .is_some_and(|a| a.iter().any(|s| s == &json!(seg.to_string())))
+                })
+            })
+            .map(|(id, _)| id.clone())
+    };
+    let (old_d, new_d) = (
+        digest_of(r.previous.0).ok_or_else(|| bad("no old key digest"))?,
+        digest_of(r.final_.0).ok_or_else(|| bad("no new key digest"))?,
+    );
+    let mut assign: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    for i in 0..n {
+        let side = if i == hot {
+            vec![&old_d, &new_d]
+        } else if i < hot {
+            vec![&new_d]
+        } else {
+            vec![&old_d]
+        };
+        for d in side {
+            assign
+                .entry(d.clone())
+                .or_default()
+                .push(json!(i.to_string()));
+        }
+    }
+    assign.entry(old_d).or_default().push(json!(n.to_string()));
+    assign
+        .entry(new_d)
+        .or_default()
+        .push(json!((n + 1).to_string()));
+    for (id, d) in section_mut(&mut out, "digests")?.iter_mut() {
+        d["segments"] = Value::Array(assign.remove(id).unwrap_or_default());
+    }
+    Ok(out)
+}
+
+/// Writes the hot zone's protection (its old bytes at `at` on the data device): one hash
+/// per block, or the bytes themselves, at the start of the reencrypt keyslot's area.
+fn protect(
+    r: &Reencryption<'_>,
+    dev: &dyn Storage,
+    data: &dyn Storage,
+    at: u64,
+    len: u64,
+) -> Result<()> {
+    let area = r.keyslot.area_offset;
+    let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
+    match &r.params.resilience {
+        Resilience::Checksum { hash, sector_size } => {
+            let h = HashAlg::from_name(hash)
+                .map_err(|_| Luks2Error::Unsupported(format!("checksum hash '{hash}'")))?;
+            let bs = *sector_size as usize;
+            let mut sums = Vec::with_capacity((len as usize / bs) * h.output_len());
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(CHUNK);
+                let b = &mut buf[..n as usize];
+                data.read_at(b, at + done)?;
+                for block in b.chunks(bs) {
+                    sums.extend_from_slice(&h.digest(block));
+                }
+                done += n;
+            }
+            dev.write_at(&sums, area)?;
+        }
+        Resilience::Journal => {
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(CHUNK);
+                let b = &mut buf[..n as usize];
+                data.read_at(b, at + done)?;
+                dev.write_at(b, area + done)?;
+                done += n;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
