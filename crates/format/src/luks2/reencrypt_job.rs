@@ -120,6 +120,73 @@ fn seg_json(
     Value::Object(o)
 }
 
+/// Checksum blocks: 4096 bytes where the data allows (cryptsetup's block for image files),
+/// never smaller than a sector of either layout, always dividing the data.
+fn checksum_block(old: &Segment, new_sector: u32, data_size: u64) -> Result<u64> {
+    let total = match old.size {
+        Some(len) => len,
+        None => data_size.checked_sub(old.offset).ok_or_else(|| {
+            bad(format!(
+                "data device ({data_size} bytes) ends before the data offset"
+            ))
+        })?,
+    };
+    let sectors = new_sector.max(old.sector_size) as u64;
+    if total == 0 || !total.is_multiple_of(sectors) {
+        return Err(Luks2Error::Unsupported(format!(
+            "data size {total} is not a whole number of {sectors}-byte sectors"
+        ))
+        .into());
+    }
+    let mut block = 4096u64.max(sectors);
+    while !total.is_multiple_of(block) {
+        block /= 2;
+    }
+    Ok(block)
+}
+
+/// The `area` object of the reencrypt keyslot.
+fn reencrypt_area(
+    offset: u64,
+    size: u64,
+    resilience: ResilienceRequest,
+    block: u64,
+) -> Map<String, Value> {
+    let mut area = Map::new();
+    area.insert("offset".into(), json!(offset.to_string()));
+    area.insert("size".into(), json!(size.to_string()));
+    match resilience {
+        ResilienceRequest::Checksum(h) => {
+            area.insert("type".into(), json!("checksum"));
+            area.insert("hash".into(), json!(h.name()));
+            area.insert("sector_size".into(), json!(block));
+        }
+        ResilienceRequest::Journal => {
+            area.insert("type".into(), json!("journal"));
+        }
+        ResilienceRequest::None => {
+            area.insert("type".into(), json!("none"));
+        }
+    }
+    area
+}
+
+/// Adds the reencryption requirement (`online-reencrypt-v2`) to the config.
+fn add_requirement(json: &mut Value) -> Result<()> {
+    let config = section_mut(json, "config")?;
+    let reqs = config
+        .entry("requirements")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or_else(|| bad("requirements is not an object"))?;
+    reqs.entry("mandatory")
+        .or_insert_with(|| json!([]))
+        .as_array_mut()
+        .ok_or_else(|| bad("mandatory requirements are not a list"))?
+        .push(json!(REQUIREMENT_V2));
+    Ok(())
+}
+
 impl Luks2Header {
     /// Starts a reencryption (`reencrypt --init-only`): a new random volume key in a new
     /// keyslot under the same passphrase, the `reencrypt` keyslot, the backup segments, the
@@ -168,26 +235,8 @@ impl Luks2Header {
         let hash = req.kdf.hash;
 
         // The new keyslot's material first (synced; unreferenced until the commit).
-        let new_slot = lowest_free(&self.model.keyslots)?;
-        let area_size = keyslot::area_size_for(key_len);
-        let area_offset = keyslot::find_area_gap(&self.model, self.hdr_size, area_size)
-            .ok_or(Luks2Error::NoKeyslotSpace)?;
-        let (area_cipher, area_key_size) = keyslot_cipher(&cipher, key_len);
-        let ks_json = keyslot::create(
-            dev,
-            &keyslot::NewKeyslot {
-                kdf: req.kdf.resolve(key_len)?,
-                af_hash: hash,
-                area_cipher: &area_cipher,
-                area_key_size,
-                area_offset,
-                area_size,
-            },
-            &new_key,
-            passphrase,
-        )?;
-        dev.sync()?;
-
+        let (new_slot, ks_json) =
+            self.new_keyslot_material(dev, &new_key, &cipher, passphrase, &req.kdf)?;
         let mut json = self.json.clone();
         section_mut(&mut json, "keyslots")?.insert(new_slot.to_string(), ks_json);
         let with_slot = Model::from_json(&json, self.hdr_size)?;
@@ -196,43 +245,8 @@ impl Luks2Header {
             .filter(|g| g.1 >= 4096)
             .ok_or(Luks2Error::NoKeyslotSpace)?;
         let gap_len = gap_len / 4096 * 4096;
-        // Checksum blocks: 4096 bytes where the data allows (cryptsetup's block for image
-        // files), never smaller than a sector of either layout, always dividing the data.
-        let total = match old_seg.size {
-            Some(len) => len,
-            None => data_size.checked_sub(old_seg.offset).ok_or_else(|| {
-                bad(format!(
-                    "data device ({data_size} bytes) ends before the data offset"
-                ))
-            })?,
-        };
-        let sectors = sector_size.max(old_seg.sector_size) as u64;
-        if total == 0 || !total.is_multiple_of(sectors) {
-            return Err(Luks2Error::Unsupported(format!(
-                "data size {total} is not a whole number of {sectors}-byte sectors"
-            ))
-            .into());
-        }
-        let mut block = 4096u64.max(sectors);
-        while !total.is_multiple_of(block) {
-            block /= 2;
-        }
-        let mut area = Map::new();
-        area.insert("offset".into(), json!(gap_off.to_string()));
-        area.insert("size".into(), json!(gap_len.to_string()));
-        match req.resilience {
-            ResilienceRequest::Checksum(h) => {
-                area.insert("type".into(), json!("checksum"));
-                area.insert("hash".into(), json!(h.name()));
-                area.insert("sector_size".into(), json!(block));
-            }
-            ResilienceRequest::Journal => {
-                area.insert("type".into(), json!("journal"));
-            }
-            ResilienceRequest::None => {
-                area.insert("type".into(), json!("none"));
-            }
-        }
+        let block = checksum_block(&old_seg, sector_size, data_size)?;
+        let area = reencrypt_area(gap_off, gap_len, req.resilience, block);
         section_mut(&mut json, "keyslots")?.insert(
             reenc_slot.to_string(),
             json!({"type": "reencrypt", "key_size": 1, "mode": "reencrypt",
@@ -257,17 +271,7 @@ impl Luks2Header {
             new_digest.to_string(),
             digest::create(&new_key, hash, iterations, &[new_slot], &[2])?,
         );
-        let config = section_mut(&mut json, "config")?;
-        let reqs = config
-            .entry("requirements")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .ok_or_else(|| bad("requirements is not an object"))?;
-        let mandatory = reqs.entry("mandatory").or_insert_with(|| json!([]));
-        mandatory
-            .as_array_mut()
-            .ok_or_else(|| bad("mandatory requirements are not a list"))?
-            .push(json!(REQUIREMENT_V2));
+        add_requirement(&mut json)?;
         // The verification digest over both keys and the metadata just built.
         let model = Model::from_json(&json, self.hdr_size)?;
         let r = model
@@ -279,6 +283,38 @@ impl Luks2Header {
         section_mut(&mut json, "digests")?.insert(vd_id.to_string(), vd);
         self.commit(dev, json)?;
         Ok(new_slot)
+    }
+
+    /// Writes (and syncs) a keyslot's material for `key` into a free area; returns the
+    /// slot id and its JSON, which nothing references yet.
+    fn new_keyslot_material(
+        &self,
+        dev: &mut dyn Storage,
+        key: &[u8],
+        cipher: &CipherSpec,
+        passphrase: &[u8],
+        kdf: &KdfRequest,
+    ) -> Result<(u32, Value)> {
+        let slot = lowest_free(&self.model.keyslots)?;
+        let area_size = keyslot::area_size_for(key.len());
+        let area_offset = keyslot::find_area_gap(&self.model, self.hdr_size, area_size)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let (area_cipher, area_key_size) = keyslot_cipher(cipher, key.len());
+        let ks_json = keyslot::create(
+            dev,
+            &keyslot::NewKeyslot {
+                kdf: kdf.resolve(key.len())?,
+                af_hash: kdf.hash,
+                area_cipher: &area_cipher,
+                area_key_size,
+                area_offset,
+                area_size,
+            },
+            key,
+            passphrase,
+        )?;
+        dev.sync()?;
+        Ok((slot, ks_json))
     }
 
     /// Runs a reencryption (`reencrypt`, `--resume-only`) step by step until it is done or
@@ -305,6 +341,48 @@ impl Luks2Header {
         if !self.in_reencryption() {
             return Ok(ReencryptOutcome::Finished);
         }
+        let job = self.prepare_job(dev, data_size, passphrase, slot, hotzone)?;
+        // With resilience `none` the layout advances in memory only and is committed when
+        // the job stops or ends (cryptsetup's behaviour: no metadata write per step).
+        let mut pending: Option<Value> = None;
+        loop {
+            let json = pending.take().unwrap_or_else(|| self.json.clone());
+            let (after, done, total) = self.step(dev, data, &job, json)?;
+            progress(done, total);
+            let finished = Model::from_json(&after.json, self.hdr_size)?
+                .reencryption()?
+                .is_none();
+            if job.none && !finished && !stop() {
+                pending = Some(after.json);
+                continue;
+            }
+            if job.none {
+                data.sync()?;
+            }
+            self.commit(dev, after.json)?;
+            for (o, l) in after.wipe_header {
+                keyslot::wipe_area(dev, o, l)?;
+            }
+            dev.sync()?;
+            if finished {
+                return Ok(ReencryptOutcome::Finished);
+            }
+            if stop() {
+                return Ok(ReencryptOutcome::Stopped);
+            }
+        }
+    }
+
+    /// Checks that this job is one cryptblk runs (a forward key change in place) and
+    /// unlocks both keys into the two layouts' ciphers.
+    fn prepare_job(
+        &self,
+        dev: &mut dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        hotzone: Option<u64>,
+    ) -> Result<Job> {
         let model = self.model.clone();
         let r = model
             .reencryption()?
@@ -313,6 +391,7 @@ impl Luks2Header {
             || r.params.direction != ReencryptDirection::Forward
             || r.params.resilience.shift_size() != 0
             || r.moved.is_some()
+            || r.previous.1.offset != r.final_.1.offset
         {
             return Err(Luks2Error::Unsupported(format!(
                 "resuming a {:?} {:?} reencryption with {} resilience (cryptblk resumes \
@@ -324,21 +403,17 @@ impl Luks2Header {
             .into());
         }
         let (_, keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
-        let key_of = |seg: u32| -> Result<SecretBytes> {
+        let key_of = |seg: u32| -> Result<&SecretBytes> {
             let d = model
                 .segment_digest(seg)
                 .map(|(d, _)| d)
                 .ok_or_else(|| bad("backup segment without a key"))?;
             keys.iter()
                 .find(|(k, _)| *k == d)
-                .map(|(_, k)| k.clone())
+                .map(|(_, k)| k)
                 .ok_or_else(|| bad("key missing"))
         };
-        let (old_key, new_key) = (key_of(r.previous.0)?, key_of(r.final_.0)?);
         let d_new = r.final_.1.offset;
-        if r.previous.1.offset != d_new {
-            return Err(bad("old and new data offsets differ without a data shift"));
-        }
         let total = data_size
             .checked_sub(d_new)
             .ok_or_else(|| bad("data device smaller than the data offset"))?;
@@ -349,84 +424,80 @@ impl Luks2Header {
             ))
             .into());
         }
-        let step_len = step_length(&r, hotzone, align)?;
-        drop(keys);
-        let mut pending: Option<Value> = None;
-        loop {
-            let model = self.model.clone();
-            let json = pending.clone().unwrap_or_else(|| self.json.clone());
-            let model = match &pending {
-                Some(j) => Model::from_json(j, self.hdr_size)?,
-                None => model,
-            };
-            let r = model
-                .reencryption()?
-                .ok_or_else(|| bad("no reencryption"))?;
-            let regular: Vec<(&u32, &Segment)> = model
-                .segments
-                .iter()
-                .filter(|(_, s)| !s.is_backup())
-                .collect();
-            let off = match regular.as_slice() {
-                [_] => 0,
-                [(_, first), _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
-                _ => return Err(bad("unexpected segments mid-reencryption")),
-            };
-            let len = step_len.min(total - off);
-            let hot_json = hot_layout(&r, &json, off, len, total)?;
-            let hot_model = Model::from_json(&hot_json, self.hdr_size)?;
-            let hot_r = hot_model
-                .reencryption()?
-                .ok_or_else(|| bad("no reencryption"))?;
-            let none = r.params.resilience == Resilience::None;
-            protect(&hot_r, &*dev, data, d_new + off, len)?;
-            if !none {
-                dev.sync()?;
-                self.commit(dev, hot_json.clone())?;
-            }
-            let old = cipher_of(r.previous.1, &old_key)?;
-            let new = cipher_of(r.final_.1, &new_key)?;
-            let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
-            let mut at = 0;
-            while at < len {
-                let n = (len - at).min(CHUNK);
-                let b = &mut buf[..n as usize];
-                let pos = off + at;
-                data.read_at(b, d_new + pos)?;
-                old.decrypt(pos / old.sector_size() as u64, b)?;
-                new.encrypt(pos / new.sector_size() as u64, b)?;
-                data.write_at(b, d_new + pos)?;
-                at += n;
-            }
-            if !none {
-                data.sync()?;
-            }
-            let after = hot_r.after_recovery(&hot_model, &hot_json, data_size)?;
-            let finished = Model::from_json(&after.json, self.hdr_size)?
-                .reencryption()?
-                .is_none();
-            progress(off + len, total);
-            if none && !finished && !stop() {
-                pending = Some(after.json);
-                continue;
-            }
-            if none {
-                data.sync()?;
-            }
-            self.commit(dev, after.json)?;
-            for (o, l) in after.wipe_header {
-                keyslot::wipe_area(dev, o, l)?;
-            }
-            dev.sync()?;
-            if finished {
-                return Ok(ReencryptOutcome::Finished);
-            }
-            pending = None;
-            if stop() {
-                return Ok(ReencryptOutcome::Stopped);
-            }
-        }
+        Ok(Job {
+            old: cipher_of(r.previous.1, key_of(r.previous.0)?)?,
+            new: cipher_of(r.final_.1, key_of(r.final_.0)?)?,
+            d_new,
+            total,
+            data_size,
+            step_len: step_length(&r, hotzone, align)?,
+            none: r.params.resilience == Resilience::None,
+        })
     }
+
+    /// One step from the layout `json`: protect the hot zone, commit it as hot (not with
+    /// resilience `none`), rewrite it, sync. Returns the layout after the step (to commit)
+    /// and the progress.
+    fn step(
+        &mut self,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        job: &Job,
+        json: Value,
+    ) -> Result<(super::reencrypt::AfterRecovery, u64, u64)> {
+        let model = Model::from_json(&json, self.hdr_size)?;
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
+        let off = match regular.as_slice() {
+            [_] => 0,
+            [first, _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
+            _ => return Err(bad("unexpected segments mid-reencryption")),
+        };
+        let len = job.step_len.min(job.total - off);
+        let hot_json = hot_layout(&r, &json, off, len, job.total)?;
+        let hot_model = Model::from_json(&hot_json, self.hdr_size)?;
+        let hot_r = hot_model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        protect(&hot_r, &*dev, data, job.d_new + off, len)?;
+        if !job.none {
+            dev.sync()?;
+            self.commit(dev, hot_json.clone())?;
+        }
+        let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(CHUNK);
+            let b = &mut buf[..n as usize];
+            let pos = off + at;
+            data.read_at(b, job.d_new + pos)?;
+            job.old.decrypt(pos / job.old.sector_size() as u64, b)?;
+            job.new.encrypt(pos / job.new.sector_size() as u64, b)?;
+            data.write_at(b, job.d_new + pos)?;
+            at += n;
+        }
+        if !job.none {
+            data.sync()?;
+        }
+        let after = hot_r.after_recovery(&hot_model, &hot_json, job.data_size)?;
+        Ok((after, off + len, job.total))
+    }
+}
+
+/// A running reencryption: both layouts' ciphers and the geometry.
+struct Job {
+    old: SectorCipher,
+    new: SectorCipher,
+    /// Where the data starts (the same before and after: no data shift).
+    d_new: u64,
+    /// Bytes of data.
+    total: u64,
+    data_size: u64,
+    step_len: u64,
+    /// Resilience `none`: no metadata commit per step.
+    none: bool,
 }
 
 /// Bytes per step: what the resilience area can protect, capped (1 GiB, `--hotzone-size`)
