@@ -358,26 +358,17 @@ impl Reencryption<'_> {
         Ok((index, off, len))
     }
 
-    /// Rewrites the hot zone of the interrupted step the way cryptsetup's crash recovery
-    /// does (lib/luks2/luks2_reencrypt.c, `reencrypt_recover_segment`): what still holds
-    /// old bytes is converted to the final layout, what was already converted is left.
-    /// Safe to repeat if it is itself interrupted.
-    pub fn rewrite_hot_zone(
+    /// Where the old bytes of the hot zone at `off` (regular segment `index`) are found
+    /// again: the area's checksums or journal, or the shifted copy (the moved segment's
+    /// copy for the last step of a move), as cryptsetup chooses (§ "secondary" protection
+    /// of the datashift-* types for the moved step).
+    fn protection(
         &self,
-        model: &Model,
-        keyslot_area: &dyn crate::Storage,
-        data: &dyn crate::Storage,
-        old_key: Option<&[u8]>,
-        new_key: Option<&[u8]>,
-    ) -> Result<(), crate::Error> {
-        let (index, off, len) = self.hot_zone(model)?;
+        index: usize,
+        off: u64,
+        iv_base: u64,
+    ) -> Result<Protection<'_>, Luks2Error> {
         let d_new = self.final_.1.offset;
-        let hot = &model.segments[&self.hot.unwrap_or_default()];
-        let iv_base = if self.params.mode == ReencryptMode::Decrypt {
-            off / 512
-        } else {
-            hot.iv_tweak
-        };
         let moved_step = off == 0 && self.moved.is_some();
         let shift_source = |shift: u64| -> Result<Protection<'_>, Luks2Error> {
             if index == 0
@@ -415,10 +406,33 @@ impl Reencryption<'_> {
             Resilience::None => {
                 return Err(Luks2Error::Unsupported(
                     "an interrupted step without resilience data cannot be recovered".into(),
-                )
-                .into());
+                ));
             }
         };
+        Ok(prot)
+    }
+
+    /// Rewrites the hot zone of the interrupted step the way cryptsetup's crash recovery
+    /// does (lib/luks2/luks2_reencrypt.c, `reencrypt_recover_segment`): what still holds
+    /// old bytes is converted to the final layout, what was already converted is left.
+    /// Safe to repeat if it is itself interrupted.
+    pub fn rewrite_hot_zone(
+        &self,
+        model: &Model,
+        keyslot_area: &dyn crate::Storage,
+        data: &dyn crate::Storage,
+        old_key: Option<&[u8]>,
+        new_key: Option<&[u8]>,
+    ) -> Result<(), crate::Error> {
+        let (index, off, len) = self.hot_zone(model)?;
+        let d_new = self.final_.1.offset;
+        let hot = &model.segments[&self.hot.unwrap_or_default()];
+        let iv_base = if self.params.mode == ReencryptMode::Decrypt {
+            off / 512
+        } else {
+            hot.iv_tweak
+        };
+        let prot = self.protection(index, off, iv_base)?;
         let src_iv = match prot {
             Protection::Shift { iv_base, .. } => iv_base,
             _ => iv_base,
@@ -512,18 +526,21 @@ impl Reencryption<'_> {
         }
     }
 
-    /// The metadata once the interrupted step is rewritten: the hot segment joins the
-    /// finished stretch next to it (cryptsetup's "post" layout), digests are reassigned,
-    /// backups follow the regular segments; if nothing old is left, the reencryption is
-    /// finished in the same commit (old keyslots, backups, the reencrypt keyslot, its
-    /// digest and the requirement go; their areas are wiped after the commit).
-    pub fn after_recovery(
+    /// The regular segments once the hot one has joined its finished neighbours (JSON,
+    /// parsed, side), and the index of the one it ended up in.
+    #[allow(clippy::type_complexity)]
+    fn post_segments(
         &self,
         model: &Model,
         json: &serde_json::Value,
-        data_size: u64,
-    ) -> Result<AfterRecovery, Luks2Error> {
-        use serde_json::{Map, Value, json};
+    ) -> Result<
+        (
+            Vec<(serde_json::Map<String, serde_json::Value>, Segment, Side)>,
+            usize,
+        ),
+        Luks2Error,
+    > {
+        use serde_json::{Map, Value};
         let hot = self.hot.ok_or_else(|| bad("no step to recover"))?;
         let seg_json = |id: u32| -> Result<Map<String, Value>, Luks2Error> {
             json["segments"][id.to_string()]
@@ -581,6 +598,105 @@ impl Reencryption<'_> {
             };
             merged_index = hot_index - 1;
         }
+        Ok((regular, merged_index))
+    }
+
+    /// The finishing edits of the metadata (old keyslots, the reencrypt keyslot, its
+    /// digest, the old digest, the requirement go) and what to wipe after the commit:
+    /// their keyslot areas, and the stale copies of data the operation leaves.
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        &self,
+        model: &Model,
+        out: &mut serde_json::Value,
+        old_d: Option<u32>,
+        new_d: Option<u32>,
+        data_size: u64,
+    ) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), Luks2Error> {
+        let reenc_digest = model
+            .digests
+            .iter()
+            .find(|(_, d)| d.keyslots.contains(&self.keyslot_id))
+            .map(|(id, _)| *id);
+        let mut wipe_header = Vec::new();
+        let mut wipe_data = Vec::new();
+        let keyslots = out["keyslots"]
+            .as_object_mut()
+            .ok_or_else(|| bad("keyslots missing"))?;
+        let mut drop_slots = vec![self.keyslot_id];
+        if old_d != new_d
+            && let Some(d) = old_d
+        {
+            drop_slots.extend(model.digests[&d].keyslots.iter().copied());
+        }
+        for id in drop_slots {
+            if keyslots.remove(&id.to_string()).is_some()
+                && let Some(k) = model.keyslots.get(&id)
+            {
+                wipe_header.push((k.area_offset, k.area_size));
+            }
+        }
+        let digests = out["digests"]
+            .as_object_mut()
+            .ok_or_else(|| bad("digests missing"))?;
+        for d in [reenc_digest, old_d.filter(|d| Some(*d) != new_d)]
+            .into_iter()
+            .flatten()
+        {
+            digests.remove(&d.to_string());
+        }
+        let config = out["config"]
+            .as_object_mut()
+            .ok_or_else(|| bad("config missing"))?;
+        if let Some(req) = config
+            .get_mut("requirements")
+            .and_then(|r| r.as_object_mut())
+        {
+            if let Some(m) = req.get_mut("mandatory").and_then(|m| m.as_array_mut()) {
+                m.retain(|r| {
+                    r.as_str()
+                        .is_none_or(|r| !r.starts_with("online-reencrypt"))
+                });
+                if m.is_empty() {
+                    req.remove("mandatory");
+                }
+            }
+            if req.is_empty() {
+                config.remove("requirements");
+            }
+        }
+        // The stale copies the finished operation leaves behind.
+        if let Some((_, m)) = self.moved
+            && self.params.mode == ReencryptMode::Encrypt
+        {
+            wipe_data.push((m.offset, m.size.unwrap_or(0)));
+        }
+        let shift = self.params.resilience.shift_size();
+        if shift > 0 && self.params.direction == ReencryptDirection::Forward {
+            wipe_data.push((data_size.saturating_sub(shift), shift));
+        }
+        Ok((wipe_header, wipe_data))
+    }
+
+    /// The metadata once the interrupted step is rewritten: the hot segment joins the
+    /// finished stretch next to it (cryptsetup's "post" layout), digests are reassigned,
+    /// backups follow the regular segments; if nothing old is left, the reencryption is
+    /// finished in the same commit (old keyslots, backups, the reencrypt keyslot, its
+    /// digest and the requirement go; their areas are wiped after the commit).
+    pub fn after_recovery(
+        &self,
+        model: &Model,
+        json: &serde_json::Value,
+        data_size: u64,
+    ) -> Result<AfterRecovery, Luks2Error> {
+        use serde_json::{Map, Value, json};
+        let seg_json = |id: u32| -> Result<Map<String, Value>, Luks2Error> {
+            json["segments"][id.to_string()]
+                .as_object()
+                .cloned()
+                .ok_or_else(|| bad(format!("segment {id} missing")))
+        };
+        let (mut regular, merged_index) = self.post_segments(model, json)?;
         let finished = regular.iter().all(|r| r.2 == Side::New);
         let last = merged_index + 1 == regular.len();
         // A finished volume, and a decryption's plaintext that runs to the end, are sized
@@ -601,13 +717,7 @@ impl Reencryption<'_> {
         }
         let digest_id = |seg: u32| model.segment_digest(seg).map(|(d, _)| d);
         let (old_d, new_d) = (digest_id(self.previous.0), digest_id(self.final_.0));
-        let reenc_digest = model
-            .digests
-            .iter()
-            .find(|(_, d)| d.keyslots.contains(&self.keyslot_id))
-            .map(|(id, _)| *id);
-        let mut wipe_header = Vec::new();
-        let mut wipe_data = Vec::new();
+        let (mut wipe_header, mut wipe_data) = (Vec::new(), Vec::new());
         // Digest id -> segment ids it covers, rebuilt from scratch.
         let mut assign: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
         for (i, (_, s, side)) in regular.iter().enumerate() {
@@ -621,61 +731,7 @@ impl Reencryption<'_> {
             }
         }
         if finished {
-            let keyslots = out["keyslots"]
-                .as_object_mut()
-                .ok_or_else(|| bad("keyslots missing"))?;
-            let mut drop_slots = vec![self.keyslot_id];
-            if old_d != new_d
-                && let Some(d) = old_d
-            {
-                drop_slots.extend(model.digests[&d].keyslots.iter().copied());
-            }
-            for id in drop_slots {
-                if keyslots.remove(&id.to_string()).is_some()
-                    && let Some(k) = model.keyslots.get(&id)
-                {
-                    wipe_header.push((k.area_offset, k.area_size));
-                }
-            }
-            let digests = out["digests"]
-                .as_object_mut()
-                .ok_or_else(|| bad("digests missing"))?;
-            for d in [reenc_digest, old_d.filter(|d| Some(*d) != new_d)]
-                .into_iter()
-                .flatten()
-            {
-                digests.remove(&d.to_string());
-            }
-            let config = out["config"]
-                .as_object_mut()
-                .ok_or_else(|| bad("config missing"))?;
-            if let Some(req) = config
-                .get_mut("requirements")
-                .and_then(|r| r.as_object_mut())
-            {
-                if let Some(m) = req.get_mut("mandatory").and_then(|m| m.as_array_mut()) {
-                    m.retain(|r| {
-                        r.as_str()
-                            .is_none_or(|r| !r.starts_with("online-reencrypt"))
-                    });
-                    if m.is_empty() {
-                        req.remove("mandatory");
-                    }
-                }
-                if req.is_empty() {
-                    config.remove("requirements");
-                }
-            }
-            // The stale copies the finished operation leaves behind.
-            if let Some((_, m)) = self.moved
-                && self.params.mode == ReencryptMode::Encrypt
-            {
-                wipe_data.push((m.offset, m.size.unwrap_or(0)));
-            }
-            let shift = self.params.resilience.shift_size();
-            if shift > 0 && self.params.direction == ReencryptDirection::Forward {
-                wipe_data.push((data_size.saturating_sub(shift), shift));
-            }
+            (wipe_header, wipe_data) = self.finish(model, &mut out, old_d, new_d, data_size)?;
         } else {
             for (flag_seg, d) in [
                 (Some(self.previous), old_d),
