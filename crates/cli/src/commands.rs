@@ -498,10 +498,114 @@ pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn uuid(_ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, false)?;
-    let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
-    println!("{}", hdr.uuid());
+#[derive(Args, Debug)]
+pub struct UuidArgs {
+    /// Image file or block device.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// Set this UUID (36 characters, hyphenated) instead of printing the current one.
+    #[arg(long)]
+    pub uuid: Option<String>,
+}
+
+pub fn uuid(ctx: &Ctx, a: UuidArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, a.uuid.is_some())?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    match &a.uuid {
+        None => println!("{}", hdr.uuid()),
+        Some(u) => {
+            confirm(
+                ctx.batch,
+                &format!(
+                    "Do you really want to change the UUID of device {}?",
+                    a.device.display()
+                ),
+            )?;
+            hdr.set_uuid(&mut dev, u)?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct ConfigArgs {
+    /// LUKS2 image file or block device.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// Set the label ("" clears it).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Set the subsystem ("" clears it).
+    #[arg(long)]
+    pub subsystem: Option<String>,
+    /// Keyslot priority: prefer, normal or ignore (with --key-slot).
+    #[arg(long, requires = "key_slot")]
+    pub priority: Option<String>,
+    /// The keyslot whose priority is set.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+}
+
+/// `cryptsetup config`: label, subsystem, keyslot priority (LUKS2 only).
+pub fn config(_ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
+    use cryptblk_format::luks2::Priority;
+    if a.label.is_none() && a.subsystem.is_none() && a.priority.is_none() {
+        return Err(CliError::usage(
+            "nothing to change (--label, --subsystem, --priority)",
+        ));
+    }
+    let priority = match a.priority.as_deref() {
+        None => None,
+        Some("prefer") => Some(Priority::Prefer),
+        Some("normal") => Some(Priority::Normal),
+        Some("ignore") => Some(Priority::Ignore),
+        Some(p) => {
+            return Err(CliError::usage(format!(
+                "unknown --priority {p} (prefer, normal, ignore)"
+            )));
+        }
+    };
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let path = header_path(&a.device, &a.header);
+    if load(&mut dev, path)?.version() != 2 {
+        return Err(CliError::usage("config is for LUKS2 volumes only"));
+    }
+    let mut hdr = Luks2Header::read(&mut dev)?;
+    if let Some(l) = &a.label {
+        hdr.set_label(&mut dev, Some(l))?;
+    }
+    if let Some(s) = &a.subsystem {
+        hdr.set_subsystem(&mut dev, Some(s))?;
+    }
+    if let (Some(p), Some(slot)) = (priority, a.key_slot) {
+        hdr.set_keyslot_priority(&mut dev, slot, p)?;
+    }
+    Ok(())
+}
+
+/// `cryptsetup erase`: wipes every keyslot, after which no passphrase opens the volume
+/// (the data is unreadable for good: crypto-shredding).
+pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    confirm(
+        ctx.batch,
+        &format!(
+            "This will wipe all keyslots on {}: its data can never be decrypted again.",
+            a.device.display()
+        ),
+    )?;
+    let active: Vec<u32> = hdr
+        .keyslots()
+        .iter()
+        .filter(|k| k.active)
+        .map(|k| k.id)
+        .collect();
+    for slot in active {
+        hdr.kill_keyslot(&mut dev, slot)?;
+    }
     Ok(())
 }
 

@@ -90,36 +90,53 @@ pub struct KdfArgs {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Initialise a LUKS1 or LUKS2 volume (cryptsetup luksFormat).
+    #[command(alias = "luksFormat")]
     Format(commands::FormatArgs),
     /// Show header information (cryptsetup luksDump).
+    #[command(alias = "luksDump")]
     Dump(commands::DumpArgs),
     /// Add a passphrase in a new keyslot (cryptsetup luksAddKey).
+    #[command(alias = "luksAddKey")]
     AddKey(commands::AddKeyArgs),
     /// Remove the keyslot a passphrase opens (cryptsetup luksRemoveKey).
+    #[command(alias = "luksRemoveKey")]
     RemoveKey(commands::RemoveKeyArgs),
     /// Replace a passphrase (cryptsetup luksChangeKey).
+    #[command(alias = "luksChangeKey")]
     ChangeKey(commands::AddKeyArgs),
     /// Wipe one keyslot (cryptsetup luksKillSlot).
+    #[command(alias = "luksKillSlot")]
     KillSlot(commands::KillSlotArgs),
     /// Check a passphrase without opening (cryptsetup open --test-passphrase).
     TestPassphrase(commands::TestArgs),
-    /// Print the volume UUID (cryptsetup luksUUID).
-    Uuid(commands::DeviceArgs),
+    /// Print or set (--uuid) the volume UUID (cryptsetup luksUUID).
+    #[command(alias = "luksUUID")]
+    Uuid(commands::UuidArgs),
     /// Exit 0 if the device holds a LUKS header (cryptsetup isLuks).
+    #[command(alias = "isLuks")]
     IsLuks(commands::DeviceArgs),
+    /// Set a LUKS2 volume's label, subsystem or keyslot priority (cryptsetup config).
+    Config(commands::ConfigArgs),
+    /// Wipe every keyslot: the data can never be decrypted again (cryptsetup erase).
+    #[command(alias = "luksErase")]
+    Erase(commands::DeviceArgs),
     /// Change the volume key of a LUKS2 volume, resumably (cryptsetup reencrypt).
     Reencrypt(reencrypt::ReencryptArgs),
     /// Save the header and keyslot areas to a file (cryptsetup luksHeaderBackup).
+    #[command(alias = "luksHeaderBackup")]
     HeaderBackup(commands::BackupArgs),
     /// Write a saved header back (cryptsetup luksHeaderRestore).
+    #[command(alias = "luksHeaderRestore")]
     HeaderRestore(commands::BackupArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
     /// Benchmark block I/O with fio over NBD (and a VM): report.md, raw JSON, charts.
     Bench(bench::BenchArgs),
     /// Unlock a volume and serve it as a block device (NBD, FUSE or ublk).
+    #[command(alias = "luksOpen")]
     Open(frontend::OpenArgs),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
+    #[command(alias = "luksClose")]
     Close(serve::NameArgs),
     /// Show an open volume (cryptsetup status).
     Status(serve::NameArgs),
@@ -155,6 +172,8 @@ fn main() {
         Command::Uuid(a) => commands::uuid(&ctx, a),
         Command::IsLuks(a) => commands::is_luks(&ctx, a),
         Command::Reencrypt(a) => reencrypt::reencrypt(&ctx, a),
+        Command::Config(a) => commands::config(&ctx, a),
+        Command::Erase(a) => commands::erase(&ctx, a),
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),

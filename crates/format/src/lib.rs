@@ -162,6 +162,9 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     ) -> Result<bool> {
         Ok(false)
     }
+    /// Sets the volume UUID (`luksUUID --uuid`; the hyphenated 36-character form) and
+    /// writes the header.
+    fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()>;
     /// Checks a volume key against the stored digest.
     fn verify_volume_key(&self, key: &[u8]) -> Result<bool>;
     /// Stores `volume_key` under `passphrase` in `slot` (or the first free slot).

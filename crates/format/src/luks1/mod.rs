@@ -437,6 +437,15 @@ impl LuksHeader for Luks1Header {
     fn version(&self) -> u8 {
         1
     }
+    fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()> {
+        let uuid = parse_uuid(uuid)?;
+        let old = std::mem::replace(&mut self.phdr.uuid, uuid);
+        if let Err(e) = self.write_synced(dev) {
+            self.phdr.uuid = old;
+            return Err(e);
+        }
+        Ok(())
+    }
 
     fn uuid(&self) -> &str {
         &self.phdr.uuid

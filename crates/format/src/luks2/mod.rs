@@ -770,6 +770,34 @@ impl Luks2Header {
         Ok(())
     }
 
+    /// Sets a keyslot's priority (`cryptsetup config --priority`): "normal" removes the
+    /// field, as cryptsetup writes it.
+    pub fn set_keyslot_priority(
+        &mut self,
+        dev: &mut dyn Storage,
+        slot: u32,
+        priority: Priority,
+    ) -> Result<()> {
+        self.check_changeable()?;
+        if !self.model.keyslots.contains_key(&slot) {
+            return Err(Error::Keyslot(format!("keyslot {slot} is not active")));
+        }
+        let mut json = self.json.clone();
+        let ks = section_mut(&mut json, "keyslots")?
+            .get_mut(&slot.to_string())
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| bad("keyslot is not an object"))?;
+        match priority {
+            Priority::Normal => {
+                ks.shift_remove("priority");
+            }
+            p => {
+                ks.insert("priority".into(), json!(p as u8));
+            }
+        }
+        self.commit(dev, json)
+    }
+
     /// Persistent activation flags (`config.flags`, e.g. "allow-discards", "no-read-workqueue").
     pub fn config_flags(&self) -> &[String] {
         &self.model.flags
@@ -1075,6 +1103,20 @@ impl LuksHeader for Luks2Header {
         }
         data.sync()?;
         Ok(true)
+    }
+    fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()> {
+        self.check_changeable()?;
+        let parsed = uuid::Uuid::try_parse(uuid)
+            .ok()
+            .filter(|_| uuid.len() == 36)
+            .ok_or_else(|| Luks2Error::InvalidUuid(uuid.into()))?;
+        let old = std::mem::replace(&mut self.uuid, parsed.hyphenated().to_string());
+        let json = self.json.clone();
+        if let Err(e) = self.commit(dev, json) {
+            self.uuid = old;
+            return Err(e);
+        }
+        Ok(())
     }
     fn verify_volume_key(&self, key: &[u8]) -> Result<bool> {
         let (_, digest) = self.segment_digest()?;

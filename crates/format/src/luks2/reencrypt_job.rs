@@ -466,18 +466,14 @@ impl Luks2Header {
             dev.sync()?;
             self.commit(dev, hot_json.clone())?;
         }
-        let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(CHUNK);
-            let b = &mut buf[..n as usize];
+        // Rewritten in place, 1 MiB pieces spread over the cores.
+        in_pieces(len, |at, b| {
             let pos = off + at;
             data.read_at(b, job.d_new + pos)?;
             job.old.decrypt(pos / job.old.sector_size() as u64, b)?;
             job.new.encrypt(pos / job.new.sector_size() as u64, b)?;
-            data.write_at(b, job.d_new + pos)?;
-            at += n;
-        }
+            Ok(data.write_at(b, job.d_new + pos)?)
+        })?;
         if !job.none {
             data.sync()?;
         }
@@ -610,6 +606,45 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
     Ok(out)
 }
 
+/// Calls `f(offset, piece)` for each `CHUNK`-sized piece of `len` bytes (the last one
+/// shorter), the pieces spread over the CPU's cores, each with a buffer of its thread.
+fn in_pieces(len: u64, f: impl Fn(u64, &mut [u8]) -> Result<()> + Sync) -> Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let pieces = len.div_ceil(CHUNK);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_THREADS)
+        .min(pieces as usize)
+        .max(1);
+    let next = AtomicU64::new(0);
+    let work = || -> Result<()> {
+        let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= pieces {
+                return Ok(());
+            }
+            let at = i * CHUNK;
+            let n = (len - at).min(CHUNK);
+            f(at, &mut buf[..n as usize])?;
+        }
+    };
+    std::thread::scope(|sc| {
+        let helpers: Vec<_> = (1..threads).map(|_| sc.spawn(work)).collect();
+        let mine = work();
+        helpers
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(bad("worker thread panicked")))
+            })
+            .fold(mine, |acc, r| acc.and(r))
+    })
+}
+
+/// Threads working on a hot zone at most.
+const MAX_THREADS: usize = 8;
+
 /// Writes the hot zone's protection (its old bytes at `at` on the data device): one hash
 /// per block, or the bytes themselves, at the start of the reencrypt keyslot's area.
 fn protect(
@@ -620,35 +655,35 @@ fn protect(
     len: u64,
 ) -> Result<()> {
     let area = r.keyslot.area_offset;
-    let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
     match &r.params.resilience {
         Resilience::Checksum { hash, sector_size } => {
             let h = HashAlg::from_name(hash)
                 .map_err(|_| Luks2Error::Unsupported(format!("checksum hash '{hash}'")))?;
-            let bs = *sector_size as usize;
-            let mut sums = Vec::with_capacity((len as usize / bs) * h.output_len());
-            let mut done = 0;
-            while done < len {
-                let n = (len - done).min(CHUNK);
-                let b = &mut buf[..n as usize];
-                data.read_at(b, at + done)?;
-                for block in b.chunks(bs) {
-                    sums.extend_from_slice(&h.digest(block));
-                }
-                done += n;
+            let (bs, hl) = (*sector_size as u64, h.output_len());
+            if !CHUNK.is_multiple_of(bs) {
+                return Err(
+                    Luks2Error::Unsupported(format!("checksum block of {bs} bytes")).into(),
+                );
             }
+            let sums = std::sync::Mutex::new(vec![0u8; (len / bs) as usize * hl]);
+            in_pieces(len, |off, b| {
+                data.read_at(b, at + off)?;
+                let mine: Vec<u8> = b
+                    .chunks(bs as usize)
+                    .flat_map(|blk| h.digest(blk))
+                    .collect();
+                let first = (off / bs) as usize * hl;
+                let mut all = sums.lock().unwrap_or_else(|e| e.into_inner());
+                all[first..first + mine.len()].copy_from_slice(&mine);
+                Ok(())
+            })?;
+            let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
             dev.write_at(&sums, area)?;
         }
-        Resilience::Journal => {
-            let mut done = 0;
-            while done < len {
-                let n = (len - done).min(CHUNK);
-                let b = &mut buf[..n as usize];
-                data.read_at(b, at + done)?;
-                dev.write_at(b, area + done)?;
-                done += n;
-            }
-        }
+        Resilience::Journal => in_pieces(len, |off, b| {
+            data.read_at(b, at + off)?;
+            Ok(dev.write_at(b, area + off)?)
+        })?,
         _ => {}
     }
     Ok(())

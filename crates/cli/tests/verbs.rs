@@ -1,0 +1,170 @@
+//! cryptsetup's remaining LUKS verbs, checked against the real cryptsetup: `config`
+//! (label, subsystem, keyslot priority), `uuid --uuid` (LUKS1 and LUKS2), `erase`
+//! (crypto-shred), and cryptsetup's command names as aliases.
+
+mod common;
+
+use common::*;
+
+struct Lab {
+    dir: tempfile::TempDir,
+    cs: String,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pw"), b"verbs").unwrap();
+        Lab {
+            dir,
+            cs: tool("cryptsetup", "cryptsetup-bin"),
+        }
+    }
+    fn p(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+    fn image(&self, name: &str, kind: &str) -> String {
+        let img = self.p(name);
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(20 << 20)
+            .unwrap();
+        ok(&run_in(
+            &self.cs,
+            &[
+                "luksFormat",
+                "-q",
+                "--type",
+                kind,
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                &self.p("pw"),
+                &img,
+            ],
+            b"",
+        ));
+        img
+    }
+    fn cb(&self, args: &[&str]) -> std::process::Output {
+        run_in(bin(), args, b"")
+    }
+    fn dump(&self, img: &str) -> String {
+        ok(&run_in(&self.cs, &["luksDump", img], b""))
+    }
+    fn opens(&self, img: &str) -> bool {
+        run_in(
+            &self.cs,
+            &[
+                "open",
+                "--test-passphrase",
+                "--key-file",
+                &self.p("pw"),
+                img,
+            ],
+            b"",
+        )
+        .status
+        .success()
+    }
+}
+
+fn field<'a>(dump: &'a str, name: &str) -> Option<&'a str> {
+    dump.lines()
+        .find_map(|l| l.trim().strip_prefix(name))
+        .map(|v| v.trim_start_matches(':').trim())
+}
+
+#[test]
+fn config_sets_label_subsystem_and_priority_as_cryptsetup_reads_them() {
+    let lab = Lab::new();
+    let img = lab.image("c.img", "luks2");
+    ok(&lab.cb(&["config", &img, "--label", "data-01", "--subsystem", "ceph"]));
+    ok(&lab.cb(&["config", &img, "--priority", "prefer", "--key-slot", "0"]));
+    let d = lab.dump(&img);
+    assert_eq!(field(&d, "Label"), Some("data-01"), "{d}");
+    assert_eq!(field(&d, "Subsystem"), Some("ceph"), "{d}");
+    assert_eq!(field(&d, "Priority"), Some("preferred"), "{d}");
+    ok(&lab.cb(&[
+        "config",
+        &img,
+        "--priority",
+        "normal",
+        "-S",
+        "0",
+        "--label",
+        "",
+    ]));
+    let d = lab.dump(&img);
+    assert_eq!(field(&d, "Priority"), Some("normal"), "{d}");
+    assert_eq!(field(&d, "Label"), Some("(no label)"), "{d}");
+    assert!(lab.opens(&img));
+    assert!(
+        !lab.cb(&["config", &img, "--priority", "first", "-S", "0"])
+            .status
+            .success()
+    );
+    assert!(
+        !lab.cb(&["config", &img, "--priority", "ignore", "-S", "7"])
+            .status
+            .success()
+    );
+    assert!(
+        !lab.cb(&["config", &img, "--label", &"x".repeat(48)])
+            .status
+            .success()
+    );
+    let l1 = lab.image("l1.img", "luks1");
+    assert!(
+        !lab.cb(&["config", &l1, "--label", "x"]).status.success(),
+        "LUKS2 only"
+    );
+}
+
+#[test]
+fn uuid_is_set_on_both_versions_and_bad_ones_are_refused() {
+    let lab = Lab::new();
+    for kind in ["luks1", "luks2"] {
+        let img = lab.image(&format!("{kind}.img"), kind);
+        let u = "0b5e6d4c-8a71-4f0e-9d3a-2c1b0a998877";
+        ok(&lab.cb(&["uuid", "-q", &img, "--uuid", u]));
+        let cs = ok(&run_in(&lab.cs, &["luksUUID", &img], b""));
+        assert_eq!(cs.trim(), u, "{kind}");
+        assert_eq!(ok(&lab.cb(&["luksUUID", &img])).trim(), u, "{kind}: alias");
+        assert!(lab.opens(&img), "{kind}");
+        for bad in ["nope", "0b5e6d4c8a714f0e9d3a2c1b0a998877"] {
+            assert!(
+                !lab.cb(&["uuid", "-q", &img, "--uuid", bad])
+                    .status
+                    .success(),
+                "{kind} {bad}"
+            );
+        }
+        assert_eq!(ok(&lab.cb(&["uuid", &img])).trim(), u, "{kind}: unchanged");
+    }
+}
+
+#[test]
+fn erase_wipes_every_keyslot_on_both_versions() {
+    let lab = Lab::new();
+    for kind in ["luks1", "luks2"] {
+        let img = lab.image(&format!("e-{kind}.img"), kind);
+        let before = std::fs::read(&img).unwrap();
+        assert!(lab.opens(&img));
+        ok(&lab.cb(&["luksErase", "-q", &img]));
+        assert!(!lab.opens(&img), "{kind}: no passphrase opens it any more");
+        let after = std::fs::read(&img).unwrap();
+        // The first keyslot's material (LUKS1: sector 8 on; LUKS2: after the two 16 KiB
+        // header copies) is overwritten.
+        let at = if kind == "luks1" { 4096 } else { 32768 };
+        assert_ne!(
+            before[at..at + 4096],
+            after[at..at + 4096],
+            "{kind}: material wiped"
+        );
+        let o = lab.cb(&["test-passphrase", &img, "--key-file", &lab.p("pw")]);
+        assert!(!o.status.success(), "{kind}");
+    }
+}
