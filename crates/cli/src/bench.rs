@@ -55,25 +55,9 @@ pub struct BenchArgs {
     pub report_only: Option<PathBuf>,
 }
 
-/// Parses 64M, 1G, 4096 (powers of 1024).
+/// Parses 64M, 1G, 4096 (powers of 1024): at least 1 MiB, whole 4 KiB.
 pub fn parse_size(s: &str) -> CliResult<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some(c) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(CliError::usage(format!("bad size suffix in '{s}'"))),
-            };
-            (&t[..t.len() - 1], m)
-        }
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
+    crate::units::parse_size(s)
         .filter(|&n| n >= 1 << 20 && n % 4096 == 0)
         .ok_or_else(|| {
             CliError::usage(format!(

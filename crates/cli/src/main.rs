@@ -13,6 +13,7 @@ mod reencrypt;
 mod rundir;
 mod serve;
 mod transfer;
+mod units;
 mod unlock;
 
 use clap::{Args, Parser, Subcommand};

@@ -67,24 +67,7 @@ pub struct ReencryptArgs {
 }
 
 fn parse_bytes(s: &str) -> CliResult<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                'S' => 512,
-                _ => return Err(CliError::usage(format!("bad size suffix in '{s}'"))),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
+    crate::units::parse_size(s)
         .filter(|&n| n > 0 && n.is_multiple_of(512))
         .ok_or_else(|| {
             CliError::usage(format!("bad size '{s}' (a multiple of 512 bytes, e.g. 8M)"))

@@ -128,23 +128,8 @@ pub fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
 /// Parses `mem:SIZE` (K, M, G, T suffixes, powers of 1024).
 pub fn parse_mem(device: &Path) -> Option<CliResult<u64>> {
     let s = device.to_str()?.strip_prefix("mem:")?;
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Some(Err(CliError::usage(format!("bad size suffix in {s}")))),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
     Some(
-        num.parse::<u64>()
-            .ok()
-            .and_then(|n| n.checked_mul(mult))
+        crate::units::parse_size(s)
             .filter(|&n| n >= 4096)
             .ok_or_else(|| CliError::usage(format!("bad memory size '{s}' (e.g. mem:1G)"))),
     )

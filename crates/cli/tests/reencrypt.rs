@@ -74,21 +74,7 @@ impl Lab {
         a.extend(args);
         match kill {
             None => self.cb(&a).status.success(),
-            Some(n) => {
-                let inject = format!("inject=fdatasync:signal=SIGKILL:when={n}");
-                let mut s = vec![
-                    "-f",
-                    "-o",
-                    "/dev/null",
-                    "-e",
-                    "trace=fdatasync",
-                    "-e",
-                    &inject,
-                    bin(),
-                ];
-                s.extend(a);
-                run_in(&tool("strace", "strace"), &s, b"").status.success()
-            }
+            Some(n) => killed_at_sync(n, bin(), &a),
         }
     }
     /// cryptsetup finishes the job; offline, a cut-off step needs its `repair` first.
@@ -147,6 +133,24 @@ impl Lab {
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
             .collect()
     }
+}
+
+/// Runs `program args` under strace, which sends it SIGKILL as it enters its `n`th
+/// fdatasync; returns whether it exited successfully (it had fewer syncs).
+fn killed_at_sync(n: u32, program: &str, args: &[&str]) -> bool {
+    let inject = format!("inject=fdatasync:signal=SIGKILL:when={n}");
+    let mut s = vec![
+        "-f",
+        "-o",
+        "/dev/null",
+        "-e",
+        "trace=fdatasync",
+        "-e",
+        &inject,
+        program,
+    ];
+    s.extend(args);
+    run_in(&tool("strace", "strace"), &s, b"").status.success()
 }
 
 /// Decrypts sectors of a finished image's data area with `key` (AES-256-XTS, plain64 IVs
@@ -344,18 +348,7 @@ fn cryptsetup_killed_at_every_step_we_finish() {
     for n in 1..=4 {
         let img = lab.p("s.img");
         std::fs::copy(&img0, &img).unwrap();
-        let inject = format!("inject=fdatasync:signal=SIGKILL:when={n}");
-        let mut s = vec![
-            "-f",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=fdatasync",
-            "-e",
-            &inject,
-            &lab.cs,
-        ];
-        s.extend([
+        let mut args = vec![
             "reencrypt",
             "-q",
             "--force-offline-reencrypt",
@@ -363,10 +356,10 @@ fn cryptsetup_killed_at_every_step_we_finish() {
             "8M",
             "--key-file",
             &pw,
-        ]);
-        s.extend(KDF);
-        s.push(&img);
-        let killed = !run_in(&tool("strace", "strace"), &s, b"").status.success();
+        ];
+        args.extend(KDF);
+        args.push(&img);
+        let killed = !killed_at_sync(n, &lab.cs, &args);
         assert!(killed, "cryptsetup has at least {n} data syncs");
         assert!(lab.cb_reencrypt(&img, &["--resume-only"], None), "step {n}");
         assert!(!lab.in_reencryption(&img));

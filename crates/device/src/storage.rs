@@ -40,6 +40,37 @@ pub trait Storage: Send + Sync {
     }
 }
 
+/// Storage behind a shared reference or an `Arc` is storage too: one store can then be the
+/// header device and the data device at once, or be kept by a test while a volume uses it.
+macro_rules! delegate_storage {
+    ($($t:ty),*) => {$(
+        impl<S: Storage + ?Sized> Storage for $t {
+            fn size(&self) -> io::Result<u64> {
+                (**self).size()
+            }
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+                (**self).read_at(buf, offset)
+            }
+            fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+                (**self).write_at(buf, offset)
+            }
+            fn sync(&self) -> io::Result<()> {
+                (**self).sync()
+            }
+            fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+                (**self).punch_hole(offset, len)
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+            fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+                (**self).raw_fd()
+            }
+        }
+    )*};
+}
+delegate_storage!(&S, std::sync::Arc<S>);
+
 /// A file or block device with `pread`/`pwrite` on the page cache: what header code uses.
 /// The data path's storage (io_uring, O_DIRECT, hole punching) is `cryptblk_volume::FileStorage`.
 impl Storage for File {

@@ -18,23 +18,6 @@ const DATA_OFFSET: u64 = 2048 * KIB;
 const DATA_LEN: u64 = 1024 * KIB;
 const HOTZONE: u64 = 256 * KIB;
 
-/// One storage seen as both the header device and the data device.
-struct Same<'a>(&'a dyn Storage);
-impl Storage for Same<'_> {
-    fn size(&self) -> std::io::Result<u64> {
-        self.0.size()
-    }
-    fn read_at(&self, b: &mut [u8], o: u64) -> std::io::Result<()> {
-        self.0.read_at(b, o)
-    }
-    fn write_at(&self, b: &[u8], o: u64) -> std::io::Result<()> {
-        self.0.write_at(b, o)
-    }
-    fn sync(&self) -> std::io::Result<()> {
-        self.0.sync()
-    }
-}
-
 fn kdf() -> KdfRequest {
     KdfRequest {
         // PBKDF2 (the LUKS1 default) at its minimum: the test is about writes, not KDFs.
@@ -61,9 +44,9 @@ fn volume(sector: u32, plain: &[u8]) -> MemStorage {
 
 /// The plaintext as the header lays it out now (one key or two, whatever the state).
 fn read_plain(dev: &MemStorage) -> Vec<u8> {
-    let h = Luks2Header::read(&mut Same(dev)).unwrap();
+    let h = Luks2Header::read(&mut &*dev).unwrap();
     let (_, segs) = h
-        .unlock_segments(&mut Same(dev), PASS, None, DATA_OFFSET + DATA_LEN)
+        .unlock_segments(&mut &*dev, PASS, None, DATA_OFFSET + DATA_LEN)
         .unwrap();
     let mut out = vec![0u8; DATA_LEN as usize];
     for s in segs {
@@ -77,15 +60,15 @@ fn read_plain(dev: &MemStorage) -> Vec<u8> {
 
 fn job(dev: &dyn Storage, req: &ReencryptRequest, resume_only: bool) -> std::io::Result<()> {
     let fail = |e: cryptblk_format::Error| std::io::Error::other(e.to_string());
-    let mut h = Luks2Header::read(&mut Same(dev)).map_err(fail)?;
+    let mut h = Luks2Header::read(&mut &*dev).map_err(fail)?;
     if !resume_only {
-        h.reencrypt_init(&mut Same(dev), DATA_OFFSET + DATA_LEN, PASS, None, req)
+        h.reencrypt_init(&mut &*dev, DATA_OFFSET + DATA_LEN, PASS, None, req)
             .map_err(fail)?;
     }
     let out = h
         .reencrypt_run(
-            &mut Same(dev),
-            &Same(dev),
+            &mut &*dev,
+            &dev,
             DATA_OFFSET + DATA_LEN,
             PASS,
             None,
@@ -133,22 +116,22 @@ fn power_loss_at_every_write_of_a_reencryption() {
                     let dev = CrashDevice::new(base.clone(), Some(n), tear, keep);
                     assert!(job(&dev, &req, false).is_err(), "{what}: the job must stop");
                     let img = dev.after_power_loss();
-                    let mut h = Luks2Header::read(&mut Same(&img))
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let mut h =
+                        Luks2Header::read(&mut &img).unwrap_or_else(|e| panic!("{what}: {e}"));
                     h.recover_interrupted_step(
-                        &mut Same(&img),
-                        &Same(&img),
+                        &mut &img,
+                        &&img,
                         PASS,
                         None,
                         DATA_OFFSET + DATA_LEN,
                     )
                     .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
                     assert!(read_plain(&img) == plain, "{what}: data after recovery");
-                    let h = Luks2Header::read(&mut Same(&img)).unwrap();
+                    let h = Luks2Header::read(&mut &img).unwrap();
                     if h.in_reencryption() {
                         job(&img, &req, true).unwrap_or_else(|e| panic!("{what}: resume: {e}"));
                     }
-                    let h = Luks2Header::read(&mut Same(&img)).unwrap();
+                    let h = Luks2Header::read(&mut &img).unwrap();
                     assert!(!h.in_reencryption(), "{what}");
                     assert!(read_plain(&img) == plain, "{what}: data after resuming");
                 }

@@ -8,25 +8,6 @@ use cryptblk_volume::{DataSegment, MemStorage, Storage, Volume};
 use proptest::prelude::*;
 use std::sync::Arc;
 
-struct Shared(Arc<MemStorage>);
-impl Storage for Shared {
-    fn size(&self) -> std::io::Result<u64> {
-        self.0.size()
-    }
-    fn read_at(&self, b: &mut [u8], o: u64) -> std::io::Result<()> {
-        self.0.read_at(b, o)
-    }
-    fn write_at(&self, b: &[u8], o: u64) -> std::io::Result<()> {
-        self.0.write_at(b, o)
-    }
-    fn sync(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn punch_hole(&self, o: u64, l: u64) -> std::io::Result<()> {
-        self.0.punch_hole(o, l)
-    }
-}
-
 fn cipher(spec: &str, key: u8, ss: u32, iv_offset: u64) -> SectorCipher {
     let spec = CipherSpec::parse(spec).unwrap();
     let key = vec![key; spec.default_key_len()];
@@ -67,7 +48,7 @@ fn volume(storage: Arc<MemStorage>) -> Volume {
             cipher: cipher(spec, key, ss, ivo),
         })
         .collect();
-    Volume::with_segments(Box::new(Shared(storage)), segs, false, true).unwrap()
+    Volume::with_segments(Box::new(storage), segs, false, true).unwrap()
 }
 
 proptest! {

@@ -69,26 +69,8 @@ proptest! {
 fn storage_holds_exactly_the_sector_cipher_output() {
     for ss in [512u32, 4096] {
         let storage = Arc::new(MemStorage::new(1 << 20));
-        struct Shared(Arc<MemStorage>);
-        impl Storage for Shared {
-            fn size(&self) -> std::io::Result<u64> {
-                self.0.size()
-            }
-            fn read_at(&self, b: &mut [u8], o: u64) -> std::io::Result<()> {
-                self.0.read_at(b, o)
-            }
-            fn write_at(&self, b: &[u8], o: u64) -> std::io::Result<()> {
-                self.0.write_at(b, o)
-            }
-            fn sync(&self) -> std::io::Result<()> {
-                Ok(())
-            }
-            fn punch_hole(&self, o: u64, l: u64) -> std::io::Result<()> {
-                self.0.punch_hole(o, l)
-            }
-        }
         let p = params("aes-xts-plain64", ss, 4096);
-        let vol = volume_from_key(Box::new(Shared(storage.clone())), &KEY, &p).unwrap();
+        let vol = volume_from_key(Box::new(storage.clone()), &KEY, &p).unwrap();
         let plain: Vec<u8> = (0..3 * ss as usize).map(|i| (i * 7) as u8).collect();
         vol.write_at(&plain, 2 * ss as u64, false).unwrap();
         let mut expect = plain.clone();

@@ -339,17 +339,22 @@ fn convert(
     Ok(())
 }
 
+/// The position of segment `id` among the regular (non-backup) segments.
+fn regular_index(model: &Model, id: u32) -> usize {
+    model
+        .segments
+        .iter()
+        .filter(|(_, s)| !s.is_backup())
+        .position(|(i, _)| *i == id)
+        .unwrap_or(0)
+}
+
 impl Reencryption<'_> {
     /// The regular segment index and logical stretch of the interrupted step.
     fn hot_zone(&self, model: &Model) -> Result<(usize, u64, u64), Luks2Error> {
         let hot = self.hot.ok_or_else(|| bad("no step to recover"))?;
         let seg = &model.segments[&hot];
-        let index = model
-            .segments
-            .iter()
-            .filter(|(_, s)| !s.is_backup())
-            .position(|(id, _)| *id == hot)
-            .unwrap_or(0);
+        let index = regular_index(model, hot);
         let off = seg
             .offset
             .checked_sub(self.final_.1.offset)
@@ -560,12 +565,7 @@ impl Reencryption<'_> {
             }
             regular.push((j, s, side));
         }
-        let hot_index = model
-            .segments
-            .iter()
-            .filter(|(_, s)| !s.is_backup())
-            .position(|(id, _)| *id == hot)
-            .unwrap_or(0);
+        let hot_index = regular_index(model, hot);
         // Joins b into a when both are the same side, contiguous on the device and in the
         // volume, and (encrypted) with continuous IVs.
         let joinable = |a: &Segment, b: &Segment| {
