@@ -57,7 +57,7 @@ pub struct BenchArgs {
 
 /// Parses 64M, 1G, 4096 (powers of 1024): at least 1 MiB, whole 4 KiB.
 pub fn parse_size(s: &str) -> CliResult<u64> {
-    crate::units::parse_size(s)
+    Some(crate::units::parse_size(s).map_err(CliError::usage)?)
         .filter(|&n| n >= 1 << 20 && n % 4096 == 0)
         .ok_or_else(|| {
             CliError::usage(format!(

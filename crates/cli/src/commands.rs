@@ -597,15 +597,7 @@ pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
             a.device.display()
         ),
     )?;
-    let active: Vec<u32> = hdr
-        .keyslots()
-        .iter()
-        .filter(|k| k.active)
-        .map(|k| k.id)
-        .collect();
-    for slot in active {
-        hdr.kill_keyslot(&mut dev, slot)?;
-    }
+    hdr.erase(&mut dev)?;
     Ok(())
 }
 

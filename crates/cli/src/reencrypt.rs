@@ -67,7 +67,7 @@ pub struct ReencryptArgs {
 }
 
 fn parse_bytes(s: &str) -> CliResult<u64> {
-    crate::units::parse_size(s)
+    Some(crate::units::parse_size(s).map_err(CliError::usage)?)
         .filter(|&n| n > 0 && n.is_multiple_of(512))
         .ok_or_else(|| {
             CliError::usage(format!("bad size '{s}' (a multiple of 512 bytes, e.g. 8M)"))

@@ -130,6 +130,7 @@ pub fn parse_mem(device: &Path) -> Option<CliResult<u64>> {
     let s = device.to_str()?.strip_prefix("mem:")?;
     Some(
         crate::units::parse_size(s)
+            .ok()
             .filter(|&n| n >= 4096)
             .ok_or_else(|| CliError::usage(format!("bad memory size '{s}' (e.g. mem:1G)"))),
     )

@@ -74,7 +74,7 @@ impl Lab {
         a.extend(args);
         match kill {
             None => self.cb(&a).status.success(),
-            Some(n) => killed_at_sync(n, bin(), &a),
+            Some(n) => killed_at("fdatasync", n, bin(), &a),
         }
     }
     /// cryptsetup finishes the job; offline, a cut-off step needs its `repair` first.
@@ -136,15 +136,16 @@ impl Lab {
 }
 
 /// Runs `program args` under strace, which sends it SIGKILL as it enters its `n`th
-/// fdatasync; returns whether it exited successfully (it had fewer syncs).
-fn killed_at_sync(n: u32, program: &str, args: &[&str]) -> bool {
-    let inject = format!("inject=fdatasync:signal=SIGKILL:when={n}");
+/// `call` (a system call); returns whether it exited successfully (it made fewer).
+fn killed_at(call: &str, n: u32, program: &str, args: &[&str]) -> bool {
+    let trace = format!("trace={call}");
+    let inject = format!("inject={call}:signal=SIGKILL:when={n}");
     let mut s = vec![
         "-f",
         "-o",
         "/dev/null",
         "-e",
-        "trace=fdatasync",
+        &trace,
         "-e",
         &inject,
         program,
@@ -340,29 +341,101 @@ fn killed_at_every_sync_either_tool_finishes() {
     }
 }
 
+/// Kills cryptsetup at each of its syncs (fdatasync after a step's data, fsync after each
+/// header copy: inside steps, between a step and its commit, between the last step's
+/// commit and the finishing ones) and lets cryptblk finish: the data must come out intact,
+/// and a job whose data is all done must be finished, never run again.
 #[test]
-fn cryptsetup_killed_at_every_step_we_finish() {
+fn cryptsetup_killed_at_every_sync_we_finish() {
     let lab = Lab::new();
     let (img0, plain) = lab.volume("s0.img", "4096");
     let pw = lab.p("pw");
-    for n in 1..=4 {
-        let img = lab.p("s.img");
-        std::fs::copy(&img0, &img).unwrap();
-        let mut args = vec![
-            "reencrypt",
-            "-q",
-            "--force-offline-reencrypt",
-            "--hotzone-size",
-            "8M",
-            "--key-file",
-            &pw,
-        ];
-        args.extend(KDF);
-        args.push(&img);
-        let killed = !killed_at_sync(n, &lab.cs, &args);
-        assert!(killed, "cryptsetup has at least {n} data syncs");
-        assert!(lab.cb_reencrypt(&img, &["--resume-only"], None), "step {n}");
-        assert!(!lab.in_reencryption(&img));
-        assert!(lab.read(&img) == plain, "cryptsetup killed in step {n}");
+    for call in ["fdatasync", "fsync"] {
+        let mut n = 1;
+        loop {
+            let img = lab.p("s.img");
+            std::fs::copy(&img0, &img).unwrap();
+            let mut args = vec![
+                "reencrypt",
+                "-q",
+                "--force-offline-reencrypt",
+                "--hotzone-size",
+                "8M",
+                "--key-file",
+                &pw,
+            ];
+            args.extend(KDF);
+            args.push(&img);
+            if killed_at(call, n, &lab.cs, &args) {
+                assert!(n > 3, "cryptsetup has more than {n} {call} calls");
+                break;
+            }
+            if lab.in_reencryption(&img) {
+                assert!(
+                    lab.cb_reencrypt(&img, &["--resume-only"], None),
+                    "{call} {n}"
+                );
+            }
+            assert!(!lab.in_reencryption(&img));
+            assert!(lab.read(&img) == plain, "cryptsetup killed at {call} {n}");
+            n += 1;
+        }
     }
+}
+
+#[test]
+fn other_keyslots_need_naming_and_tokens_follow_the_new_key() {
+    let lab = Lab::new();
+    let (img, plain) = lab.volume("t.img", "4096");
+    let pw = lab.p("pw");
+    let pw2 = lab.p("pw2");
+    std::fs::write(&pw2, b"second passphrase").unwrap();
+    let mut add = vec!["luksAddKey", "-q"];
+    add.extend(KDF);
+    add.extend(["--key-file", &pw, &img, &pw2]);
+    ok(&lab.cs(&add));
+    let token = lab.p("token.json");
+    std::fs::write(&token, br#"{"type":"cryptblk-test","keyslots":["0"]}"#).unwrap();
+    ok(&lab.cs(&["token", "import", "--json-file", &token, &img]));
+    // Two keyslots and none named: refused, nothing changed.
+    assert!(!lab.cb_reencrypt(&img, &[], None));
+    assert!(!lab.in_reencryption(&img));
+    assert!(lab.cb_reencrypt(&img, &["--key-slot", "0", "--hotzone-size", "8M"], None));
+    assert!(!lab.in_reencryption(&img));
+    assert!(lab.read(&img) == plain);
+    let j = lab.json(&img);
+    let slots: Vec<&String> = j["keyslots"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        slots.len(),
+        1,
+        "only the named passphrase's new keyslot: {j}"
+    );
+    assert_eq!(
+        j["tokens"]["0"]["keyslots"],
+        serde_json::json!([slots[0]]),
+        "{j}"
+    );
+    let o = lab.cs(&["open", "--test-passphrase", "--key-file", &pw2, &img]);
+    assert!(
+        !o.status.success(),
+        "the other passphrase is gone with the old key"
+    );
+}
+
+#[test]
+fn erase_works_in_the_middle_of_a_reencryption() {
+    let lab = Lab::new();
+    let (img, _) = lab.volume("x.img", "4096");
+    assert!(lab.cb_reencrypt(&img, &["--init-only"], None));
+    ok(&lab.cb(&["erase", "-q", &img]));
+    let o = lab.cs(&[
+        "open",
+        "--test-passphrase",
+        "--key-file",
+        &lab.p("pw"),
+        &img,
+    ]);
+    assert!(!o.status.success());
+    let o = lab.cb(&["test-passphrase", &img, "--key-file", &lab.p("pw")]);
+    assert!(!o.status.success());
 }

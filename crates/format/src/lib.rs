@@ -162,6 +162,23 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     ) -> Result<bool> {
         Ok(false)
     }
+    /// Wipes every keyslot (`erase`): no passphrase opens the volume again.
+    fn erase(&mut self, dev: &mut dyn Storage) -> Result<()> {
+        let active: Vec<u32> = self
+            .keyslots()
+            .iter()
+            .filter(|k| k.active)
+            .map(|k| k.id)
+            .collect();
+        for slot in active {
+            self.kill_keyslot(dev, slot)?;
+        }
+        Ok(())
+    }
+    /// Whether an unfinished reencryption is recorded (LUKS2 `online-reencrypt-v2/3`).
+    fn in_reencryption(&self) -> bool {
+        false
+    }
     /// Sets the volume UUID (`luksUUID --uuid`; the hyphenated 36-character form) and
     /// writes the header.
     fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()>;

@@ -116,7 +116,13 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
             sector_size: one.sector_size,
             iv: one.iv,
             data_offset: one.storage_offset,
-            data_length: header.data_length(),
+            // The layout's own length (mid-reencryption the header's segment is the
+            // final layout's, not the data's).
+            data_length: if header.data_length().is_some() || header.in_reencryption() {
+                Some(one.len)
+            } else {
+                None
+            },
             read_only: opts.read_only,
             allow_discards: opts.allow_discards,
         };

@@ -443,14 +443,6 @@ impl Luks2Header {
         Ok(())
     }
 
-    /// Whether an unfinished reencryption is recorded (requirement `online-reencrypt-v2/3`).
-    pub fn in_reencryption(&self) -> bool {
-        self.model
-            .requirements
-            .iter()
-            .any(|r| reencrypt::is_known_requirement(r))
-    }
-
     /// Opens a keyslot of digest `digest_id` with `passphrase`: `slot` only, if given, else
     /// every slot of the digest, "prefer" first, "ignore" never.
     fn open_digest(
@@ -1103,6 +1095,32 @@ impl LuksHeader for Luks2Header {
         }
         data.sync()?;
         Ok(true)
+    }
+    /// Every passphrase keyslot goes in one commit, their areas wiped after; allowed in
+    /// the middle of a reencryption (its own keyslot stays: the metadata needs it, and it
+    /// holds no key).
+    fn erase(&mut self, dev: &mut dyn Storage) -> Result<()> {
+        self.check_usable()?;
+        let mut json = self.json.clone();
+        let mut areas = Vec::new();
+        for (id, k) in &self.model.keyslots {
+            if k.reencrypt.is_none() {
+                remove_keyslot_json(&mut json, *id)?;
+                areas.push((k.area_offset, k.area_size));
+            }
+        }
+        self.commit(dev, json)?;
+        for (off, len) in areas {
+            keyslot::wipe_area(dev, off, len)?;
+        }
+        dev.sync()?;
+        Ok(())
+    }
+    fn in_reencryption(&self) -> bool {
+        self.model
+            .requirements
+            .iter()
+            .any(|r| reencrypt::is_known_requirement(r))
     }
     fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()> {
         self.check_changeable()?;

@@ -178,7 +178,9 @@ impl Reencryption<'_> {
                 start,
                 len,
             });
-            start += len;
+            start = start
+                .checked_add(len)
+                .ok_or_else(|| bad("segment sizes overflow"))?;
         }
         if out.is_empty() {
             return Err(bad("no data segment"));
@@ -195,7 +197,10 @@ impl Reencryption<'_> {
         old_key: Option<&[u8]>,
         new_key: Option<&[u8]>,
     ) -> Result<Zeroizing<Vec<u8>>, Luks2Error> {
-        let mut b = Zeroizing::new(vec![b'v', b'0' + self.version]);
+        // Sized once: a reallocation would leave a copy of the keys in freed memory.
+        let keys = old_key.map_or(0, <[u8]>::len) + new_key.map_or(0, <[u8]>::len);
+        let mut b = Zeroizing::new(Vec::with_capacity(2 + keys + 1024));
+        b.extend_from_slice(&[b'v', b'0' + self.version]);
         if old_key.is_none() && new_key.is_none() {
             return Err(bad("reencryption digest without any volume key"));
         }
@@ -507,6 +512,57 @@ impl Reencryption<'_> {
         Ok(())
     }
 
+    /// Whether every regular segment already holds the final layout: the last step is done
+    /// but the job was not finished (cryptsetup commits the last step before it removes
+    /// the old key and the reencryption metadata).
+    pub fn all_done(&self, model: &Model) -> bool {
+        model
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.is_backup())
+            .all(|(id, s)| self.side(model, *id, s) == Side::New)
+    }
+
+    /// The metadata that finishes a job whose data is all done ([`Self::all_done`]): one
+    /// final segment, the old key, the backups and the reencryption metadata gone.
+    pub fn finished(
+        &self,
+        model: &Model,
+        json: &serde_json::Value,
+        data_size: u64,
+    ) -> Result<AfterRecovery, crate::Error> {
+        let mut out = json.clone();
+        let (first_id, first) = model
+            .segments
+            .iter()
+            .find(|(_, s)| !s.is_backup())
+            .ok_or_else(|| bad("no data segment"))?;
+        let mut j = json["segments"][first_id.to_string()].clone();
+        if let Some(o) = j.as_object_mut() {
+            o.insert("size".into(), serde_json::json!("dynamic"));
+            o.remove("flags");
+        }
+        out["segments"] = serde_json::json!({ "0": j });
+        let digest_id = |s: u32| model.segment_digest(s).map(|(d, _)| d);
+        let (old_d, new_d) = (digest_id(self.previous.0), digest_id(self.final_.0));
+        let (wipe_header, wipe_data) = self.finish(model, &mut out, old_d, new_d, data_size)?;
+        if let Some(digests) = out["digests"].as_object_mut() {
+            for (id, d) in digests.iter_mut() {
+                let mine = new_d.is_some_and(|n| n.to_string() == *id) && first.kind == "crypt";
+                d["segments"] = if mine {
+                    serde_json::json!(["0"])
+                } else {
+                    serde_json::json!([])
+                };
+            }
+        }
+        Ok(AfterRecovery {
+            json: out,
+            wipe_header,
+            wipe_data,
+        })
+    }
+
     /// The side a regular segment holds: by its key where the two keys differ, else by
     /// which layout its cipher and sector size match; plaintext is old when encrypting
     /// and new when decrypting.
@@ -571,8 +627,8 @@ impl Reencryption<'_> {
         let joinable = |a: &Segment, b: &Segment| {
             let Some(alen) = a.size else { return false };
             matches(a, b)
-                && a.offset + alen == b.offset
-                && (a.kind != "crypt" || b.iv_tweak == a.iv_tweak + alen / 512)
+                && a.offset.checked_add(alen) == Some(b.offset)
+                && (a.kind != "crypt" || a.iv_tweak.checked_add(alen / 512) == Some(b.iv_tweak))
         };
         let mut merged_index = hot_index;
         if hot_index + 1 < regular.len()
@@ -612,7 +668,7 @@ impl Reencryption<'_> {
         old_d: Option<u32>,
         new_d: Option<u32>,
         data_size: u64,
-    ) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), Luks2Error> {
+    ) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), crate::Error> {
         let reenc_digest = model
             .digests
             .iter()
@@ -620,19 +676,16 @@ impl Reencryption<'_> {
             .map(|(id, _)| *id);
         let mut wipe_header = Vec::new();
         let mut wipe_data = Vec::new();
-        let keyslots = out["keyslots"]
-            .as_object_mut()
-            .ok_or_else(|| bad("keyslots missing"))?;
         let mut drop_slots = vec![self.keyslot_id];
         if old_d != new_d
-            && let Some(d) = old_d
+            && let Some(d) = old_d.and_then(|d| model.digests.get(&d))
         {
-            drop_slots.extend(model.digests[&d].keyslots.iter().copied());
+            drop_slots.extend(d.keyslots.iter().copied());
         }
         for id in drop_slots {
-            if keyslots.remove(&id.to_string()).is_some()
-                && let Some(k) = model.keyslots.get(&id)
-            {
+            // Out of the keyslots, the digests and the tokens that name it.
+            super::remove_keyslot_json(out, id)?;
+            if let Some(k) = model.keyslots.get(&id) {
                 wipe_header.push((k.area_offset, k.area_size));
             }
         }
@@ -688,7 +741,7 @@ impl Reencryption<'_> {
         model: &Model,
         json: &serde_json::Value,
         data_size: u64,
-    ) -> Result<AfterRecovery, Luks2Error> {
+    ) -> Result<AfterRecovery, crate::Error> {
         use serde_json::{Map, Value, json};
         let seg_json = |id: u32| -> Result<Map<String, Value>, Luks2Error> {
             json["segments"][id.to_string()]

@@ -222,8 +222,26 @@ impl Luks2Header {
         if regular != 1 {
             return Err(Luks2Error::Unsupported(format!("{regular} data segments")).into());
         }
-        let (old_digest, _) = self.segment_digest()?;
-        let (_, old_key) = self.open_digest(dev, old_digest, passphrase, slot)?;
+        if old_seg.size.is_some() {
+            return Err(Luks2Error::Unsupported(
+                "a data segment of fixed size (cryptblk reencrypts volumes that run to the \
+                 end of the device)"
+                    .into(),
+            )
+            .into());
+        }
+        let (old_digest, digest) = self.segment_digest()?;
+        // The new key gets a keyslot under this passphrase only; the other keyslots of the
+        // old key go when the job finishes. As in cryptsetup, that needs them named.
+        let slots = digest.keyslots.len();
+        if slot.is_none() && slots > 1 {
+            return Err(Luks2Error::Unsupported(format!(
+                "{slots} keyslots hold the volume key: name the one to keep with --key-slot \
+                 (the others are removed when the reencryption finishes)"
+            ))
+            .into());
+        }
+        let (old_slot, old_key) = self.open_digest(dev, old_digest, passphrase, slot)?;
         let cipher = req.cipher.unwrap_or(self.cipher);
         let key_len = req.key_len.unwrap_or(old_key.len());
         let sector_size = req.sector_size.unwrap_or(old_seg.sector_size);
@@ -239,6 +257,16 @@ impl Luks2Header {
             self.new_keyslot_material(dev, &new_key, &cipher, passphrase, &req.kdf)?;
         let mut json = self.json.clone();
         section_mut(&mut json, "keyslots")?.insert(new_slot.to_string(), ks_json);
+        // Tokens that unlock the old keyslot unlock the new one too (cryptsetup's
+        // assign_tokens), so they still work once the old one is gone.
+        for t in section_mut(&mut json, "tokens")?.values_mut() {
+            if let Some(a) = t.get_mut("keyslots").and_then(Value::as_array_mut)
+                && a.iter()
+                    .any(|k| k.as_str() == Some(old_slot.to_string().as_str()))
+            {
+                a.push(json!(new_slot.to_string()));
+            }
+        }
         let with_slot = Model::from_json(&json, self.hdr_size)?;
         let reenc_slot = lowest_free(&with_slot.keyslots)?;
         let (gap_off, gap_len) = largest_gap(&with_slot, self.hdr_size)
@@ -341,13 +369,41 @@ impl Luks2Header {
         if !self.in_reencryption() {
             return Ok(ReencryptOutcome::Finished);
         }
+        // Every byte already converted (cryptsetup stopped after its last step's commit and
+        // before its finishing ones): finish, never start over.
+        {
+            let model = self.model.clone();
+            let r = model
+                .reencryption()?
+                .ok_or_else(|| bad("no reencryption"))?;
+            if r.all_done(&model) {
+                let after = r.finished(&model, &self.json, data_size)?;
+                self.commit(dev, after.json)?;
+                for (o, l) in after.wipe_header {
+                    keyslot::wipe_area(dev, o, l)?;
+                }
+                dev.sync()?;
+                return Ok(ReencryptOutcome::Finished);
+            }
+        }
         let job = self.prepare_job(dev, data_size, passphrase, slot, hotzone)?;
         // With resilience `none` the layout advances in memory only and is committed when
         // the job stops or ends (cryptsetup's behaviour: no metadata write per step).
         let mut pending: Option<Value> = None;
         loop {
-            let json = pending.take().unwrap_or_else(|| self.json.clone());
-            let (after, done, total) = self.step(dev, data, &job, json)?;
+            let json = pending.clone().unwrap_or_else(|| self.json.clone());
+            let (after, done, total) = match self.step(dev, data, &job, json) {
+                Ok(x) => x,
+                Err(e) => {
+                    // Keep what earlier steps did: a resume must not convert it twice.
+                    if let Some(p) = pending {
+                        data.sync()?;
+                        self.commit(dev, p)?;
+                    }
+                    return Err(e);
+                }
+            };
+            pending = None;
             progress(done, total);
             let finished = Model::from_json(&after.json, self.hdr_size)?
                 .reencryption()?
@@ -417,7 +473,23 @@ impl Luks2Header {
         let total = data_size
             .checked_sub(d_new)
             .ok_or_else(|| bad("data device smaller than the data offset"))?;
-        let align = r.previous.1.sector_size.max(r.final_.1.sector_size) as u64;
+        if model
+            .segments
+            .values()
+            .rfind(|s| !s.is_backup())
+            .is_some_and(|s| s.size.is_some())
+        {
+            return Err(Luks2Error::Unsupported(
+                "a fixed-length reencryption (cryptsetup --device-size); cryptsetup can \
+                 resume it"
+                    .into(),
+            )
+            .into());
+        }
+        let mut align = r.previous.1.sector_size.max(r.final_.1.sector_size) as u64;
+        if let Resilience::Checksum { sector_size, .. } = &r.params.resilience {
+            align = align.max(*sector_size as u64);
+        }
         if !total.is_multiple_of(align) {
             return Err(Luks2Error::Unsupported(format!(
                 "data size {total} is not a multiple of the {align}-byte sector size"
@@ -455,7 +527,12 @@ impl Luks2Header {
             [first, _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
             _ => return Err(bad("unexpected segments mid-reencryption")),
         };
-        let len = job.step_len.min(job.total - off);
+        let len = job.step_len.min(
+            job.total
+                .checked_sub(off)
+                .filter(|&l| l > 0)
+                .ok_or_else(|| bad("the data ends before the reencryption's progress"))?,
+        );
         let hot_json = hot_layout(&r, &json, off, len, job.total)?;
         let hot_model = Model::from_json(&hot_json, self.hdr_size)?;
         let hot_r = hot_model
