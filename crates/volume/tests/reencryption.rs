@@ -455,3 +455,43 @@ fn decryption_exporting_the_header_cut_off_is_recovered_in_both_steps() {
         );
     }
 }
+
+#[test]
+fn encryption_moving_the_first_segment_cut_off_in_its_last_step_leaves_no_plaintext() {
+    let lab = Lab::new();
+    let data = lab.path("m.img");
+    let plain = pattern(32 * MIB as usize, 13);
+    let mut file = plain.clone();
+    file.resize(64 * MIB as usize, 0);
+    std::fs::write(&data, &file).unwrap();
+    let d = data.to_str().unwrap();
+    let args = [
+        "--encrypt",
+        "--type",
+        "luks2",
+        "--reduce-device-size",
+        "32M",
+        d,
+    ];
+    // The second data sync is the last step's: the moved first 16 MiB into place.
+    lab.reencrypt(&args, Some(("SIGKILL", 2)));
+    assert!(hot_segment(&data));
+    let raw = std::fs::read(&data).unwrap();
+    let moved = &raw[48 * MIB as usize..64 * MIB as usize];
+    assert!(
+        moved == &plain[..16 * MIB as usize],
+        "the moved copy is plaintext"
+    );
+    // Recovery finishes the job: the data reads back, and the moved plaintext is gone.
+    assert!(read_all(&data, None, false)[..plain.len()] == plain[..]);
+    assert!(!in_reencryption(&data));
+    let raw = std::fs::read(&data).unwrap();
+    let moved = &raw[48 * MIB as usize..64 * MIB as usize];
+    let left = moved
+        .chunks(4096)
+        .zip(plain.chunks(4096))
+        .filter(|(a, b)| a == b)
+        .count();
+    assert_eq!(left, 0, "blocks of the moved plaintext left on the device");
+    test_passphrase(&lab, &data, None);
+}

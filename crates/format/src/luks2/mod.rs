@@ -498,6 +498,32 @@ impl Luks2Header {
         }
     }
 
+    /// Finishes a reencryption whose data is all done: overwrites the stale copies it
+    /// left (synced), then one commit drops the old key, the backups and the reencryption
+    /// metadata; the freed keyslot areas are wiped after.
+    pub(crate) fn finish_reencryption(
+        &mut self,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        data_size: u64,
+    ) -> Result<()> {
+        let model = self.model.clone();
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption to finish"))?;
+        for (off, len) in r.stale_copies(data_size) {
+            reencrypt::wipe_random(data, off, len)?;
+        }
+        data.sync()?;
+        let fin = r.finished(&model, &self.json)?;
+        self.commit(dev, fin.json)?;
+        for (off, len) in fin.wipe_header {
+            keyslot::wipe_area(dev, off, len)?;
+        }
+        dev.sync()?;
+        Ok(())
+    }
+
     /// Mid-reencryption: opens the old and the new key (each where that side is encrypted)
     /// with one passphrase and checks the verification digest over both keys and the
     /// reencryption metadata. Returns the keyslot that opened the new key (else the old),
@@ -1090,10 +1116,9 @@ impl LuksHeader for Luks2Header {
             keyslot::wipe_area(dev, off, len)?;
         }
         dev.sync()?;
-        for (off, len) in after.wipe_data {
-            reencrypt::wipe_random(data, off, len)?;
+        if after.finish_after_wipe {
+            self.finish_reencryption(dev, data, data_size)?;
         }
-        data.sync()?;
         Ok(true)
     }
     /// Every passphrase keyslot goes in one commit, their areas wiped after; allowed in

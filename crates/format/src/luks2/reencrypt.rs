@@ -296,9 +296,10 @@ pub(crate) struct AfterRecovery {
     pub json: serde_json::Value,
     /// Keyslot areas no longer referenced (header device).
     pub wipe_header: Vec<(u64, u64)>,
-    /// Stale copies of data on the data device (the moved plaintext of an encryption, the
-    /// tail a forward data shift leaves behind): overwritten with random bytes.
-    pub wipe_data: Vec<(u64, u64)>,
+    /// The job's data is all done but it left stale copies ([`Reencryption::stale_copies`]):
+    /// after this commit they are overwritten, then a second commit finishes the job
+    /// ([`Reencryption::finished`]), so a crash never leaves a copy nothing records.
+    pub finish_after_wipe: bool,
 }
 
 /// Bytes of the hot zone processed at once (bounded memory whatever the hot-zone size).
@@ -524,12 +525,12 @@ impl Reencryption<'_> {
     }
 
     /// The metadata that finishes a job whose data is all done ([`Self::all_done`]): one
-    /// final segment, the old key, the backups and the reencryption metadata gone.
+    /// final segment, the old key, the backups and the reencryption metadata gone. The
+    /// stale copies ([`Self::stale_copies`]) must be wiped before it is committed.
     pub fn finished(
         &self,
         model: &Model,
         json: &serde_json::Value,
-        data_size: u64,
     ) -> Result<AfterRecovery, crate::Error> {
         let mut out = json.clone();
         let (first_id, first) = model
@@ -545,7 +546,7 @@ impl Reencryption<'_> {
         out["segments"] = serde_json::json!({ "0": j });
         let digest_id = |s: u32| model.segment_digest(s).map(|(d, _)| d);
         let (old_d, new_d) = (digest_id(self.previous.0), digest_id(self.final_.0));
-        let (wipe_header, wipe_data) = self.finish(model, &mut out, old_d, new_d, data_size)?;
+        let wipe_header = self.finish(model, &mut out, old_d, new_d)?;
         if let Some(digests) = out["digests"].as_object_mut() {
             for (id, d) in digests.iter_mut() {
                 let mine = new_d.is_some_and(|n| n.to_string() == *id) && first.kind == "crypt";
@@ -559,7 +560,7 @@ impl Reencryption<'_> {
         Ok(AfterRecovery {
             json: out,
             wipe_header,
-            wipe_data,
+            finish_after_wipe: false,
         })
     }
 
@@ -667,15 +668,13 @@ impl Reencryption<'_> {
         out: &mut serde_json::Value,
         old_d: Option<u32>,
         new_d: Option<u32>,
-        data_size: u64,
-    ) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), crate::Error> {
+    ) -> Result<Vec<(u64, u64)>, crate::Error> {
         let reenc_digest = model
             .digests
             .iter()
             .find(|(_, d)| d.keyslots.contains(&self.keyslot_id))
             .map(|(id, _)| *id);
         let mut wipe_header = Vec::new();
-        let mut wipe_data = Vec::new();
         let mut drop_slots = vec![self.keyslot_id];
         if old_d != new_d
             && let Some(d) = old_d.and_then(|d| model.digests.get(&d))
@@ -718,17 +717,23 @@ impl Reencryption<'_> {
                 config.remove("requirements");
             }
         }
-        // The stale copies the finished operation leaves behind.
+        Ok(wipe_header)
+    }
+
+    /// The stale copies of data a finished job leaves on the data device: the moved
+    /// plaintext of an encryption, the tail a forward data shift leaves behind.
+    pub fn stale_copies(&self, data_size: u64) -> Vec<(u64, u64)> {
+        let mut v = Vec::new();
         if let Some((_, m)) = self.moved
             && self.params.mode == ReencryptMode::Encrypt
         {
-            wipe_data.push((m.offset, m.size.unwrap_or(0)));
+            v.push((m.offset, m.size.unwrap_or(0)));
         }
         let shift = self.params.resilience.shift_size();
         if shift > 0 && self.params.direction == ReencryptDirection::Forward {
-            wipe_data.push((data_size.saturating_sub(shift), shift));
+            v.push((data_size.saturating_sub(shift), shift));
         }
-        Ok((wipe_header, wipe_data))
+        v
     }
 
     /// The metadata once the interrupted step is rewritten: the hot segment joins the
@@ -750,7 +755,11 @@ impl Reencryption<'_> {
                 .ok_or_else(|| bad(format!("segment {id} missing")))
         };
         let (mut regular, merged_index) = self.post_segments(model, json)?;
-        let finished = regular.iter().all(|r| r.2 == Side::New);
+        let all_new = regular.iter().all(|r| r.2 == Side::New);
+        // Finished in this commit, unless stale copies must be wiped first (in between,
+        // the metadata still records them).
+        let finish_after_wipe = all_new && !self.stale_copies(data_size).is_empty();
+        let finished = all_new && !finish_after_wipe;
         let last = merged_index + 1 == regular.len();
         // A finished volume, and a decryption's plaintext that runs to the end, are sized
         // "dynamic" as cryptsetup leaves them; otherwise the sizes stay as they were.
@@ -770,7 +779,7 @@ impl Reencryption<'_> {
         }
         let digest_id = |seg: u32| model.segment_digest(seg).map(|(d, _)| d);
         let (old_d, new_d) = (digest_id(self.previous.0), digest_id(self.final_.0));
-        let (mut wipe_header, mut wipe_data) = (Vec::new(), Vec::new());
+        let mut wipe_header = Vec::new();
         // Digest id -> segment ids it covers, rebuilt from scratch.
         let mut assign: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
         for (i, (_, s, side)) in regular.iter().enumerate() {
@@ -784,7 +793,7 @@ impl Reencryption<'_> {
             }
         }
         if finished {
-            (wipe_header, wipe_data) = self.finish(model, &mut out, old_d, new_d, data_size)?;
+            wipe_header = self.finish(model, &mut out, old_d, new_d)?;
         } else {
             for (flag_seg, d) in [
                 (Some(self.previous), old_d),
@@ -816,7 +825,7 @@ impl Reencryption<'_> {
         Ok(AfterRecovery {
             json: out,
             wipe_header,
-            wipe_data,
+            finish_after_wipe,
         })
     }
 }

@@ -371,20 +371,16 @@ impl Luks2Header {
         }
         // Every byte already converted (cryptsetup stopped after its last step's commit and
         // before its finishing ones): finish, never start over.
-        {
+        let all_done = {
             let model = self.model.clone();
             let r = model
                 .reencryption()?
                 .ok_or_else(|| bad("no reencryption"))?;
-            if r.all_done(&model) {
-                let after = r.finished(&model, &self.json, data_size)?;
-                self.commit(dev, after.json)?;
-                for (o, l) in after.wipe_header {
-                    keyslot::wipe_area(dev, o, l)?;
-                }
-                dev.sync()?;
-                return Ok(ReencryptOutcome::Finished);
-            }
+            r.all_done(&model)
+        };
+        if all_done {
+            self.finish_reencryption(dev, data, data_size)?;
+            return Ok(ReencryptOutcome::Finished);
         }
         let job = self.prepare_job(dev, data_size, passphrase, slot, hotzone)?;
         // With resilience `none` the layout advances in memory only and is committed when
@@ -405,9 +401,10 @@ impl Luks2Header {
             };
             pending = None;
             progress(done, total);
-            let finished = Model::from_json(&after.json, self.hdr_size)?
-                .reencryption()?
-                .is_none();
+            let finished = after.finish_after_wipe
+                || Model::from_json(&after.json, self.hdr_size)?
+                    .reencryption()?
+                    .is_none();
             if job.none && !finished && !stop() {
                 pending = Some(after.json);
                 continue;
@@ -420,6 +417,10 @@ impl Luks2Header {
                 keyslot::wipe_area(dev, o, l)?;
             }
             dev.sync()?;
+            if after.finish_after_wipe {
+                self.finish_reencryption(dev, data, job.data_size)?;
+                return Ok(ReencryptOutcome::Finished);
+            }
             if finished {
                 return Ok(ReencryptOutcome::Finished);
             }
