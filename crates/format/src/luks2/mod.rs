@@ -501,20 +501,25 @@ impl Luks2Header {
     /// Finishes a reencryption whose data is all done: overwrites the stale copies it
     /// left (synced), then one commit drops the old key, the backups and the reencryption
     /// metadata; the freed keyslot areas are wiped after.
+    /// `wipe_stale`: only where the verification digest was checked (the offsets come
+    /// from the metadata).
     pub(crate) fn finish_reencryption(
         &mut self,
         dev: &mut dyn Storage,
         data: &dyn Storage,
         data_size: u64,
+        wipe_stale: bool,
     ) -> Result<()> {
         let model = self.model.clone();
         let r = model
             .reencryption()?
             .ok_or_else(|| bad("no reencryption to finish"))?;
-        for (off, len) in r.stale_copies(data_size) {
-            reencrypt::wipe_random(data, off, len)?;
+        if wipe_stale {
+            for (off, len) in r.stale_copies(data_size) {
+                reencrypt::wipe_random(data, off, len)?;
+            }
+            data.sync()?;
         }
-        data.sync()?;
         let fin = r.finished(&model, &self.json)?;
         self.commit(dev, fin.json)?;
         for (off, len) in fin.wipe_header {
@@ -1117,7 +1122,7 @@ impl LuksHeader for Luks2Header {
         }
         dev.sync()?;
         if after.finish_after_wipe {
-            self.finish_reencryption(dev, data, data_size)?;
+            self.finish_reencryption(dev, data, data_size, true)?;
         }
         Ok(true)
     }

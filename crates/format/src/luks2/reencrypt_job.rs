@@ -371,15 +371,29 @@ impl Luks2Header {
         }
         // Every byte already converted (cryptsetup stopped after its last step's commit and
         // before its finishing ones): finish, never start over.
-        let all_done = {
-            let model = self.model.clone();
-            let r = model
-                .reencryption()?
-                .ok_or_else(|| bad("no reencryption"))?;
-            r.all_done(&model)
-        };
-        if all_done {
-            self.finish_reencryption(dev, data, data_size)?;
+        let model = self.model.clone();
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        if r.all_done(&model) {
+            // Both keys and the verification digest, where the old key still opens: then
+            // the stale copies the metadata names are overwritten too. cryptsetup may have
+            // wiped the old keyslots' material before it was stopped (it then can resume
+            // nothing); the new key alone, which every byte is under, still lets the
+            // metadata be finished, the metadata-named copies left alone.
+            let verified = match self.open_reencryption_keys(&r, dev, passphrase, slot) {
+                Ok(_) => true,
+                Err(Error::WrongPassphrase) => {
+                    let new = model
+                        .segment_digest(r.final_.0)
+                        .map(|(d, _)| d)
+                        .ok_or(Error::WrongPassphrase)?;
+                    self.open_digest(dev, new, passphrase, None)?;
+                    false
+                }
+                Err(e) => return Err(e),
+            };
+            self.finish_reencryption(dev, data, data_size, verified)?;
             return Ok(ReencryptOutcome::Finished);
         }
         let job = self.prepare_job(dev, data_size, passphrase, slot, hotzone)?;
@@ -418,7 +432,7 @@ impl Luks2Header {
             }
             dev.sync()?;
             if after.finish_after_wipe {
-                self.finish_reencryption(dev, data, job.data_size)?;
+                self.finish_reencryption(dev, data, job.data_size, true)?;
                 return Ok(ReencryptOutcome::Finished);
             }
             if finished {
