@@ -168,3 +168,31 @@ fn erase_wipes_every_keyslot_on_both_versions() {
         assert!(!o.status.success(), "{kind}");
     }
 }
+
+#[test]
+fn open_test_passphrase_checks_without_serving() {
+    let lab = Lab::new();
+    let img = lab.image("o.img", "luks2");
+    let pw = lab.p("pw");
+    let o = lab.cb(&[
+        "open",
+        "--test-passphrase",
+        "--type",
+        "luks2",
+        &img,
+        "--key-file",
+        &pw,
+    ]);
+    ok(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Key slot 0 unlocked"));
+    let bad = lab.p("bad");
+    std::fs::write(&bad, b"wrong").unwrap();
+    let o = lab.cb(&["luksOpen", "--test-passphrase", &img, "--key-file", &bad]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "cryptsetup's exit code for a wrong passphrase"
+    );
+    let o = lab.cb(&["open", &img, "--key-file", &pw]);
+    assert!(!o.status.success(), "serving still needs a name");
+}

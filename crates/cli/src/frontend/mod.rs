@@ -29,7 +29,11 @@ pub struct OpenArgs {
     /// Image file, block device, or `mem:SIZE` (RAM, e.g. mem:1G; plain mode, for benchmarks).
     pub device: PathBuf,
     /// Name of the mapping (used by close/status).
+    #[arg(required_unless_present = "test_passphrase", default_value = "")]
     pub name: String,
+    /// Only check the passphrase (cryptsetup's `open --test-passphrase`): nothing is served.
+    #[arg(long = "test-passphrase")]
+    pub test_passphrase: bool,
     /// Serve over NBD: `unix:PATH` or `tcp:127.0.0.1:PORT`.
     #[arg(long, conflicts_with = "fuse")]
     pub nbd: Option<String>,
@@ -139,6 +143,15 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
     // flag, so the `--daemon` child, which runs this function too, sets it again itself.
     crate::process::set_not_dumpable();
+    if a.test_passphrase {
+        let t = crate::commands::TestArgs {
+            device: a.device,
+            header: a.vol.header,
+            key: a.vol.key,
+            key_slot: a.vol.key_slot,
+        };
+        return crate::commands::test_passphrase(ctx, t);
+    }
     rundir::check_name(&a.name)?;
     if a.daemon_child && a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
         // Our parent skipped --keyfile-offset of its stdin already (see spawn_daemon).
