@@ -28,21 +28,41 @@ pub fn area_size_for(key_len: usize) -> u64 {
 /// First gap (lowest offset) in the keyslots area that holds `len` bytes, as cryptsetup
 /// searches it: start after the two header copies, skip past each used area in order.
 pub fn find_area_gap(model: &Model, hdr_size: u64, len: u64) -> Option<u64> {
-    let mut used: Vec<(u64, u64)> = model
-        .keyslots
-        .values()
-        .map(|k| (k.area_offset, k.area_size))
-        .collect();
-    used.sort();
     let end = 2 * hdr_size + model.keyslots_size;
     let mut off = 2 * hdr_size;
-    for (a_off, a_len) in used {
+    for (a_off, a_len) in used_areas(model) {
         if off < a_off && off + len <= a_off {
             break;
         }
         off = off.max(a_off + a_len);
     }
     (off + len <= end).then_some(off)
+}
+
+/// The keyslots' areas, `(offset, size)` in offset order.
+fn used_areas(model: &Model) -> Vec<(u64, u64)> {
+    let mut used: Vec<(u64, u64)> = model
+        .keyslots
+        .values()
+        .map(|k| (k.area_offset, k.area_size))
+        .collect();
+    used.sort();
+    used
+}
+
+/// The largest free stretch of the keyslots area, `(offset, size)` (where cryptsetup puts
+/// the reencrypt keyslot's checksums or journal).
+pub fn largest_area_gap(model: &Model, hdr_size: u64) -> Option<(u64, u64)> {
+    let end = 2 * hdr_size + model.keyslots_size;
+    let mut best: Option<(u64, u64)> = None;
+    let mut off = 2 * hdr_size;
+    for (a_off, a_len) in used_areas(model).into_iter().chain([(end, 0)]) {
+        if a_off > off && best.is_none_or(|b| a_off - off > b.1) {
+            best = Some((off, a_off - off));
+        }
+        off = off.max(a_off + a_len);
+    }
+    best
 }
 
 /// The cipher that encrypts the keyslot area, on 512-byte sectors numbered from the area start.

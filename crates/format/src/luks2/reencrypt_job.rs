@@ -66,27 +66,6 @@ fn lowest_free<V>(m: &std::collections::BTreeMap<u32, V>) -> Result<u32> {
         .ok_or(Error::NoFreeKeyslot)
 }
 
-/// The largest free stretch of the keyslots area (where cryptsetup puts the reencrypt
-/// keyslot's checksums or journal).
-fn largest_gap(model: &Model, hdr_size: u64) -> Option<(u64, u64)> {
-    let mut used: Vec<(u64, u64)> = model
-        .keyslots
-        .values()
-        .map(|k| (k.area_offset, k.area_size))
-        .collect();
-    used.sort();
-    let end = 2 * hdr_size + model.keyslots_size;
-    let mut best: Option<(u64, u64)> = None;
-    let mut off = 2 * hdr_size;
-    for (a_off, a_len) in used.into_iter().chain([(end, 0)]) {
-        if a_off > off && best.is_none_or(|b| a_off - off > b.1) {
-            best = Some((off, a_off - off));
-        }
-        off = off.max(a_off + a_len);
-    }
-    best
-}
-
 fn cipher_of(seg: &Segment, key: &[u8]) -> Result<SectorCipher> {
     let spec = CipherSpec::parse(&seg.encryption)
         .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
@@ -269,7 +248,7 @@ impl Luks2Header {
         }
         let with_slot = Model::from_json(&json, self.hdr_size)?;
         let reenc_slot = lowest_free(&with_slot.keyslots)?;
-        let (gap_off, gap_len) = largest_gap(&with_slot, self.hdr_size)
+        let (gap_off, gap_len) = keyslot::largest_area_gap(&with_slot, self.hdr_size)
             .filter(|g| g.1 >= 4096)
             .ok_or(Luks2Error::NoKeyslotSpace)?;
         let gap_len = gap_len / 4096 * 4096;
