@@ -4,15 +4,16 @@
 # tmpfs, fully allocated, reencrypted to a new key by `cryptsetup reencrypt
 # --force-offline-reencrypt` and by `cryptblk reencrypt`, alternating, ROUNDS times per
 # mode; prints each time and the median seconds and ratio per mode.
-# usage: [ROUNDS=3] [SIZE=4G] [DIR=/dev/shm/cryptblk-reenc] scripts/bench-reencrypt.sh [modes...]
+# usage: [ROUNDS=3] [SIZE=4G] [DIR=private dir in /dev/shm] scripts/bench-reencrypt.sh [modes...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3}; SIZE=${SIZE:-4G}; DIR=${DIR:-/dev/shm/cryptblk-reenc}
+# A fresh private (0700) directory unless DIR names one: no path another user could plant.
+ROUNDS=${ROUNDS:-3}; SIZE=${SIZE:-4G}; DIR=${DIR:-$(mktemp -d /dev/shm/cryptblk-reenc.XXXXXX)}
 MODES=${*:-checksum journal none}
 B=$PWD/target/release/cryptblk
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
-mkdir -p "$DIR"; trap 'rm -rf "$DIR"' EXIT
-printf 'reencrypt me' > "$DIR/pw"
+mkdir -p -m 0700 "$DIR"; trap 'rm -rf "$DIR"' EXIT
+(umask 077; printf 'reencrypt me' > "$DIR/pw")
 KDF=(--pbkdf pbkdf2 --pbkdf-force-iterations 1000)
 base=$DIR/base.img; img=$DIR/img
 rm -f "$base"; fallocate -l "$SIZE" "$base"
