@@ -1,6 +1,8 @@
-//! `cryptblk reencrypt`: cryptsetup's LUKS2 reencryption, offline, on an image file or a
-//! block device nobody holds open. Metadata and resilience data are cryptsetup's, so
-//! either tool resumes (or recovers) what the other started.
+//! `cryptblk reencrypt`: cryptsetup's LUKS2 reencryption. Offline on an image file or a
+//! block device nobody holds open; online when the volume is served by cryptblk (the job
+//! is handed to the serving process over its control socket, and clients go on reading
+//! and writing). Metadata and resilience data are cryptsetup's, so either tool resumes
+//! (or recovers) what the other started.
 
 use crate::commands::{Ctx, open_header};
 use crate::error::{CliError, CliResult, EXIT_PERMISSION, io_err};
@@ -64,6 +66,125 @@ pub struct ReencryptArgs {
     /// Move the data to make room for a header (not supported by cryptblk yet).
     #[arg(long = "reduce-device-size")]
     pub reduce_device_size: Option<String>,
+    /// The served volume to reencrypt online (default: the one serving DEVICE, if any).
+    #[arg(long = "active-name")]
+    pub active_name: Option<String>,
+    /// Run directory of the served volume (as given to `open`).
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+}
+
+/// A reencrypt command's request, checked: what the offline run and a serving process's
+/// online run both start from.
+pub(crate) struct Job {
+    pub req: ReencryptRequest,
+    pub hotzone: Option<u64>,
+    pub slot: Option<u32>,
+    pub init_only: bool,
+    pub resume_only: bool,
+}
+
+impl Job {
+    pub(crate) fn of(a: &ReencryptArgs) -> CliResult<Job> {
+        if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+            return Err(CliError::usage(
+                "cryptblk reencrypt changes the key of an encrypted LUKS2 volume; --encrypt, \
+                 --decrypt and --reduce-device-size are not supported yet (cryptsetup's jobs of \
+                 those kinds open in cryptblk, and cryptblk recovers their interrupted steps)",
+            ));
+        }
+        if a.init_only && a.resume_only {
+            return Err(CliError::usage(
+                "--init-only and --resume-only exclude each other",
+            ));
+        }
+        Ok(Job {
+            req: request(a)?,
+            hotzone: a.hotzone_size.as_deref().map(parse_bytes).transpose()?,
+            slot: a.key_slot,
+            init_only: a.init_only,
+            resume_only: a.resume_only,
+        })
+    }
+
+    /// Writes the reencryption metadata unless a job is in progress, as --init-only and
+    /// --resume-only say. Returns whether steps are to run.
+    pub(crate) fn init(
+        &self,
+        hdr: &mut Luks2Header,
+        hdev: &mut dyn cryptblk_format::Storage,
+        data_size: u64,
+        pass: &[u8],
+        verbose: bool,
+    ) -> CliResult<bool> {
+        let started = hdr.in_reencryption();
+        if self.resume_only && !started {
+            return Err(CliError::usage("Device reencryption not in progress."));
+        }
+        if started && self.init_only {
+            return Err(CliError::usage(
+                "a reencryption is already in progress (resume it with --resume-only)",
+            ));
+        }
+        if !started {
+            let slot = hdr
+                .reencrypt_init(hdev, data_size, pass, self.slot, &self.req)
+                .map_err(wrong_passphrase)?;
+            if verbose {
+                eprintln!("New volume key in key slot {slot}.");
+            }
+        }
+        Ok(!self.init_only)
+    }
+}
+
+/// The options a served volume needs to run the job, as sent over its control socket
+/// (with the passphrase, hex, added by the caller).
+pub(crate) fn to_wire(a: &ReencryptArgs) -> serde_json::Value {
+    serde_json::json!({
+        "key_slot": a.key_slot, "cipher": a.cipher, "key_size": a.key_size,
+        "sector_size": a.sector_size, "resilience": a.resilience,
+        "resilience_hash": a.resilience_hash, "hotzone_size": a.hotzone_size,
+        "init_only": a.init_only, "resume_only": a.resume_only,
+        "pbkdf": a.kdf.pbkdf, "iter_time": a.kdf.iter_time,
+        "pbkdf_force_iterations": a.kdf.pbkdf_force_iterations,
+        "pbkdf_memory": a.kdf.pbkdf_memory, "pbkdf_parallel": a.kdf.pbkdf_parallel,
+        "hash": a.kdf.hash,
+    })
+}
+
+/// [`to_wire`] read back by the serving process (for its own device).
+pub(crate) fn from_wire(v: &serde_json::Value, device: &std::path::Path) -> ReencryptArgs {
+    let s = |k: &str| v[k].as_str().map(String::from);
+    let n = |k: &str| v[k].as_u64().and_then(|x| u32::try_from(x).ok());
+    ReencryptArgs {
+        device: device.to_path_buf(),
+        key: KeyArgs::default(),
+        header: HeaderArgs::default(),
+        kdf: KdfArgs {
+            pbkdf: s("pbkdf"),
+            iter_time: n("iter_time"),
+            pbkdf_force_iterations: n("pbkdf_force_iterations"),
+            pbkdf_memory: n("pbkdf_memory"),
+            pbkdf_parallel: n("pbkdf_parallel"),
+            hash: s("hash"),
+        },
+        key_slot: n("key_slot"),
+        cipher: s("cipher"),
+        key_size: v["key_size"].as_u64().map(|x| x as usize),
+        sector_size: n("sector_size"),
+        resilience: s("resilience").unwrap_or_else(|| "checksum".into()),
+        resilience_hash: s("resilience_hash").unwrap_or_else(|| "sha256".into()),
+        hotzone_size: s("hotzone_size"),
+        init_only: v["init_only"].as_bool().unwrap_or(false),
+        resume_only: v["resume_only"].as_bool().unwrap_or(false),
+        force_offline: false,
+        encrypt: false,
+        decrypt: false,
+        reduce_device_size: None,
+        active_name: None,
+        run_dir: None,
+    }
 }
 
 fn parse_bytes(s: &str) -> CliResult<u64> {
@@ -106,7 +227,7 @@ fn request(a: &ReencryptArgs) -> CliResult<ReencryptRequest> {
     })
 }
 
-fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
+pub(crate) fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
     match e {
         cryptblk_format::Error::WrongPassphrase => {
             CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
@@ -116,7 +237,7 @@ fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
 }
 
 /// cryptsetup's progress line: percent, ETA, bytes written, speed.
-fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
+pub(crate) fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
     let secs = start.elapsed().as_secs_f64().max(1e-3);
     let rate = (done - first) as f64 / secs;
     let eta = if rate > 0.0 {
@@ -135,61 +256,44 @@ fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
 }
 
 pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
-    if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
-        return Err(CliError::usage(
-            "cryptblk reencrypt changes the key of an encrypted LUKS2 volume; --encrypt, \
-             --decrypt and --reduce-device-size are not supported yet (cryptsetup's jobs of \
-             those kinds open in cryptblk, and cryptblk recovers their interrupted steps)",
-        ));
+    let job = Job::of(&a)?;
+    if let Some(name) = &a.active_name {
+        return crate::online::reencrypt_served(ctx, &a, &job, name);
     }
-    if a.init_only && a.resume_only {
-        return Err(CliError::usage(
-            "--init-only and --resume-only exclude each other",
-        ));
-    }
-    let hotzone = a.hotzone_size.as_deref().map(parse_bytes).transpose()?;
-    let req = request(&a)?;
-    // The data device is locked exclusively: a volume being served cannot be reencrypted
-    // behind the server's back.
-    let data = cryptblk_volume::open_data_file(&a.device, false)
-        .map_err(|e| CliError::new(crate::error::EXIT_BUSY, e.to_string()))?;
+    // The data device is locked exclusively: a volume being served is reencrypted by the
+    // process serving it, never behind its back.
+    let data = match cryptblk_volume::open_data_file(&a.device, false) {
+        Ok(f) => f,
+        Err(cryptblk_volume::Error::Busy(what)) => {
+            return match crate::online::served_name(&a.device, &a.run_dir)? {
+                Some(name) => crate::online::reencrypt_served(ctx, &a, &job, &name),
+                None => Err(CliError::new(
+                    crate::error::EXIT_BUSY,
+                    format!(
+                        "{what} is in use by another process (no volume this user serves with \
+                         cryptblk; with --active-name NAME it is reencrypted online)"
+                    ),
+                )),
+            };
+        }
+        Err(e) => return Err(CliError::new(crate::error::EXIT_BUSY, e.to_string())),
+    };
     let mut hdev = match &a.header.header {
         Some(_) => open_header(&a.device, &a.header, true)?,
         None => data.try_clone().map_err(|e| io_err(&a.device, e))?,
     };
     let header_path = a.header.header.clone().unwrap_or_else(|| a.device.clone());
-    let mut hdr = match Luks2Header::read(&mut hdev) {
-        Ok(h) => h,
-        Err(cryptblk_format::Error::NotLuks) => {
-            return Err(CliError::usage(format!(
-                "Device {} is not a valid LUKS device.",
-                header_path.display()
-            )));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let started = hdr.in_reencryption();
-    if a.resume_only && !started {
+    let mut hdr = read_luks2(&mut hdev, &header_path)?;
+    if job.resume_only && !hdr.in_reencryption() {
         return Err(CliError::usage("Device reencryption not in progress."));
     }
     let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
     let storage = cryptblk_volume::FileStorage::new(data).map_err(|e| io_err(&a.device, e))?;
     let data_size = cryptblk_format::Storage::size(&storage).map_err(|e| io_err(&a.device, e))?;
-    if !started {
-        let slot = hdr
-            .reencrypt_init(&mut hdev, data_size, &pass, a.key_slot, &req)
-            .map_err(wrong_passphrase)?;
-        if ctx.verbose {
-            eprintln!("New volume key in key slot {slot}.");
-        }
-        if a.init_only {
-            return Ok(());
-        }
-    } else if a.init_only {
-        return Err(CliError::usage(
-            "a reencryption is already in progress (resume it with --resume-only)",
-        ));
+    if !job.init(&mut hdr, &mut hdev, data_size, &pass, ctx.verbose)? {
+        return Ok(());
     }
+    let hotzone = job.hotzone;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| io_err(&a.device, e))?;
@@ -202,7 +306,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
             &storage,
             data_size,
             &pass,
-            a.key_slot,
+            job.slot,
             hotzone,
             &|| stop.load(Ordering::Relaxed),
             &mut |done, total| {
@@ -216,6 +320,26 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     if !ctx.batch || ctx.verbose {
         eprintln!();
     }
+    finished(ctx, outcome, &hdr)
+}
+
+/// The header of `path` as LUKS2, or cryptsetup's message.
+pub(crate) fn read_luks2(
+    hdev: &mut std::fs::File,
+    path: &std::path::Path,
+) -> CliResult<Luks2Header> {
+    match Luks2Header::read(hdev) {
+        Ok(h) => Ok(h),
+        Err(cryptblk_format::Error::NotLuks) => Err(CliError::usage(format!(
+            "Device {} is not a valid LUKS device.",
+            path.display()
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How a run ended, as the command's result.
+pub(crate) fn finished(ctx: &Ctx, outcome: ReencryptOutcome, hdr: &Luks2Header) -> CliResult<()> {
     match outcome {
         ReencryptOutcome::Finished => {
             if ctx.verbose {

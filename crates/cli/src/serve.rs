@@ -30,7 +30,7 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-fn ask(dir: &Path, name: &str, cmd: &str) -> CliResult<String> {
+pub(crate) fn ask(dir: &Path, name: &str, cmd: &str) -> CliResult<String> {
     check_name(name)?;
     let p = dir.join(format!("{name}.ctl"));
     let mut s = UnixStream::connect(&p).map_err(|_| not_active(name))?;
@@ -121,6 +121,23 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
     if !v["clients"].is_null() {
         println!("  clients: {}", v["clients"]);
+    }
+    let r = &v["reencryption"];
+    if let (Some(state), Some(done), Some(total)) = (
+        r["state"].as_str(),
+        r["done_bytes"].as_u64(),
+        r["total_bytes"].as_u64(),
+    ) {
+        println!(
+            "  reencryption: {state}, {:.1}% of {} MiB ({} resilience, {:.1} MiB/s){}",
+            done as f64 * 100.0 / total.max(1) as f64,
+            total >> 20,
+            r["resilience"].as_str().unwrap_or("?"),
+            r["bytes_per_second"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64,
+            r["error"]
+                .as_str()
+                .map_or(String::new(), |e| format!(": {e}"))
+        );
     }
     println!(
         "  I/O:     {} reads ({} bytes), {} writes ({} bytes), {} flushes",

@@ -73,6 +73,9 @@ impl VolumeArgs {
 pub struct OpenedVolume {
     pub volume: Volume,
     pub info: VolumeInfo,
+    /// The LUKS header's file, for a reencryption while the volume serves (none for
+    /// plain and memory volumes).
+    pub header_file: Option<std::fs::File>,
 }
 
 /// How a volume was unlocked, as `status` (and `--recover`) report and check it.
@@ -174,6 +177,7 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             keyslot: None,
             uuid: None,
         },
+        header_file: None,
     })
 }
 
@@ -205,6 +209,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                     uuid: Some(u.header.uuid().to_string()),
                 },
                 volume: u.volume,
+                header_file: Some(u.header_file),
             })
         }
         "plain" => {
@@ -243,6 +248,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                     keyslot: None,
                     uuid: None,
                 },
+                header_file: None,
             })
         }
         other => Err(CliError::usage(format!(

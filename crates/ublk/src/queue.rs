@@ -241,7 +241,9 @@ impl Queue {
         let dev = self.setup.dev.clone();
         let uring = self.setup.uring_storage;
         let (iod, buf) = self.tag(tag);
-        let Some(split) = dev.split_io().filter(|_| uring) else {
+        // Asked only when the ring is to move the ciphertext: a volume that handed out
+        // its split path keeps its layout fixed (no online reencryption).
+        let Some(split) = uring.then(|| dev.split_io()).flatten() else {
             return Some(handle_request(&*dev, &iod, buf));
         };
         let step = if iod.op() == sys::IO_OP_FLUSH {

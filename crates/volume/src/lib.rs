@@ -8,10 +8,12 @@
 //! vol.read_sectors(0, &mut buf).unwrap();
 //! ```
 
-// Only the io_uring engine needs unsafe (the kernel reads and writes our buffers).
+// Only the io_uring engine (the kernel reads and writes our buffers) and one scheduler
+// call (online reencryption's idle-priority threads) need unsafe.
 #![deny(unsafe_code)]
 
 mod error;
+mod online;
 mod open;
 mod storage;
 mod uring;
@@ -19,6 +21,7 @@ mod volume;
 
 pub use cryptblk_device::{MemStorage, Storage};
 pub use error::{Error, Result};
+pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
     FileIo, OpenOptions, UnlockedLuks, open_data_file, open_luks, open_plain, open_plain_with,
     unlock_luks, volume_from_key,

@@ -3,7 +3,7 @@
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
-use cryptblk_format::{LuksHeader, load_header};
+use cryptblk_format::{LuksHeader, SegmentKey, load_header};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -51,6 +51,10 @@ pub struct UnlockedLuks {
     pub header: Box<dyn LuksHeader>,
     /// Number of the keyslot the passphrase opened.
     pub keyslot: u32,
+    /// Where the header lives, open read-write unless the volume is read-only (the data
+    /// file, under the same lock, or the detached header): for a reencryption run while
+    /// the volume serves.
+    pub header_file: File,
 }
 
 /// Opens a file or block device for the data path, locked against a second opener
@@ -134,14 +138,7 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
         let storage = opts.io.storage(data, largest)?;
         let parts = segments
             .drain(..)
-            .map(|s| {
-                Ok(DataSegment {
-                    start: s.start,
-                    len: s.len,
-                    storage_offset: s.storage_offset,
-                    cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv)?,
-                })
-            })
+            .map(data_segment)
             .collect::<Result<Vec<_>>>()?;
         Volume::with_segments(
             Box::new(storage),
@@ -154,6 +151,17 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
         volume,
         header,
         keyslot,
+        header_file: hdev,
+    })
+}
+
+/// A header's unlocked segment as the volume serves it.
+pub(crate) fn data_segment(s: SegmentKey) -> Result<DataSegment> {
+    Ok(DataSegment {
+        start: s.start,
+        len: s.len,
+        storage_offset: s.storage_offset,
+        cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv)?,
     })
 }
 

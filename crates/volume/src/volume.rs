@@ -6,8 +6,8 @@ use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
 use cryptblk_device::{BlockDevice, SplitIo};
 use std::cell::RefCell;
 use std::io;
-use std::sync::RwLock;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// How the data segment is laid out and encrypted.
 #[derive(Debug, Clone)]
@@ -49,6 +49,10 @@ pub struct VolumeStats {
     pub crypto_calls: AtomicU64,
     /// Requests served by read-modify-write because they were not sector-aligned.
     pub unaligned: AtomicU64,
+    /// Reads that crossed the zone an online reencryption step was rewriting.
+    pub hot_zone_reads: AtomicU64,
+    /// Writes (and discards) that waited for an online reencryption step to end.
+    pub hot_zone_waits: AtomicU64,
 }
 
 /// One stretch of a volume with its own key, cipher and place on the storage. A volume
@@ -83,16 +87,127 @@ impl std::fmt::Debug for DataSegment {
 /// segment it touches).
 pub struct Volume {
     storage: Box<dyn Storage>,
-    /// Sorted, contiguous from 0 to `size`; never empty.
-    segments: Vec<DataSegment>,
+    /// Aligned I/O shares it; read-modify-write takes it alone, so a partial-sector write
+    /// never interleaves with another write to the same sector; a reencryption step takes
+    /// it alone for a moment to start or end (no request is then in flight).
+    layout: RwLock<Layout>,
     size: u64,
     sector: u64,
     read_only: bool,
     allow_discards: bool,
-    /// Aligned I/O shares it; read-modify-write takes it alone, so a partial-sector write
-    /// never interleaves with another write to the same sector.
-    rmw: RwLock<()>,
     stats: VolumeStats,
+    /// A frontend moves the ciphertext itself ([`SplitIo`]): the layout must stay as it is.
+    split_handed_out: AtomicBool,
+}
+
+/// The volume's segments and, while a reencryption step runs, its hot zone.
+struct Layout {
+    /// Sorted, contiguous from 0 to `size`; never empty.
+    segments: Vec<DataSegment>,
+    hot: Option<Arc<HotZone>>,
+}
+
+/// Bytes of the hot zone stored at once by the rewriter (the unit in which readers see
+/// it change key).
+pub(crate) const HOT_PIECE: u64 = 1 << 20;
+
+/// A stretch being rewritten under a new key while the volume serves it (one step of an
+/// online reencryption). Reads see each piece under the key it is under at that moment.
+/// Writes wait: for the pieces they touch to be rewritten (then they go under the new key)
+/// where the step's crash recovery keeps such writes, else for the step to end.
+pub(crate) struct HotZone {
+    /// The zone under its new key.
+    seg: DataSegment,
+    /// Writes may go to rewritten pieces before the step ends (checksum resilience: a
+    /// recovery leaves blocks that no longer match their checksum alone; not with a
+    /// journal, whose recovery rewrites the whole zone from the old bytes).
+    piecewise_writes: bool,
+    /// Per [`HOT_PIECE`]: stored under the new key yet? Readers hold it shared while they
+    /// read ciphertext; the rewriter holds it alone while it stores a piece.
+    converted: RwLock<Vec<bool>>,
+    /// `Some(true)` once the step ended, `Some(false)` if it failed; its condition variable
+    /// also wakes writers when a piece is rewritten.
+    ended: Mutex<Option<bool>>,
+    changed: Condvar,
+    /// Writers waiting for pieces: the rewriter then takes no pauses.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl HotZone {
+    fn overlaps(&self, off: u64, len: u64) -> bool {
+        off < self.seg.start + self.seg.len && self.seg.start < off + len
+    }
+
+    /// The pieces `[off, off+len)` touches, as indexes (the range must overlap the zone).
+    fn pieces(&self, off: u64, len: u64) -> std::ops::RangeInclusive<usize> {
+        let (zs, ze) = (self.seg.start, self.seg.start + self.seg.len);
+        let (lo, hi) = (off.max(zs), (off + len).min(ze));
+        ((lo - zs) / HOT_PIECE) as usize..=((hi - 1 - zs) / HOT_PIECE) as usize
+    }
+
+    /// Whether a write to `[off, off+len)` may go ahead now (under the new key inside).
+    fn writable(&self, off: u64, len: u64) -> bool {
+        self.piecewise_writes && {
+            let conv = self.converted.read().unwrap_or_else(|e| e.into_inner());
+            conv[self.pieces(off, len)].iter().all(|&c| c)
+        }
+    }
+
+    /// Blocks until a write to `[off, off+len)` may go ahead, or the step ended; an error
+    /// if it failed.
+    fn wait_writable(&self, off: u64, len: u64) -> io::Result<()> {
+        let mut e = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        self.waiting.fetch_add(1, Relaxed);
+        // A rewriter pausing for the clients' sake goes on at once.
+        self.changed.notify_all();
+        while e.is_none() && !self.writable(off, len) {
+            e = self.changed.wait(e).unwrap_or_else(|e| e.into_inner());
+        }
+        self.waiting.fetch_sub(1, Relaxed);
+        if *e == Some(false) {
+            return Err(io::Error::other(
+                "a reencryption step over this range failed: close the volume; opening it \
+                 again recovers the step",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sleeps up to `d` to leave the CPU to clients, less if a writer starts waiting for
+    /// the zone (none waits for this one).
+    pub(crate) fn pause(&self, d: std::time::Duration) {
+        let e = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        if self.waiting.load(Relaxed) == 0 {
+            let _ = self
+                .changed
+                .wait_timeout_while(e, d, |_| self.waiting.load(Relaxed) == 0);
+        }
+    }
+
+    /// A piece was stored, or the step ended (`Some(ok)`): wakes the waiting writers.
+    fn changed(&self, ended: Option<bool>) {
+        let mut e = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        if ended.is_some() {
+            *e = ended;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// The layout locked shared or alone.
+enum LayoutGuard<'a> {
+    Shared(RwLockReadGuard<'a, Layout>),
+    Alone(RwLockWriteGuard<'a, Layout>),
+}
+
+impl std::ops::Deref for LayoutGuard<'_> {
+    type Target = Layout;
+    fn deref(&self) -> &Layout {
+        match self {
+            LayoutGuard::Shared(g) => g,
+            LayoutGuard::Alone(g) => g,
+        }
+    }
 }
 
 thread_local! {
@@ -167,13 +282,16 @@ impl Volume {
         };
         Ok(Volume {
             storage,
-            segments: vec![segment],
+            layout: RwLock::new(Layout {
+                segments: vec![segment],
+                hot: None,
+            }),
             size,
             sector,
             read_only: params.read_only,
             allow_discards: params.allow_discards,
-            rmw: RwLock::new(()),
             stats: VolumeStats::default(),
+            split_handed_out: AtomicBool::new(false),
         })
     }
 
@@ -186,59 +304,190 @@ impl Volume {
         read_only: bool,
         allow_discards: bool,
     ) -> Result<Self> {
-        let sector = segments
-            .iter()
-            .map(|s| s.cipher.sector_size() as u64)
-            .max()
-            .ok_or_else(|| Error::Invalid("a volume needs at least one segment".into()))?;
-        let have = storage.size()?;
-        let mut at = 0u64;
-        for (i, s) in segments.iter().enumerate() {
-            if s.start != at {
-                return Err(Error::Invalid(format!(
-                    "segment {i} starts at byte {}, not {at}",
-                    s.start
-                )));
-            }
-            if s.len == 0 || !s.len.is_multiple_of(sector) || !s.storage_offset.is_multiple_of(512)
-            {
-                return Err(Error::Invalid(format!(
-                    "segment {i} ({} bytes at storage offset {}) is empty or not aligned to {sector} bytes",
-                    s.len, s.storage_offset
-                )));
-            }
-            let end = s.storage_offset.checked_add(s.len).ok_or(Error::TooSmall {
-                need: u64::MAX,
-                have,
-            })?;
-            if end > have {
-                return Err(Error::TooSmall { need: end, have });
-            }
-            at += s.len;
-        }
+        let (size, sector) = check_segments(&segments, storage.size()?)?;
         Ok(Volume {
             storage,
-            segments,
-            size: at,
+            layout: RwLock::new(Layout {
+                segments,
+                hot: None,
+            }),
+            size,
             sector,
             read_only,
             allow_discards,
-            rmw: RwLock::new(()),
             stats: VolumeStats::default(),
+            split_handed_out: AtomicBool::new(false),
         })
     }
 
-    /// The keyed sector cipher of the first segment (its spec, sector size and backend).
-    pub fn cipher(&self) -> &SectorCipher {
-        &self.segments[0].cipher
+    /// Calls `f` with the keyed sector cipher of the first segment (its spec, sector size
+    /// and backend).
+    pub fn with_cipher<R>(&self, f: impl FnOnce(&SectorCipher) -> R) -> R {
+        f(&self.layout().segments[0].cipher)
     }
-    /// The segments, in volume order (one, unless the volume is mid-reencryption).
-    pub fn segments(&self) -> &[DataSegment] {
-        &self.segments
+    /// Where the segments lie: `(start, len)` in volume bytes, in order (one, unless the
+    /// volume is mid-reencryption).
+    pub fn segment_spans(&self) -> Vec<(u64, u64)> {
+        self.layout()
+            .segments
+            .iter()
+            .map(|s| (s.start, s.len))
+            .collect()
     }
     /// Start of the (first) data segment on the storage, in bytes.
     pub fn data_offset(&self) -> u64 {
-        self.segments[0].storage_offset
+        self.layout().segments[0].storage_offset
+    }
+
+    /// Bytes of the storage the volume lives on (data device, header included).
+    pub fn storage_size(&self) -> io::Result<u64> {
+        self.storage.size()
+    }
+
+    /// The ciphertext storage, for the reencryption that rewrites it.
+    pub(crate) fn storage(&self) -> &dyn Storage {
+        &*self.storage
+    }
+
+    /// Whether the layout may change while the volume serves: not read-only, and no
+    /// frontend moves the ciphertext itself.
+    pub(crate) fn check_layout_changeable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Invalid("the volume is open read-only".into()));
+        }
+        if self.split_handed_out.load(Relaxed) {
+            return Err(Error::Invalid(
+                "the frontend moves the ciphertext itself (ublk with --io-engine io_uring); \
+                 reencrypt with the volume closed, or serve it with --io-engine psync"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Starts a reencryption step over `seg`'s range (`seg` under its new key): waits for
+    /// the requests in flight, then closes the range to writes until
+    /// [`Volume::set_layout`] (reads go on, each piece under the key it is under).
+    pub(crate) fn begin_hot_zone(
+        &self,
+        seg: DataSegment,
+        piecewise_writes: bool,
+    ) -> Result<Arc<HotZone>> {
+        self.check_layout_changeable()?;
+        let ss = seg.cipher.sector_size() as u64;
+        if ss > self.sector || !seg.start.is_multiple_of(self.sector) || seg.len == 0 {
+            return Err(Error::Invalid(format!(
+                "a rewritten stretch of {} bytes at {} with {ss}-byte sectors does not fit a \
+                 volume of {}-byte blocks",
+                seg.len, seg.start, self.sector
+            )));
+        }
+        if seg.start + seg.len > self.size {
+            return Err(Error::Invalid(
+                "the rewritten stretch ends past the volume".into(),
+            ));
+        }
+        let mut l = self.layout_alone();
+        if l.hot.is_some() {
+            return Err(Error::Invalid(
+                "a reencryption step is already running".into(),
+            ));
+        }
+        let pieces = seg.len.div_ceil(HOT_PIECE) as usize;
+        let h = Arc::new(HotZone {
+            seg,
+            piecewise_writes,
+            converted: RwLock::new(vec![false; pieces]),
+            ended: Mutex::new(None),
+            changed: Condvar::new(),
+            waiting: Default::default(),
+        });
+        l.hot = Some(h.clone());
+        Ok(h)
+    }
+
+    /// Stores a piece of the hot zone rewritten under the new key: `buf` is its
+    /// ciphertext, for volume byte `pos` (a whole [`HOT_PIECE`] from the zone's start, or
+    /// its last piece).
+    pub(crate) fn store_rewritten(&self, h: &HotZone, pos: u64, buf: &[u8]) -> io::Result<()> {
+        let rel = pos.wrapping_sub(h.seg.start);
+        let len = buf.len() as u64;
+        if rel >= h.seg.len
+            || !rel.is_multiple_of(HOT_PIECE)
+            || (len != HOT_PIECE && rel + len != h.seg.len)
+            || rel + len > h.seg.len
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a rewritten piece that is not one of the hot zone's",
+            ));
+        }
+        {
+            let mut conv = h.converted.write().unwrap_or_else(|e| e.into_inner());
+            self.storage.write_at(buf, h.seg.storage_offset + rel)?;
+            conv[(rel / HOT_PIECE) as usize] = true;
+        }
+        h.changed(None);
+        Ok(())
+    }
+
+    /// The volume reads and writes through `segments` from now on (the same size, blocks
+    /// no larger); a hot zone ends and the writes waiting for it go on.
+    pub(crate) fn set_layout(&self, segments: Vec<DataSegment>) -> Result<()> {
+        let (size, sector) = check_segments(&segments, self.storage.size()?)?;
+        if size != self.size || !self.sector.is_multiple_of(sector) {
+            return Err(Error::Invalid(format!(
+                "a layout of {size} bytes in {sector}-byte blocks for a volume of {} bytes \
+                 in {}-byte blocks",
+                self.size, self.sector
+            )));
+        }
+        let mut l = self.layout_alone();
+        l.segments = segments;
+        let hot = l.hot.take();
+        drop(l);
+        if let Some(h) = hot {
+            h.changed(Some(true));
+        }
+        Ok(())
+    }
+
+    /// A reencryption step failed: reads go on as they were; writes to its range fail
+    /// from now on (reopening the volume recovers the step).
+    pub(crate) fn fail_hot_zone(&self) {
+        if let Some(h) = self.layout().hot.clone() {
+            h.changed(Some(false));
+        }
+    }
+
+    fn layout(&self) -> RwLockReadGuard<'_, Layout> {
+        self.layout.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn layout_alone(&self) -> RwLockWriteGuard<'_, Layout> {
+        self.layout.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The layout, locked shared (or `alone`) with no hot zone over `[off, off+len)`: a
+    /// write there waits until the reencryption step rewriting it ends.
+    fn layout_for_write(&self, off: u64, len: u64, alone: bool) -> io::Result<LayoutGuard<'_>> {
+        loop {
+            let g = if alone {
+                LayoutGuard::Alone(self.layout_alone())
+            } else {
+                LayoutGuard::Shared(self.layout())
+            };
+            match g.hot.as_ref().filter(|h| h.overlaps(off, len)) {
+                None => return Ok(g),
+                Some(h) if h.writable(off, len) => return Ok(g),
+                Some(h) => {
+                    let h = h.clone();
+                    drop(g);
+                    self.stats.hot_zone_waits.fetch_add(1, Relaxed);
+                    h.wait_writable(off, len)?;
+                }
+            }
+        }
     }
     /// Live counters of the data path.
     pub fn stats(&self) -> &VolumeStats {
@@ -302,17 +551,17 @@ impl Volume {
     /// Calls `f(segment, offset in it, piece of buf)` for each segment an aligned range at
     /// volume offset `off` touches, in order.
     fn per_segment(
-        &self,
+        segments: &[DataSegment],
         off: u64,
         buf: &mut [u8],
         mut f: impl FnMut(&DataSegment, u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        if let [only] = self.segments.as_slice() {
+        if let [only] = segments {
             return f(only, off, buf);
         }
         let end = off + buf.len() as u64;
-        let first = self.segments.partition_point(|s| s.start + s.len <= off);
-        for s in &self.segments[first..] {
+        let first = segments.partition_point(|s| s.start + s.len <= off);
+        for s in &segments[first..] {
             if s.start >= end {
                 break;
             }
@@ -326,24 +575,84 @@ impl Volume {
         Ok(())
     }
 
+    /// Decrypts `piece`, the ciphertext at byte `rel` of `seg`.
+    fn decrypt(&self, seg: &DataSegment, rel: u64, piece: &mut [u8]) -> io::Result<()> {
+        self.stats.crypto_calls.fetch_add(1, Relaxed);
+        let sector = rel / seg.cipher.sector_size() as u64;
+        seg.cipher.decrypt(sector, piece).map_err(crypto_io)
+    }
+
     /// Reads and decrypts an aligned range (volume byte offset).
-    fn read_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.per_segment(off, buf, |seg, rel, piece| {
+    fn read_raw(&self, l: &Layout, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        if let Some(h) = l.hot.as_ref().filter(|h| h.overlaps(off, buf.len() as u64)) {
+            return self.read_across_hot(l, h, off, buf);
+        }
+        Self::per_segment(&l.segments, off, buf, |seg, rel, piece| {
             self.storage.read_at(piece, seg.storage_offset + rel)?;
-            self.stats.crypto_calls.fetch_add(1, Relaxed);
-            let sector = rel / seg.cipher.sector_size() as u64;
-            seg.cipher.decrypt(sector, piece).map_err(crypto_io)
+            self.decrypt(seg, rel, piece)
         })
     }
 
-    /// Encrypts `buf` in place and writes it at an aligned volume offset.
-    fn write_raw(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.per_segment(off, buf, |seg, rel, piece| {
-            self.stats.crypto_calls.fetch_add(1, Relaxed);
-            let sector = rel / seg.cipher.sector_size() as u64;
-            seg.cipher.encrypt(sector, piece).map_err(crypto_io)?;
-            self.storage.write_at(piece, seg.storage_offset + rel)
-        })
+    /// A read touching the hot zone: outside it as usual; inside, the ciphertext is read
+    /// while no piece is being stored, and each piece decrypted under the key it was under
+    /// then (the new one once rewritten, else the layout's).
+    fn read_across_hot(&self, l: &Layout, h: &HotZone, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.stats.hot_zone_reads.fetch_add(1, Relaxed);
+        let zs = h.seg.start;
+        let (lo, hi, inside) = split_at_zone(h, off, buf, |at, b| {
+            Self::per_segment(&l.segments, at, b, |seg, rel, piece| {
+                self.storage.read_at(piece, seg.storage_offset + rel)?;
+                self.decrypt(seg, rel, piece)
+            })
+        })?;
+        let first = (lo - zs) / HOT_PIECE;
+        let done: Vec<bool> = {
+            let conv = h.converted.read().unwrap_or_else(|e| e.into_inner());
+            self.storage
+                .read_at(inside, h.seg.storage_offset + (lo - zs))?;
+            conv[first as usize..=((hi - 1 - zs) / HOT_PIECE) as usize].to_vec()
+        };
+        let mut at = lo;
+        while at < hi {
+            let piece = (at - zs) / HOT_PIECE;
+            let next = (zs + (piece + 1) * HOT_PIECE).min(hi);
+            let part = &mut inside[(at - lo) as usize..(next - lo) as usize];
+            if done[(piece - first) as usize] {
+                self.decrypt(&h.seg, at - zs, part)?;
+            } else {
+                Self::per_segment(&l.segments, at, part, |seg, rel, p| {
+                    self.decrypt(seg, rel, p)
+                })?;
+            }
+            at = next;
+        }
+        Ok(())
+    }
+
+    /// Encrypts `piece` for byte `rel` of `seg` and stores it.
+    fn encrypt_store(&self, seg: &DataSegment, rel: u64, piece: &mut [u8]) -> io::Result<()> {
+        self.stats.crypto_calls.fetch_add(1, Relaxed);
+        let sector = rel / seg.cipher.sector_size() as u64;
+        seg.cipher.encrypt(sector, piece).map_err(crypto_io)?;
+        self.storage.write_at(piece, seg.storage_offset + rel)
+    }
+
+    /// Encrypts `buf` in place and writes it at an aligned volume offset. Inside a hot zone
+    /// only rewritten pieces are written ([`Volume::layout_for_write`] sees to that), under
+    /// the new key.
+    fn write_raw(&self, l: &Layout, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let outside = |at: u64, b: &mut [u8]| {
+            Self::per_segment(&l.segments, at, b, |seg, rel, piece| {
+                self.encrypt_store(seg, rel, piece)
+            })
+        };
+        match l.hot.as_ref().filter(|h| h.overlaps(off, buf.len() as u64)) {
+            None => outside(off, buf),
+            Some(h) => {
+                let (lo, _, inside) = split_at_zone(h, off, buf, outside)?;
+                self.encrypt_store(&h.seg, lo - h.seg.start, inside)
+            }
+        }
     }
 
     fn is_aligned(&self, offset: u64, len: u64) -> bool {
@@ -358,37 +667,47 @@ impl Volume {
         if buf.is_empty() {
             return Ok(());
         }
-        let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
+        let l = self.layout();
         if self.is_aligned(offset, buf.len() as u64) {
-            return self.read_raw(offset, buf);
+            return self.read_raw(&l, offset, buf);
         }
         self.stats.unaligned.fetch_add(1, Relaxed);
         // The whole sectors inside the range straight into `buf`; the partial ones at
         // either end through one sector of scratch.
         let r = self.split_unaligned(offset, buf.len() as u64);
         if let Some(head) = r.head {
-            self.read_partial(head, offset, buf)?;
+            self.read_partial(&l, head, offset, buf)?;
         }
         if r.middle.1 > r.middle.0 {
             let (a, b) = r.middle;
-            self.read_raw(a, &mut buf[(a - offset) as usize..(b - offset) as usize])?;
+            self.read_raw(
+                &l,
+                a,
+                &mut buf[(a - offset) as usize..(b - offset) as usize],
+            )?;
         }
         if let Some(tail) = r.tail {
-            self.read_partial(tail, offset, buf)?;
+            self.read_partial(&l, tail, offset, buf)?;
         }
         Ok(())
     }
 
     /// Reads the sector at `sector_start` and copies the part of it inside the request
     /// (`buf` at `offset`) out.
-    fn read_partial(&self, sector_start: u64, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    fn read_partial(
+        &self,
+        l: &Layout,
+        sector_start: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
         let end = offset + buf.len() as u64;
         let (lo, hi) = (
             sector_start.max(offset),
             (sector_start + self.sector).min(end),
         );
         with_scratch(self.sector as usize, |s| {
-            self.read_raw(sector_start, s)?;
+            self.read_raw(l, sector_start, s)?;
             buf[(lo - offset) as usize..(hi - offset) as usize]
                 .copy_from_slice(&s[(lo - sector_start) as usize..(hi - sector_start) as usize]);
             Ok(())
@@ -398,6 +717,7 @@ impl Volume {
     /// Read-modify-write of the sector at `sector_start` with the request's bytes in it.
     fn write_partial(
         &self,
+        l: &Layout,
         sector_start: u64,
         offset: u64,
         data: &WriteData<'_>,
@@ -408,7 +728,7 @@ impl Volume {
             (sector_start + self.sector).min(end),
         );
         with_scratch(self.sector as usize, |s| {
-            self.read_raw(sector_start, s)?;
+            self.read_raw(l, sector_start, s)?;
             let dst = &mut s[(lo - sector_start) as usize..(hi - sector_start) as usize];
             let src = (lo - offset) as usize..(hi - offset) as usize;
             match data {
@@ -416,13 +736,13 @@ impl Volume {
                 WriteData::Consumable(b) => dst.copy_from_slice(&b[src]),
                 WriteData::Zeroes(_) => dst.fill(0),
             }
-            self.write_raw(sector_start, s)
+            self.write_raw(l, sector_start, s)
         })
     }
 
     /// Writes an aligned range: in place when the caller's buffer may be consumed, else
     /// through scratch, [`THREAD_BUFFER_MAX`] bytes at a time.
-    fn write_aligned(&self, off: u64, data: WriteData<'_>) -> io::Result<()> {
+    fn write_aligned(&self, l: &Layout, off: u64, data: WriteData<'_>) -> io::Result<()> {
         let chunks = |fill: &dyn Fn(&mut [u8], usize)| -> io::Result<()> {
             let len = data.len();
             let mut at = 0;
@@ -430,14 +750,14 @@ impl Volume {
                 let n = (len - at).min(THREAD_BUFFER_MAX);
                 with_scratch(n, |s| {
                     fill(s, at);
-                    self.write_raw(off + at as u64, s)
+                    self.write_raw(l, off + at as u64, s)
                 })?;
                 at += n;
             }
             Ok(())
         };
         match data {
-            WriteData::Consumable(b) => self.write_raw(off, b),
+            WriteData::Consumable(b) => self.write_raw(l, off, b),
             WriteData::Borrowed(b) => chunks(&|s, at| s.copy_from_slice(&b[at..at + s.len()])),
             WriteData::Zeroes(_) => chunks(&|s, _| s.fill(0)),
         }
@@ -473,19 +793,19 @@ impl Volume {
             return Ok(());
         }
         if self.is_aligned(offset, len) {
-            let _shared = self.rmw.read().unwrap_or_else(|e| e.into_inner());
-            self.write_aligned(offset, data)?;
+            let l = self.layout_for_write(offset, len, false)?;
+            self.write_aligned(&l, offset, data)?;
         } else {
             self.stats.unaligned.fetch_add(1, Relaxed);
-            // Exclusive: no other write may touch the boundary sectors between our read
-            // and our write of them.
-            let _excl = self.rmw.write().unwrap_or_else(|e| e.into_inner());
+            // Alone: no other write may touch the boundary sectors between our read and
+            // our write of them.
+            let l = self.layout_for_write(offset, len, true)?;
             let r = self.split_unaligned(offset, len);
             if let Some(head) = r.head {
-                self.write_partial(head, offset, &data)?;
+                self.write_partial(&l, head, offset, &data)?;
             }
             if let Some(tail) = r.tail {
-                self.write_partial(tail, offset, &data)?;
+                self.write_partial(&l, tail, offset, &data)?;
             }
             let (a, b) = r.middle;
             if b > a {
@@ -495,11 +815,32 @@ impl Volume {
                     WriteData::Consumable(d) => WriteData::Consumable(&mut d[from..to]),
                     WriteData::Zeroes(_) => WriteData::Zeroes(to - from),
                 };
-                self.write_aligned(a, middle)?;
+                self.write_aligned(&l, a, middle)?;
             }
         }
         if fua { self.storage.sync() } else { Ok(()) }
     }
+}
+
+/// Splits a request at volume offset `off` that overlaps the hot zone: `outside(at, part)`
+/// handles the parts before and after it; returns the part inside, with its bounds.
+fn split_at_zone<'b>(
+    h: &HotZone,
+    off: u64,
+    buf: &'b mut [u8],
+    outside: impl Fn(u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<(u64, u64, &'b mut [u8])> {
+    let end = off + buf.len() as u64;
+    let (lo, hi) = (off.max(h.seg.start), end.min(h.seg.start + h.seg.len));
+    let (head, rest) = buf.split_at_mut((lo - off) as usize);
+    let (inside, tail) = rest.split_at_mut((hi - lo) as usize);
+    if !head.is_empty() {
+        outside(off, head)?;
+    }
+    if !tail.is_empty() {
+        outside(hi, tail)?;
+    }
+    Ok((lo, hi, inside))
 }
 
 /// How an unaligned request splits into sectors (segment-relative byte offsets).
@@ -576,7 +917,8 @@ impl BlockDevice for Volume {
         // is advisory).
         let start = offset.div_ceil(self.sector) * self.sector;
         let end = (offset + len) / self.sector * self.sector;
-        for s in &self.segments {
+        let l = self.layout_for_write(offset, len, false)?;
+        for s in &l.segments {
             let (lo, hi) = (start.max(s.start), end.min(s.start + s.len));
             if hi > lo {
                 self.storage
@@ -588,10 +930,15 @@ impl BlockDevice for Volume {
     /// Only for one segment: the split path maps a request to one storage range and one
     /// cipher.
     fn split_io(&self) -> Option<&dyn SplitIo> {
-        if self.segments.len() != 1 {
+        let l = self.layout();
+        if l.segments.len() != 1 || l.hot.is_some() {
             return None;
         }
-        self.storage.raw_fd().map(|_| self as &dyn SplitIo)
+        let split = self.storage.raw_fd().map(|_| self as &dyn SplitIo);
+        if split.is_some() {
+            self.split_handed_out.store(true, Relaxed);
+        }
+        split
     }
     fn write_zeroes(&self, offset: u64, len: u64, _may_unmap: bool) -> io::Result<()> {
         // A hole would read back as decrypted zero ciphertext, i.e. garbage, so zeroes are
@@ -631,7 +978,7 @@ impl SplitIo for Volume {
                 "split I/O must be whole sectors",
             ));
         }
-        Ok(self.segments[0].storage_offset + offset)
+        Ok(self.data_offset() + offset)
     }
     fn seal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.map(offset, buf.len() as u64, true)?;
@@ -640,7 +987,7 @@ impl SplitIo for Volume {
             .written_bytes
             .fetch_add(buf.len() as u64, Relaxed);
         self.stats.crypto_calls.fetch_add(1, Relaxed);
-        self.segments[0]
+        self.layout().segments[0]
             .cipher
             .encrypt(offset / self.sector, buf)
             .map_err(crypto_io)
@@ -650,7 +997,7 @@ impl SplitIo for Volume {
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(buf.len() as u64, Relaxed);
         self.stats.crypto_calls.fetch_add(1, Relaxed);
-        self.segments[0]
+        self.layout().segments[0]
             .cipher
             .decrypt(offset / self.sector, buf)
             .map_err(crypto_io)
@@ -658,4 +1005,39 @@ impl SplitIo for Volume {
     fn note_flush(&self) {
         self.stats.flushes.fetch_add(1, Relaxed);
     }
+}
+
+/// Checks a layout: segments sorted, contiguous from byte 0, each a whole number of the
+/// largest sector size among them and inside the storage (`have` bytes). Returns the
+/// volume's size and block size.
+fn check_segments(segments: &[DataSegment], have: u64) -> Result<(u64, u64)> {
+    let sector = segments
+        .iter()
+        .map(|s| s.cipher.sector_size() as u64)
+        .max()
+        .ok_or_else(|| Error::Invalid("a volume needs at least one segment".into()))?;
+    let mut at = 0u64;
+    for (i, s) in segments.iter().enumerate() {
+        if s.start != at {
+            return Err(Error::Invalid(format!(
+                "segment {i} starts at byte {}, not {at}",
+                s.start
+            )));
+        }
+        if s.len == 0 || !s.len.is_multiple_of(sector) || !s.storage_offset.is_multiple_of(512) {
+            return Err(Error::Invalid(format!(
+                "segment {i} ({} bytes at storage offset {}) is empty or not aligned to {sector} bytes",
+                s.len, s.storage_offset
+            )));
+        }
+        let end = s.storage_offset.checked_add(s.len).ok_or(Error::TooSmall {
+            need: u64::MAX,
+            have,
+        })?;
+        if end > have {
+            return Err(Error::TooSmall { need: end, have });
+        }
+        at += s.len;
+    }
+    Ok((at, sector))
 }

@@ -197,7 +197,7 @@ fn reencrypt_stopped_between_steps_reads_and_resumes() {
     let i = img.to_str().unwrap();
     lab.reencrypt(&["--init-only", "--hotzone-size", "8M", i], None);
     assert!(in_reencryption(&img));
-    assert_eq!(open(&img, None, true).unwrap().segments().len(), 1);
+    assert_eq!(open(&img, None, true).unwrap().segment_spans().len(), 1);
     assert!(read_all(&img, None, true) == plain, "after --init-only");
     // SIGINT: cryptsetup stops cleanly after the step it is in.
     lab.reencrypt(
@@ -206,8 +206,8 @@ fn reencrypt_stopped_between_steps_reads_and_resumes() {
     );
     assert!(in_reencryption(&img) && !hot_segment(&img));
     let vol = open(&img, None, false).unwrap();
-    assert_eq!(vol.segments().len(), 2, "new key, then old key");
-    assert_eq!(vol.segments()[0].len, 16 * MIB);
+    assert_eq!(vol.segment_spans().len(), 2, "new key, then old key");
+    assert_eq!(vol.segment_spans()[0].1, 16 * MIB);
     let mut got = vec![0u8; plain.len()];
     vol.read_at(&mut got, 0).unwrap();
     assert!(got == plain, "half reencrypted");

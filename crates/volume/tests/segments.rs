@@ -107,7 +107,7 @@ fn requests_straddling_segments_take_one_cipher_call_per_segment_and_no_split_pa
         vol.split_io().is_none(),
         "the split path maps one range only"
     );
-    assert_eq!(vol.segments().len(), 3);
+    assert_eq!(vol.segment_spans().len(), 3);
     // A discard releases each segment's own storage range (the null one's plaintext too).
     vol.discard(40 << 10, 32 << 10).unwrap();
     let mut z = vec![1u8; 8 << 10];

@@ -8,6 +8,7 @@
 
 mod fuse;
 mod nbd;
+mod online;
 pub mod ublk;
 
 use crate::commands::Ctx;
@@ -164,25 +165,42 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     if a.daemon && !a.daemon_child {
         return spawn_daemon(&a, &dir);
     }
-    let OpenedVolume { volume, info } = open_volume(&a.device, &a.vol)?;
+    let OpenedVolume {
+        volume,
+        info,
+        header_file,
+    } = open_volume(&a.device, &a.vol)?;
     let vol = Arc::new(volume);
+    let jobs = online::OnlineJobs::new(vol.clone(), header_file, &a.device);
     let started = fe.start(&a, &dir, vol.clone(), &info)?;
     let served = Arc::new(Served {
         name: a.name.clone(),
         device: a.device.display().to_string(),
+        device_id: rundir::identity(&a.device),
         info,
         frontend: started.desc.clone(),
     });
+    // A reencryption in progress stops (after its step) before the volume closes.
+    let stop = {
+        let (c, jobs) = (started.control.clone(), jobs.clone());
+        move || {
+            jobs.stop_and_wait();
+            c.stop()
+        }
+    };
 
     // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up).
-    let (ctl, pid_path) = {
-        let c = started.control.clone();
-        announce(&ctl_path, &dir, &a.name, move || c.stop())?
-    };
+    let (ctl, pid_path) = announce(&ctl_path, &dir, &a.name, stop.clone())?;
     {
-        let (c, served, vol) = (started.control.clone(), served.clone(), vol.clone());
+        let (c, served, vol, jobs) = (
+            started.control.clone(),
+            served.clone(),
+            vol.clone(),
+            jobs.clone(),
+        );
         std::thread::spawn(move || {
-            control_loop(ctl, || status_json(&served, &vol, c.status()), || c.stop())
+            let status = || status_json(&served, &vol, &jobs, c.status());
+            control_loop(ctl, status, stop, &jobs)
         });
     }
     if ctx.verbose || !a.daemon_child {
@@ -190,7 +208,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             "{}: {} {} served at {}",
             a.name,
             served.info.kind,
-            vol.cipher().spec(),
+            vol.with_cipher(|c| c.spec().to_string()),
             started.summary
         );
     }
@@ -204,6 +222,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         println!("{node}");
     }
     let result = (started.run)();
+    jobs.stop_and_wait();
     let _ = std::fs::remove_file(&ctl_path);
     let _ = std::fs::remove_file(&pid_path);
     vol.flush().map_err(|e| io_err(&a.device, e))?;
@@ -214,18 +233,26 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
 struct Served {
     name: String,
     device: String,
+    /// The device's (st_dev, st_ino), by which `reencrypt DEVICE` finds its server.
+    device_id: Option<(u64, u64)>,
     info: VolumeInfo,
     frontend: String,
 }
 
 /// The volume's part of `status`, with the frontend's fields (`extra`, an object) added.
-fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Value) -> Value {
+fn status_json(
+    s: &Served,
+    vol: &cryptblk_volume::Volume,
+    jobs: &online::OnlineJobs,
+    extra: Value,
+) -> Value {
     let st = vol.stats();
-    let c = vol.cipher();
+    let (cipher, sector_size, backend) =
+        vol.with_cipher(|c| (c.spec().to_string(), c.sector_size(), c.backend().name()));
     let mut v = json!({
         "name": s.name, "device": s.device, "type": s.info.kind,
-        "cipher": c.spec().to_string(), "key_bits": s.info.key_bits, "keyslot": s.info.keyslot,
-        "sector_size": c.sector_size(), "backend": c.backend().name(),
+        "cipher": cipher, "key_bits": s.info.key_bits, "keyslot": s.info.keyslot,
+        "sector_size": sector_size, "backend": backend,
         "storage": vol.storage_description(),
         "offset_sectors": vol.data_offset() / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
@@ -236,6 +263,10 @@ fn status_json(s: &Served, vol: &cryptblk_volume::Volume, extra: Value) -> Value
         "flushes": st.flushes.load(Relaxed), "discards_done": st.discards.load(Relaxed),
         "unaligned": st.unaligned.load(Relaxed), "crypto_calls": st.crypto_calls.load(Relaxed),
         "dumpable": crate::process::is_dumpable(),
+        "device_id": s.device_id.map(|(d, i)| json!([d, i])),
+        "reencryption": jobs.status(),
+        "hot_zone_reads": st.hot_zone_reads.load(Relaxed),
+        "hot_zone_waits": st.hot_zone_waits.load(Relaxed),
     });
     if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
         o.extend(e);
@@ -285,25 +316,37 @@ fn announce(
     Ok((ctl, pid_path))
 }
 
-/// Answers `status` and `close` on the control socket until a `close` succeeds (`close`
-/// may refuse, e.g. while a FUSE file is in use: the client gets `busy: WHY`).
+/// Answers `status`, `close`, `reencrypt PASSPHRASE-HEX JSON` and `reencrypt-stop` on
+/// the control socket until a `close` succeeds (`close` may refuse, e.g. while a FUSE
+/// file is in use: the client gets `busy: WHY`).
 fn control_loop(
     ctl: UnixListener,
     status: impl Fn() -> Value,
     close: impl Fn() -> Result<(), String>,
+    jobs: &Arc<online::OnlineJobs>,
 ) {
+    // The longest line: a key file's worth of passphrase in hex, and the options.
+    const LINE_MAX: u64 = 2 * crate::passphrase::KEYFILE_MAX as u64 + 4096;
     for conn in ctl.incoming() {
         let Ok(mut conn) = conn else { continue };
-        let mut line = String::new();
+        let mut line = zeroize::Zeroizing::new(String::new());
         let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
         if BufReader::new(&mut conn)
-            .take(256)
+            .take(LINE_MAX)
             .read_line(&mut line)
             .is_err()
         {
             continue;
         }
+        if let Some(request) = line.trim().strip_prefix("reencrypt ") {
+            let _ = writeln!(conn, "{}", jobs.start(request));
+            continue;
+        }
         match line.trim() {
+            "reencrypt-stop" => {
+                jobs.request_stop();
+                let _ = writeln!(conn, "stopping");
+            }
             "status" => {
                 let _ = writeln!(conn, "{}", status());
             }

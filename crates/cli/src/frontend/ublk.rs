@@ -103,9 +103,11 @@ impl Record {
 /// zero sector encrypted at a sector number no volume reaches (2^48) with the volume's own
 /// cipher. Two volumes with different keys (or ciphers) differ here.
 fn key_check(vol: &cryptblk_volume::Volume) -> CliResult<String> {
-    let mut sector = vec![0u8; vol.cipher().sector_size() as usize];
-    vol.cipher().encrypt(1 << 48, &mut sector)?;
-    Ok(hex::encode(&sector[..16]))
+    vol.with_cipher(|c| {
+        let mut sector = vec![0u8; c.sector_size() as usize];
+        c.encrypt(1 << 48, &mut sector)?;
+        Ok(hex::encode(&sector[..16]))
+    })
 }
 
 fn recorded_dev_id(dir: &Path, name: &str) -> Option<u32> {

@@ -32,7 +32,9 @@ pub use binary::HDR_SIZES;
 pub use error::Luks2Error;
 pub use model::{Priority, ReencryptDirection, ReencryptMode, Resilience};
 pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3};
-pub use reencrypt_job::{ReencryptOutcome, ReencryptRequest, ResilienceRequest};
+pub use reencrypt_job::{
+    ReencryptJob, ReencryptOutcome, ReencryptRequest, ReencryptStep, ResilienceRequest,
+};
 
 use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, SegmentKey, Storage};
 use binary::{BIN_HDR_LEN, BinHeader, LABEL_LEN, RawCopy, SALT_LEN};
@@ -1038,56 +1040,7 @@ impl LuksHeader for Luks2Header {
         }
         let layout = r.layout(&self.model, data_size)?;
         let (slot, keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
-        let mut out = Vec::with_capacity(layout.len());
-        for st in layout {
-            let seg = &self.model.segments[&st.segment];
-            let (cipher, sector_size, iv_offset, key) = if seg.kind == "linear" {
-                (
-                    CipherSpec::parse("cipher_null-ecb")?,
-                    512,
-                    0,
-                    SecretBytes::zeroed(0),
-                )
-            } else if seg.kind == "crypt" {
-                let cipher = CipherSpec::parse(&seg.encryption).map_err(|_| {
-                    Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption))
-                })?;
-                let key = keys
-                    .iter()
-                    .find(|(d, _)| self.model.digests[d].segments.contains(&st.segment))
-                    .ok_or_else(|| {
-                        Luks2Error::InvalidMetadata(format!(
-                            "segment {} is bound to neither key of the reencryption",
-                            st.segment
-                        ))
-                    })?;
-                (cipher, seg.sector_size, seg.iv_tweak, key.1.clone())
-            } else {
-                return Err(Luks2Error::Unsupported(format!(
-                    "data segment of type '{}'",
-                    seg.kind
-                ))
-                .into());
-            };
-            if seg.integrity {
-                return Err(Luks2Error::Unsupported(
-                    "data segment with integrity protection (dm-integrity)".into(),
-                )
-                .into());
-            }
-            out.push(SegmentKey {
-                start: st.start,
-                len: st.len,
-                storage_offset: seg.offset,
-                cipher,
-                sector_size,
-                iv: IvOptions {
-                    large_sectors: false,
-                    offset: iv_offset,
-                },
-                key,
-            });
-        }
+        let out = keyed_segments(&self.model, layout, &keys)?;
         Ok((slot, out))
     }
     fn recover_interrupted_step(
@@ -1226,7 +1179,13 @@ impl LuksHeader for Luks2Header {
 }
 
 impl Luks2Header {
-    fn segment(&self) -> &model::Segment {
+    /// The resilience of the reencryption in progress (`checksum`, `journal`, ...).
+    pub fn reencryption_resilience(&self) -> Option<String> {
+        let r = self.model.reencryption().ok().flatten()?;
+        Some(r.params.resilience.name().to_string())
+    }
+
+    pub(crate) fn segment(&self) -> &model::Segment {
         // refresh() guarantees the default segment exists.
         &self.model.segments[&self.segment_id]
     }
@@ -1329,4 +1288,62 @@ fn initial_metadata(
             "keyslots_size": keyslots_size.to_string(),
         },
     })
+}
+
+/// The stretches of a layout mid-reencryption, each with its cipher and the key (of
+/// `keys`, by digest id) its segment is bound to; a `linear` stretch is plaintext.
+pub(super) fn keyed_segments(
+    model: &Model,
+    layout: Vec<reencrypt::Stretch>,
+    keys: &[(u32, SecretBytes)],
+) -> Result<Vec<SegmentKey>> {
+    let mut out = Vec::with_capacity(layout.len());
+    for st in layout {
+        let seg = &model.segments[&st.segment];
+        let (cipher, sector_size, iv_offset, key) = if seg.kind == "linear" {
+            (
+                CipherSpec::parse("cipher_null-ecb")?,
+                512,
+                0,
+                SecretBytes::zeroed(0),
+            )
+        } else if seg.kind == "crypt" {
+            let cipher = CipherSpec::parse(&seg.encryption).map_err(|_| {
+                Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption))
+            })?;
+            let key = keys
+                .iter()
+                .find(|(d, _)| model.digests[d].segments.contains(&st.segment))
+                .ok_or_else(|| {
+                    Luks2Error::InvalidMetadata(format!(
+                        "segment {} is bound to neither key of the reencryption",
+                        st.segment
+                    ))
+                })?;
+            (cipher, seg.sector_size, seg.iv_tweak, key.1.clone())
+        } else {
+            return Err(
+                Luks2Error::Unsupported(format!("data segment of type '{}'", seg.kind)).into(),
+            );
+        };
+        if seg.integrity {
+            return Err(Luks2Error::Unsupported(
+                "data segment with integrity protection (dm-integrity)".into(),
+            )
+            .into());
+        }
+        out.push(SegmentKey {
+            start: st.start,
+            len: st.len,
+            storage_offset: seg.offset,
+            cipher,
+            sector_size,
+            iv: IvOptions {
+                large_sectors: false,
+                offset: iv_offset,
+            },
+            key,
+        });
+    }
+    Ok(out)
 }

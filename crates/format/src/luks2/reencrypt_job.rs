@@ -12,7 +12,7 @@
 use super::model::{Model, ReencryptDirection, ReencryptMode, Resilience, Segment};
 use super::reencrypt::{REQUIREMENT_V2, Reencryption};
 use super::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
-use crate::{Error, LuksHeader, Result, Storage};
+use crate::{Error, LuksHeader, Result, SegmentKey, Storage};
 use cryptblk_crypto::{
     CipherSpec, HashAlg, IvOptions, KdfRequest, SecretBytes, SectorCipher, random_bytes,
 };
@@ -324,10 +324,10 @@ impl Luks2Header {
         Ok((slot, ks_json))
     }
 
-    /// Runs a reencryption (`reencrypt`, `--resume-only`) step by step until it is done or
-    /// `stop()` says to stop between steps. An interrupted step is recovered first.
-    /// `progress(done, total)` is called after every step. `data` is the data device
-    /// (`data_size` bytes; the same file as `dev` unless the header is detached).
+    /// Runs a reencryption (`reencrypt`, `--resume-only`) offline, step by step, until it
+    /// is done or `stop()` says to stop between steps. An interrupted step is recovered
+    /// first. `progress(done, total)` is called after every step. `data` is the data
+    /// device (`data_size` bytes; the same file as `dev` unless the header is detached).
     #[allow(clippy::too_many_arguments)]
     pub fn reencrypt_run(
         &mut self,
@@ -340,13 +340,49 @@ impl Luks2Header {
         stop: &dyn Fn() -> bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<ReencryptOutcome> {
+        let Some(mut job) = self.reencrypt_job(dev, data, data_size, passphrase, slot, hotzone)?
+        else {
+            return Ok(ReencryptOutcome::Finished);
+        };
+        let d = job.data_offset();
+        loop {
+            let step = job.next_step(self)?;
+            let rewritten = job
+                .protect(self, dev, data, &step)
+                .and_then(|()| job.rewrite(data, &step, &|pos, b| Ok(data.write_at(b, d + pos)?)));
+            if let Err(e) = rewritten {
+                // Keep what earlier steps did: a resume must not convert it twice.
+                job.abandon(self, dev, data)?;
+                return Err(e);
+            }
+            let end = job.complete(self, dev, data, &step, stop)?;
+            let (done, total) = job.progress();
+            progress(done, total);
+            if let Some(outcome) = end {
+                return Ok(outcome);
+            }
+        }
+    }
+
+    /// Gets a reencryption ready to run step by step ([`ReencryptJob`]): recovers an
+    /// interrupted step, finishes a job whose data is all done (then `None`), else unlocks
+    /// both keys and fixes the geometry.
+    pub fn reencrypt_job(
+        &mut self,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        hotzone: Option<u64>,
+    ) -> Result<Option<ReencryptJob>> {
         self.check_usable()?;
         if !self.in_reencryption() {
             return Err(Luks2Error::Unsupported("no reencryption in progress".into()).into());
         }
         self.recover_interrupted_step(dev, data, passphrase, slot, data_size)?;
         if !self.in_reencryption() {
-            return Ok(ReencryptOutcome::Finished);
+            return Ok(None);
         }
         // Every byte already converted (cryptsetup stopped after its last step's commit and
         // before its finishing ones): finish, never start over.
@@ -373,54 +409,10 @@ impl Luks2Header {
                 Err(e) => return Err(e),
             };
             self.finish_reencryption(dev, data, data_size, verified)?;
-            return Ok(ReencryptOutcome::Finished);
+            return Ok(None);
         }
-        let job = self.prepare_job(dev, data_size, passphrase, slot, hotzone)?;
-        // With resilience `none` the layout advances in memory only and is committed when
-        // the job stops or ends (cryptsetup's behaviour: no metadata write per step).
-        let mut pending: Option<Value> = None;
-        loop {
-            let json = pending.clone().unwrap_or_else(|| self.json.clone());
-            let (after, done, total) = match self.step(dev, data, &job, json) {
-                Ok(x) => x,
-                Err(e) => {
-                    // Keep what earlier steps did: a resume must not convert it twice.
-                    if let Some(p) = pending {
-                        data.sync()?;
-                        self.commit(dev, p)?;
-                    }
-                    return Err(e);
-                }
-            };
-            pending = None;
-            progress(done, total);
-            let finished = after.finish_after_wipe
-                || Model::from_json(&after.json, self.hdr_size)?
-                    .reencryption()?
-                    .is_none();
-            if job.none && !finished && !stop() {
-                pending = Some(after.json);
-                continue;
-            }
-            if job.none {
-                data.sync()?;
-            }
-            self.commit(dev, after.json)?;
-            for (o, l) in after.wipe_header {
-                keyslot::wipe_area(dev, o, l)?;
-            }
-            dev.sync()?;
-            if after.finish_after_wipe {
-                self.finish_reencryption(dev, data, job.data_size, true)?;
-                return Ok(ReencryptOutcome::Finished);
-            }
-            if finished {
-                return Ok(ReencryptOutcome::Finished);
-            }
-            if stop() {
-                return Ok(ReencryptOutcome::Stopped);
-            }
-        }
+        self.prepare_job(dev, data_size, passphrase, slot, hotzone)
+            .map(Some)
     }
 
     /// Checks that this job is one cryptblk runs (a forward key change in place) and
@@ -432,7 +424,7 @@ impl Luks2Header {
         passphrase: &[u8],
         slot: Option<u32>,
         hotzone: Option<u64>,
-    ) -> Result<Job> {
+    ) -> Result<ReencryptJob> {
         let model = self.model.clone();
         let r = model
             .reencryption()?
@@ -490,73 +482,36 @@ impl Luks2Header {
             ))
             .into());
         }
-        Ok(Job {
+        let new_key = key_of(r.final_.0)?.clone();
+        Ok(ReencryptJob {
             old: cipher_of(r.previous.1, key_of(r.previous.0)?)?,
-            new: cipher_of(r.final_.1, key_of(r.final_.0)?)?,
+            new: cipher_of(r.final_.1, &new_key)?,
+            new_key,
+            keys: keys.clone(),
             d_new,
             total,
             data_size,
             step_len: step_length(&r, hotzone, align)?,
             none: r.params.resilience == Resilience::None,
+            journal: r.params.resilience == Resilience::Journal,
+            pending: None,
+            done: 0,
+            worker_hook: None,
         })
-    }
-
-    /// One step from the layout `json`: protect the hot zone, commit it as hot (not with
-    /// resilience `none`), rewrite it, sync. Returns the layout after the step (to commit)
-    /// and the progress.
-    fn step(
-        &mut self,
-        dev: &mut dyn Storage,
-        data: &dyn Storage,
-        job: &Job,
-        json: Value,
-    ) -> Result<(super::reencrypt::AfterRecovery, u64, u64)> {
-        let model = Model::from_json(&json, self.hdr_size)?;
-        let r = model
-            .reencryption()?
-            .ok_or_else(|| bad("no reencryption"))?;
-        let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
-        let off = match regular.as_slice() {
-            [_] => 0,
-            [first, _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
-            _ => return Err(bad("unexpected segments mid-reencryption")),
-        };
-        let len = job.step_len.min(
-            job.total
-                .checked_sub(off)
-                .filter(|&l| l > 0)
-                .ok_or_else(|| bad("the data ends before the reencryption's progress"))?,
-        );
-        let hot_json = hot_layout(&r, &json, off, len, job.total)?;
-        let hot_model = Model::from_json(&hot_json, self.hdr_size)?;
-        let hot_r = hot_model
-            .reencryption()?
-            .ok_or_else(|| bad("no reencryption"))?;
-        protect(&hot_r, &*dev, data, job.d_new + off, len)?;
-        if !job.none {
-            dev.sync()?;
-            self.commit(dev, hot_json.clone())?;
-        }
-        // Rewritten in place, 1 MiB pieces spread over the cores.
-        in_pieces(len, |at, b| {
-            let pos = off + at;
-            data.read_at(b, job.d_new + pos)?;
-            job.old.decrypt(pos / job.old.sector_size() as u64, b)?;
-            job.new.encrypt(pos / job.new.sector_size() as u64, b)?;
-            Ok(data.write_at(b, job.d_new + pos)?)
-        })?;
-        if !job.none {
-            data.sync()?;
-        }
-        let after = hot_r.after_recovery(&hot_model, &hot_json, job.data_size)?;
-        Ok((after, off + len, job.total))
     }
 }
 
-/// A running reencryption: both layouts' ciphers and the geometry.
-struct Job {
+/// A reencryption ready to run ([`Luks2Header::reencrypt_job`]): both keys unlocked, the
+/// geometry fixed. One step is [`next_step`](Self::next_step), [`protect`](Self::protect),
+/// [`rewrite`](Self::rewrite), [`complete`](Self::complete).
+/// [`Luks2Header::reencrypt_run`] runs the steps offline; the volume crate runs them
+/// while the volume serves, each step's zone closed to writes while it is rewritten.
+pub struct ReencryptJob {
     old: SectorCipher,
     new: SectorCipher,
+    new_key: SecretBytes,
+    /// Both keys by digest id, to key a layout's segments.
+    keys: Vec<(u32, SecretBytes)>,
     /// Where the data starts (the same before and after: no data shift).
     d_new: u64,
     /// Bytes of data.
@@ -565,6 +520,229 @@ struct Job {
     step_len: u64,
     /// Resilience `none`: no metadata commit per step.
     none: bool,
+    /// Resilience `journal`.
+    journal: bool,
+    /// With resilience `none`, the layout the steps reached, committed when the job stops
+    /// or ends (cryptsetup's behaviour: no metadata write per step).
+    pending: Option<Value>,
+    /// Bytes of data under the new key.
+    done: u64,
+    /// Run at the start of every worker thread; with it, the caller's thread only waits.
+    worker_hook: Option<fn()>,
+}
+
+/// One step of a [`ReencryptJob`]: the zone it rewrites and the metadata while it runs.
+pub struct ReencryptStep {
+    /// First byte of the zone, counted from the start of the data.
+    pub offset: u64,
+    /// Bytes in the zone.
+    pub len: u64,
+    hot_json: Value,
+}
+
+impl ReencryptJob {
+    /// Makes the heavy work (hashing the zone, rewriting it) run on helper threads that
+    /// each call `hook` first (e.g. to lower their scheduling priority), never on the
+    /// caller's.
+    pub fn set_worker_hook(&mut self, hook: fn()) {
+        self.worker_hook = Some(hook);
+    }
+
+    /// Whether a write under the new key to a part of the step's zone already rewritten
+    /// survives a crash recovery of the step: with checksums, yes (a recovery leaves
+    /// blocks that no longer match their checksum alone); with a journal, no (its
+    /// recovery rewrites the whole zone from the old bytes); with none, there is no
+    /// recovery to survive.
+    pub fn rewritten_writable(&self) -> bool {
+        !self.journal
+    }
+
+    /// Where the data starts on the data device.
+    pub fn data_offset(&self) -> u64 {
+        self.d_new
+    }
+
+    /// Bytes under the new key so far and bytes in all.
+    pub fn progress(&self) -> (u64, u64) {
+        (self.done, self.total)
+    }
+
+    /// The next step from the current layout (committed, or pending with resilience none).
+    pub fn next_step(&self, hdr: &Luks2Header) -> Result<ReencryptStep> {
+        let json = self.pending.as_ref().unwrap_or(&hdr.json);
+        let model = Model::from_json(json, hdr.hdr_size)?;
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
+        let offset = match regular.as_slice() {
+            [_] => 0,
+            [first, _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
+            _ => return Err(bad("unexpected segments mid-reencryption")),
+        };
+        let len = self.step_len.min(
+            self.total
+                .checked_sub(offset)
+                .filter(|&l| l > 0)
+                .ok_or_else(|| bad("the data ends before the reencryption's progress"))?,
+        );
+        let hot_json = hot_layout(&r, json, offset, len, self.total)?;
+        Ok(ReencryptStep {
+            offset,
+            len,
+            hot_json,
+        })
+    }
+
+    /// The step's zone as it is once rewritten: under the new key, with its IV offset.
+    pub fn hot_segment(&self, hdr: &Luks2Header, step: &ReencryptStep) -> Result<SegmentKey> {
+        let model = Model::from_json(&step.hot_json, hdr.hdr_size)?;
+        let seg = model
+            .segments
+            .values()
+            .find(|s| s.in_reencryption())
+            .ok_or_else(|| bad("no hot segment"))?;
+        Ok(SegmentKey {
+            start: step.offset,
+            len: step.len,
+            storage_offset: seg.offset,
+            cipher: *self.new.spec(),
+            sector_size: seg.sector_size,
+            iv: IvOptions {
+                large_sectors: false,
+                offset: seg.iv_tweak,
+            },
+            key: self.new_key.clone(),
+        })
+    }
+
+    /// Protects the zone's old bytes (checksums or a journal copy, synced) and commits the
+    /// zone as hot (not with resilience `none`). Nothing may write to the zone from here
+    /// until [`complete`](Self::complete).
+    pub fn protect(
+        &self,
+        hdr: &mut Luks2Header,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        step: &ReencryptStep,
+    ) -> Result<()> {
+        let hot_model = Model::from_json(&step.hot_json, hdr.hdr_size)?;
+        let hot_r = hot_model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        protect(
+            &hot_r,
+            &*dev,
+            data,
+            self.d_new + step.offset,
+            step.len,
+            self.worker_hook,
+        )?;
+        if !self.none {
+            dev.sync()?;
+            hdr.commit(dev, step.hot_json.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the zone under the new key, 1 MiB pieces spread over the cores: each read
+    /// from `data`, converted, and handed to `write(pos, piece)` (`pos` counted from the
+    /// start of the data) to be stored.
+    pub fn rewrite(
+        &self,
+        data: &dyn Storage,
+        step: &ReencryptStep,
+        write: &(dyn Fn(u64, &[u8]) -> Result<()> + Sync),
+    ) -> Result<()> {
+        in_pieces(step.len, self.worker_hook, |at, b| {
+            let pos = step.offset + at;
+            data.read_at(b, self.d_new + pos)?;
+            self.old.decrypt(pos / self.old.sector_size() as u64, b)?;
+            self.new.encrypt(pos / self.new.sector_size() as u64, b)?;
+            write(pos, b)
+        })
+    }
+
+    /// Ends a rewritten step: data synced, the layout after it committed (with resilience
+    /// `none` only when the job stops or ends), freed areas wiped; the last step finishes
+    /// the job. `Some(outcome)` when the job ends here.
+    pub fn complete(
+        &mut self,
+        hdr: &mut Luks2Header,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        step: &ReencryptStep,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<ReencryptOutcome>> {
+        data.sync()?;
+        let hot_model = Model::from_json(&step.hot_json, hdr.hdr_size)?;
+        let hot_r = hot_model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?;
+        let after = hot_r.after_recovery(&hot_model, &step.hot_json, self.data_size)?;
+        self.done = step.offset + step.len;
+        let finished = after.finish_after_wipe
+            || Model::from_json(&after.json, hdr.hdr_size)?
+                .reencryption()?
+                .is_none();
+        if self.none && !finished && !stop() {
+            self.pending = Some(after.json);
+            return Ok(None);
+        }
+        self.pending = None;
+        hdr.commit(dev, after.json)?;
+        for (o, l) in after.wipe_header {
+            keyslot::wipe_area(dev, o, l)?;
+        }
+        dev.sync()?;
+        if after.finish_after_wipe {
+            hdr.finish_reencryption(dev, data, self.data_size, true)?;
+            return Ok(Some(ReencryptOutcome::Finished));
+        }
+        if finished {
+            return Ok(Some(ReencryptOutcome::Finished));
+        }
+        Ok(stop().then_some(ReencryptOutcome::Stopped))
+    }
+
+    /// After a failed step: commits the progress of earlier steps that resilience `none`
+    /// kept in memory, so that a resume does not convert them twice.
+    pub fn abandon(
+        &mut self,
+        hdr: &mut Luks2Header,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+    ) -> Result<()> {
+        if let Some(p) = self.pending.take() {
+            data.sync()?;
+            hdr.commit(dev, p)?;
+        }
+        Ok(())
+    }
+
+    /// The data's layout now (committed, or pending with resilience `none`), each stretch
+    /// keyed: what a volume serving the data reads and writes through between steps.
+    pub fn segments(&self, hdr: &Luks2Header) -> Result<Vec<SegmentKey>> {
+        let json = self.pending.as_ref().unwrap_or(&hdr.json);
+        let model = Model::from_json(json, hdr.hdr_size)?;
+        if let Some(r) = model.reencryption()? {
+            return super::keyed_segments(&model, r.layout(&model, self.data_size)?, &self.keys);
+        }
+        // Finished: the final layout, all under the new key.
+        let seg = hdr.segment();
+        Ok(vec![SegmentKey {
+            start: 0,
+            len: self.total,
+            storage_offset: seg.offset,
+            cipher: *self.new.spec(),
+            sector_size: seg.sector_size,
+            iv: IvOptions {
+                large_sectors: false,
+                offset: seg.iv_tweak,
+            },
+            key: self.new_key.clone(),
+        }])
+    }
 }
 
 /// Bytes per step: what the resilience area can protect, capped (1 GiB, `--hotzone-size`)
@@ -679,7 +857,12 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
 
 /// Calls `f(offset, piece)` for each `CHUNK`-sized piece of `len` bytes (the last one
 /// shorter), the pieces spread over the CPU's cores, each with a buffer of its thread.
-fn in_pieces(len: u64, f: impl Fn(u64, &mut [u8]) -> Result<()> + Sync) -> Result<()> {
+/// With a `hook`, every piece runs on a helper thread that called it first.
+fn in_pieces(
+    len: u64,
+    hook: Option<fn()>,
+    f: impl Fn(u64, &mut [u8]) -> Result<()> + Sync,
+) -> Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};
     let pieces = len.div_ceil(CHUNK);
     let threads = std::thread::available_parallelism()
@@ -701,8 +884,22 @@ fn in_pieces(len: u64, f: impl Fn(u64, &mut [u8]) -> Result<()> + Sync) -> Resul
         }
     };
     std::thread::scope(|sc| {
-        let helpers: Vec<_> = (1..threads).map(|_| sc.spawn(work)).collect();
-        let mine = work();
+        let (first, mine_too) = if hook.is_some() {
+            (0, false)
+        } else {
+            (1, true)
+        };
+        let helpers: Vec<_> = (first..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    if let Some(h) = hook {
+                        h();
+                    }
+                    work()
+                })
+            })
+            .collect();
+        let mine = if mine_too { work() } else { Ok(()) };
         helpers
             .into_iter()
             .map(|h| {
@@ -724,6 +921,7 @@ fn protect(
     data: &dyn Storage,
     at: u64,
     len: u64,
+    hook: Option<fn()>,
 ) -> Result<()> {
     let area = r.keyslot.area_offset;
     match &r.params.resilience {
@@ -737,7 +935,7 @@ fn protect(
                 );
             }
             let sums = std::sync::Mutex::new(vec![0u8; (len / bs) as usize * hl]);
-            in_pieces(len, |off, b| {
+            in_pieces(len, hook, |off, b| {
                 data.read_at(b, at + off)?;
                 let mine: Vec<u8> = b
                     .chunks(bs as usize)
@@ -751,7 +949,7 @@ fn protect(
             let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
             dev.write_at(&sums, area)?;
         }
-        Resilience::Journal => in_pieces(len, |off, b| {
+        Resilience::Journal => in_pieces(len, hook, |off, b| {
             data.read_at(b, at + off)?;
             Ok(dev.write_at(b, area + off)?)
         })?,

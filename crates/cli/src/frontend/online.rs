@@ -1,0 +1,233 @@
+//! The serving process's side of online reencryption: `reencrypt JSON` on the control
+//! socket starts a job on the served volume (metadata written, or a job in progress
+//! resumed), `reencrypt-stop` stops it after the current step, `status` reports its
+//! progress, and `close` stops it before the volume closes. The job runs on its own
+//! thread; clients go on reading and writing throughout.
+
+use crate::error::{CliError, CliResult};
+use crate::reencrypt::{Job, from_wire, read_luks2};
+use cryptblk_format::luks2::{Luks2Header, ReencryptOutcome};
+use cryptblk_volume::Volume;
+use serde_json::{Value, json};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+use zeroize::Zeroizing;
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Finished,
+    Stopped,
+    Failed,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Finished => "finished",
+            Phase::Stopped => "stopped",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+/// The last job's progress, for `status`.
+struct Progress {
+    phase: Phase,
+    done: u64,
+    total: u64,
+    /// When the first step of this run ended, and the bytes done then (for the rate).
+    first: Option<(Instant, u64)>,
+    last: Option<(Instant, u64)>,
+    resilience: String,
+    error: Option<String>,
+}
+
+/// The reencryption a served volume runs on request (at most one at a time).
+pub(crate) struct OnlineJobs {
+    vol: Arc<Volume>,
+    /// The LUKS2 header's file (the data file, or the detached header); `None` for
+    /// volumes without one (plain, memory).
+    header: Option<File>,
+    device: PathBuf,
+    progress: Mutex<Option<Progress>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl OnlineJobs {
+    pub(crate) fn new(vol: Arc<Volume>, header: Option<File>, device: &Path) -> Arc<Self> {
+        Arc::new(OnlineJobs {
+            vol,
+            header,
+            device: device.to_path_buf(),
+            progress: Mutex::new(None),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+        })
+    }
+
+    /// `reencrypt PASSPHRASE-HEX JSON`: starts the job and answers once its metadata is
+    /// written (or the job in progress is taken up): `started`, or `error CODE: message`.
+    pub(crate) fn start(self: &Arc<Self>, request: &str) -> String {
+        match self.try_start(request) {
+            Ok(()) => "started".into(),
+            Err(e) => format!("error {}: {}", e.code, e.message.replace('\n', " ")),
+        }
+    }
+
+    fn try_start(self: &Arc<Self>, request: &str) -> CliResult<()> {
+        let (pass_hex, json) = request.split_once(' ').unwrap_or((request, ""));
+        let pass = Zeroizing::new(
+            hex::decode(pass_hex).map_err(|_| CliError::usage("bad passphrase encoding"))?,
+        );
+        let v: Value = serde_json::from_str(json)
+            .map_err(|e| CliError::usage(format!("bad reencrypt request: {e}")))?;
+        let job = Job::of(&from_wire(&v, &self.device))?;
+        if cryptblk_device::BlockDevice::read_only(&*self.vol) {
+            return Err(CliError::usage(
+                "the volume is served read-only: reencrypt it with the volume closed, or \
+                 served read-write",
+            ));
+        }
+        let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        if thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            return Err(CliError::new(
+                crate::error::EXIT_BUSY,
+                "a reencryption is already running on this volume",
+            ));
+        }
+        let file = self.header.as_ref().ok_or_else(|| {
+            CliError::usage("only LUKS2 volumes can be reencrypted (this one has no LUKS header)")
+        })?;
+        let mut hfile = file
+            .try_clone()
+            .map_err(|e| crate::error::io_err(&self.device, e))?;
+        self.stop.store(false, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let me = self.clone();
+        *thread = Some(std::thread::spawn(move || {
+            me.run(&mut hfile, job, &pass, tx);
+        }));
+        drop(thread);
+        rx.recv()
+            .unwrap_or_else(|_| Err(CliError::usage("the reencryption thread died")))
+    }
+
+    /// The job thread: init (or take up), tell `started`, then the steps.
+    fn run(&self, hfile: &mut File, job: Job, pass: &[u8], started: mpsc::Sender<CliResult<()>>) {
+        let mut hdr = match self.init(hfile, &job, pass) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                let _ = started.send(Ok(()));
+                return;
+            }
+            Err(e) => {
+                let _ = started.send(Err(e));
+                return;
+            }
+        };
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Progress {
+            phase: Phase::Running,
+            done: 0,
+            total: 0,
+            first: None,
+            last: None,
+            resilience: hdr.reencryption_resilience().unwrap_or_else(|| "?".into()),
+            error: None,
+        });
+        let _ = started.send(Ok(()));
+        let stop = self.stop.clone();
+        let outcome = cryptblk_volume::reencrypt_online(
+            &self.vol,
+            &mut hdr,
+            hfile,
+            pass,
+            job.slot,
+            job.hotzone,
+            &|| stop.load(Ordering::Relaxed),
+            &mut |done, total| self.note(done, total),
+        );
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = p.as_mut() {
+            match outcome {
+                Ok(ReencryptOutcome::Finished) => p.phase = Phase::Finished,
+                Ok(ReencryptOutcome::Stopped) => p.phase = Phase::Stopped,
+                Err(e) => {
+                    eprintln!("reencryption failed: {e}");
+                    p.phase = Phase::Failed;
+                    p.error = Some(e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Checks and writes the job's metadata; `None` when only that was asked.
+    fn init(&self, hfile: &mut File, job: &Job, pass: &[u8]) -> CliResult<Option<Luks2Header>> {
+        let mut hdr = read_luks2(hfile, &self.device)?;
+        let block = cryptblk_device::BlockDevice::block_size(&*self.vol);
+        if let Some(ss) = job.req.sector_size
+            && ss > block
+        {
+            return Err(CliError::usage(format!(
+                "--sector-size {ss} is larger than the served volume's {block}-byte blocks: \
+                 its clients could not address it (reencrypt it with the volume closed)"
+            )));
+        }
+        let size = self
+            .vol
+            .storage_size()
+            .map_err(|e| crate::error::io_err(&self.device, e))?;
+        let run = job.init(&mut hdr, hfile, size, pass, false)?;
+        Ok(run.then_some(hdr))
+    }
+
+    fn note(&self, done: u64, total: u64) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = p.as_mut() {
+            let now = (Instant::now(), done);
+            p.first.get_or_insert(now);
+            p.last = Some(now);
+            p.done = done;
+            p.total = total;
+        }
+    }
+
+    /// Stops the job after its current step (`reencrypt-stop`).
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops the job after its current step and waits for it (before the volume closes).
+    pub(crate) fn stop_and_wait(&self) {
+        self.request_stop();
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+
+    /// `status`'s `reencryption` object (null when no job ran).
+    pub(crate) fn status(&self) -> Value {
+        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = p.as_ref() else {
+            return Value::Null;
+        };
+        let rate = match (p.first, p.last) {
+            (Some((t0, d0)), Some((t1, d1))) if t1 > t0 => {
+                (d1 - d0) as f64 / (t1 - t0).as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        json!({
+            "state": p.phase.name(), "done_bytes": p.done, "total_bytes": p.total,
+            "bytes_per_second": rate as u64, "resilience": p.resilience, "error": p.error,
+        })
+    }
+}

@@ -1,0 +1,137 @@
+//! `reencrypt` on a volume cryptblk serves: the job is handed to the serving process over
+//! its control socket (the passphrase with it, never on a command line), and this command
+//! shows the progress until the job ends. Ctrl-C stops the job after its current step;
+//! either tool resumes it later.
+
+use crate::commands::Ctx;
+use crate::error::{CliError, CliResult, EXIT_USAGE};
+use crate::passphrase::get_passphrase;
+use crate::reencrypt::{Job, ReencryptArgs, show_progress, to_wire};
+use crate::rundir::{self, existing_run_dir};
+use crate::serve::ask;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
+
+/// The name under which this user serves `device` (the same file or block device), if
+/// one of the run directory's volumes does.
+pub fn served_name(device: &Path, run_dir: &Option<PathBuf>) -> CliResult<Option<String>> {
+    let Some(id) = rundir::identity(device) else {
+        return Ok(None);
+    };
+    let Some(dir) = existing_run_dir(run_dir)? else {
+        return Ok(None);
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(None);
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        if let Some(name) = file.strip_suffix(".ctl")
+            && let Ok(out) = ask(&dir, name, "status")
+            && let Ok(v) = serde_json::from_str::<Value>(out.trim())
+            && v["device_id"] == serde_json::json!([id.0, id.1])
+        {
+            return Ok(Some(name.to_string()));
+        }
+    }
+    Ok(None)
+}
+
+/// Hands the job to the volume served as `name` and follows it to its end.
+pub fn reencrypt_served(ctx: &Ctx, a: &ReencryptArgs, job: &Job, name: &str) -> CliResult<()> {
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_served(name))?;
+    if a.header.header.is_some() {
+        return Err(CliError::usage(
+            "--header: a served volume reencrypts with the header it was opened with",
+        ));
+    }
+    let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
+    let line = Zeroizing::new(format!(
+        "reencrypt {} {}",
+        Zeroizing::new(hex::encode(&*pass)).as_str(),
+        to_wire(a)
+    ));
+    let reply = ask(&dir, name, &line).map_err(|_| not_served(name))?;
+    if let Some(rest) = reply.trim().strip_prefix("error ") {
+        let (code, msg) = rest.split_once(": ").unwrap_or(("1", rest));
+        return Err(CliError::new(code.parse().unwrap_or(EXIT_USAGE), msg));
+    }
+    if reply.trim() != "started" {
+        return Err(CliError::usage(format!(
+            "unexpected reply: {}",
+            reply.trim()
+        )));
+    }
+    if job.init_only {
+        return Ok(());
+    }
+    follow(ctx, &dir, name)
+}
+
+fn not_served(name: &str) -> CliError {
+    CliError::new(
+        crate::error::EXIT_NO_DEVICE,
+        format!("Device {name} is not active."),
+    )
+}
+
+/// Shows the job's progress until it ends; the first Ctrl-C asks it to stop.
+fn follow(ctx: &Ctx, dir: &Path, name: &str) -> CliResult<()> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone())
+            .map_err(|e| CliError::usage(format!("signals: {e}")))?;
+    }
+    let (start, mut first, mut asked) = (Instant::now(), None, false);
+    let show = !ctx.batch || ctx.verbose;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if interrupted.load(Ordering::Relaxed) && !asked {
+            asked = ask(dir, name, "reencrypt-stop").is_ok();
+        }
+        let status = ask(dir, name, "status").map_err(|_| {
+            CliError::usage(format!(
+                "{name} stopped serving during the reencryption; resume it with \
+                 `reencrypt --resume-only`"
+            ))
+        })?;
+        let v: Value = serde_json::from_str(status.trim())
+            .map_err(|e| CliError::usage(format!("bad status reply: {e}")))?;
+        let r = &v["reencryption"];
+        let (done, total) = (
+            r["done_bytes"].as_u64().unwrap_or(0),
+            r["total_bytes"].as_u64().unwrap_or(0),
+        );
+        if show && total > 0 {
+            show_progress(start, *first.get_or_insert(done), done, total);
+        }
+        match r["state"].as_str() {
+            Some("running") => continue,
+            Some("finished") => {
+                if show {
+                    eprintln!();
+                }
+                return Ok(());
+            }
+            Some("stopped") => {
+                if show {
+                    eprintln!();
+                }
+                return Err(CliError::new(
+                    EXIT_USAGE,
+                    "Reencryption interrupted; resume it with `reencrypt --resume-only`.",
+                ));
+            }
+            _ => {
+                return Err(CliError::usage(format!(
+                    "reencryption failed: {}",
+                    r["error"].as_str().unwrap_or("unknown error")
+                )));
+            }
+        }
+    }
+}

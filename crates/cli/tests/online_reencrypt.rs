@@ -1,0 +1,344 @@
+//! `cryptblk reencrypt` on a volume being served over NBD (online): the job is handed to
+//! the serving process, fio keeps writing and verifying (crc32c) throughout, and the data
+//! must verify after the job, after a reopen, and after cryptsetup's checks. A server
+//! killed (SIGKILL) mid-job reopens (recovering its step) and the job resumes online; a
+//! `close` mid-job leaves a state cryptsetup resumes; bad requests change nothing.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+struct Lab {
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    /// A LUKS2 volume: 16 MiB header + 64 MiB of data, 4096-byte sectors.
+    fn new() -> Lab {
+        Lab::with_sector("4096")
+    }
+    fn with_sector(ss: &str) -> Lab {
+        let lab = Lab {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        std::fs::write(lab.p("pw"), b"rotate while serving").unwrap();
+        std::fs::File::create(lab.p("v.img"))
+            .unwrap()
+            .set_len(80 << 20)
+            .unwrap();
+        let (pw, img) = (lab.p("pw"), lab.p("v.img"));
+        let mut args = vec!["format", "-q", "--type", "luks2", "--sector-size", ss];
+        args.extend(KDF);
+        args.extend(["--key-file", &pw, &img]);
+        ok(&lab.cb(&args));
+        lab
+    }
+    fn p(&self, f: &str) -> String {
+        self.dir.path().join(f).to_str().unwrap().to_string()
+    }
+    fn cb(&self, args: &[&str]) -> Output {
+        run_in(bin(), args, b"")
+    }
+    fn open(&self, extra: &[&str]) {
+        let (img, pw, sock, run) = (
+            self.p("v.img"),
+            self.p("pw"),
+            format!("unix:{}", self.p("s.sock")),
+            self.p("run"),
+        );
+        let mut args = vec![
+            "open",
+            &img,
+            "vol",
+            "--nbd",
+            &sock,
+            "--daemon",
+            "--run-dir",
+            &run,
+            "--key-file",
+            &pw,
+        ];
+        args.extend_from_slice(extra);
+        ok(&self.cb(&args));
+    }
+    fn close(&self) {
+        ok(&self.cb(&["close", "vol", "--run-dir", &self.p("run")]));
+    }
+    fn status(&self) -> Value {
+        let out = ok(&self.cb(&["list", "--json", "--run-dir", &self.p("run")]));
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0].clone()
+    }
+    /// `cryptblk reencrypt` on the image (found served), started in the background.
+    fn reencrypt(&self, extra: &[&str]) -> Child {
+        let (img, pw, run) = (self.p("v.img"), self.p("pw"), self.p("run"));
+        Command::new(bin())
+            .args([
+                "reencrypt",
+                "-q",
+                &img,
+                "--key-file",
+                &pw,
+                "--run-dir",
+                &run,
+            ])
+            .args(KDF)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+    /// fio over NBD: two jobs of 24 MiB each writing random 4k-64k blocks (or only
+    /// verifying what an identical run wrote); fails the test on any verify error.
+    fn fio(&self, verify_only: bool) {
+        let uri = format!("nbd+unix:///vol?socket={}", self.p("s.sock"));
+        let mut args = vec![
+            "--name=online".to_string(),
+            "--ioengine=nbd".into(),
+            format!("--uri={uri}"),
+            "--rw=randwrite".into(),
+            "--bsrange=4k-64k".into(),
+            "--iodepth=8".into(),
+            "--size=24M".into(),
+            "--offset_increment=32M".into(),
+            "--numjobs=2".into(),
+            "--verify=crc32c".into(),
+            "--verify_backlog=64".into(),
+            "--verify_fatal=1".into(),
+            "--randrepeat=1".into(),
+            "--output-format=json".into(),
+        ];
+        if verify_only {
+            args.push("--verify_only".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ok(&run_at(
+            Some(self.dir.path()),
+            &tool("fio", "fio"),
+            &args,
+            b"",
+        ));
+        let j: Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+        for job in j["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "fio verify failed: {job}");
+        }
+    }
+    fn test_passphrase(&self) {
+        let (pw, img) = (self.p("pw"), self.p("v.img"));
+        ok(&run_in(
+            &tool("cryptsetup", "cryptsetup-bin"),
+            &["open", "--test-passphrase", "--key-file", &pw, &img],
+            b"",
+        ));
+    }
+    /// The header area's bytes (readable while the volume is open, unlike `luksDump`,
+    /// which waits for the server's lock).
+    fn header(&self) -> Vec<u8> {
+        let mut h = std::fs::read(self.p("v.img")).unwrap();
+        h.truncate(16 << 20);
+        h
+    }
+    /// `cryptsetup luksDump` (the volume closed).
+    fn dump(&self) -> String {
+        ok(&run_in(
+            &tool("cryptsetup", "cryptsetup-bin"),
+            &["luksDump", &self.p("v.img")],
+            b"",
+        ))
+    }
+}
+
+/// Waits for `child` (at most 120 s) and returns its output.
+fn finish(child: Child) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut child = child;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "reencrypt did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn fio_verifies_through_an_online_reencryption_and_after_reopen() {
+    let lab = Lab::new();
+    lab.open(&[]);
+    lab.fio(false);
+    // Small steps, so that fio runs during many of them.
+    let job = lab.reencrypt(&["--hotzone-size", "1M", "--resilience", "journal"]);
+    let mut during = 0;
+    let mut job = Some(job);
+    while let Some(mut j) = job.take() {
+        if j.try_wait().unwrap().is_some() {
+            let out = finish(j);
+            ok(&out);
+            break;
+        }
+        lab.fio(false);
+        during += 1;
+        job = Some(j);
+    }
+    eprintln!("fio runs during the reencryption: {during}");
+    assert!(during >= 1, "fio never ran during the reencryption");
+    let s = lab.status();
+    assert_eq!(s["reencryption"]["state"], "finished", "{s}");
+    assert_eq!(
+        s["reencryption"]["done_bytes"],
+        s["reencryption"]["total_bytes"]
+    );
+    lab.fio(true);
+    lab.close();
+    let dump = lab.dump();
+    assert!(!dump.contains("reencrypt"), "metadata left:\n{dump}");
+    lab.test_passphrase();
+    lab.open(&[]);
+    lab.fio(true);
+    lab.close();
+}
+
+#[test]
+fn a_server_killed_mid_job_reopens_and_the_job_resumes_online() {
+    let lab = Lab::new();
+    lab.open(&[]);
+    lab.fio(false);
+    let pid = lab.status()["pid"].as_i64().unwrap();
+    let job = lab.reencrypt(&["--hotzone-size", "1M"]);
+    // Kill the server once a few steps are done.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = &lab.status()["reencryption"];
+        if r["done_bytes"].as_u64().unwrap_or(0) >= 8 << 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no progress: {r}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ok(&run_in("kill", &["-9", &pid.to_string()], b""));
+    let out = finish(job);
+    assert!(
+        !out.status.success(),
+        "reencrypt did not notice the server died"
+    );
+    // The stale socket and pid file stay; the next open replaces them and recovers the
+    // step; the job resumes online and finishes.
+    lab.open(&[]);
+    lab.fio(true);
+    ok(&finish(lab.reencrypt(&["--resume-only"])));
+    assert_eq!(lab.status()["reencryption"]["state"], "finished");
+    lab.fio(true);
+    lab.close();
+    lab.test_passphrase();
+    assert!(!lab.dump().contains("reencrypt"));
+}
+
+#[test]
+fn close_mid_job_leaves_a_state_cryptsetup_resumes() {
+    let lab = Lab::new();
+    lab.open(&[]);
+    lab.fio(false);
+    let job = lab.reencrypt(&["--hotzone-size", "1M"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lab.status()["reencryption"]["done_bytes"]
+        .as_u64()
+        .unwrap_or(0)
+        < 4 << 20
+    {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    lab.close();
+    let out = finish(job);
+    assert!(
+        !out.status.success(),
+        "reencrypt says it finished after a close"
+    );
+    assert!(lab.dump().contains("reencrypt"), "no job left to resume");
+    let (pw, img) = (lab.p("pw"), lab.p("v.img"));
+    ok(&run_in(
+        &tool("cryptsetup", "cryptsetup-bin"),
+        &[
+            "reencrypt",
+            "-q",
+            "--resume-only",
+            "--force-offline-reencrypt",
+            "--key-file",
+            &pw,
+            &img,
+        ],
+        b"",
+    ));
+    lab.open(&[]);
+    lab.fio(true);
+    lab.close();
+}
+
+#[test]
+fn bad_online_requests_are_refused_and_change_nothing() {
+    let lab = Lab::with_sector("512");
+    lab.open(&[]);
+    let before = lab.header();
+    let refused = |out: Output, why: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{why}: {err}");
+        assert!(
+            lab.header() == before,
+            "a refused request changed the header"
+        );
+    };
+    // Wrong passphrase: cryptsetup's exit code 2.
+    std::fs::write(lab.p("bad"), b"not it").unwrap();
+    let (img, bad, run) = (lab.p("v.img"), lab.p("bad"), lab.p("run"));
+    let out = lab.cb(&[
+        "reencrypt",
+        "-q",
+        &img,
+        "--key-file",
+        &bad,
+        "--run-dir",
+        &run,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    refused(out, "No key available");
+    // A sector size the clients (512-byte blocks) could not address.
+    refused(
+        finish(lab.reencrypt(&["--sector-size", "4096"])),
+        "larger than the served volume",
+    );
+    refused(finish(lab.reencrypt(&["--resume-only"])), "not in progress");
+    refused(finish(lab.reencrypt(&["--encrypt"])), "not supported yet");
+    // A second job while one runs.
+    let first = lab.reencrypt(&["--hotzone-size", "1M"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while lab.status()["reencryption"]["state"] != "running" {
+        assert!(Instant::now() < deadline, "the first job never ran");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let second = finish(lab.reencrypt(&[]));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success() && err.contains("already running"),
+        "{err}"
+    );
+    ok(&finish(first));
+    lab.close();
+    lab.test_passphrase();
+}
+
+#[test]
+fn a_read_only_served_volume_refuses_online_reencryption() {
+    let lab = Lab::new();
+    lab.open(&["--readonly"]);
+    let before = lab.header();
+    let out = finish(lab.reencrypt(&[]));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("read-only"), "{err}");
+    assert!(lab.header() == before);
+    lab.close();
+}
