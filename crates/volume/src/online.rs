@@ -16,7 +16,7 @@ use crate::{Result, Volume};
 use cryptblk_format::luks2::{Luks2Header, ReencryptJob, ReencryptOutcome};
 use cryptblk_format::{LuksHeader, SegmentKey, Storage};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes rewritten per step when the volume serves and no `--hotzone-size` is given: a
 /// write to the zone waits for its step, so steps stay short.
@@ -102,36 +102,43 @@ fn data_segments(segs: Vec<SegmentKey>) -> Result<Vec<crate::DataSegment>> {
 const BUSY_CPU_SHARE: f64 = 0.25;
 
 thread_local! {
-    /// When this worker last finished a piece (or started), and the client I/O counter then.
-    static LAST_PIECE: std::cell::Cell<(Option<Instant>, u64)> =
-        const { std::cell::Cell::new((None, 0)) };
+    /// This worker's CPU time when it last finished a piece (or started), and the client
+    /// I/O counter then.
+    static LAST_PIECE: std::cell::Cell<(Duration, u64)> =
+        const { std::cell::Cell::new((Duration::ZERO, u64::MAX)) };
+}
+
+/// CPU time of the calling thread (not wall time: a worker preempted by clients has not
+/// worked while it waited).
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Called by a rewriting thread after each piece: if clients did I/O since its last one,
-/// it sleeps long enough that the workers' busy time stays at [`BUSY_CPU_SHARE`] of a CPU
+/// it sleeps long enough that the workers' CPU time stays at [`BUSY_CPU_SHARE`] of a CPU
 /// (not while a writer waits for the zone: the job is then what the client waits for).
 fn yield_to_clients(vol: &Volume, hot: &crate::volume::HotZone) {
     let st = vol.stats();
     let io = st.read_bytes.load(Relaxed) + st.written_bytes.load(Relaxed);
-    let now = Instant::now();
-    let (last, seen) = LAST_PIECE.with(|c| c.replace((Some(now), io)));
-    if let Some(t) = last
-        && io != seen
-    {
+    let now = thread_cpu_time();
+    let (last, seen) = LAST_PIECE.with(|c| c.replace((now, io)));
+    if io != seen {
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-        let pause = (now - t).as_secs_f64() * (workers as f64 / BUSY_CPU_SHARE - 1.0);
+        let pause =
+            now.saturating_sub(last).as_secs_f64() * (workers as f64 / BUSY_CPU_SHARE - 1.0);
         hot.pause(Duration::from_secs_f64(pause.min(1.0)));
-        LAST_PIECE.with(|c| c.set((Some(Instant::now()), io)));
     }
 }
 
-/// Puts the calling thread in the idle scheduling class: it runs on CPU time no client
-/// wants. Best effort: where the kernel refuses, the thread keeps its priority.
+/// Starts a rewriting thread: in the idle scheduling class (it runs on CPU time no
+/// client wants; best effort, where the kernel refuses it keeps its priority), its CPU
+/// clock noted for [`yield_to_clients`].
 #[allow(unsafe_code)]
 fn background_thread() {
-    LAST_PIECE.with(|c| c.set((Some(Instant::now()), u64::MAX)));
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler(0, ...) changes only the calling thread's policy; `param`
     // is an initialised sched_param that outlives the call.
     let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    LAST_PIECE.with(|c| c.set((thread_cpu_time(), u64::MAX)));
 }
