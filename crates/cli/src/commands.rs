@@ -83,6 +83,9 @@ pub struct DumpArgs {
     /// Also print the volume key (asks for a passphrase).
     #[arg(long = "dump-volume-key", alias = "dump-master-key")]
     pub dump_volume_key: bool,
+    /// LUKS2: print the header's JSON metadata as cryptsetup does.
+    #[arg(long = "dump-json-metadata")]
+    pub dump_json_metadata: bool,
     #[command(flatten)]
     pub key: KeyArgs,
 }

@@ -1,8 +1,10 @@
-//! `dump`: what cryptsetup luksDump shows, as text or JSON.
+//! `dump`: what cryptsetup luksDump shows, in its layout (`luksdump.rs`) or as JSON.
 
 use crate::commands::{Ctx, DumpArgs, load, open_header};
 use crate::error::CliResult;
 use cryptblk_crypto::Kdf;
+use cryptblk_format::luks1::Luks1Header;
+use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{KeyslotInfo, LuksHeader};
 use serde_json::{Value, json};
 
@@ -19,23 +21,6 @@ fn kdf_json(k: &Kdf) -> Value {
         } => {
             json!({"type": variant.name(), "time": time, "memory": memory_kib, "cpus": parallel})
         }
-    }
-}
-
-fn kdf_text(k: &Kdf) -> String {
-    match k {
-        Kdf::Pbkdf2 { hash, iterations } => {
-            format!("pbkdf2\n\tHash:       {hash}\n\tIterations: {iterations}")
-        }
-        Kdf::Argon2 {
-            variant,
-            time,
-            memory_kib,
-            parallel,
-        } => format!(
-            "{}\n\tTime cost:  {time}\n\tMemory:     {memory_kib}\n\tThreads:    {parallel}",
-            variant.name()
-        ),
     }
 }
 
@@ -120,37 +105,34 @@ pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         );
         return Ok(());
     }
-    println!("LUKS header information for {}\n", path.display());
-    println!("Version:       \t{}", hdr.version());
-    println!("UUID:          \t{}", hdr.uuid());
-    println!("Cipher:        \t{}", hdr.cipher());
-    println!("Key size:      \t{} bits", hdr.key_len() * 8);
-    println!("Sector size:   \t{}", hdr.sector_size());
-    println!("Data offset:   \t{} [bytes]", hdr.data_offset());
-    match hdr.data_length() {
-        Some(n) => println!("Data length:   \t{n} [bytes]"),
-        None => println!("Data length:   \t(whole device)"),
-    }
-    println!("\nKeyslots:");
-    for s in hdr.keyslots() {
-        if !s.active {
-            if hdr.version() == 1 {
-                println!("  {}: DISABLED", s.id);
-            }
-            continue;
+    let shown = path.display().to_string();
+    if a.dump_json_metadata {
+        if hdr.version() != 2 {
+            return Err(crate::error::CliError::usage(
+                "--dump-json-metadata: only LUKS2 has JSON metadata",
+            ));
         }
-        println!("  {}: ENABLED", s.id);
-        if let Some(k) = &s.kdf {
-            println!("\tPBKDF:      {}", kdf_text(k));
-        }
-        println!("\tSalt:       {}", hex::encode(&s.salt));
-        println!("\tAF stripes: {}", s.stripes);
-        println!("\tAF hash:    {}", s.af_hash);
-        println!("\tArea offset:{} [bytes]", s.area_offset);
-        println!("\tArea length:{} [bytes]", s.area_size);
+        let h = Luks2Header::read_ignoring_requirements(&mut dev)?;
+        // As cryptsetup: no newline after the closing brace.
+        print!("{}", crate::luksdump::json_c_pretty(h.json()));
+        return Ok(());
     }
     if let Some(vk) = &volume_key {
-        println!("\nVolume key:    \t{}", hex::encode(&vk[..]));
+        let text = crate::luksdump::volume_key(
+            &a.device.display().to_string(),
+            &hdr.cipher().to_string(),
+            hdr.data_offset() / 512,
+            hdr.uuid(),
+            vk,
+        );
+        print!("{text}");
+        return Ok(());
     }
+    let text = if hdr.version() == 1 {
+        crate::luksdump::luks1(&Luks1Header::read(&mut dev)?, &shown)
+    } else {
+        crate::luksdump::luks2(&Luks2Header::read_ignoring_requirements(&mut dev)?)
+    };
+    print!("{text}");
     Ok(())
 }

@@ -7,6 +7,7 @@ mod commands;
 mod dump;
 mod error;
 mod frontend;
+mod luksdump;
 mod online;
 mod passphrase;
 mod process;
