@@ -124,6 +124,21 @@ pub struct RemoveKeyArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ConvertKeyArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// The keyslot to convert (kept in place); else the one the passphrase opens, moved
+    /// to the first free slot as cryptsetup does.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct KillSlotArgs {
     pub device: PathBuf,
     pub slot: u32,
@@ -421,6 +436,41 @@ pub fn change_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     // Each format does it as crash-safely as its layout allows (see `replace_keyslot`).
     let slot = hdr.replace_keyslot(&mut dev, old_slot, &vk, &new, None, &kdf)?;
     eprintln!("Key slot {old_slot} changed (new passphrase in key slot {slot}).");
+    Ok(())
+}
+
+pub fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
+    let path = header_path(&a.device, &a.header);
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    if load_header(&mut dev).map(|h| h.version()).ok() != Some(2) {
+        return Err(CliError::usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            path.display()
+        )));
+    }
+    let mut hdr = cryptblk_format::luks2::Luks2Header::read(&mut dev)?;
+    if let Some(s) = a.key_slot
+        && !hdr.keyslots().iter().any(|k| k.active && k.id == s)
+    {
+        return Err(CliError::usage(format!("Keyslot {s} is not active.")));
+    }
+    let kdf = kdf_request(&a.kdf, false)?;
+    let pass = get_passphrase(
+        &a.key.source(),
+        "Enter passphrase for keyslot to be converted: ",
+        false,
+    )?;
+    let slot = hdr
+        .change_keyslot(&mut dev, &pass, &pass, a.key_slot, a.key_slot, &kdf)
+        .map_err(|e| match e {
+            cryptblk_format::Error::WrongPassphrase => {
+                CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+            }
+            e => e.into(),
+        })?;
+    if ctx.verbose {
+        eprintln!("Key slot {slot} created.");
+    }
     Ok(())
 }
 

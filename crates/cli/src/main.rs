@@ -110,6 +110,10 @@ enum Command {
     /// Wipe one keyslot (cryptsetup luksKillSlot).
     #[command(alias = "luksKillSlot")]
     KillSlot(commands::KillSlotArgs),
+    /// Re-protect a LUKS2 keyslot's key with another PBKDF or cost (cryptsetup
+    /// luksConvertKey), e.g. PBKDF2 to argon2id.
+    #[command(alias = "luksConvertKey")]
+    ConvertKey(commands::ConvertKeyArgs),
     /// Check a passphrase without opening (cryptsetup open --test-passphrase).
     TestPassphrase(commands::TestArgs),
     /// Print or set (--uuid) the volume UUID (cryptsetup luksUUID).
@@ -171,6 +175,7 @@ fn main() {
         Command::RemoveKey(a) => commands::remove_key(&ctx, a),
         Command::ChangeKey(a) => commands::change_key(&ctx, a),
         Command::KillSlot(a) => commands::kill_slot(&ctx, a),
+        Command::ConvertKey(a) => commands::convert_key(&ctx, a),
         Command::TestPassphrase(a) => commands::test_passphrase(&ctx, a),
         Command::Uuid(a) => commands::uuid(&ctx, a),
         Command::IsLuks(a) => commands::is_luks(&ctx, a),

@@ -1,6 +1,7 @@
 //! cryptsetup's remaining LUKS verbs, checked against the real cryptsetup: `config`
 //! (label, subsystem, keyslot priority), `uuid --uuid` (LUKS1 and LUKS2), `erase`
-//! (crypto-shred), and cryptsetup's command names as aliases.
+//! (crypto-shred), `luksConvertKey` (a keyslot's PBKDF), and cryptsetup's command names
+//! as aliases.
 
 mod common;
 
@@ -195,4 +196,57 @@ fn open_test_passphrase_checks_without_serving() {
     );
     let o = lab.cb(&["open", &img, "--key-file", &pw]);
     assert!(!o.status.success(), "serving still needs a name");
+}
+
+#[test]
+fn convert_key_changes_a_keyslots_pbkdf_as_cryptsetup_reads_it() {
+    let lab = Lab::new();
+    let img = lab.image("v.img", "luks2");
+    let pw = lab.p("pw");
+    let kdf_of = |slot: &str| -> serde_json::Value {
+        let out = ok(&run_in(
+            &lab.cs,
+            &["luksDump", "--dump-json-metadata", &img],
+            b"",
+        ));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        j["keyslots"][slot]["kdf"].clone()
+    };
+    assert_eq!(kdf_of("0")["type"], "pbkdf2");
+    // A wrong passphrase: cryptsetup's exit code, nothing changed.
+    std::fs::write(lab.p("bad"), b"nope").unwrap();
+    let before = lab.dump(&img);
+    let out = lab.cb(&[
+        "luksConvertKey",
+        "--key-file",
+        &lab.p("bad"),
+        &img,
+        "--pbkdf",
+        "argon2id",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(lab.dump(&img), before);
+    // In place (--key-slot): PBKDF2 to argon2id with the costs asked for.
+    let mut args = vec!["luksConvertKey", "--key-slot", "0", "--key-file", &pw, &img];
+    args.extend(["--pbkdf", "argon2id", "--pbkdf-force-iterations", "4"]);
+    args.extend(["--pbkdf-memory", "32768", "--pbkdf-parallel", "1"]);
+    ok(&lab.cb(&args));
+    let k = kdf_of("0");
+    assert_eq!(k["type"], "argon2id", "{k}");
+    assert_eq!(k["time"], 4);
+    assert_eq!(k["memory"], 32768);
+    assert_eq!(k["cpus"], 1);
+    assert!(lab.opens(&img), "cryptsetup no longer opens it");
+    // Without --key-slot the key moves to the first free slot, as with cryptsetup.
+    let mut args = vec!["convert-key", "--key-file", &pw, &img];
+    args.extend(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "2000"]);
+    ok(&lab.cb(&args));
+    assert!(kdf_of("0").is_null(), "slot 0 still there");
+    assert_eq!(kdf_of("1")["iterations"], 2000);
+    assert!(lab.opens(&img));
+    // LUKS1 has no PBKDF choice to convert.
+    let l1 = lab.image("l1.img", "luks1");
+    let out = lab.cb(&["luksConvertKey", "--key-file", &pw, &l1]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid LUKS2 device"));
 }
