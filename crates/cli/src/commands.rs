@@ -182,7 +182,7 @@ impl KeyArgs {
 }
 
 /// The file holding the header: `--header` if given, else the device.
-fn header_path<'a>(device: &'a Path, h: &'a HeaderArgs) -> &'a Path {
+pub(crate) fn header_path<'a>(device: &'a Path, h: &'a HeaderArgs) -> &'a Path {
     h.header.as_deref().unwrap_or(device)
 }
 

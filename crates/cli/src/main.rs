@@ -14,6 +14,7 @@ mod process;
 mod reencrypt;
 mod rundir;
 mod serve;
+mod token;
 mod transfer;
 mod units;
 mod unlock;
@@ -127,6 +128,8 @@ enum Command {
     /// Wipe every keyslot: the data can never be decrypted again (cryptsetup erase).
     #[command(alias = "luksErase")]
     Erase(commands::DeviceArgs),
+    /// Manage LUKS2 tokens: add, remove, import, export, unassign (cryptsetup token).
+    Token(token::TokenArgs),
     /// Change the volume key of a LUKS2 volume, resumably (cryptsetup reencrypt).
     Reencrypt(reencrypt::ReencryptArgs),
     /// Save the header and keyslot areas to a file (cryptsetup luksHeaderBackup).
@@ -182,6 +185,7 @@ fn main() {
         Command::Reencrypt(a) => reencrypt::reencrypt(&ctx, a),
         Command::Config(a) => commands::config(&ctx, a),
         Command::Erase(a) => commands::erase(&ctx, a),
+        Command::Token(a) => token::token(&ctx, a),
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),
         Command::Benchmark(a) => benchmark::run(a),

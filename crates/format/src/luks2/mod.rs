@@ -24,6 +24,7 @@ mod reencrypt;
 mod reencrypt_job;
 #[cfg(test)]
 mod tests;
+mod token;
 
 use cryptblk_crypto::{CipherSpec, IvOptions, KdfRequest, SecretBytes, random_bytes};
 use serde_json::{Map, Value, json};
@@ -35,6 +36,7 @@ pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3};
 pub use reencrypt_job::{
     ReencryptJob, ReencryptOutcome, ReencryptRequest, ReencryptStep, ResilienceRequest,
 };
+pub use token::KEYRING_TOKEN;
 
 use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, SegmentKey, Storage};
 use binary::{BIN_HDR_LEN, BinHeader, LABEL_LEN, RawCopy, SALT_LEN};
