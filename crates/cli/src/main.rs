@@ -148,6 +148,12 @@ enum Command {
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     #[command(alias = "luksClose")]
     Close(serve::NameArgs),
+    /// Wipe a served volume's keys from memory and hold its I/O (cryptsetup luksSuspend).
+    #[command(alias = "luksSuspend")]
+    Suspend(serve::NameArgs),
+    /// Unlock a suspended volume again; its held I/O goes on (cryptsetup luksResume).
+    #[command(alias = "luksResume")]
+    Resume(serve::ResumeArgs),
     /// Show an open volume (cryptsetup status).
     Status(serve::NameArgs),
     /// List open volumes.
@@ -192,6 +198,8 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Open(a) => frontend::open(&ctx, a),
         Command::Close(a) => serve::close(&ctx, a),
+        Command::Suspend(a) => serve::suspend(&ctx, a),
+        Command::Resume(a) => serve::resume(&ctx, a),
         Command::Status(a) => serve::status(&ctx, a),
         Command::List(a) => serve::list(&ctx, a),
         Command::Export(a) => transfer::export(&ctx, a),

@@ -119,6 +119,9 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  size:    {} sectors", v["size_sectors"]);
     println!("  mode:    {}", v["mode"].as_str().unwrap_or(""));
     println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
+    if v["suspended"] == true {
+        println!("  suspended: yes (keys wiped, I/O held until resume)");
+    }
     if !v["clients"].is_null() {
         println!("  clients: {}", v["clients"]);
     }
@@ -179,4 +182,52 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
         }
     }
     Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    pub name: String,
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub key: crate::KeyArgs,
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+}
+
+/// A control-socket answer: the expected word, or `error CODE: message`.
+fn answered(reply: &str, expect: &str) -> CliResult<()> {
+    let reply = reply.trim();
+    if reply == expect {
+        return Ok(());
+    }
+    let rest = reply.strip_prefix("error ").unwrap_or(reply);
+    let (code, msg) = rest.split_once(": ").unwrap_or(("1", rest));
+    Err(CliError::new(code.parse().unwrap_or(1), msg))
+}
+
+/// `suspend NAME` (cryptsetup luksSuspend): the served volume drops its keys and holds
+/// its I/O until `resume`.
+pub fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+    check_name(&a.name)?;
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
+    answered(&ask(&dir, &a.name, "suspend")?, "suspended")
+}
+
+/// `resume NAME` (cryptsetup luksResume): unlocks the suspended volume again with a
+/// passphrase (sent over the private control socket, never on a command line).
+pub fn resume(_ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
+    check_name(&a.name)?;
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
+    let pass = crate::passphrase::get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.name),
+        false,
+    )?;
+    let line = zeroize::Zeroizing::new(format!(
+        "resume {}{}",
+        zeroize::Zeroizing::new(hex::encode(&*pass)).as_str(),
+        a.key_slot.map_or(String::new(), |s| format!(" {s}"))
+    ));
+    answered(&ask(&dir, &a.name, &line)?, "resumed")
 }

@@ -16,6 +16,7 @@ mod error;
 mod online;
 mod open;
 mod storage;
+mod suspend;
 mod uring;
 mod volume;
 
@@ -24,7 +25,8 @@ pub use error::{Error, Result};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
     FileIo, OpenOptions, UnlockedLuks, open_data_file, open_luks, open_plain, open_plain_with,
-    unlock_luks, volume_from_key,
+    unlock_layout, unlock_luks, volume_from_key,
 };
 pub use storage::{FileStorage, IoEngine};
-pub use volume::{DataSegment, Volume, VolumeParams, VolumeStats};
+pub use suspend::Suspended;
+pub use volume::{CipherSummary, DataSegment, Volume, VolumeParams, VolumeStats};

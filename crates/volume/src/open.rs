@@ -155,6 +155,19 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
     })
 }
 
+/// The layout a volume serves, unlocked again from its header (`luksResume`): each
+/// segment keyed with what `passphrase` opens.
+pub fn unlock_layout(
+    header: &dyn LuksHeader,
+    dev: &mut dyn cryptblk_format::Storage,
+    passphrase: &[u8],
+    slot: Option<u32>,
+    data_size: u64,
+) -> Result<Vec<DataSegment>> {
+    let (_, segments) = header.unlock_segments(dev, passphrase, slot, data_size)?;
+    segments.into_iter().map(data_segment).collect()
+}
+
 /// A header's unlocked segment as the volume serves it.
 pub(crate) fn data_segment(s: SegmentKey) -> Result<DataSegment> {
     Ok(DataSegment {

@@ -98,13 +98,41 @@ pub struct Volume {
     stats: VolumeStats,
     /// A frontend moves the ciphertext itself ([`SplitIo`]): the layout must stay as it is.
     split_handed_out: AtomicBool,
+    summary: Mutex<CipherSummary>,
 }
 
 /// The volume's segments and, while a reencryption step runs, its hot zone.
-struct Layout {
-    /// Sorted, contiguous from 0 to `size`; never empty.
-    segments: Vec<DataSegment>,
-    hot: Option<Arc<HotZone>>,
+pub(crate) struct Layout {
+    /// Sorted, contiguous from 0 to `size`; never empty but while the volume is
+    /// suspended (no request gets the lock then).
+    pub(crate) segments: Vec<DataSegment>,
+    pub(crate) hot: Option<Arc<HotZone>>,
+}
+
+/// What `status` shows of the first segment, kept apart from the layout so that it can
+/// be read while the volume is suspended (its layout lock held).
+#[derive(Debug, Clone)]
+pub struct CipherSummary {
+    /// Cipher specification, e.g. `aes-xts-plain64`.
+    pub spec: String,
+    /// Encryption sector size.
+    pub sector_size: u32,
+    /// The CPU backend doing the work.
+    pub backend: &'static str,
+    /// Where the first segment starts on the storage, in bytes.
+    pub data_offset: u64,
+}
+
+impl CipherSummary {
+    fn of(segments: &[DataSegment]) -> Mutex<CipherSummary> {
+        let s = &segments[0];
+        Mutex::new(CipherSummary {
+            spec: s.cipher.spec().to_string(),
+            sector_size: s.cipher.sector_size(),
+            backend: s.cipher.backend().name(),
+            data_offset: s.storage_offset,
+        })
+    }
 }
 
 /// Bytes of the hot zone stored at once by the rewriter (the unit in which readers see
@@ -274,16 +302,17 @@ impl Volume {
                 params.data_offset
             )));
         }
-        let segment = DataSegment {
+        let segments = vec![DataSegment {
             start: 0,
             len: size,
             storage_offset: params.data_offset,
             cipher,
-        };
+        }];
         Ok(Volume {
             storage,
+            summary: CipherSummary::of(&segments),
             layout: RwLock::new(Layout {
-                segments: vec![segment],
+                segments,
                 hot: None,
             }),
             size,
@@ -307,6 +336,7 @@ impl Volume {
         let (size, sector) = check_segments(&segments, storage.size()?)?;
         Ok(Volume {
             storage,
+            summary: CipherSummary::of(&segments),
             layout: RwLock::new(Layout {
                 segments,
                 hot: None,
@@ -434,7 +464,20 @@ impl Volume {
     /// The volume reads and writes through `segments` from now on (the same size, blocks
     /// no larger); a hot zone ends and the writes waiting for it go on.
     pub(crate) fn set_layout(&self, segments: Vec<DataSegment>) -> Result<()> {
-        let (size, sector) = check_segments(&segments, self.storage.size()?)?;
+        self.check_layout(&segments)?;
+        let mut l = self.layout_alone();
+        self.install(&mut l, segments);
+        let hot = l.hot.take();
+        drop(l);
+        if let Some(h) = hot {
+            h.changed(Some(true));
+        }
+        Ok(())
+    }
+
+    /// Checks that `segments` can replace the layout: the same size, blocks no larger.
+    pub(crate) fn check_layout(&self, segments: &[DataSegment]) -> Result<()> {
+        let (size, sector) = check_segments(segments, self.storage.size()?)?;
         if size != self.size || !self.sector.is_multiple_of(sector) {
             return Err(Error::Invalid(format!(
                 "a layout of {size} bytes in {sector}-byte blocks for a volume of {} bytes \
@@ -442,14 +485,23 @@ impl Volume {
                 self.size, self.sector
             )));
         }
-        let mut l = self.layout_alone();
-        l.segments = segments;
-        let hot = l.hot.take();
-        drop(l);
-        if let Some(h) = hot {
-            h.changed(Some(true));
-        }
         Ok(())
+    }
+
+    /// Puts checked `segments` in the locked layout.
+    pub(crate) fn install(&self, l: &mut Layout, segments: Vec<DataSegment>) {
+        *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = CipherSummary::of(&segments)
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        l.segments = segments;
+    }
+
+    /// The first segment's cipher and place, for `status` (readable while suspended).
+    pub fn cipher_summary(&self) -> CipherSummary {
+        self.summary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// A reencryption step failed: reads go on as they were; writes to its range fail
@@ -464,7 +516,7 @@ impl Volume {
         self.layout.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn layout_alone(&self) -> RwLockWriteGuard<'_, Layout> {
+    pub(crate) fn layout_alone(&self) -> RwLockWriteGuard<'_, Layout> {
         self.layout.write().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -9,6 +9,7 @@
 mod fuse;
 mod nbd;
 mod online;
+mod suspend;
 pub mod ublk;
 
 use crate::commands::Ctx;
@@ -171,6 +172,11 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         header_file,
     } = open_volume(&a.device, &a.vol)?;
     let vol = Arc::new(volume);
+    let resume_file = match &header_file {
+        Some(f) => Some(f.try_clone().map_err(|e| io_err(&a.device, e))?),
+        None => None,
+    };
+    let suspension = suspend::SuspendControl::new(vol.clone(), resume_file);
     let jobs = online::OnlineJobs::new(vol.clone(), header_file, &a.device);
     let started = fe.start(&a, &dir, vol.clone(), &info)?;
     let served = Arc::new(Served {
@@ -180,10 +186,14 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         info,
         frontend: started.desc.clone(),
     });
-    // A reencryption in progress stops (after its step) before the volume closes.
+    // A reencryption in progress stops (after its step) before the volume closes; a
+    // suspended volume is resumed first (its held I/O could not drain).
     let stop = {
-        let (c, jobs) = (started.control.clone(), jobs.clone());
+        let (c, jobs, suspension) = (started.control.clone(), jobs.clone(), suspension.clone());
         move || {
+            if suspension.is_suspended() {
+                return Err("the volume is suspended: luksResume it first".to_string());
+            }
             jobs.stop_and_wait();
             c.stop()
         }
@@ -199,8 +209,12 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             jobs.clone(),
         );
         std::thread::spawn(move || {
-            let status = || status_json(&served, &vol, &jobs, c.status());
-            control_loop(ctl, status, stop, &jobs)
+            let status = || {
+                let mut v = status_json(&served, &vol, &jobs, c.status());
+                v["suspended"] = json!(suspension.is_suspended());
+                v
+            };
+            control_loop(ctl, status, stop, &jobs, &suspension)
         });
     }
     if ctx.verbose || !a.daemon_child {
@@ -247,14 +261,14 @@ fn status_json(
     extra: Value,
 ) -> Value {
     let st = vol.stats();
-    let (cipher, sector_size, backend) =
-        vol.with_cipher(|c| (c.spec().to_string(), c.sector_size(), c.backend().name()));
+    let c = vol.cipher_summary();
+    let (cipher, sector_size, backend) = (c.spec, c.sector_size, c.backend);
     let mut v = json!({
         "name": s.name, "device": s.device, "type": s.info.kind,
         "cipher": cipher, "key_bits": s.info.key_bits, "keyslot": s.info.keyslot,
         "sector_size": sector_size, "backend": backend,
         "storage": vol.storage_description(),
-        "offset_sectors": vol.data_offset() / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
+        "offset_sectors": c.data_offset / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
         "discards": vol.can_discard(),
         "frontend": s.frontend, "pid": std::process::id(),
@@ -324,6 +338,7 @@ fn control_loop(
     status: impl Fn() -> Value,
     close: impl Fn() -> Result<(), String>,
     jobs: &Arc<online::OnlineJobs>,
+    suspension: &suspend::SuspendControl,
 ) {
     // The longest line: a key file's worth of passphrase in hex, and the options.
     const LINE_MAX: u64 = 2 * crate::passphrase::KEYFILE_MAX as u64 + 4096;
@@ -338,11 +353,25 @@ fn control_loop(
         {
             continue;
         }
-        if let Some(request) = line.trim().strip_prefix("reencrypt ") {
-            let _ = writeln!(conn, "{}", jobs.start(request));
+        let line = line.trim();
+        let answer = if let Some(request) = line.strip_prefix("reencrypt ") {
+            Some(if suspension.is_suspended() {
+                format!("error {EXIT_BUSY}: the volume is suspended: luksResume it first")
+            } else {
+                jobs.start(request)
+            })
+        } else if let Some(request) = line.strip_prefix("resume ") {
+            Some(suspension.resume(request))
+        } else if line == "suspend" {
+            Some(suspension.suspend(jobs.running()))
+        } else {
+            None
+        };
+        if let Some(a) = answer {
+            let _ = writeln!(conn, "{a}");
             continue;
         }
-        match line.trim() {
+        match line {
             "reencrypt-stop" => {
                 jobs.request_stop();
                 let _ = writeln!(conn, "stopping");

@@ -199,6 +199,15 @@ impl OnlineJobs {
         }
     }
 
+    /// Whether a job is running now.
+    pub(crate) fn running(&self) -> bool {
+        self.thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
     /// Stops the job after its current step (`reencrypt-stop`).
     pub(crate) fn request_stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
