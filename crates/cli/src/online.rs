@@ -44,6 +44,11 @@ pub fn served_name(device: &Path, run_dir: &Option<PathBuf>) -> CliResult<Option
 /// Hands the job to the volume served as `name` and follows it to its end.
 pub fn reencrypt_served(ctx: &Ctx, a: &ReencryptArgs, job: &Job, name: &str) -> CliResult<()> {
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_served(name))?;
+    if a.encrypt {
+        return Err(CliError::usage(
+            "--encrypt works on a device nobody holds open (this one is served)",
+        ));
+    }
     if a.header.header.is_some() {
         return Err(CliError::usage(
             "--header: a served volume reencrypts with the header it was opened with",

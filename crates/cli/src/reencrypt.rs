@@ -86,11 +86,12 @@ pub(crate) struct Job {
 
 impl Job {
     pub(crate) fn of(a: &ReencryptArgs) -> CliResult<Job> {
-        if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+        if a.decrypt || a.reduce_device_size.is_some() || (a.encrypt && a.header.header.is_none()) {
             return Err(CliError::usage(
-                "cryptblk reencrypt changes the key of an encrypted LUKS2 volume; --encrypt, \
-                 --decrypt and --reduce-device-size are not supported yet (cryptsetup's jobs of \
-                 those kinds open in cryptblk, and cryptblk recovers their interrupted steps)",
+                "cryptblk reencrypt changes the key of a LUKS2 volume, or encrypts a device in \
+                 place with a detached header (--encrypt --header FILE); --decrypt and \
+                 --reduce-device-size are not supported yet (cryptsetup's jobs of those kinds \
+                 open in cryptblk, and cryptblk recovers their interrupted steps)",
             ));
         }
         if a.init_only && a.resume_only {
@@ -278,19 +279,37 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         }
         Err(e) => return Err(CliError::new(crate::error::EXIT_BUSY, e.to_string())),
     };
-    let mut hdev = match &a.header.header {
-        Some(_) => open_header(&a.device, &a.header, true)?,
-        None => data.try_clone().map_err(|e| io_err(&a.device, e))?,
-    };
     let header_path = a.header.header.clone().unwrap_or_else(|| a.device.clone());
-    let mut hdr = read_luks2(&mut hdev, &header_path)?;
-    if job.resume_only && !hdr.in_reencryption() {
-        return Err(CliError::usage("Device reencryption not in progress."));
-    }
-    let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
-    let storage = cryptblk_volume::FileStorage::new(data).map_err(|e| io_err(&a.device, e))?;
+    let new_encryption = a.encrypt && !job.resume_only && !header_path.exists();
+    let storage =
+        cryptblk_volume::FileStorage::new(data.try_clone().map_err(|e| io_err(&a.device, e))?)
+            .map_err(|e| io_err(&a.device, e))?;
     let data_size = cryptblk_format::Storage::size(&storage).map_err(|e| io_err(&a.device, e))?;
-    if !job.init(&mut hdr, &mut hdev, data_size, &pass, ctx.verbose)? {
+    let (mut hdev, mut hdr, pass) = if new_encryption {
+        let pass = get_passphrase(&a.key.source(), "Enter passphrase: ", true)?;
+        let (f, h) = encrypt_init(&header_path, data_size, &pass, &job)?;
+        (f, h, pass)
+    } else {
+        let mut hdev = match &a.header.header {
+            Some(_) => open_header(&a.device, &a.header, true)?,
+            None => data.try_clone().map_err(|e| io_err(&a.device, e))?,
+        };
+        let mut hdr = read_luks2(&mut hdev, &header_path)?;
+        if (job.resume_only || a.encrypt) && !hdr.in_reencryption() {
+            return Err(CliError::usage(if a.encrypt {
+                "the --header file exists and holds no encryption in progress: give a new \
+                 file name"
+            } else {
+                "Device reencryption not in progress."
+            }));
+        }
+        let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
+        if !job.init(&mut hdr, &mut hdev, data_size, &pass, ctx.verbose)? {
+            return Ok(());
+        }
+        (hdev, hdr, pass)
+    };
+    if job.init_only {
         return Ok(());
     }
     let hotzone = job.hotzone;
@@ -321,6 +340,39 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         eprintln!();
     }
     finished(ctx, outcome, &hdr)
+}
+
+/// `--encrypt --header FILE`: creates the header file (0600, never over an existing file
+/// or through a link) and writes a new LUKS2 header whose metadata starts the encryption.
+fn encrypt_init(
+    path: &std::path::Path,
+    data_size: u64,
+    pass: &[u8],
+    job: &Job,
+) -> CliResult<(std::fs::File, Luks2Header)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_err(path, e))?;
+    // cryptsetup's detached header: 16 MiB (metadata and keyslots area).
+    let made = f
+        .set_len(16 << 20)
+        .map_err(|e| io_err(path, e))
+        .and_then(|()| {
+            Luks2Header::encrypt_init(&mut f, data_size, pass, &job.req).map_err(CliError::from)
+        });
+    match made {
+        Ok(h) => Ok((f, h)),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            Err(e)
+        }
+    }
 }
 
 /// The header of `path` as LUKS2, or cryptsetup's message.

@@ -9,10 +9,10 @@
 //! leaves either the previous state or one [`Luks2Header::recover_interrupted_step`] (and
 //! cryptsetup) recovers.
 
-use super::model::{Model, ReencryptDirection, ReencryptMode, Resilience, Segment};
+use super::model::{Model, ReencryptDirection, Resilience, Segment};
 use super::reencrypt::{REQUIREMENT_V2, Reencryption};
 use super::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
-use crate::{Error, LuksHeader, Result, SegmentKey, Storage};
+use crate::{Error, FormatOptions, LuksHeader, MemStorage, Result, SegmentKey, Storage};
 use cryptblk_crypto::{
     CipherSpec, HashAlg, IvOptions, KdfRequest, SecretBytes, SectorCipher, random_bytes,
 };
@@ -66,7 +66,12 @@ fn lowest_free<V>(m: &std::collections::BTreeMap<u32, V>) -> Result<u32> {
         .ok_or(Error::NoFreeKeyslot)
 }
 
+/// The sector cipher of a layout: `cipher_null` for plaintext (`linear`) ones.
 fn cipher_of(seg: &Segment, key: &[u8]) -> Result<SectorCipher> {
+    if seg.kind == "linear" {
+        let null = CipherSpec::parse("cipher_null-ecb")?;
+        return Ok(SectorCipher::new(null, &[], 512, IvOptions::default())?);
+    }
     let spec = CipherSpec::parse(&seg.encryption)
         .map_err(|_| Luks2Error::Unsupported(format!("data cipher '{}'", seg.encryption)))?;
     let iv = IvOptions {
@@ -84,15 +89,17 @@ fn seg_json(
     flag: Option<&str>,
 ) -> Value {
     let mut o = Map::new();
-    o.insert("type".into(), json!("crypt"));
+    o.insert("type".into(), json!(seg.kind));
     o.insert("offset".into(), json!(offset.to_string()));
     o.insert(
         "size".into(),
         json!(size.map_or("dynamic".to_string(), |s| s.to_string())),
     );
-    o.insert("iv_tweak".into(), json!(iv_tweak.to_string()));
-    o.insert("encryption".into(), json!(seg.encryption));
-    o.insert("sector_size".into(), json!(seg.sector_size));
+    if seg.kind != "linear" {
+        o.insert("iv_tweak".into(), json!(iv_tweak.to_string()));
+        o.insert("encryption".into(), json!(seg.encryption));
+        o.insert("sector_size".into(), json!(seg.sector_size));
+    }
     if let Some(f) = flag {
         o.insert("flags".into(), json!([f]));
     }
@@ -292,6 +299,102 @@ impl Luks2Header {
         Ok(new_slot)
     }
 
+    /// Starts encrypting a device that holds plaintext, in place, with a detached header
+    /// (`reencrypt --encrypt --header FILE`): a new LUKS2 header for `dev` (the header
+    /// file) whose metadata says the whole data device (`data_size` bytes) is plaintext
+    /// to be encrypted under a new random key (`req`: cipher, key size, sector size;
+    /// defaults aes-xts-plain64, 512 bits, 512-byte sectors), with cryptsetup's
+    /// reencryption metadata. The header is built in memory and written in one go, so
+    /// that no crash leaves a header that claims the plaintext is encrypted.
+    pub fn encrypt_init(
+        dev: &mut dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        req: &ReencryptRequest,
+    ) -> Result<Luks2Header> {
+        let mut opts = FormatOptions::new(req.kdf.clone());
+        if let Some(c) = req.cipher {
+            opts.cipher = c;
+            opts.key_len = c.default_key_len();
+        }
+        opts.key_len = req.key_len.unwrap_or(opts.key_len);
+        opts.sector_size = req.sector_size.unwrap_or(512);
+        opts.hash = req.kdf.hash;
+        opts.detached_header = true;
+        opts.data_offset = Some(0);
+        let ss = opts.sector_size as u64;
+        if data_size == 0 || !data_size.is_multiple_of(ss) {
+            return Err(Luks2Error::Unsupported(format!(
+                "a data device of {data_size} bytes is not a whole number of {ss}-byte sectors"
+            ))
+            .into());
+        }
+        let mut key = SecretBytes::zeroed(opts.key_len);
+        random_bytes(&mut key)?;
+        let mut mem = MemStorage::new(dev.size()?);
+        let mut hdr = Luks2Header::format(&mut mem, &opts, &key, passphrase)?;
+        let json = hdr.encrypt_metadata(data_size, &key, req)?;
+        hdr.commit(&mut mem, json)?;
+        // The whole header area in one write, then synced.
+        let mut image = vec![0u8; mem.size()? as usize];
+        mem.read_at(&mut image, 0)?;
+        dev.write_at(&image, 0)?;
+        dev.sync()?;
+        Ok(hdr)
+    }
+
+    /// The metadata of an encryption in place from a freshly formatted detached header:
+    /// the data plaintext (linear) now, the formatted segment as the final layout, the
+    /// reencrypt keyslot, the verification digest over the new key.
+    fn encrypt_metadata(
+        &self,
+        data_size: u64,
+        key: &[u8],
+        req: &ReencryptRequest,
+    ) -> Result<Value> {
+        let mut json = self.json.clone();
+        let mut final_seg = json["segments"][self.segment_id.to_string()].clone();
+        final_seg["flags"] = json!(["backup-final"]);
+        let linear = |flag: Option<&str>| {
+            let mut l = json!({"type": "linear", "offset": "0", "size": "dynamic"});
+            if let Some(f) = flag {
+                l["flags"] = json!([f]);
+            }
+            l
+        };
+        json["segments"] =
+            json!({"0": linear(None), "1": linear(Some("backup-previous")), "2": final_seg});
+        let (digest_id, _) = self.segment_digest()?;
+        section_mut(&mut json, "digests")?
+            .get_mut(&digest_id.to_string())
+            .ok_or_else(|| bad("digest missing"))?["segments"] = json!(["2"]);
+        let reenc_slot = lowest_free(&self.model.keyslots)?;
+        let (gap_off, gap_len) = keyslot::largest_area_gap(&self.model, self.hdr_size)
+            .filter(|g| g.1 >= 4096)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let mut block = 4096u64.max(self.segment().sector_size as u64);
+        while !data_size.is_multiple_of(block) {
+            block /= 2;
+        }
+        let area = reencrypt_area(gap_off, gap_len / 4096 * 4096, req.resilience, block);
+        section_mut(&mut json, "keyslots")?.insert(
+            reenc_slot.to_string(),
+            json!({"type": "reencrypt", "key_size": 1, "mode": "encrypt",
+                   "direction": "forward", "priority": 0, "area": Value::Object(area)}),
+        );
+        add_requirement(&mut json)?;
+        let model = Model::from_json(&json, self.hdr_size)?;
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("reencryption metadata not recognised"))?;
+        let data = r.verification_data(None, Some(key))?;
+        let hash = req.kdf.hash;
+        let iterations = digest::iterations(hash, key.len(), req.kdf.forced_iterations.is_some())?;
+        let vd = digest::create(&data, hash, iterations, &[reenc_slot], &[])?;
+        section_mut(&mut json, "digests")?.insert(lowest_free(&model.digests)?.to_string(), vd);
+        Ok(json)
+    }
+
     /// Writes (and syncs) a keyslot's material for `key` into a free area; returns the
     /// slot id and its JSON, which nothing references yet.
     fn new_keyslot_material(
@@ -429,15 +532,14 @@ impl Luks2Header {
         let r = model
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
-        if r.params.mode != ReencryptMode::Reencrypt
-            || r.params.direction != ReencryptDirection::Forward
+        if r.params.direction != ReencryptDirection::Forward
             || r.params.resilience.shift_size() != 0
             || r.moved.is_some()
             || r.previous.1.offset != r.final_.1.offset
         {
             return Err(Luks2Error::Unsupported(format!(
                 "resuming a {:?} {:?} reencryption with {} resilience (cryptblk resumes \
-                 forward key changes without a data shift; cryptsetup can resume this one)",
+                 forward jobs without a data shift; cryptsetup can resume this one)",
                 r.params.mode,
                 r.params.direction,
                 r.params.resilience.name()
@@ -445,7 +547,12 @@ impl Luks2Header {
             .into());
         }
         let (_, keys) = self.open_reencryption_keys(&r, dev, passphrase, slot)?;
+        // A plaintext (linear) side has no key.
+        let none = SecretBytes::zeroed(0);
         let key_of = |seg: u32| -> Result<&SecretBytes> {
+            if model.segments[&seg].kind == "linear" {
+                return Ok(&none);
+            }
             let d = model
                 .segment_digest(seg)
                 .map(|(d, _)| d)
@@ -824,31 +931,37 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
             })
             .map(|(id, _)| id.clone())
     };
-    let (old_d, new_d) = (
-        digest_of(r.previous.0).ok_or_else(|| bad("no old key digest"))?,
-        digest_of(r.final_.0).ok_or_else(|| bad("no new key digest"))?,
-    );
+    // A plaintext (linear) side has no digest (encryption, decryption).
+    let key_side = |seg: u32, what: &str| -> Result<Option<String>> {
+        if r.previous.0 == seg && r.previous.1.kind == "linear"
+            || r.final_.0 == seg && r.final_.1.kind == "linear"
+        {
+            return Ok(None);
+        }
+        digest_of(seg)
+            .map(Some)
+            .ok_or_else(|| bad(format!("no {what} key digest")))
+    };
+    let (old_d, new_d) = (key_side(r.previous.0, "old")?, key_side(r.final_.0, "new")?);
     let mut assign: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
-    for i in 0..n {
-        let side = if i == hot {
-            vec![&old_d, &new_d]
-        } else if i < hot {
-            vec![&new_d]
-        } else {
-            vec![&old_d]
-        };
-        for d in side {
+    let mut bind = |d: &Option<String>, seg: usize| {
+        if let Some(d) = d {
             assign
                 .entry(d.clone())
                 .or_default()
-                .push(json!(i.to_string()));
+                .push(json!(seg.to_string()));
+        }
+    };
+    for i in 0..n {
+        if i <= hot {
+            bind(&new_d, i);
+        }
+        if i >= hot {
+            bind(&old_d, i);
         }
     }
-    assign.entry(old_d).or_default().push(json!(n.to_string()));
-    assign
-        .entry(new_d)
-        .or_default()
-        .push(json!((n + 1).to_string()));
+    bind(&old_d, n);
+    bind(&new_d, n + 1);
     for (id, d) in section_mut(&mut out, "digests")?.iter_mut() {
         d["segments"] = Value::Array(assign.remove(id).unwrap_or_default());
     }
