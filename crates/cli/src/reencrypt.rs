@@ -77,6 +77,8 @@ pub struct ReencryptArgs {
 /// A reencrypt command's request, checked: what the offline run and a serving process's
 /// online run both start from.
 pub(crate) struct Job {
+    /// `--decrypt`: the final layout is plaintext.
+    pub decrypt: bool,
     pub req: ReencryptRequest,
     pub hotzone: Option<u64>,
     pub slot: Option<u32>,
@@ -86,12 +88,18 @@ pub(crate) struct Job {
 
 impl Job {
     pub(crate) fn of(a: &ReencryptArgs) -> CliResult<Job> {
-        if a.decrypt || a.reduce_device_size.is_some() || (a.encrypt && a.header.header.is_none()) {
+        if a.reduce_device_size.is_some() || ((a.encrypt || a.decrypt) && a.header.header.is_none())
+        {
             return Err(CliError::usage(
-                "cryptblk reencrypt changes the key of a LUKS2 volume, or encrypts a device in \
-                 place with a detached header (--encrypt --header FILE); --decrypt and \
-                 --reduce-device-size are not supported yet (cryptsetup's jobs of those kinds \
-                 open in cryptblk, and cryptblk recovers their interrupted steps)",
+                "cryptblk reencrypt changes the key of a LUKS2 volume, or encrypts or decrypts \
+                 a device in place with a detached header (--encrypt/--decrypt --header FILE); \
+                 --reduce-device-size (a data shift) is not supported yet (cryptsetup's jobs \
+                 of that kind open in cryptblk, and cryptblk recovers their interrupted steps)",
+            ));
+        }
+        if a.encrypt && a.decrypt {
+            return Err(CliError::usage(
+                "--encrypt and --decrypt exclude each other",
             ));
         }
         if a.init_only && a.resume_only {
@@ -100,6 +108,7 @@ impl Job {
             ));
         }
         Ok(Job {
+            decrypt: a.decrypt,
             req: request(a)?,
             hotzone: a.hotzone_size.as_deref().map(parse_bytes).transpose()?,
             slot: a.key_slot,
@@ -127,7 +136,10 @@ impl Job {
                 "a reencryption is already in progress (resume it with --resume-only)",
             ));
         }
-        if !started {
+        if !started && self.decrypt {
+            hdr.decrypt_init(hdev, data_size, pass, self.slot, &self.req)
+                .map_err(wrong_passphrase)?;
+        } else if !started {
             let slot = hdr
                 .reencrypt_init(hdev, data_size, pass, self.slot, &self.req)
                 .map_err(wrong_passphrase)?;

@@ -395,6 +395,78 @@ impl Luks2Header {
         Ok(json)
     }
 
+    /// Starts decrypting the volume in place (`reencrypt --decrypt`; the header should be
+    /// detached, else the plaintext ends up behind it): the data under the current key
+    /// now, plaintext (`linear`) as the final layout, steps from the end to the start as
+    /// cryptsetup runs decryption, the verification digest over the old key. Every
+    /// keyslot goes when the job finishes.
+    pub fn decrypt_init(
+        &mut self,
+        dev: &mut dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        req: &ReencryptRequest,
+    ) -> Result<()> {
+        self.check_usable()?;
+        if self.in_reencryption() {
+            return Err(Luks2Error::Unsupported(
+                "a reencryption is already in progress; resume it (--resume-only)".into(),
+            )
+            .into());
+        }
+        let (seg_id, old_seg) = (self.segment_id, self.segment().clone());
+        let regular = self
+            .model
+            .segments
+            .values()
+            .filter(|s| !s.is_backup())
+            .count();
+        if old_seg.kind != "crypt" || regular != 1 || old_seg.size.is_some() {
+            return Err(Luks2Error::Unsupported(
+                "cryptblk decrypts volumes of one encrypted segment that runs to the end of \
+                 the device"
+                    .into(),
+            )
+            .into());
+        }
+        let (old_digest, _) = self.segment_digest()?;
+        let (_, old_key) = self.open_digest(dev, old_digest, passphrase, slot)?;
+        let mut json = self.json.clone();
+        let reenc_slot = lowest_free(&self.model.keyslots)?;
+        let (gap_off, gap_len) = keyslot::largest_area_gap(&self.model, self.hdr_size)
+            .filter(|g| g.1 >= 4096)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let block = checksum_block(&old_seg, 512, data_size)?;
+        let area = reencrypt_area(gap_off, gap_len / 4096 * 4096, req.resilience, block);
+        section_mut(&mut json, "keyslots")?.insert(
+            reenc_slot.to_string(),
+            json!({"type": "reencrypt", "key_size": 1, "mode": "decrypt",
+                   "direction": "backward", "priority": 0, "area": Value::Object(area)}),
+        );
+        let seg0 = json["segments"][seg_id.to_string()].clone();
+        let mut previous = seg0.clone();
+        previous["flags"] = json!(["backup-previous"]);
+        let plain = json!({"type": "linear", "offset": old_seg.offset.to_string(),
+                           "size": "dynamic", "flags": ["backup-final"]});
+        json["segments"] = json!({"0": seg0, "1": previous, "2": plain});
+        section_mut(&mut json, "digests")?
+            .get_mut(&old_digest.to_string())
+            .ok_or_else(|| bad("digest missing"))?["segments"] = json!(["0", "1"]);
+        add_requirement(&mut json)?;
+        let model = Model::from_json(&json, self.hdr_size)?;
+        let r = model
+            .reencryption()?
+            .ok_or_else(|| bad("reencryption metadata not recognised"))?;
+        let data = r.verification_data(Some(&old_key), None)?;
+        let hash = req.kdf.hash;
+        let iterations =
+            digest::iterations(hash, old_key.len(), req.kdf.forced_iterations.is_some())?;
+        let vd = digest::create(&data, hash, iterations, &[reenc_slot], &[])?;
+        section_mut(&mut json, "digests")?.insert(lowest_free(&model.digests)?.to_string(), vd);
+        self.commit(dev, json)
+    }
+
     /// Writes (and syncs) a keyslot's material for `key` into a free area; returns the
     /// slot id and its JSON, which nothing references yet.
     fn new_keyslot_material(
@@ -532,14 +604,13 @@ impl Luks2Header {
         let r = model
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
-        if r.params.direction != ReencryptDirection::Forward
-            || r.params.resilience.shift_size() != 0
+        if r.params.resilience.shift_size() != 0
             || r.moved.is_some()
             || r.previous.1.offset != r.final_.1.offset
         {
             return Err(Luks2Error::Unsupported(format!(
                 "resuming a {:?} {:?} reencryption with {} resilience (cryptblk resumes \
-                 forward jobs without a data shift; cryptsetup can resume this one)",
+                 jobs without a data shift; cryptsetup can resume this one)",
                 r.params.mode,
                 r.params.direction,
                 r.params.resilience.name()
@@ -566,12 +637,9 @@ impl Luks2Header {
         let total = data_size
             .checked_sub(d_new)
             .ok_or_else(|| bad("data device smaller than the data offset"))?;
-        if model
-            .segments
-            .values()
-            .rfind(|s| !s.is_backup())
-            .is_some_and(|s| s.size.is_some())
-        {
+        // A job limited to part of the device (cryptsetup --device-size) records the
+        // limit in its backup layouts.
+        if r.previous.1.size.is_some() || r.final_.1.size.is_some() {
             return Err(Luks2Error::Unsupported(
                 "a fixed-length reencryption (cryptsetup --device-size); cryptsetup can \
                  resume it"
@@ -601,6 +669,7 @@ impl Luks2Header {
             step_len: step_length(&r, hotzone, align)?,
             none: r.params.resilience == Resilience::None,
             journal: r.params.resilience == Resilience::Journal,
+            backward: r.params.direction == ReencryptDirection::Backward,
             pending: None,
             done: 0,
             worker_hook: None,
@@ -629,6 +698,8 @@ pub struct ReencryptJob {
     none: bool,
     /// Resilience `journal`.
     journal: bool,
+    /// Steps run from the end of the data to its start (cryptsetup's decryption).
+    backward: bool,
     /// With resilience `none`, the layout the steps reached, committed when the job stops
     /// or ends (cryptsetup's behaviour: no metadata write per step).
     pending: Option<Value>,
@@ -682,17 +753,27 @@ impl ReencryptJob {
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
         let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
-        let offset = match regular.as_slice() {
+        // Where the part done starts (forward: the old part's start; backward: its end).
+        let boundary = match regular.as_slice() {
+            [_] if self.backward => self.total,
             [_] => 0,
             [first, _] => first.size.ok_or_else(|| bad("dynamic first segment"))?,
             _ => return Err(bad("unexpected segments mid-reencryption")),
         };
-        let len = self.step_len.min(
-            self.total
-                .checked_sub(offset)
-                .filter(|&l| l > 0)
-                .ok_or_else(|| bad("the data ends before the reencryption's progress"))?,
-        );
+        let left = if self.backward {
+            boundary
+        } else {
+            self.total.saturating_sub(boundary)
+        };
+        if left == 0 {
+            return Err(bad("the data ends before the reencryption's progress"));
+        }
+        let len = self.step_len.min(left);
+        let offset = if self.backward {
+            boundary - len
+        } else {
+            boundary
+        };
         let hot_json = hot_layout(&r, json, offset, len, self.total)?;
         Ok(ReencryptStep {
             offset,
@@ -787,7 +868,11 @@ impl ReencryptJob {
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
         let after = hot_r.after_recovery(&hot_model, &step.hot_json, self.data_size)?;
-        self.done = step.offset + step.len;
+        self.done = if self.backward {
+            self.total - step.offset
+        } else {
+            step.offset + step.len
+        };
         let finished = after.finish_after_wipe
             || Model::from_json(&after.json, hdr.hdr_size)?
                 .reencryption()?
@@ -889,9 +974,12 @@ fn step_length(r: &Reencryption<'_>, hotzone: Option<u64>, align: u64) -> Result
 fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64) -> Result<Value> {
     let (prev, fin) = (r.previous.1, r.final_.1);
     let d = fin.offset;
+    let backward = r.params.direction == ReencryptDirection::Backward;
+    // Forward: done (new), hot, to do (old); backward: to do (old), hot, done (new).
+    let (before, after) = if backward { (prev, fin) } else { (fin, prev) };
     let mut segs: Vec<Value> = Vec::new();
     if off > 0 {
-        segs.push(seg_json(fin, d, 0, Some(off), None));
+        segs.push(seg_json(before, d, 0, Some(off), None));
     }
     let hot = segs.len();
     segs.push(seg_json(
@@ -902,9 +990,18 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
         Some("in-reencryption"),
     ));
     if off + len < total {
-        segs.push(seg_json(prev, d + off + len, (off + len) / 512, None, None));
+        segs.push(seg_json(
+            after,
+            d + off + len,
+            (off + len) / 512,
+            None,
+            None,
+        ));
     }
     let n = segs.len();
+    // Only encrypted stretches are bound to a key (a plaintext hot zone, decrypting, to
+    // none), as cryptsetup binds them.
+    let encrypted: Vec<bool> = segs.iter().map(|s| s["type"] == "crypt").collect();
     let mut out = json.clone();
     let mut m = Map::new();
     for (i, s) in segs.into_iter().enumerate() {
@@ -952,11 +1049,16 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
                 .push(json!(seg.to_string()));
         }
     };
-    for i in 0..n {
-        if i <= hot {
+    for i in (0..n).filter(|&i| encrypted[i]) {
+        let (new_side, old_side) = if backward {
+            (i >= hot, i <= hot)
+        } else {
+            (i <= hot, i >= hot)
+        };
+        if new_side {
             bind(&new_d, i);
         }
-        if i >= hot {
+        if old_side {
             bind(&old_d, i);
         }
     }
