@@ -173,7 +173,66 @@ fn add_requirement(json: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// Adds the `reencrypt` keyslot (`mode`, `direction`; its area the largest free gap of
+/// `json`'s keyslots area) to `json`. Returns its id.
+fn add_reencrypt_keyslot(
+    json: &mut Value,
+    hdr_size: u64,
+    mode: &str,
+    direction: &str,
+    resilience: ResilienceRequest,
+    block: u64,
+) -> Result<u32> {
+    let model = Model::from_json(json, hdr_size)?;
+    let slot = lowest_free(&model.keyslots)?;
+    let (gap_off, gap_len) = keyslot::largest_area_gap(&model, hdr_size)
+        .filter(|g| g.1 >= 4096)
+        .ok_or(Luks2Error::NoKeyslotSpace)?;
+    let area = reencrypt_area(gap_off, gap_len / 4096 * 4096, resilience, block);
+    section_mut(json, "keyslots")?.insert(
+        slot.to_string(),
+        json!({"type": "reencrypt", "key_size": 1, "mode": mode, "direction": direction,
+               "priority": 0, "area": Value::Object(area)}),
+    );
+    Ok(slot)
+}
+
+/// Completes the reencryption metadata in `json`: the requirement, then the verification
+/// digest over the keys (`old`, `new`; none for a plaintext side) and the metadata.
+fn seal_reencryption(
+    json: &mut Value,
+    hdr_size: u64,
+    reenc_slot: u32,
+    old: Option<&[u8]>,
+    new: Option<&[u8]>,
+    kdf: &KdfRequest,
+) -> Result<()> {
+    add_requirement(json)?;
+    let model = Model::from_json(json, hdr_size)?;
+    let r = model
+        .reencryption()?
+        .ok_or_else(|| bad("reencryption metadata not recognised"))?;
+    let data = r.verification_data(old, new)?;
+    let key_len = new.or(old).map_or(32, <[u8]>::len);
+    let iterations = digest::iterations(kdf.hash, key_len, kdf.forced_iterations.is_some())?;
+    let vd = digest::create(&data, kdf.hash, iterations, &[reenc_slot], &[])?;
+    section_mut(json, "digests")?.insert(lowest_free(&model.digests)?.to_string(), vd);
+    Ok(())
+}
+
 impl Luks2Header {
+    /// Refuses to start a job on a header that cannot be changed or already has one.
+    fn check_startable(&self) -> Result<()> {
+        self.check_usable()?;
+        if self.in_reencryption() {
+            return Err(Luks2Error::Unsupported(
+                "a reencryption is already in progress; resume it (--resume-only)".into(),
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     /// Starts a reencryption (`reencrypt --init-only`): a new random volume key in a new
     /// keyslot under the same passphrase, the `reencrypt` keyslot, the backup segments, the
     /// verification digest and the `online-reencrypt-v2` requirement, in one commit. No
@@ -186,13 +245,7 @@ impl Luks2Header {
         slot: Option<u32>,
         req: &ReencryptRequest,
     ) -> Result<u32> {
-        self.check_usable()?;
-        if self.in_reencryption() {
-            return Err(Luks2Error::Unsupported(
-                "a reencryption is already in progress; resume it (--resume-only)".into(),
-            )
-            .into());
-        }
+        self.check_startable()?;
         let (seg_id, old_seg) = (self.segment_id, self.segment().clone());
         if old_seg.kind != "crypt" {
             return Err(
@@ -254,18 +307,15 @@ impl Luks2Header {
             }
         }
         let with_slot = Model::from_json(&json, self.hdr_size)?;
-        let reenc_slot = lowest_free(&with_slot.keyslots)?;
-        let (gap_off, gap_len) = keyslot::largest_area_gap(&with_slot, self.hdr_size)
-            .filter(|g| g.1 >= 4096)
-            .ok_or(Luks2Error::NoKeyslotSpace)?;
-        let gap_len = gap_len / 4096 * 4096;
         let block = checksum_block(&old_seg, sector_size, data_size)?;
-        let area = reencrypt_area(gap_off, gap_len, req.resilience, block);
-        section_mut(&mut json, "keyslots")?.insert(
-            reenc_slot.to_string(),
-            json!({"type": "reencrypt", "key_size": 1, "mode": "reencrypt",
-                   "direction": "forward", "priority": 0, "area": Value::Object(area)}),
-        );
+        let reenc_slot = add_reencrypt_keyslot(
+            &mut json,
+            self.hdr_size,
+            "reencrypt",
+            "forward",
+            req.resilience,
+            block,
+        )?;
         // Segments: the data as it is, then the layouts before and after.
         let seg0 = json["segments"][seg_id.to_string()].clone();
         let mut previous = seg0.clone();
@@ -285,16 +335,14 @@ impl Luks2Header {
             new_digest.to_string(),
             digest::create(&new_key, hash, iterations, &[new_slot], &[2])?,
         );
-        add_requirement(&mut json)?;
-        // The verification digest over both keys and the metadata just built.
-        let model = Model::from_json(&json, self.hdr_size)?;
-        let r = model
-            .reencryption()?
-            .ok_or_else(|| bad("reencryption metadata not recognised"))?;
-        let data = r.verification_data(Some(&old_key), Some(&new_key))?;
-        let vd_id = lowest_free(&model.digests)?;
-        let vd = digest::create(&data, hash, iterations, &[reenc_slot], &[])?;
-        section_mut(&mut json, "digests")?.insert(vd_id.to_string(), vd);
+        seal_reencryption(
+            &mut json,
+            self.hdr_size,
+            reenc_slot,
+            Some(&old_key),
+            Some(&new_key),
+            &req.kdf,
+        )?;
         self.commit(dev, json)?;
         Ok(new_slot)
     }
@@ -368,30 +416,19 @@ impl Luks2Header {
         section_mut(&mut json, "digests")?
             .get_mut(&digest_id.to_string())
             .ok_or_else(|| bad("digest missing"))?["segments"] = json!(["2"]);
-        let reenc_slot = lowest_free(&self.model.keyslots)?;
-        let (gap_off, gap_len) = keyslot::largest_area_gap(&self.model, self.hdr_size)
-            .filter(|g| g.1 >= 4096)
-            .ok_or(Luks2Error::NoKeyslotSpace)?;
         let mut block = 4096u64.max(self.segment().sector_size as u64);
         while !data_size.is_multiple_of(block) {
             block /= 2;
         }
-        let area = reencrypt_area(gap_off, gap_len / 4096 * 4096, req.resilience, block);
-        section_mut(&mut json, "keyslots")?.insert(
-            reenc_slot.to_string(),
-            json!({"type": "reencrypt", "key_size": 1, "mode": "encrypt",
-                   "direction": "forward", "priority": 0, "area": Value::Object(area)}),
-        );
-        add_requirement(&mut json)?;
-        let model = Model::from_json(&json, self.hdr_size)?;
-        let r = model
-            .reencryption()?
-            .ok_or_else(|| bad("reencryption metadata not recognised"))?;
-        let data = r.verification_data(None, Some(key))?;
-        let hash = req.kdf.hash;
-        let iterations = digest::iterations(hash, key.len(), req.kdf.forced_iterations.is_some())?;
-        let vd = digest::create(&data, hash, iterations, &[reenc_slot], &[])?;
-        section_mut(&mut json, "digests")?.insert(lowest_free(&model.digests)?.to_string(), vd);
+        let reenc_slot = add_reencrypt_keyslot(
+            &mut json,
+            self.hdr_size,
+            "encrypt",
+            "forward",
+            req.resilience,
+            block,
+        )?;
+        seal_reencryption(&mut json, self.hdr_size, reenc_slot, None, Some(key), &req.kdf)?;
         Ok(json)
     }
 
@@ -408,13 +445,7 @@ impl Luks2Header {
         slot: Option<u32>,
         req: &ReencryptRequest,
     ) -> Result<()> {
-        self.check_usable()?;
-        if self.in_reencryption() {
-            return Err(Luks2Error::Unsupported(
-                "a reencryption is already in progress; resume it (--resume-only)".into(),
-            )
-            .into());
-        }
+        self.check_startable()?;
         let (seg_id, old_seg) = (self.segment_id, self.segment().clone());
         let regular = self
             .model
@@ -433,17 +464,15 @@ impl Luks2Header {
         let (old_digest, _) = self.segment_digest()?;
         let (_, old_key) = self.open_digest(dev, old_digest, passphrase, slot)?;
         let mut json = self.json.clone();
-        let reenc_slot = lowest_free(&self.model.keyslots)?;
-        let (gap_off, gap_len) = keyslot::largest_area_gap(&self.model, self.hdr_size)
-            .filter(|g| g.1 >= 4096)
-            .ok_or(Luks2Error::NoKeyslotSpace)?;
         let block = checksum_block(&old_seg, 512, data_size)?;
-        let area = reencrypt_area(gap_off, gap_len / 4096 * 4096, req.resilience, block);
-        section_mut(&mut json, "keyslots")?.insert(
-            reenc_slot.to_string(),
-            json!({"type": "reencrypt", "key_size": 1, "mode": "decrypt",
-                   "direction": "backward", "priority": 0, "area": Value::Object(area)}),
-        );
+        let reenc_slot = add_reencrypt_keyslot(
+            &mut json,
+            self.hdr_size,
+            "decrypt",
+            "backward",
+            req.resilience,
+            block,
+        )?;
         let seg0 = json["segments"][seg_id.to_string()].clone();
         let mut previous = seg0.clone();
         previous["flags"] = json!(["backup-previous"]);
@@ -453,17 +482,14 @@ impl Luks2Header {
         section_mut(&mut json, "digests")?
             .get_mut(&old_digest.to_string())
             .ok_or_else(|| bad("digest missing"))?["segments"] = json!(["0", "1"]);
-        add_requirement(&mut json)?;
-        let model = Model::from_json(&json, self.hdr_size)?;
-        let r = model
-            .reencryption()?
-            .ok_or_else(|| bad("reencryption metadata not recognised"))?;
-        let data = r.verification_data(Some(&old_key), None)?;
-        let hash = req.kdf.hash;
-        let iterations =
-            digest::iterations(hash, old_key.len(), req.kdf.forced_iterations.is_some())?;
-        let vd = digest::create(&data, hash, iterations, &[reenc_slot], &[])?;
-        section_mut(&mut json, "digests")?.insert(lowest_free(&model.digests)?.to_string(), vd);
+        seal_reencryption(
+            &mut json,
+            self.hdr_size,
+            reenc_slot,
+            Some(&old_key),
+            None,
+            &req.kdf,
+        )?;
         self.commit(dev, json)
     }
 
