@@ -172,11 +172,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         header_file,
     } = open_volume(&a.device, &a.vol)?;
     let vol = Arc::new(volume);
-    let resume_file = match &header_file {
-        Some(f) => Some(f.try_clone().map_err(|e| io_err(&a.device, e))?),
-        None => None,
-    };
-    let suspension = suspend::SuspendControl::new(vol.clone(), resume_file);
+    let suspension = suspend::SuspendControl::new(vol.clone(), header_file.as_ref(), &a.device)?;
     let jobs = online::OnlineJobs::new(vol.clone(), header_file, &a.device);
     let started = fe.start(&a, &dir, vol.clone(), &info)?;
     let served = Arc::new(Served {

@@ -24,12 +24,21 @@ fn reply(r: CliResult<&str>) -> String {
 }
 
 impl SuspendControl {
-    pub(crate) fn new(vol: Arc<Volume>, header: Option<File>) -> Arc<Self> {
-        Arc::new(SuspendControl {
+    /// `header`: the LUKS header's file (a handle of its own is kept).
+    pub(crate) fn new(
+        vol: Arc<Volume>,
+        header: Option<&File>,
+        device: &std::path::Path,
+    ) -> CliResult<Arc<Self>> {
+        let header = header
+            .map(File::try_clone)
+            .transpose()
+            .map_err(|e| crate::error::io_err(device, e))?;
+        Ok(Arc::new(SuspendControl {
             vol,
             header,
             state: Mutex::new(None),
-        })
+        }))
     }
 
     pub(crate) fn is_suspended(&self) -> bool {

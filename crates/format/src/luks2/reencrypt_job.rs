@@ -173,6 +173,19 @@ fn add_requirement(json: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// Assigns every token of keyslot `from` to keyslot `to` too.
+fn copy_token_assignments(json: &mut Value, from: u32, to: u32) -> Result<()> {
+    let from = json!(from.to_string());
+    for t in section_mut(json, "tokens")?.values_mut() {
+        if let Some(a) = t.get_mut("keyslots").and_then(Value::as_array_mut)
+            && a.contains(&from)
+        {
+            a.push(json!(to.to_string()));
+        }
+    }
+    Ok(())
+}
+
 /// Adds the `reencrypt` keyslot (`mode`, `direction`; its area the largest free gap of
 /// `json`'s keyslots area) to `json`. Returns its id.
 fn add_reencrypt_keyslot(
@@ -298,14 +311,7 @@ impl Luks2Header {
         section_mut(&mut json, "keyslots")?.insert(new_slot.to_string(), ks_json);
         // Tokens that unlock the old keyslot unlock the new one too (cryptsetup's
         // assign_tokens), so they still work once the old one is gone.
-        for t in section_mut(&mut json, "tokens")?.values_mut() {
-            if let Some(a) = t.get_mut("keyslots").and_then(Value::as_array_mut)
-                && a.iter()
-                    .any(|k| k.as_str() == Some(old_slot.to_string().as_str()))
-            {
-                a.push(json!(new_slot.to_string()));
-            }
-        }
+        copy_token_assignments(&mut json, old_slot, new_slot)?;
         let with_slot = Model::from_json(&json, self.hdr_size)?;
         let block = checksum_block(&old_seg, sector_size, data_size)?;
         let reenc_slot = add_reencrypt_keyslot(
@@ -428,7 +434,14 @@ impl Luks2Header {
             req.resilience,
             block,
         )?;
-        seal_reencryption(&mut json, self.hdr_size, reenc_slot, None, Some(key), &req.kdf)?;
+        seal_reencryption(
+            &mut json,
+            self.hdr_size,
+            reenc_slot,
+            None,
+            Some(key),
+            &req.kdf,
+        )?;
         Ok(json)
     }
 
