@@ -234,8 +234,9 @@ fn seal_reencryption(
 }
 
 impl Luks2Header {
-    /// Refuses to start a job on a header that cannot be changed or already has one.
-    fn check_startable(&self) -> Result<()> {
+    /// The data segment a new job starts from: a header that can be changed, with no job
+    /// in progress and one encrypted segment that runs to the end of the device.
+    fn startable_segment(&self) -> Result<(u32, Segment)> {
         self.check_usable()?;
         if self.in_reencryption() {
             return Err(Luks2Error::Unsupported(
@@ -243,7 +244,22 @@ impl Luks2Header {
             )
             .into());
         }
-        Ok(())
+        let seg = self.segment().clone();
+        let regular = self
+            .model
+            .segments
+            .values()
+            .filter(|s| !s.is_backup())
+            .count();
+        if seg.kind != "crypt" || regular != 1 || seg.size.is_some() {
+            return Err(Luks2Error::Unsupported(
+                "cryptblk starts jobs on volumes of one encrypted segment that runs to the \
+                 end of the device"
+                    .into(),
+            )
+            .into());
+        }
+        Ok((self.segment_id, seg))
     }
 
     /// Starts a reencryption (`reencrypt --init-only`): a new random volume key in a new
@@ -258,30 +274,7 @@ impl Luks2Header {
         slot: Option<u32>,
         req: &ReencryptRequest,
     ) -> Result<u32> {
-        self.check_startable()?;
-        let (seg_id, old_seg) = (self.segment_id, self.segment().clone());
-        if old_seg.kind != "crypt" {
-            return Err(
-                Luks2Error::Unsupported("the volume holds no encrypted data".into()).into(),
-            );
-        }
-        let regular = self
-            .model
-            .segments
-            .values()
-            .filter(|s| !s.is_backup())
-            .count();
-        if regular != 1 {
-            return Err(Luks2Error::Unsupported(format!("{regular} data segments")).into());
-        }
-        if old_seg.size.is_some() {
-            return Err(Luks2Error::Unsupported(
-                "a data segment of fixed size (cryptblk reencrypts volumes that run to the \
-                 end of the device)"
-                    .into(),
-            )
-            .into());
-        }
+        let (seg_id, old_seg) = self.startable_segment()?;
         let (old_digest, digest) = self.segment_digest()?;
         // The new key gets a keyslot under this passphrase only; the other keyslots of the
         // old key go when the job finishes. As in cryptsetup, that needs them named.
@@ -458,22 +451,7 @@ impl Luks2Header {
         slot: Option<u32>,
         req: &ReencryptRequest,
     ) -> Result<()> {
-        self.check_startable()?;
-        let (seg_id, old_seg) = (self.segment_id, self.segment().clone());
-        let regular = self
-            .model
-            .segments
-            .values()
-            .filter(|s| !s.is_backup())
-            .count();
-        if old_seg.kind != "crypt" || regular != 1 || old_seg.size.is_some() {
-            return Err(Luks2Error::Unsupported(
-                "cryptblk decrypts volumes of one encrypted segment that runs to the end of \
-                 the device"
-                    .into(),
-            )
-            .into());
-        }
+        let (seg_id, old_seg) = self.startable_segment()?;
         let (old_digest, _) = self.segment_digest()?;
         let (_, old_key) = self.open_digest(dev, old_digest, passphrase, slot)?;
         let mut json = self.json.clone();
