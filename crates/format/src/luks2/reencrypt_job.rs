@@ -807,9 +807,14 @@ impl ReencryptJob {
             .values()
             .find(|s| s.in_reencryption())
             .ok_or_else(|| bad("no hot segment"))?;
-        Ok(SegmentKey {
-            start: step.offset,
-            len: step.len,
+        Ok(self.under_new_key(seg, step.offset, step.len))
+    }
+
+    /// `seg`, covering `len` bytes from volume byte `start`, keyed with the new key.
+    fn under_new_key(&self, seg: &Segment, start: u64, len: u64) -> SegmentKey {
+        SegmentKey {
+            start,
+            len,
             storage_offset: seg.offset,
             cipher: *self.new.spec(),
             sector_size: seg.sector_size,
@@ -818,7 +823,7 @@ impl ReencryptJob {
                 offset: seg.iv_tweak,
             },
             key: self.new_key.clone(),
-        })
+        }
     }
 
     /// Protects the zone's old bytes (checksums or a journal copy, synced) and commits the
@@ -938,19 +943,7 @@ impl ReencryptJob {
             return super::keyed_segments(&model, r.layout(&model, self.data_size)?, &self.keys);
         }
         // Finished: the final layout, all under the new key.
-        let seg = hdr.segment();
-        Ok(vec![SegmentKey {
-            start: 0,
-            len: self.total,
-            storage_offset: seg.offset,
-            cipher: *self.new.spec(),
-            sector_size: seg.sector_size,
-            iv: IvOptions {
-                large_sectors: false,
-                offset: seg.iv_tweak,
-            },
-            key: self.new_key.clone(),
-        }])
+        Ok(vec![self.under_new_key(hdr.segment(), 0, self.total)])
     }
 }
 
