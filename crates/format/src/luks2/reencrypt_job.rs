@@ -173,6 +173,15 @@ fn add_requirement(json: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// A job's segments at its start: the data as it is (segment `seg_id` of `json`), then
+/// the layouts before (a copy of it) and after (`final_json`) as backups.
+fn start_segments(json: &mut Value, seg_id: u32, final_json: Value) {
+    let seg0 = json["segments"][seg_id.to_string()].clone();
+    let mut previous = seg0.clone();
+    previous["flags"] = json!(["backup-previous"]);
+    json["segments"] = json!({"0": seg0, "1": previous, "2": final_json});
+}
+
 /// Assigns every token of keyslot `from` to keyslot `to` too.
 fn copy_token_assignments(json: &mut Value, from: u32, to: u32) -> Result<()> {
     let from = json!(from.to_string());
@@ -315,15 +324,11 @@ impl Luks2Header {
             req.resilience,
             block,
         )?;
-        // Segments: the data as it is, then the layouts before and after.
-        let seg0 = json["segments"][seg_id.to_string()].clone();
-        let mut previous = seg0.clone();
-        previous["flags"] = json!(["backup-previous"]);
         let mut final_seg = old_seg.clone();
         final_seg.encryption = cipher.to_string();
         final_seg.sector_size = sector_size;
         let final_json = seg_json(&final_seg, old_seg.offset, 0, None, Some("backup-final"));
-        json["segments"] = json!({"0": seg0, "1": previous, "2": final_json});
+        start_segments(&mut json, seg_id, final_json);
         let iterations = digest::iterations(hash, key_len, req.kdf.forced_iterations.is_some())?;
         let new_digest = lowest_free(&with_slot.digests)?;
         let digests = section_mut(&mut json, "digests")?;
@@ -464,12 +469,9 @@ impl Luks2Header {
             req.resilience,
             block,
         )?;
-        let seg0 = json["segments"][seg_id.to_string()].clone();
-        let mut previous = seg0.clone();
-        previous["flags"] = json!(["backup-previous"]);
         let plain = json!({"type": "linear", "offset": old_seg.offset.to_string(),
                            "size": "dynamic", "flags": ["backup-final"]});
-        json["segments"] = json!({"0": seg0, "1": previous, "2": plain});
+        start_segments(&mut json, seg_id, plain);
         section_mut(&mut json, "digests")?
             .get_mut(&old_digest.to_string())
             .ok_or_else(|| bad("digest missing"))?["segments"] = json!(["0", "1"]);
