@@ -54,16 +54,21 @@ pub fn reencrypt_online(
         let step = job.next_step(hdr)?;
         let seg = data_segment(job.hot_segment(hdr, &step)?)?;
         let hot = vol.begin_hot_zone(seg, job.rewritten_writable())?;
-        let run = run_step(vol, &mut job, hdr, dev, &step, &hot, stop);
-        let end = match run {
+        // Whatever fails from here on, the zone must end (failed): writers wait on it.
+        let stepped = run_step(vol, &mut job, hdr, dev, &step, &hot, stop)
+            .map_err(crate::Error::from)
+            .and_then(|end| {
+                vol.set_layout(data_segments(job.segments(hdr)?)?)?;
+                Ok(end)
+            });
+        let end = match stepped {
             Ok(end) => end,
             Err(e) => {
                 vol.fail_hot_zone();
                 let _ = job.abandon(hdr, dev, data);
-                return Err(e.into());
+                return Err(e);
             }
         };
-        vol.set_layout(data_segments(job.segments(hdr)?)?)?;
         let (done, total) = job.progress();
         progress(done, total);
         if let Some(outcome) = end {
