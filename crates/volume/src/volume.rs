@@ -374,6 +374,22 @@ impl Volume {
         self.storage.size()
     }
 
+    /// The checks of a split-path request (bounds, whole sectors, writable), without
+    /// taking the layout lock: `seal`/`unseal` take it once, for the cipher.
+    fn check_split(&self, offset: u64, len: u64, write: bool) -> io::Result<()> {
+        if write {
+            self.check_writable()?;
+        }
+        self.check(offset, len)?;
+        if !self.is_aligned(offset, len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "split I/O must be whole sectors",
+            ));
+        }
+        Ok(())
+    }
+
     /// The ciphertext storage, for the reencryption that rewrites it.
     pub(crate) fn storage(&self) -> &dyn Storage {
         &*self.storage
@@ -1020,20 +1036,11 @@ impl SplitIo for Volume {
             .expect("split_io is only offered for file storage")
     }
     fn map(&self, offset: u64, len: u64, write: bool) -> io::Result<u64> {
-        if write {
-            self.check_writable()?;
-        }
-        self.check(offset, len)?;
-        if !self.is_aligned(offset, len) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "split I/O must be whole sectors",
-            ));
-        }
+        self.check_split(offset, len, write)?;
         Ok(self.data_offset() + offset)
     }
     fn seal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.map(offset, buf.len() as u64, true)?;
+        self.check_split(offset, buf.len() as u64, true)?;
         self.stats.writes.fetch_add(1, Relaxed);
         self.stats
             .written_bytes
@@ -1045,7 +1052,7 @@ impl SplitIo for Volume {
             .map_err(crypto_io)
     }
     fn unseal(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.map(offset, buf.len() as u64, false)?;
+        self.check_split(offset, buf.len() as u64, false)?;
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(buf.len() as u64, Relaxed);
         self.stats.crypto_calls.fetch_add(1, Relaxed);
