@@ -57,13 +57,16 @@ pub struct ReencryptArgs {
     /// Accepted for cryptsetup scripts: cryptblk always works on the device directly.
     #[arg(long = "force-offline-reencrypt")]
     pub force_offline: bool,
-    /// Encrypt a plaintext device in place (not supported by cryptblk yet).
+    /// Encrypt a plaintext device in place: with a detached `--header FILE`, or with the
+    /// header at the head of the device (`--reduce-device-size`).
     #[arg(long)]
     pub encrypt: bool,
-    /// Decrypt the device to plaintext (not supported by cryptblk yet).
+    /// Decrypt the device to plaintext (detached header).
     #[arg(long)]
     pub decrypt: bool,
-    /// Move the data to make room for a header (not supported by cryptblk yet).
+    /// With `--encrypt`: the device loses this much (the filesystem on it must be shrunk
+    /// first); half holds the header, half a copy of the data's start while the job runs
+    /// (cryptsetup's data shift; e.g. 32M).
     #[arg(long = "reduce-device-size")]
     pub reduce_device_size: Option<String>,
     /// The served volume to reencrypt online (default: the one serving DEVICE, if any).
@@ -79,6 +82,8 @@ pub struct ReencryptArgs {
 pub(crate) struct Job {
     /// `--decrypt`: the final layout is plaintext.
     pub decrypt: bool,
+    /// `--encrypt --reduce-device-size`: bytes the device loses (header at its head).
+    pub reduce: Option<u64>,
     pub req: ReencryptRequest,
     pub hotzone: Option<u64>,
     pub slot: Option<u32>,
@@ -88,13 +93,33 @@ pub(crate) struct Job {
 
 impl Job {
     pub(crate) fn of(a: &ReencryptArgs) -> CliResult<Job> {
-        if a.reduce_device_size.is_some() || ((a.encrypt || a.decrypt) && a.header.header.is_none())
-        {
+        let reduce = a
+            .reduce_device_size
+            .as_deref()
+            .map(parse_bytes)
+            .transpose()?;
+        let detached = a.header.header.is_some();
+        if reduce.is_some() && (!a.encrypt || detached) {
             return Err(CliError::usage(
-                "cryptblk reencrypt changes the key of a LUKS2 volume, or encrypts or decrypts \
-                 a device in place with a detached header (--encrypt/--decrypt --header FILE); \
-                 --reduce-device-size (a data shift) is not supported yet (cryptsetup's jobs \
-                 of that kind open in cryptblk, and cryptblk recovers their interrupted steps)",
+                "--reduce-device-size goes with --encrypt and the header on the device (a \
+                 data shift of an encrypted volume, or with a detached --header, is not \
+                 supported; cryptsetup's jobs of that kind open in cryptblk, and cryptblk \
+                 recovers their interrupted steps)",
+            ));
+        }
+        if reduce.is_some_and(|r| r > cryptblk_format::luks2::MAX_REDUCE) {
+            return Err(CliError::usage("Maximum device reduce size is 1 GiB."));
+        }
+        if a.encrypt && !detached && reduce.is_none() {
+            return Err(CliError::usage(
+                "Encryption without detached header (--header) is not possible without data \
+                 device size reduction (--reduce-device-size).",
+            ));
+        }
+        if a.decrypt && !detached {
+            return Err(CliError::usage(
+                "LUKS2 decryption is supported with detached header device only (with data \
+                 offset set to 0).",
             ));
         }
         if a.encrypt && a.decrypt {
@@ -109,6 +134,7 @@ impl Job {
         }
         Ok(Job {
             decrypt: a.decrypt,
+            reduce,
             req: request(a)?,
             hotzone: a.hotzone_size.as_deref().map(parse_bytes).transpose()?,
             slot: a.key_slot,
@@ -213,9 +239,10 @@ fn request(a: &ReencryptArgs) -> CliResult<ReencryptRequest> {
         "checksum" => ResilienceRequest::Checksum(HashAlg::from_name(&a.resilience_hash)?),
         "journal" => ResilienceRequest::Journal,
         "none" => ResilienceRequest::None,
+        "datashift" if a.reduce_device_size.is_some() => ResilienceRequest::None,
         "datashift" => {
             return Err(CliError::usage(
-                "--resilience datashift comes with --reduce-device-size, which cryptblk does not do yet",
+                "--resilience datashift goes with --reduce-device-size",
             ));
         }
         other => {
@@ -293,11 +320,18 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     };
     let header_path = a.header.header.clone().unwrap_or_else(|| a.device.clone());
     let new_encryption = a.encrypt && !job.resume_only && !header_path.exists();
+    let new_shift = job.reduce.is_some() && !job.resume_only && !holds_luks(&data)?;
     let storage =
         cryptblk_volume::FileStorage::new(data.try_clone().map_err(|e| io_err(&a.device, e))?)
             .map_err(|e| io_err(&a.device, e))?;
     let data_size = cryptblk_format::Storage::size(&storage).map_err(|e| io_err(&a.device, e))?;
-    let (mut hdev, mut hdr, pass) = if new_encryption {
+    let (mut hdev, mut hdr, pass) = if new_shift {
+        let pass = get_passphrase(&a.key.source(), "Enter passphrase: ", true)?;
+        let mut f = data.try_clone().map_err(|e| io_err(&a.device, e))?;
+        let reduce = job.reduce.unwrap_or_default();
+        let h = Luks2Header::encrypt_shift_init(&mut f, reduce, &pass, &job.req)?;
+        (f, h, pass)
+    } else if new_encryption {
         let pass = get_passphrase(&a.key.source(), "Enter passphrase: ", true)?;
         let (f, h) = encrypt_init(&header_path, data_size, &pass, &job)?;
         (f, h, pass)
@@ -308,7 +342,10 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         };
         let mut hdr = read_luks2(&mut hdev, &header_path)?;
         if (job.resume_only || a.encrypt) && !hdr.in_reencryption() {
-            return Err(CliError::usage(if a.encrypt {
+            return Err(CliError::usage(if job.reduce.is_some() {
+                "the device already holds a LUKS header and no encryption in progress: it is \
+                 encrypted already"
+            } else if a.encrypt {
                 "the --header file exists and holds no encryption in progress: give a new \
                  file name"
             } else {
@@ -384,6 +421,18 @@ fn encrypt_init(
             let _ = std::fs::remove_file(path);
             Err(e)
         }
+    }
+}
+
+/// Whether `data` starts with a LUKS header (either version, either copy).
+fn holds_luks(data: &std::fs::File) -> CliResult<bool> {
+    let mut f = data
+        .try_clone()
+        .map_err(|e| CliError::new(crate::error::EXIT_USAGE, e.to_string()))?;
+    match cryptblk_format::load_header(&mut f) {
+        Ok(_) => Ok(true),
+        Err(cryptblk_format::Error::NotLuks) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -311,7 +311,10 @@ fn bad_online_requests_are_refused_and_change_nothing() {
         "larger than the served volume",
     );
     refused(finish(lab.reencrypt(&["--resume-only"])), "not in progress");
-    refused(finish(lab.reencrypt(&["--encrypt"])), "not supported yet");
+    refused(
+        finish(lab.reencrypt(&["--encrypt"])),
+        "--reduce-device-size",
+    );
     // A second job while one runs.
     let first = lab.reencrypt(&["--hotzone-size", "1M"]);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -340,5 +343,56 @@ fn a_read_only_served_volume_refuses_online_reencryption() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("read-only"), "{err}");
     assert!(lab.header() == before);
+    lab.close();
+}
+
+/// An encryption in place with the header on the device (cryptsetup's data move), started
+/// by cryptsetup (`--init-only`) and run online by cryptblk: fio writes and verifies
+/// throughout, the result verifies after a reopen and passes cryptsetup's checks.
+#[test]
+fn fio_verifies_through_an_online_data_move_encryption_cryptsetup_started() {
+    let lab = Lab::new();
+    let (img, pw) = (lab.p("v.img"), lab.p("pw"));
+    // 80 MiB of plaintext; an 8 MiB header and an 8 MiB copy leave fio its 64 MiB.
+    std::fs::write(&img, vec![0x3cu8; 80 << 20]).unwrap();
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    let mut args = vec![
+        "reencrypt",
+        "-q",
+        "--encrypt",
+        "--reduce-device-size",
+        "16M",
+    ];
+    args.extend([
+        "--init-only",
+        "--force-offline-reencrypt",
+        "--key-file",
+        &pw,
+        &img,
+    ]);
+    args.extend(KDF);
+    ok(&run_in(&cs, &args, b""));
+    lab.open(&[]);
+    lab.fio(false);
+    let mut job = lab.reencrypt(&["--resume-only"]);
+    let mut during = 0;
+    while job.try_wait().unwrap().is_none() {
+        lab.fio(false);
+        during += 1;
+    }
+    ok(&finish(job));
+    eprintln!("fio runs during the encryption: {during}");
+    assert!(during >= 1, "fio never ran during the encryption");
+    let s = lab.status();
+    assert_eq!(s["reencryption"]["state"], "finished", "{s}");
+    assert_eq!(s["reencryption"]["resilience"], "datashift", "{s}");
+    lab.fio(true);
+    lab.close();
+    let dump = lab.dump();
+    assert!(!dump.contains("reencrypt"), "metadata left:\n{dump}");
+    assert!(dump.contains("offset: 8388608 [bytes]"), "{dump}");
+    lab.test_passphrase();
+    lab.open(&[]);
+    lab.fio(true);
     lab.close();
 }

@@ -291,3 +291,137 @@ fn power_loss_at_every_write_of_an_encryption() {
         }
     }
 }
+
+/// A data-move encryption's geometry: 512 KiB shift (`--reduce-device-size 1M`), 1.25 MiB
+/// of data (so one step is a remainder shorter than the shift), 2.25 MiB in all.
+const SHIFT: u64 = 512 * KIB;
+const MOVE_DATA: u64 = 1280 * KIB;
+const MOVE_DEV: u64 = 2 * SHIFT + MOVE_DATA;
+
+/// `reencrypt --encrypt --reduce-device-size`: init (unless resuming), then every step.
+fn encrypt_shift_job<S: Storage>(
+    dev: &S,
+    req: &ReencryptRequest,
+    resume: bool,
+) -> std::io::Result<()> {
+    let fail = |e: cryptblk_format::Error| std::io::Error::other(e.to_string());
+    let mut hdr = if resume {
+        Luks2Header::read(&mut &*dev).map_err(fail)?
+    } else {
+        Luks2Header::encrypt_shift_init(&mut &*dev, 2 * SHIFT, PASS, req).map_err(fail)?
+    };
+    let out = hdr
+        .reencrypt_run(
+            &mut &*dev,
+            dev,
+            MOVE_DEV,
+            PASS,
+            None,
+            None,
+            &|| false,
+            &mut |_, _| {},
+        )
+        .map_err(fail)?;
+    assert_eq!(out, ReencryptOutcome::Finished);
+    Ok(())
+}
+
+/// The volume's plaintext as its header lays it out now (its first `MOVE_DATA` bytes).
+fn read_moved(img: &MemStorage) -> Vec<u8> {
+    let hdr = Luks2Header::read(&mut &*img).unwrap();
+    let (_, segs) = hdr
+        .unlock_segments(&mut &*img, PASS, None, MOVE_DEV)
+        .unwrap();
+    let mut out = vec![0u8; MOVE_DATA as usize];
+    for s in segs {
+        let c = SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv).unwrap();
+        let end = (s.start + s.len).min(MOVE_DATA);
+        if s.start >= end {
+            continue;
+        }
+        let piece = &mut out[s.start as usize..end as usize];
+        img.read_at(piece, s.storage_offset).unwrap();
+        c.decrypt(0, piece).unwrap();
+    }
+    out
+}
+
+/// Power loss at every write of an encryption with the header at the head of the device
+/// (the data's start copied to the end, the header written, every step, the copy wiped):
+/// each crash leaves either no valid header, the data in place and its first bytes safe
+/// in the copy, or a header whose recovery and resumption give back the data, encrypted
+/// and the copy wiped at the end.
+#[test]
+fn power_loss_at_every_write_of_a_data_move_encryption() {
+    let plain: Vec<u8> = (0..MOVE_DATA as usize)
+        .map(|i| (i * 3 + i / 513) as u8)
+        .collect();
+    let req = ReencryptRequest {
+        cipher: None,
+        key_len: None,
+        sector_size: None,
+        resilience: ResilienceRequest::None,
+        kdf: kdf(),
+    };
+    let base = MemStorage::new(MOVE_DEV);
+    base.write_at(&plain, 0).unwrap();
+    let dry = CrashDevice::new(base.clone(), None, Tear::Lost, true);
+    encrypt_shift_job(&dry, &req, false).unwrap();
+    let writes = dry.writes();
+    let done = dry.after_power_loss();
+    assert!(read_moved(&done) == plain, "uninterrupted job");
+    let raw = |img: &MemStorage, off: u64, len: u64| {
+        let mut b = vec![0u8; len as usize];
+        img.read_at(&mut b, off).unwrap();
+        b
+    };
+    let head = &plain[..SHIFT as usize];
+    assert!(raw(&done, SHIFT, SHIFT) != head, "nothing was encrypted");
+    assert!(
+        raw(&done, MOVE_DEV - SHIFT, SHIFT) != head,
+        "the copy was not wiped"
+    );
+    assert!(writes > 10, "{writes} writes");
+    for n in 1..=writes {
+        for (tear, keep) in [
+            (Tear::Lost, false),
+            (Tear::Prefix, true),
+            (Tear::Suffix, false),
+        ] {
+            let what = format!("crash in write {n}/{writes} {tear:?} keep={keep}");
+            let dev = CrashDevice::new(base.clone(), Some(n), tear, keep);
+            assert!(
+                encrypt_shift_job(&dev, &req, false).is_err(),
+                "{what}: the job must stop"
+            );
+            let img = dev.after_power_loss();
+            let Ok(mut hdr) = Luks2Header::read(&mut &img) else {
+                assert!(
+                    raw(&img, SHIFT, MOVE_DATA - SHIFT) == plain[SHIFT as usize..],
+                    "{what}: no header, yet the data in place changed"
+                );
+                assert!(
+                    raw(&img, 0, SHIFT) == head || raw(&img, MOVE_DEV - SHIFT, SHIFT) == head,
+                    "{what}: no header, and the data's start is neither in place nor copied"
+                );
+                continue;
+            };
+            hdr.recover_interrupted_step(&mut &img, &&img, PASS, None, MOVE_DEV)
+                .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
+            assert!(read_moved(&img) == plain, "{what}: data after recovery");
+            if Luks2Header::read(&mut &img).unwrap().in_reencryption() {
+                encrypt_shift_job(&img, &req, true)
+                    .unwrap_or_else(|e| panic!("{what}: resume: {e}"));
+            }
+            assert!(
+                !Luks2Header::read(&mut &img).unwrap().in_reencryption(),
+                "{what}"
+            );
+            assert!(read_moved(&img) == plain, "{what}: data after resuming");
+            assert!(
+                raw(&img, MOVE_DEV - SHIFT, SHIFT) != head,
+                "{what}: copy left"
+            );
+        }
+    }
+}

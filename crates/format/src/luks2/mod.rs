@@ -22,6 +22,7 @@ mod keyslot;
 mod model;
 mod reencrypt;
 mod reencrypt_job;
+mod reencrypt_shift;
 #[cfg(test)]
 mod tests;
 mod token;
@@ -36,6 +37,7 @@ pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3};
 pub use reencrypt_job::{
     ReencryptJob, ReencryptOutcome, ReencryptRequest, ReencryptStep, ResilienceRequest,
 };
+pub use reencrypt_shift::MAX_REDUCE;
 pub use token::KEYRING_TOKEN;
 
 use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, SegmentKey, Storage};

@@ -761,9 +761,12 @@ impl Reencryption<'_> {
         let finish_after_wipe = all_new && !self.stale_copies(data_size).is_empty();
         let finished = all_new && !finish_after_wipe;
         let last = merged_index + 1 == regular.len();
-        // A finished volume, and a decryption's plaintext that runs to the end, are sized
-        // "dynamic" as cryptsetup leaves them; otherwise the sizes stay as they were.
-        if finished || (last && self.params.mode == ReencryptMode::Decrypt && self.moved.is_some())
+        // A finished volume, a data move's last step (the copy not yet wiped), and a
+        // decryption's plaintext that runs to the end, are sized "dynamic" as cryptsetup
+        // leaves them; otherwise the sizes stay as they were.
+        if finished
+            || (all_new && self.moved.is_some())
+            || (last && self.params.mode == ReencryptMode::Decrypt && self.moved.is_some())
         {
             regular[merged_index].1.size = None;
         }

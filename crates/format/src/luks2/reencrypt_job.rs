@@ -11,6 +11,7 @@
 
 use super::model::{Model, ReencryptDirection, Resilience, Segment};
 use super::reencrypt::{REQUIREMENT_V2, Reencryption};
+use super::reencrypt_shift::{ShiftSource, hot_layout_shift};
 use super::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
 use crate::{Error, FormatOptions, LuksHeader, MemStorage, Result, SegmentKey, Storage};
 use cryptblk_crypto::{
@@ -60,7 +61,7 @@ const DEFAULT_NONE_HOTZONE: u64 = 20 << 20;
 /// Bytes converted at once.
 const CHUNK: u64 = 1 << 20;
 
-fn lowest_free<V>(m: &std::collections::BTreeMap<u32, V>) -> Result<u32> {
+pub(super) fn lowest_free<V>(m: &std::collections::BTreeMap<u32, V>) -> Result<u32> {
     (0..super::MAX_OBJECTS)
         .find(|i| !m.contains_key(i))
         .ok_or(Error::NoFreeKeyslot)
@@ -81,7 +82,7 @@ fn cipher_of(seg: &Segment, key: &[u8]) -> Result<SectorCipher> {
     Ok(SectorCipher::new(spec, key, seg.sector_size, iv)?)
 }
 
-fn seg_json(
+pub(super) fn seg_json(
     seg: &Segment,
     offset: u64,
     iv_tweak: u64,
@@ -221,7 +222,7 @@ fn add_reencrypt_keyslot(
 
 /// Completes the reencryption metadata in `json`: the requirement, then the verification
 /// digest over the keys (`old`, `new`; none for a plaintext side) and the metadata.
-fn seal_reencryption(
+pub(super) fn seal_reencryption(
     json: &mut Value,
     hdr_size: u64,
     reenc_slot: u32,
@@ -364,16 +365,7 @@ impl Luks2Header {
         passphrase: &[u8],
         req: &ReencryptRequest,
     ) -> Result<Luks2Header> {
-        let mut opts = FormatOptions::new(req.kdf.clone());
-        if let Some(c) = req.cipher {
-            opts.cipher = c;
-            opts.key_len = c.default_key_len();
-        }
-        opts.key_len = req.key_len.unwrap_or(opts.key_len);
-        opts.sector_size = req.sector_size.unwrap_or(512);
-        opts.hash = req.kdf.hash;
-        opts.detached_header = true;
-        opts.data_offset = Some(0);
+        let opts = Self::encrypt_options(req, None);
         let ss = opts.sector_size as u64;
         if data_size == 0 || !data_size.is_multiple_of(ss) {
             return Err(Luks2Error::Unsupported(format!(
@@ -393,6 +385,26 @@ impl Luks2Header {
         dev.write_at(&image, 0)?;
         dev.sync()?;
         Ok(hdr)
+    }
+
+    /// The format options of a new encryption: the request's cipher, key size and sector
+    /// size (defaults aes-xts-plain64, 512 bits, 512-byte sectors); the header detached
+    /// (data offset 0) unless `data_offset` puts it at the head of the device.
+    pub(super) fn encrypt_options(
+        req: &ReencryptRequest,
+        data_offset: Option<u64>,
+    ) -> FormatOptions {
+        let mut opts = FormatOptions::new(req.kdf.clone());
+        if let Some(c) = req.cipher {
+            opts.cipher = c;
+            opts.key_len = c.default_key_len();
+        }
+        opts.key_len = req.key_len.unwrap_or(opts.key_len);
+        opts.sector_size = req.sector_size.unwrap_or(512);
+        opts.hash = req.kdf.hash;
+        opts.detached_header = data_offset.is_none();
+        opts.data_offset = Some(data_offset.unwrap_or(0));
+        opts
     }
 
     /// The metadata of an encryption in place from a freshly formatted detached header:
@@ -623,9 +635,11 @@ impl Luks2Header {
         let r = model
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
-        if r.params.resilience.shift_size() != 0
-            || r.moved.is_some()
-            || r.previous.1.offset != r.final_.1.offset
+        let shift = ShiftSource::of(&r);
+        if shift.is_none()
+            && (r.params.resilience.shift_size() != 0
+                || r.moved.is_some()
+                || r.previous.1.offset != r.final_.1.offset)
         {
             return Err(Luks2Error::Unsupported(format!(
                 "resuming a {:?} {:?} reencryption with {} resilience (cryptblk resumes \
@@ -653,12 +667,20 @@ impl Luks2Header {
                 .ok_or_else(|| bad("key missing"))
         };
         let d_new = r.final_.1.offset;
-        let total = data_size
-            .checked_sub(d_new)
-            .ok_or_else(|| bad("data device smaller than the data offset"))?;
+        let total = match shift {
+            // The data that stays: the previous layout's (fixed) size.
+            Some(_) => r
+                .previous
+                .1
+                .size
+                .ok_or_else(|| bad("data move with a dynamic previous layout"))?,
+            None => data_size
+                .checked_sub(d_new)
+                .ok_or_else(|| bad("data device smaller than the data offset"))?,
+        };
         // A job limited to part of the device (cryptsetup --device-size) records the
         // limit in its backup layouts.
-        if r.previous.1.size.is_some() || r.final_.1.size.is_some() {
+        if shift.is_none() && (r.previous.1.size.is_some() || r.final_.1.size.is_some()) {
             return Err(Luks2Error::Unsupported(
                 "a fixed-length reencryption (cryptsetup --device-size); cryptsetup can \
                  resume it"
@@ -685,7 +707,8 @@ impl Luks2Header {
             d_new,
             total,
             data_size,
-            step_len: step_length(&r, hotzone, align)?,
+            step_len: job_step_length(shift, &r, hotzone, align)?,
+            shift,
             none: r.params.resilience == Resilience::None,
             journal: r.params.resilience == Resilience::Journal,
             backward: r.params.direction == ReencryptDirection::Backward,
@@ -707,7 +730,8 @@ pub struct ReencryptJob {
     new_key: SecretBytes,
     /// Both keys by digest id, to key a layout's segments.
     keys: Vec<(u32, SecretBytes)>,
-    /// Where the data starts (the same before and after: no data shift).
+    /// Where the data starts under the new layout (also under the old one, except in a
+    /// data move, whose plaintext is read through `shift`).
     d_new: u64,
     /// Bytes of data.
     total: u64,
@@ -719,6 +743,9 @@ pub struct ReencryptJob {
     journal: bool,
     /// Steps run from the end of the data to its start (cryptsetup's decryption).
     backward: bool,
+    /// A data-move encryption (header at the head of the device): where the plaintext
+    /// is read from.
+    shift: Option<ShiftSource>,
     /// With resilience `none`, the layout the steps reached, committed when the job stops
     /// or ends (cryptsetup's behaviour: no metadata write per step).
     pending: Option<Value>,
@@ -772,6 +799,23 @@ impl ReencryptJob {
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
         let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
+        if let Some(sh) = &self.shift {
+            let linear = regular
+                .iter()
+                .filter(|s| s.kind == "linear")
+                .map(|s| {
+                    s.size
+                        .ok_or_else(|| bad("plaintext segment of dynamic size"))
+                })
+                .sum::<Result<u64>>()?;
+            let (offset, len) = sh.next_step(linear)?;
+            let hot_json = hot_layout_shift(&r, json, hdr.hdr_size, offset, len)?;
+            return Ok(ReencryptStep {
+                offset,
+                len,
+                hot_json,
+            });
+        }
         // Where the part done starts (forward: the old part's start; backward: its end).
         let boundary = match regular.as_slice() {
             [_] if self.backward => self.total,
@@ -868,7 +912,8 @@ impl ReencryptJob {
     ) -> Result<()> {
         in_pieces(step.len, self.worker_hook, |at, b| {
             let pos = step.offset + at;
-            data.read_at(b, self.d_new + pos)?;
+            let from = self.shift.map_or(self.d_new + pos, |sh| sh.source(pos));
+            data.read_at(b, from)?;
             self.old.decrypt(pos / self.old.sector_size() as u64, b)?;
             self.new.encrypt(pos / self.new.sector_size() as u64, b)?;
             write(pos, b)
@@ -946,6 +991,23 @@ impl ReencryptJob {
         }
         // Finished: the final layout, all under the new key.
         Ok(vec![self.under_new_key(hdr.segment(), 0, self.total)])
+    }
+}
+
+/// Bytes per step: a data move's shift, else [`step_length`].
+fn job_step_length(
+    shift: Option<ShiftSource>,
+    r: &Reencryption<'_>,
+    hotzone: Option<u64>,
+    align: u64,
+) -> Result<u64> {
+    match shift {
+        Some(sh) if sh.size.is_multiple_of(align) => Ok(sh.size),
+        Some(sh) => Err(bad(format!(
+            "data shift {} is not a multiple of the {align}-byte sector size",
+            sh.size
+        ))),
+        None => step_length(r, hotzone, align),
     }
 }
 

@@ -1,0 +1,304 @@
+//! Encryption in place with the header at the head of the device (`reencrypt --encrypt
+//! --reduce-device-size R`), in cryptsetup's layout (lib/luks2/luks2_reencrypt.c, "data
+//! move"): the header takes the first `S = R/2` bytes, so the data's first `S` bytes are
+//! first copied to the last `S` bytes of the device (the `backup-moved-segment`), then the
+//! header is written; the steps run from the end to the start, each reading `S` bytes of
+//! plaintext at virtual offset `v` and writing them encrypted at `S + v` (resilience
+//! `datashift`: the source is never overwritten before it is converted); the last step
+//! reads the moved copy. Finishing wipes the copy. The volume ends `S` bytes smaller than
+//! the device (`R` smaller until the copy's space is handed back when the job finishes,
+//! as cryptsetup leaves it).
+
+use super::model::{Model, ReencryptDirection, ReencryptMode, Resilience, Segment};
+use super::reencrypt::Reencryption;
+use super::{Luks2Error, Luks2Header, bad, keyslot, section_mut};
+use crate::{Error, MemStorage, Result, Storage};
+use serde_json::{Map, Value, json};
+use zeroize::Zeroizing;
+
+/// cryptsetup's cap on `--reduce-device-size`.
+pub const MAX_REDUCE: u64 = 1 << 30;
+
+/// Where the plaintext of a data-move encryption is read from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShiftSource {
+    /// The shift (`S`): also the step length and the moved copy's size.
+    pub size: u64,
+    /// Where the copy of the data's first `size` bytes lies.
+    pub moved_offset: u64,
+    /// Where the rest of the plaintext lies (the `backup-previous` offset, 0).
+    pub previous_offset: u64,
+}
+
+impl ShiftSource {
+    /// The job's shift, if `r` is a data-move encryption cryptblk runs (cryptsetup's
+    /// `--encrypt --reduce-device-size` without `--header`).
+    pub(crate) fn of(r: &Reencryption<'_>) -> Option<ShiftSource> {
+        let (_, moved) = r.moved?;
+        let Resilience::Datashift { shift_size } = r.params.resilience else {
+            return None;
+        };
+        (r.params.mode == ReencryptMode::Encrypt
+            && r.params.direction == ReencryptDirection::Backward
+            && r.previous.1.kind == "linear"
+            && moved.kind == "linear")
+            .then_some(ShiftSource {
+                size: shift_size,
+                moved_offset: moved.offset,
+                previous_offset: r.previous.1.offset,
+            })
+    }
+
+    /// Where plaintext byte `pos` (counted from the start of the data) is read from.
+    pub(crate) fn source(&self, pos: u64) -> u64 {
+        if pos < self.size {
+            self.moved_offset + pos
+        } else {
+            self.previous_offset + pos
+        }
+    }
+
+    /// The next step `(offset, len)` from the plaintext still left (`linear`: the sum of
+    /// the regular linear segments, the moved one included), as cryptsetup chooses it
+    /// (`reencrypt_offset_backward_moved`): `S` bytes from the end of what is left; a
+    /// remainder shorter than `S` after the moved part; the moved part last.
+    pub(crate) fn next_step(&self, linear: u64) -> Result<(u64, u64)> {
+        let s = self.size;
+        let rest = linear
+            .checked_sub(s)
+            .ok_or_else(|| bad("less plaintext left than the moved segment"))?;
+        Ok(match rest {
+            0 => (0, s),
+            r if r < s => (s, r),
+            r => (r, s),
+        })
+    }
+}
+
+impl Luks2Header {
+    /// Starts encrypting the device `dev` in place with its header at its head
+    /// (`reencrypt --encrypt --reduce-device-size R`, cryptsetup's layout): a new header
+    /// with data offset `S = R/2`, the data's first `S` bytes copied to the device's last
+    /// `S` bytes (synced), then the header written (keyslots area, secondary copy, primary
+    /// copy, each synced: from the moment the secondary copy is on the disk the device
+    /// opens). The data that stays (`R` bytes less than the device; the filesystem on it
+    /// must have been shrunk first) is plaintext until the job converts it.
+    pub fn encrypt_shift_init(
+        dev: &mut dyn Storage,
+        reduce: u64,
+        passphrase: &[u8],
+        req: &super::ReencryptRequest,
+    ) -> Result<Luks2Header> {
+        let dev_size = dev.size()?;
+        let shift = reduce / 2;
+        let opts = Self::encrypt_options(req, Some(shift));
+        let ss = opts.sector_size as u64;
+        if reduce == 0 || reduce > MAX_REDUCE || !shift.is_multiple_of(ss.max(4096)) {
+            return Err(Error::InvalidOption(format!(
+                "--reduce-device-size {reduce}: it must be a multiple of {} bytes and at \
+                 most 1 GiB",
+                2 * ss.max(4096)
+            )));
+        }
+        // The header (S), the data left (L), and room for the moved copy (S); every step
+        // but the last converts S bytes, so L must hold at least one of them.
+        let data = dev_size.checked_sub(2 * shift).filter(|&l| l >= shift);
+        let Some(data) = data.filter(|l| l.is_multiple_of(ss)) else {
+            return Err(Error::InvalidOption(format!(
+                "not enough space for --reduce-device-size {reduce}: the device has \
+                 {dev_size} bytes and needs the {shift}-byte header, a {shift}-byte copy of \
+                 the data's start and at least {shift} bytes of data in whole {ss}-byte \
+                 sectors (nothing was written)"
+            )));
+        };
+        let mut key = cryptblk_crypto::SecretBytes::zeroed(opts.key_len);
+        cryptblk_crypto::random_bytes(&mut key)?;
+        let mut mem = MemStorage::new(shift);
+        let mut hdr = Luks2Header::format(&mut mem, &opts, &key, passphrase)?;
+        let json = hdr.encrypt_shift_metadata(dev_size, data, &key, req)?;
+        hdr.commit(&mut mem, json)?;
+        move_first_segment(dev, shift, dev_size - shift)?;
+        write_header_last_copy_first(dev, &mem, hdr.hdr_size)?;
+        Ok(hdr)
+    }
+
+    /// The metadata of a data-move encryption from a freshly formatted header (data
+    /// offset `S`): the moved copy and the plaintext in place as the data now, then the
+    /// backups in cryptsetup's order (moved, previous, final), the `datashift` reencrypt
+    /// keyslot (a 4 KiB area), the verification digest over the new key.
+    fn encrypt_shift_metadata(
+        &self,
+        dev_size: u64,
+        data: u64,
+        key: &[u8],
+        req: &super::ReencryptRequest,
+    ) -> Result<Value> {
+        let shift = self.segment().offset;
+        let mut json = self.json.clone();
+        let mut final_seg = json["segments"][self.segment_id.to_string()].clone();
+        final_seg["flags"] = json!(["backup-final"]);
+        let linear = |offset: u64, size: u64, flag: Option<&str>| {
+            let mut l = json!({"type": "linear", "offset": offset.to_string(),
+                               "size": size.to_string()});
+            if let Some(f) = flag {
+                l["flags"] = json!([f]);
+            }
+            l
+        };
+        let moved_at = dev_size - shift;
+        let mut segs = vec![linear(moved_at, shift, None)];
+        if data > shift {
+            segs.push(linear(shift, data - shift, None));
+        }
+        segs.push(linear(moved_at, shift, Some("backup-moved-segment")));
+        segs.push(linear(0, data, Some("backup-previous")));
+        segs.push(final_seg);
+        let final_id = segs.len() - 1;
+        json["segments"] = Value::Object(
+            segs.into_iter()
+                .enumerate()
+                .map(|(i, s)| (i.to_string(), s))
+                .collect(),
+        );
+        let (digest_id, _) = self.segment_digest()?;
+        section_mut(&mut json, "digests")?
+            .get_mut(&digest_id.to_string())
+            .ok_or_else(|| bad("digest missing"))?["segments"] = json!([final_id.to_string()]);
+        let model = Model::from_json(&json, self.hdr_size)?;
+        let slot = super::reencrypt_job::lowest_free(&model.keyslots)?;
+        let (gap_off, _) = keyslot::largest_area_gap(&model, self.hdr_size)
+            .filter(|g| g.1 >= 4096)
+            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        section_mut(&mut json, "keyslots")?.insert(
+            slot.to_string(),
+            json!({"type": "reencrypt", "key_size": 1, "mode": "encrypt",
+                   "direction": "backward", "priority": 0,
+                   "area": {"offset": gap_off.to_string(), "size": "4096",
+                            "type": "datashift", "shift_size": shift.to_string()}}),
+        );
+        super::reencrypt_job::seal_reencryption(
+            &mut json,
+            self.hdr_size,
+            slot,
+            None,
+            Some(key),
+            &req.kdf,
+        )?;
+        Ok(json)
+    }
+}
+
+/// Copies the data's first `len` bytes to `to` (cryptsetup's `reencrypt_move_data`), synced.
+fn move_first_segment(dev: &mut dyn Storage, len: u64, to: u64) -> Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(CHUNK) as usize;
+        dev.read_at(&mut buf[..n], at)?;
+        dev.write_at(&buf[..n], to + at)?;
+        at += n as u64;
+    }
+    dev.sync()?;
+    Ok(())
+}
+
+/// Writes the header built in `mem` to the head of `dev`: the keyslots area, then the
+/// secondary copy, then the primary, each synced, so that the device opens (from the
+/// secondary copy) before the first bytes of the old data are overwritten.
+fn write_header_last_copy_first(
+    dev: &mut dyn Storage,
+    mem: &MemStorage,
+    hdr_size: u64,
+) -> Result<()> {
+    let total = mem.size()?;
+    for (off, end) in [
+        (2 * hdr_size, total),
+        (hdr_size, 2 * hdr_size),
+        (0, hdr_size),
+    ] {
+        let mut part = vec![0u8; (end - off) as usize];
+        mem.read_at(&mut part, off)?;
+        dev.write_at(&part, off)?;
+        dev.sync()?;
+    }
+    Ok(())
+}
+
+/// The metadata while the data-move step `[off, off+len)` runs (cryptsetup's
+/// `reencrypt_make_hot_segments_encrypt_shift`): the regular segments before the last
+/// plaintext one, that one shrunk by `len` (gone if `len` is all of it), the hot zone
+/// (new layout, flagged), the encrypted part done; then the backups (previous, final,
+/// moved); every encrypted segment bound to the new key.
+pub(crate) fn hot_layout_shift(
+    r: &Reencryption<'_>,
+    json: &Value,
+    hdr_size: u64,
+    off: u64,
+    len: u64,
+) -> Result<Value> {
+    let model = Model::from_json(json, hdr_size)?;
+    let fin = r.final_.1;
+    let mut regular: Vec<(Value, Segment)> = model
+        .segments
+        .iter()
+        .filter(|(_, s)| !s.is_backup())
+        .map(|(id, s)| (json["segments"][id.to_string()].clone(), s.clone()))
+        .collect();
+    let last_linear = regular
+        .iter()
+        .rposition(|(_, s)| s.kind == "linear")
+        .ok_or_else(|| bad("no plaintext left to encrypt"))?;
+    let size = regular[last_linear]
+        .1
+        .size
+        .ok_or_else(|| bad("plaintext segment of dynamic size"))?;
+    let mut at = last_linear + 1;
+    if size > len {
+        regular[last_linear].0["size"] = json!((size - len).to_string());
+    } else {
+        regular.remove(last_linear);
+        at -= 1;
+    }
+    let hot = super::reencrypt_job::seg_json(
+        fin,
+        fin.offset + off,
+        off / 512,
+        Some(len),
+        Some("in-reencryption"),
+    );
+    regular.insert(at, (hot, fin.clone()));
+    let mut segs: Vec<Value> = regular.into_iter().map(|(j, _)| j).collect();
+    let first_backup = segs.len();
+    for (id, _) in [Some(r.previous), Some(r.final_), r.moved]
+        .into_iter()
+        .flatten()
+    {
+        segs.push(json["segments"][id.to_string()].clone());
+    }
+    let new_digest = model
+        .segment_digest(r.final_.0)
+        .map(|(d, _)| d)
+        .ok_or_else(|| bad("no new key digest"))?;
+    let bound: Vec<Value> = segs
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| s["type"] == "crypt" && (*i < first_backup || *i == first_backup + 1))
+        .map(|(i, _)| json!(i.to_string()))
+        .collect();
+    let mut out = json.clone();
+    let mut m = Map::new();
+    for (i, s) in segs.into_iter().enumerate() {
+        m.insert(i.to_string(), s);
+    }
+    out["segments"] = Value::Object(m);
+    // Encrypting, the new key is the only one bound to data.
+    for (id, d) in section_mut(&mut out, "digests")?.iter_mut() {
+        d["segments"] = if *id == new_digest.to_string() {
+            Value::Array(bound.clone())
+        } else {
+            json!([])
+        };
+    }
+    Ok(out)
+}
