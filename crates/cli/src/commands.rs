@@ -640,6 +640,54 @@ pub fn config(_ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
 
 /// `cryptsetup erase`: wipes every keyslot, after which no passphrase opens the volume
 /// (the data is unreadable for good: crypto-shredding).
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// Image file or block device.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// The version to convert to: luks1 or luks2.
+    #[arg(long = "type", short = 'M')]
+    pub kind: String,
+}
+
+/// `convert --type luks1|luks2` (cryptsetup's checks and messages). The device is locked
+/// exclusively: a volume being served is never converted behind its server's back.
+pub fn convert(ctx: &Ctx, a: ConvertArgs) -> CliResult<()> {
+    use cryptblk_format::luks1::Luks1Header;
+    use cryptblk_format::luks2::Luks2Header;
+    let to: u8 = match a.kind.as_str() {
+        "luks1" => 1,
+        "luks2" => 2,
+        _ => {
+            return Err(CliError::usage(
+                "Invalid LUKS type, only luks1 and luks2 are supported.",
+            ));
+        }
+    };
+    let path = header_path(&a.device, &a.header).to_path_buf();
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let from = load(&mut dev, &path)?.version();
+    if from == to {
+        return Err(CliError::usage(format!("Device is already LUKS{to} type.")));
+    }
+    confirm(
+        ctx.batch,
+        &format!(
+            "This operation will convert {} to LUKS{to} format.",
+            path.display()
+        ),
+    )?;
+    if to == 2 {
+        let v1 = Luks1Header::read(&mut dev)?;
+        Luks2Header::convert_from_luks1(&mut dev, &v1)?;
+    } else {
+        let v2 = Luks2Header::read(&mut dev)?;
+        v2.convert_to_luks1(&mut dev)?;
+    }
+    Ok(())
+}
+
 pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
     let mut dev = open_header(&a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;

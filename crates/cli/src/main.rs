@@ -125,6 +125,9 @@ enum Command {
     IsLuks(commands::DeviceArgs),
     /// Set a LUKS2 volume's label, subsystem or keyslot priority (cryptsetup config).
     Config(commands::ConfigArgs),
+    /// Convert a volume between LUKS1 and LUKS2 in place (cryptsetup convert --type).
+    #[command(alias = "luksConvert")]
+    Convert(commands::ConvertArgs),
     /// Wipe every keyslot: the data can never be decrypted again (cryptsetup erase).
     #[command(alias = "luksErase")]
     Erase(commands::DeviceArgs),
@@ -190,6 +193,7 @@ fn main() {
         Command::IsLuks(a) => commands::is_luks(&ctx, a),
         Command::Reencrypt(a) => reencrypt::reencrypt(&ctx, a),
         Command::Config(a) => commands::config(&ctx, a),
+        Command::Convert(a) => commands::convert(&ctx, a),
         Command::Erase(a) => commands::erase(&ctx, a),
         Command::Token(a) => token::token(&ctx, a),
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),

@@ -20,10 +20,11 @@ use cryptblk_crypto::{
     BlockCipherAlg, CipherSpec, HashAlg, IvOptions, Kdf, KdfKind, KdfRequest, SecretBytes,
     constant_time_eq,
 };
-use header::{CIPHER_MODE_LEN, CIPHER_NAME_LEN, DIGEST_SIZE, HASH_SPEC_LEN, MAX_AREA_BYTES, Phdr};
+use header::{CIPHER_MODE_LEN, CIPHER_NAME_LEN, DIGEST_SIZE, HASH_SPEC_LEN, MAX_AREA_BYTES};
 use keyslot::SlotCrypto;
 
 pub use header::Luks1Keyslot;
+pub(crate) use header::Phdr;
 
 /// The LUKS magic, shared by LUKS1 and the LUKS2 primary header.
 pub const MAGIC: &[u8] = b"LUKS\xba\xbe";
@@ -196,6 +197,17 @@ impl Luks1Header {
             return Err(Error::Truncated { need, have });
         }
         Ok(hdr)
+    }
+
+    /// A header from its fields (a conversion from LUKS2), validated as a read one is.
+    pub(crate) fn from_phdr(phdr: Phdr) -> Result<Self> {
+        let (cipher, hash) = phdr.validate()?;
+        Ok(Luks1Header { phdr, cipher, hash })
+    }
+
+    /// The header's fields (a conversion to LUKS2).
+    pub(crate) fn phdr(&self) -> &Phdr {
+        &self.phdr
     }
 
     /// The 592 bytes of the phdr.

@@ -16,6 +16,7 @@
 //! it; an area is wiped only after the metadata no longer points at it.
 
 mod binary;
+mod convert;
 mod digest;
 mod error;
 mod keyslot;

@@ -557,12 +557,16 @@ fn parse_digest(v: &Value, what: &str) -> Result<Digest, Luks2Error> {
             return Err(bad(format!("{what}: empty digest or zero iterations")));
         }
         match HashAlg::from_name(hash) {
-            Ok(hash) if digest.len() == hash.output_len() => Ok(Pbkdf2Digest {
-                hash,
-                iterations,
-                salt,
-                digest,
-            }),
+            // The hash's length, or LUKS1's 20 bytes in a volume converted from LUKS1
+            // (cryptsetup accepts exactly these two).
+            Ok(hash) if digest.len() == hash.output_len() || digest.len() == 20 => {
+                Ok(Pbkdf2Digest {
+                    hash,
+                    iterations,
+                    salt,
+                    digest,
+                })
+            }
             Ok(_) => return Err(bad(format!("{what}: digest length does not match {hash}"))),
             Err(_) => Err(format!("digest hash '{hash}'")),
         }
