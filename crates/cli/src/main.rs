@@ -151,6 +151,8 @@ enum Command {
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     #[command(alias = "luksClose")]
     Close(serve::NameArgs),
+    /// Change the size of a served volume, e.g. after its device grew (cryptsetup resize).
+    Resize(serve::ResizeArgs),
     /// Wipe a served volume's keys from memory and hold its I/O (cryptsetup luksSuspend).
     #[command(alias = "luksSuspend")]
     Suspend(serve::NameArgs),
@@ -203,6 +205,7 @@ fn main() {
         Command::Open(a) => frontend::open(&ctx, a),
         Command::Close(a) => serve::close(&ctx, a),
         Command::Suspend(a) => serve::suspend(&ctx, a),
+        Command::Resize(a) => serve::resize(&ctx, a),
         Command::Resume(a) => serve::resume(&ctx, a),
         Command::Status(a) => serve::status(&ctx, a),
         Command::List(a) => serve::list(&ctx, a),

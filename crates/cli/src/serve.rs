@@ -206,6 +206,51 @@ fn answered(reply: &str, expect: &str) -> CliResult<()> {
     Err(CliError::new(code.parse().unwrap_or(1), msg))
 }
 
+#[derive(Args, Debug)]
+pub struct ResizeArgs {
+    pub name: String,
+    /// New size in 512-byte sectors (default: all the device holds after the data offset).
+    #[arg(long, short = 'b')]
+    pub size: Option<u64>,
+    /// New size in bytes, with units (e.g. 64M).
+    #[arg(long = "device-size")]
+    pub device_size: Option<String>,
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+}
+
+/// `resize NAME` (cryptsetup resize): the served volume takes the size given, or all the
+/// device now holds (a file or device that grew). NBD clients connecting from now on and
+/// the FUSE file see the new size; a ublk device is refused (close and reopen).
+pub fn resize(ctx: &Ctx, a: ResizeArgs) -> CliResult<()> {
+    check_name(&a.name)?;
+    let bytes = match (a.size, &a.device_size) {
+        (Some(_), Some(_)) => {
+            return Err(CliError::usage(
+                "--size and --device-size exclude each other",
+            ));
+        }
+        (Some(s), None) => Some(
+            s.checked_mul(512)
+                .ok_or_else(|| CliError::usage(format!("--size {s} is too large")))?,
+        ),
+        (None, Some(d)) => Some(crate::units::parse_size(d).map_err(CliError::usage)?),
+        (None, None) => None,
+    };
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
+    let req = format!("resize {}", bytes.map_or("max".into(), |b| b.to_string()));
+    let reply = ask(&dir, &a.name, &req)?;
+    match reply.trim().strip_prefix("resized ") {
+        Some(n) => {
+            if ctx.verbose {
+                eprintln!("{}: {n} bytes", a.name);
+            }
+            Ok(())
+        }
+        None => answered(&reply, "resized"),
+    }
+}
+
 /// `suspend NAME` (cryptsetup luksSuspend): the served volume drops its keys and holds
 /// its I/O until `resume`.
 pub fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {

@@ -19,6 +19,11 @@ use crate::BlockDevice;
 pub trait Storage: Send + Sync {
     /// Current size in bytes.
     fn size(&self) -> io::Result<u64>;
+    /// Measures the size again (a file or device that grew or shrank since it was opened)
+    /// and returns it; stores that measure it once keep the new figure.
+    fn refresh_size(&self) -> io::Result<u64> {
+        self.size()
+    }
     /// Fills `buf` from `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`.
@@ -47,6 +52,9 @@ macro_rules! delegate_storage {
         impl<S: Storage + ?Sized> Storage for $t {
             fn size(&self) -> io::Result<u64> {
                 (**self).size()
+            }
+            fn refresh_size(&self) -> io::Result<u64> {
+                (**self).refresh_size()
             }
             fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
                 (**self).read_at(buf, offset)

@@ -394,7 +394,7 @@ impl Handshake<'_> {
         let Some((idx, export)) = find_export(self.shared, name) else {
             return Ok(Step::Done(Negotiated::Close));
         };
-        self.out.extend_from_slice(&export.size.to_be_bytes());
+        self.out.extend_from_slice(&export.size().to_be_bytes());
         self.out
             .extend_from_slice(&transmission_flags(export, self.structured).to_be_bytes());
         if !self.no_zeroes {
@@ -507,7 +507,7 @@ fn info_reply(
 
     let mut item = Vec::with_capacity(64);
     item.extend_from_slice(&INFO_EXPORT.to_be_bytes());
-    item.extend_from_slice(&export.size.to_be_bytes());
+    item.extend_from_slice(&export.size().to_be_bytes());
     item.extend_from_slice(&transmission_flags(export, structured).to_be_bytes());
     option_reply(out, opt, REP_INFO, &item);
 
@@ -848,7 +848,7 @@ impl Conn<'_> {
             return Err((errno, "read exceeds the 32 MiB maximum"));
         }
         let len = req.len as u64;
-        if req.offset.checked_add(len).is_none_or(|end| end > e.size) {
+        if req.offset.checked_add(len).is_none_or(|end| end > e.size()) {
             return Err(match req.typ {
                 CMD_WRITE | CMD_WRITE_ZEROES => {
                     (ENOSPC, "request extends past the end of the export")

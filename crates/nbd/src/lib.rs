@@ -236,14 +236,12 @@ impl NbdServerBuilder {
                     e.name
                 ));
             }
-            let size = e.device.size() / bs as u64 * bs as u64;
             exports.push(Export {
                 name: e.name,
                 description: e.description,
                 read_only: e.read_only || e.device.read_only(),
                 can_discard: e.device.can_discard(),
                 device: e.device,
-                size,
                 block_size: bs,
             });
         }

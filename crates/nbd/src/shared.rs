@@ -26,9 +26,16 @@ pub(crate) struct Export {
     pub(crate) device: Arc<dyn BlockDevice>,
     pub(crate) read_only: bool,
     pub(crate) can_discard: bool,
-    /// Advertised size: the device size rounded down to the block size.
-    pub(crate) size: u64,
     pub(crate) block_size: u32,
+}
+
+impl Export {
+    /// Advertised size: the device size now (a served volume can be resized), rounded
+    /// down to the block size. A client learns it at its handshake.
+    pub(crate) fn size(&self) -> u64 {
+        let bs = u64::from(self.block_size);
+        self.device.size() / bs * bs
+    }
 }
 
 #[derive(Default)]

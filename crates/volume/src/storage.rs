@@ -33,7 +33,8 @@ impl std::str::FromStr for IoEngine {
 /// A regular file or block device.
 pub struct FileStorage {
     file: File,
-    size: u64,
+    /// Measured at open and by [`Storage::refresh_size`] (`resize`).
+    size: std::sync::atomic::AtomicU64,
     engine: IoEngine,
     /// With O_DIRECT: the memory alignment the kernel wants for buffers.
     direct_mem_align: Option<usize>,
@@ -49,7 +50,7 @@ impl FileStorage {
         let size = f.seek(io::SeekFrom::End(0))?;
         Ok(FileStorage {
             file: f,
-            size,
+            size: size.into(),
             engine: IoEngine::Psync,
             direct_mem_align: None,
         })
@@ -162,7 +163,14 @@ fn with_aligned(
 
 impl Storage for FileStorage {
     fn size(&self) -> io::Result<u64> {
-        Ok(self.size)
+        Ok(self.size.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    fn refresh_size(&self) -> io::Result<u64> {
+        use std::io::Seek;
+        // I/O is positional (pread/pwrite): moving the shared file offset disturbs nothing.
+        let size = (&self.file).seek(io::SeekFrom::End(0))?;
+        self.size.store(size, std::sync::atomic::Ordering::Relaxed);
+        Ok(size)
     }
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;

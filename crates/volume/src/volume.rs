@@ -91,7 +91,8 @@ pub struct Volume {
     /// never interleaves with another write to the same sector; a reencryption step takes
     /// it alone for a moment to start or end (no request is then in flight).
     layout: RwLock<Layout>,
-    size: u64,
+    /// Bytes the volume serves; changes only by [`Volume::resize`].
+    size: AtomicU64,
     sector: u64,
     read_only: bool,
     allow_discards: bool,
@@ -315,7 +316,7 @@ impl Volume {
                 segments,
                 hot: None,
             }),
-            size,
+            size: size.into(),
             sector,
             read_only: params.read_only,
             allow_discards: params.allow_discards,
@@ -341,7 +342,7 @@ impl Volume {
                 segments,
                 hot: None,
             }),
-            size,
+            size: size.into(),
             sector,
             read_only,
             allow_discards,
@@ -428,7 +429,7 @@ impl Volume {
                 seg.len, seg.start, self.sector
             )));
         }
-        if seg.start + seg.len > self.size {
+        if seg.start + seg.len > self.size() {
             return Err(Error::Invalid(
                 "the rewritten stretch ends past the volume".into(),
             ));
@@ -494,11 +495,12 @@ impl Volume {
     /// Checks that `segments` can replace the layout: the same size, blocks no larger.
     pub(crate) fn check_layout(&self, segments: &[DataSegment]) -> Result<()> {
         let (size, sector) = check_segments(segments, self.storage.size()?)?;
-        if size != self.size || !self.sector.is_multiple_of(sector) {
+        if size != self.size() || !self.sector.is_multiple_of(sector) {
             return Err(Error::Invalid(format!(
                 "a layout of {size} bytes in {sector}-byte blocks for a volume of {} bytes \
                  in {}-byte blocks",
-                self.size, self.sector
+                self.size(),
+                self.sector
             )));
         }
         Ok(())
@@ -557,6 +559,45 @@ impl Volume {
             }
         }
     }
+    /// Changes the size of the volume (`resize`, as cryptsetup resizes an active device):
+    /// to `new` bytes, or without it to what the storage now holds after the data offset
+    /// (a file or device that grew). The one data segment is changed under the layout
+    /// lock taken alone, so no request is in flight. Refused mid-reencryption, while
+    /// suspended, and once a frontend moves ciphertext itself (the split path).
+    pub fn resize(&self, new: Option<u64>) -> Result<u64> {
+        if self.split_handed_out.load(Relaxed) {
+            return Err(Error::Invalid(
+                "the frontend moves ciphertext itself (io_uring split path): close and \
+                 reopen to change the size"
+                    .into(),
+            ));
+        }
+        let have = self.storage.refresh_size()?;
+        let mut l = self.layout_alone();
+        if l.segments.is_empty() {
+            return Err(Error::Invalid("the volume is suspended".into()));
+        }
+        if l.hot.is_some() || l.segments.len() != 1 {
+            return Err(Error::Invalid(
+                "a reencryption is in progress: resize after it".into(),
+            ));
+        }
+        let seg = &mut l.segments[0];
+        let max = have.saturating_sub(seg.storage_offset);
+        let max = max - max % self.sector;
+        let new = new.unwrap_or(max);
+        if new == 0 || new > max || !new.is_multiple_of(self.sector) {
+            return Err(Error::Invalid(format!(
+                "cannot resize to {new} bytes: a multiple of the {}-byte sector size, at most \
+                 the {max} bytes the device holds after the data offset",
+                self.sector
+            )));
+        }
+        seg.len = new;
+        self.size.store(new, Relaxed);
+        Ok(new)
+    }
+
     /// Live counters of the data path.
     pub fn stats(&self) -> &VolumeStats {
         &self.stats
@@ -564,7 +605,7 @@ impl Volume {
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "I/O beyond the end of the volume",
@@ -625,6 +666,14 @@ impl Volume {
         mut f: impl FnMut(&DataSegment, u64, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
         if let [only] = segments {
+            // Checked again under the layout lock: a `resize` may have shrunk the volume
+            // since the request was checked.
+            if off + buf.len() as u64 > only.len {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "I/O beyond the end of the volume",
+                ));
+            }
             return f(only, off, buf);
         }
         let end = off + buf.len() as u64;
@@ -945,7 +994,7 @@ const ZERO_CHUNK: u64 = 1 << 20;
 
 impl BlockDevice for Volume {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Relaxed)
     }
     fn block_size(&self) -> u32 {
         self.sector as u32

@@ -13,7 +13,7 @@ mod suspend;
 pub mod ublk;
 
 use crate::commands::Ctx;
-use crate::error::{CliError, CliResult, EXIT_BUSY, io_err};
+use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_USAGE, io_err};
 use crate::rundir::{self, SocketAccess};
 use crate::unlock::{OpenedVolume, VolumeArgs, VolumeInfo, open_volume};
 use clap::Args;
@@ -116,6 +116,12 @@ pub(crate) trait Control: Send + Sync {
     fn stop(&self) -> Result<(), String>;
     /// The frontend's own fields of `status` (a JSON object).
     fn status(&self) -> Value;
+    /// Whether the volume's size may change under this frontend (`resize`): NBD clients
+    /// that connect later and the FUSE file (its attributes live one second) see the new
+    /// size; a frontend whose kernel device cannot change size says why not.
+    fn can_resize(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The frontend the options name: exactly one of --nbd, --fuse, --ublk.
@@ -210,7 +216,8 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 v["suspended"] = json!(suspension.is_suspended());
                 v
             };
-            control_loop(ctl, status, stop, &jobs, &suspension)
+            let resize = |req: &str| resize(&vol, &*c, &jobs, &suspension, req);
+            control_loop(ctl, status, stop, resize, &jobs, &suspension)
         });
     }
     if ctx.verbose || !a.daemon_child {
@@ -326,6 +333,38 @@ fn announce(
     Ok((ctl, pid_path))
 }
 
+/// `resize BYTES|max` on the control socket: the volume's new size (`resized BYTES`), or
+/// why not (`error CODE: why`).
+fn resize(
+    vol: &cryptblk_volume::Volume,
+    c: &dyn Control,
+    jobs: &online::OnlineJobs,
+    suspension: &suspend::SuspendControl,
+    req: &str,
+) -> String {
+    let refused = |why: String| format!("error {EXIT_BUSY}: {why}");
+    if suspension.is_suspended() {
+        return refused("the volume is suspended: luksResume it first".into());
+    }
+    if jobs.running() {
+        return refused("a reencryption is running: resize after it".into());
+    }
+    if let Err(why) = c.can_resize() {
+        return refused(why);
+    }
+    let new = match req.trim() {
+        "max" => None,
+        n => match n.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => return format!("error {EXIT_USAGE}: bad size '{n}'"),
+        },
+    };
+    match vol.resize(new) {
+        Ok(n) => format!("resized {n}"),
+        Err(e) => format!("error {EXIT_USAGE}: {e}"),
+    }
+}
+
 /// Answers `status`, `close`, `reencrypt PASSPHRASE-HEX JSON` and `reencrypt-stop` on
 /// the control socket until a `close` succeeds (`close` may refuse, e.g. while a FUSE
 /// file is in use: the client gets `busy: WHY`).
@@ -333,6 +372,7 @@ fn control_loop(
     ctl: UnixListener,
     status: impl Fn() -> Value,
     close: impl Fn() -> Result<(), String>,
+    resize: impl Fn(&str) -> String,
     jobs: &Arc<online::OnlineJobs>,
     suspension: &suspend::SuspendControl,
 ) {
@@ -356,6 +396,8 @@ fn control_loop(
             } else {
                 jobs.start(request)
             })
+        } else if let Some(request) = line.strip_prefix("resize ") {
+            Some(resize(request))
         } else if let Some(request) = line.strip_prefix("resume ") {
             Some(suspension.resume(request))
         } else if line == "suspend" {

@@ -227,6 +227,14 @@ impl Control for UblkControl {
         e["errors"] = st.errors.into();
         e
     }
+    fn can_resize(&self) -> Result<(), String> {
+        Err(
+            "a ublk device keeps the size it was added with (the kernel's size change, \
+             UBLK_U_CMD_UPDATE_SIZE of Linux 6.16, is not used by cryptblk yet): close and \
+             reopen the volume"
+                .into(),
+        )
+    }
 }
 
 impl Frontend for UblkFrontend {
