@@ -54,6 +54,12 @@ pub fn reencrypt_served(ctx: &Ctx, a: &ReencryptArgs, job: &Job, name: &str) -> 
             "--header: a served volume reencrypts with the header it was opened with",
         ));
     }
+    if job.reduce.is_some() {
+        return Err(CliError::usage(
+            "--reduce-device-size shrinks the volume: start the job with the volume closed \
+             (--init-only), then open it and run `reencrypt --resume-only` online",
+        ));
+    }
     let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
     let line = Zeroizing::new(format!(
         "reencrypt {} {}",

@@ -82,7 +82,8 @@ pub struct ReencryptArgs {
 pub(crate) struct Job {
     /// `--decrypt`: the final layout is plaintext.
     pub decrypt: bool,
-    /// `--encrypt --reduce-device-size`: bytes the device loses (header at its head).
+    /// `--reduce-device-size`: bytes the data moves up (a key change) or the header takes
+    /// with a copy of the data's start (`--encrypt`).
     pub reduce: Option<u64>,
     pub req: ReencryptRequest,
     pub hotzone: Option<u64>,
@@ -99,12 +100,12 @@ impl Job {
             .map(parse_bytes)
             .transpose()?;
         let detached = a.header.header.is_some();
-        if reduce.is_some() && (!a.encrypt || detached) {
+        if reduce.is_some() && (a.decrypt || (a.encrypt && detached)) {
             return Err(CliError::usage(
-                "--reduce-device-size goes with --encrypt and the header on the device (a \
-                 data shift of an encrypted volume, or with a detached --header, is not \
-                 supported; cryptsetup's jobs of that kind open in cryptblk, and cryptblk \
-                 recovers their interrupted steps)",
+                "--reduce-device-size goes with a key change or with --encrypt and the \
+                 header on the device (a data shift with --decrypt, or with --encrypt and a \
+                 detached --header, is not supported; cryptsetup's jobs of that kind open \
+                 in cryptblk, and cryptblk recovers their interrupted steps)",
             ));
         }
         if reduce.is_some_and(|r| r > cryptblk_format::luks2::MAX_REDUCE) {
@@ -166,9 +167,13 @@ impl Job {
             hdr.decrypt_init(hdev, data_size, pass, self.slot, &self.req)
                 .map_err(wrong_passphrase)?;
         } else if !started {
-            let slot = hdr
-                .reencrypt_init(hdev, data_size, pass, self.slot, &self.req)
-                .map_err(wrong_passphrase)?;
+            let slot = match self.reduce {
+                Some(shift) => {
+                    hdr.reencrypt_shift_init(hdev, data_size, pass, self.slot, &self.req, shift)
+                }
+                None => hdr.reencrypt_init(hdev, data_size, pass, self.slot, &self.req),
+            }
+            .map_err(wrong_passphrase)?;
             if verbose {
                 eprintln!("New volume key in key slot {slot}.");
             }
@@ -320,7 +325,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     };
     let header_path = a.header.header.clone().unwrap_or_else(|| a.device.clone());
     let new_encryption = a.encrypt && !job.resume_only && !header_path.exists();
-    let new_shift = job.reduce.is_some() && !job.resume_only && !holds_luks(&data)?;
+    let new_shift = a.encrypt && job.reduce.is_some() && !job.resume_only && !holds_luks(&data)?;
     let storage =
         cryptblk_volume::FileStorage::new(data.try_clone().map_err(|e| io_err(&a.device, e))?)
             .map_err(|e| io_err(&a.device, e))?;

@@ -425,3 +425,114 @@ fn power_loss_at_every_write_of_a_data_move_encryption() {
         }
     }
 }
+
+/// A key change moving the data 256 KiB up (`reencrypt --reduce-device-size`).
+const SHIFT_UP: u64 = 256 * KIB;
+
+fn shift_job(dev: &dyn Storage, req: &ReencryptRequest, resume_only: bool) -> std::io::Result<()> {
+    let fail = |e: cryptblk_format::Error| std::io::Error::other(e.to_string());
+    let mut h = Luks2Header::read(&mut &*dev).map_err(fail)?;
+    if !resume_only {
+        h.reencrypt_shift_init(
+            &mut &*dev,
+            DATA_OFFSET + DATA_LEN,
+            PASS,
+            None,
+            req,
+            SHIFT_UP,
+        )
+        .map_err(fail)?;
+    }
+    let out = h
+        .reencrypt_run(
+            &mut &*dev,
+            &dev,
+            DATA_OFFSET + DATA_LEN,
+            PASS,
+            None,
+            None,
+            &|| false,
+            &mut |_, _| {},
+        )
+        .map_err(fail)?;
+    assert_eq!(out, ReencryptOutcome::Finished);
+    Ok(())
+}
+
+/// The first `len` bytes of the volume as its header lays them out now.
+fn read_prefix(dev: &MemStorage, len: u64) -> Vec<u8> {
+    let h = Luks2Header::read(&mut &*dev).unwrap();
+    let (_, segs) = h
+        .unlock_segments(&mut &*dev, PASS, None, DATA_OFFSET + DATA_LEN)
+        .unwrap();
+    let mut out = vec![0u8; len as usize];
+    for s in segs.iter().filter(|s| s.start < len) {
+        let c = SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv).unwrap();
+        let end = (s.start + s.len).min(len);
+        let piece = &mut out[s.start as usize..end as usize];
+        dev.read_at(piece, s.storage_offset).unwrap();
+        c.decrypt(0, piece).unwrap();
+    }
+    out
+}
+
+/// Power loss at every write of a key change with a backward data shift: after each
+/// crash the volume's data (all but the last `SHIFT_UP` bytes, which the shift gives up)
+/// reads back through a recovery, and resuming finishes with it intact.
+#[test]
+fn power_loss_at_every_write_of_a_data_shift() {
+    let plain: Vec<u8> = (0..DATA_LEN as usize)
+        .map(|i| (i * 11 + i / 517) as u8)
+        .collect();
+    let kept = DATA_LEN - SHIFT_UP;
+    let req = ReencryptRequest {
+        cipher: None,
+        key_len: None,
+        sector_size: None,
+        resilience: ResilienceRequest::None,
+        kdf: kdf(),
+    };
+    let base = volume(4096, &plain);
+    let dry = CrashDevice::new(base.clone(), None, Tear::Lost, true);
+    shift_job(&dry, &req, false).unwrap();
+    let writes = dry.writes();
+    let done = dry.after_power_loss();
+    assert!(
+        read_prefix(&done, kept) == plain[..kept as usize],
+        "uninterrupted job"
+    );
+    assert!(writes > 8, "{writes} writes");
+    for n in 1..=writes {
+        for (tear, keep) in [
+            (Tear::Lost, false),
+            (Tear::Prefix, true),
+            (Tear::Suffix, false),
+        ] {
+            let what = format!("crash in write {n}/{writes} {tear:?} keep={keep}");
+            let dev = CrashDevice::new(base.clone(), Some(n), tear, keep);
+            assert!(
+                shift_job(&dev, &req, false).is_err(),
+                "{what}: the job must stop"
+            );
+            let img = dev.after_power_loss();
+            let mut h = Luks2Header::read(&mut &img).unwrap_or_else(|e| panic!("{what}: {e}"));
+            h.recover_interrupted_step(&mut &img, &&img, PASS, None, DATA_OFFSET + DATA_LEN)
+                .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
+            assert!(
+                read_prefix(&img, kept) == plain[..kept as usize],
+                "{what}: after recovery"
+            );
+            if Luks2Header::read(&mut &img).unwrap().in_reencryption() {
+                shift_job(&img, &req, true).unwrap_or_else(|e| panic!("{what}: resume: {e}"));
+            }
+            assert!(
+                !Luks2Header::read(&mut &img).unwrap().in_reencryption(),
+                "{what}"
+            );
+            assert!(
+                read_prefix(&img, kept) == plain[..kept as usize],
+                "{what}: after resuming"
+            );
+        }
+    }
+}

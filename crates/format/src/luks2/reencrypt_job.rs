@@ -284,6 +284,53 @@ impl Luks2Header {
         slot: Option<u32>,
         req: &ReencryptRequest,
     ) -> Result<u32> {
+        self.reencrypt_init_shifted(dev, data_size, passphrase, slot, req, None)
+    }
+
+    /// [`Self::reencrypt_init`] with the data moving `shift` bytes up as it is reencrypted
+    /// (`reencrypt --reduce-device-size`, cryptsetup's backward `datashift`): the new
+    /// layout starts `shift` bytes later and the volume ends that much smaller.
+    pub fn reencrypt_shift_init(
+        &mut self,
+        dev: &mut dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        req: &ReencryptRequest,
+        shift: u64,
+    ) -> Result<u32> {
+        let seg = self.segment();
+        let ss = u64::from(
+            req.sector_size
+                .unwrap_or(seg.sector_size)
+                .max(seg.sector_size),
+        );
+        let left = data_size.saturating_sub(seg.offset + shift);
+        if shift == 0 || shift > super::MAX_REDUCE || !shift.is_multiple_of(ss) {
+            return Err(Error::InvalidOption(format!(
+                "--reduce-device-size {shift}: a multiple of the {ss}-byte sector size, at \
+                 most 1 GiB"
+            )));
+        }
+        if left < ss || !left.is_multiple_of(ss) {
+            return Err(Error::InvalidOption(format!(
+                "not enough space for --reduce-device-size {shift}: the data would start at \
+                 {} of a {data_size}-byte device (nothing was written)",
+                seg.offset + shift
+            )));
+        }
+        self.reencrypt_init_shifted(dev, data_size, passphrase, slot, req, Some(shift))
+    }
+
+    fn reencrypt_init_shifted(
+        &mut self,
+        dev: &mut dyn Storage,
+        data_size: u64,
+        passphrase: &[u8],
+        slot: Option<u32>,
+        req: &ReencryptRequest,
+        shift: Option<u64>,
+    ) -> Result<u32> {
         let (seg_id, old_seg) = self.startable_segment()?;
         let (old_digest, digest) = self.segment_digest()?;
         // The new key gets a keyslot under this passphrase only; the other keyslots of the
@@ -325,10 +372,19 @@ impl Luks2Header {
             req.resilience,
             block,
         )?;
+        if let Some(shift) = shift {
+            // cryptsetup's backward data shift: a 4 KiB area, the shift instead of hashes.
+            let ks = &mut json["keyslots"][reenc_slot.to_string()];
+            ks["direction"] = json!("backward");
+            let offset = ks["area"]["offset"].clone();
+            ks["area"] = json!({"offset": offset, "size": "4096", "type": "datashift",
+                                "shift_size": shift.to_string()});
+        }
         let mut final_seg = old_seg.clone();
         final_seg.encryption = cipher.to_string();
         final_seg.sector_size = sector_size;
-        let final_json = seg_json(&final_seg, old_seg.offset, 0, None, Some("backup-final"));
+        let final_at = old_seg.offset + shift.unwrap_or(0);
+        let final_json = seg_json(&final_seg, final_at, 0, None, Some("backup-final"));
         start_segments(&mut json, seg_id, final_json);
         let iterations = digest::iterations(hash, key_len, req.kdf.forced_iterations.is_some())?;
         let new_digest = lowest_free(&with_slot.digests)?;
@@ -668,13 +724,13 @@ impl Luks2Header {
         };
         let d_new = r.final_.1.offset;
         let total = match shift {
-            // The data that stays: the previous layout's (fixed) size.
-            Some(_) => r
+            // A data move: the data that stays, the previous layout's (fixed) size.
+            Some(sh) if sh.moved_offset.is_some() => r
                 .previous
                 .1
                 .size
                 .ok_or_else(|| bad("data move with a dynamic previous layout"))?,
-            None => data_size
+            _ => data_size
                 .checked_sub(d_new)
                 .ok_or_else(|| bad("data device smaller than the data offset"))?,
         };
@@ -799,7 +855,7 @@ impl ReencryptJob {
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
         let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
-        if let Some(sh) = &self.shift {
+        if let Some(sh) = self.shift.filter(|sh| sh.moved_offset.is_some()) {
             let linear = regular
                 .iter()
                 .filter(|s| s.kind == "linear")
@@ -1049,11 +1105,12 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
     let (prev, fin) = (r.previous.1, r.final_.1);
     let d = fin.offset;
     let backward = r.params.direction == ReencryptDirection::Backward;
-    // Forward: done (new), hot, to do (old); backward: to do (old), hot, done (new).
+    // Forward: done (new), hot, to do (old); backward: to do (old), hot, done (new). Each
+    // side at its own layout's place (they differ by a data shift).
     let (before, after) = if backward { (prev, fin) } else { (fin, prev) };
     let mut segs: Vec<Value> = Vec::new();
     if off > 0 {
-        segs.push(seg_json(before, d, 0, Some(off), None));
+        segs.push(seg_json(before, before.offset, 0, Some(off), None));
     }
     let hot = segs.len();
     segs.push(seg_json(
@@ -1066,7 +1123,7 @@ fn hot_layout(r: &Reencryption<'_>, json: &Value, off: u64, len: u64, total: u64
     if off + len < total {
         segs.push(seg_json(
             after,
-            d + off + len,
+            after.offset + off + len,
             (off + len) / 512,
             None,
             None,

@@ -19,42 +19,54 @@ use zeroize::Zeroizing;
 /// cryptsetup's cap on `--reduce-device-size`.
 pub const MAX_REDUCE: u64 = 1 << 30;
 
-/// Where the plaintext of a data-move encryption is read from.
+/// Where the old bytes of a job that moves the data are read from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ShiftSource {
-    /// The shift (`S`): also the step length and the moved copy's size.
+    /// The shift (`S`): also the step length (and a data move's copy's size).
     pub size: u64,
-    /// Where the copy of the data's first `size` bytes lies.
-    pub moved_offset: u64,
-    /// Where the rest of the plaintext lies (the `backup-previous` offset, 0).
+    /// A data move: where the copy of the data's first `size` bytes lies.
+    pub moved_offset: Option<u64>,
+    /// Where the old layout's data lies (the `backup-previous` offset).
     pub previous_offset: u64,
 }
 
 impl ShiftSource {
-    /// The job's shift, if `r` is a data-move encryption cryptblk runs (cryptsetup's
-    /// `--encrypt --reduce-device-size` without `--header`).
+    /// The job's shift, if `r` moves the data in a way cryptblk runs: cryptsetup's data
+    /// move (`--encrypt --reduce-device-size` without `--header`), or its backward
+    /// `datashift` (`reencrypt --reduce-device-size`: the new layout `S` bytes up).
     pub(crate) fn of(r: &Reencryption<'_>) -> Option<ShiftSource> {
-        let (_, moved) = r.moved?;
         let Resilience::Datashift { shift_size } = r.params.resilience else {
             return None;
         };
-        (r.params.mode == ReencryptMode::Encrypt
-            && r.params.direction == ReencryptDirection::Backward
-            && r.previous.1.kind == "linear"
-            && moved.kind == "linear")
-            .then_some(ShiftSource {
-                size: shift_size,
-                moved_offset: moved.offset,
-                previous_offset: r.previous.1.offset,
-            })
+        if r.params.direction != ReencryptDirection::Backward {
+            return None;
+        }
+        let previous_offset = r.previous.1.offset;
+        match r.moved {
+            Some((_, moved)) => (r.params.mode == ReencryptMode::Encrypt
+                && r.previous.1.kind == "linear"
+                && moved.kind == "linear")
+                .then_some(ShiftSource {
+                    size: shift_size,
+                    moved_offset: Some(moved.offset),
+                    previous_offset,
+                }),
+            None => (previous_offset.checked_add(shift_size) == Some(r.final_.1.offset)).then_some(
+                ShiftSource {
+                    size: shift_size,
+                    moved_offset: None,
+                    previous_offset,
+                },
+            ),
+        }
     }
 
-    /// Where plaintext byte `pos` (counted from the start of the data) is read from.
+    /// Where the old bytes of data byte `pos` (counted from the start of the data) are
+    /// read from.
     pub(crate) fn source(&self, pos: u64) -> u64 {
-        if pos < self.size {
-            self.moved_offset + pos
-        } else {
-            self.previous_offset + pos
+        match self.moved_offset {
+            Some(m) if pos < self.size => m + pos,
+            _ => self.previous_offset + pos,
         }
     }
 
