@@ -50,7 +50,7 @@ impl Lab {
         img
     }
     fn cs(&self, args: &[&str]) -> std::process::Output {
-        run_in(&self.cs, args, b"")
+        cryptsetup(&self.cs, args)
     }
     fn cb_args<'a>(&'a self, img: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
         let pw = Box::leak(self.p("pw").into_boxed_str());

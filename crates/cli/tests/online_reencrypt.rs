@@ -1,8 +1,9 @@
 //! `cryptblk reencrypt` on a volume being served over NBD (online): the job is handed to
 //! the serving process, fio keeps writing and verifying (crc32c) throughout, and the data
 //! must verify after the job, after a reopen, and after cryptsetup's checks. A server
-//! killed (SIGKILL) mid-job reopens (recovering its step) and the job resumes online; a
-//! `close` mid-job leaves a state cryptsetup resumes; bad requests change nothing.
+//! killed (SIGKILL) mid-job while fio writes reopens (recovering its step) and the job
+//! resumes online; a `close` mid-job leaves a state cryptsetup resumes; bad requests
+//! change nothing.
 
 mod common;
 
@@ -97,6 +98,14 @@ impl Lab {
     /// fio over NBD: two jobs of 24 MiB each writing random 4k-64k blocks (or only
     /// verifying what an identical run wrote); fails the test on any verify error.
     fn fio(&self, verify_only: bool) {
+        let out = ok(&self.fio_run(verify_only));
+        let j: Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+        for job in j["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "fio verify failed: {job}");
+        }
+    }
+    /// The fio run of [`Lab::fio`], its outcome left to the caller.
+    fn fio_run(&self, verify_only: bool) -> Output {
         let uri = format!("nbd+unix:///vol?socket={}", self.p("s.sock"));
         let mut args = vec![
             "--name=online".to_string(),
@@ -118,16 +127,7 @@ impl Lab {
             args.push("--verify_only".into());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = ok(&run_at(
-            Some(self.dir.path()),
-            &tool("fio", "fio"),
-            &args,
-            b"",
-        ));
-        let j: Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
-        for job in j["jobs"].as_array().unwrap() {
-            assert_eq!(job["error"], 0, "fio verify failed: {job}");
-        }
+        run_at(Some(self.dir.path()), &tool("fio", "fio"), &args, b"")
     }
     fn test_passphrase(&self) {
         let (pw, img) = (self.p("pw"), self.p("v.img"));
@@ -219,7 +219,15 @@ fn a_server_killed_mid_job_reopens_and_the_job_resumes_online() {
         assert!(Instant::now() < deadline, "no progress: {r}");
         std::thread::sleep(Duration::from_millis(5));
     }
-    ok(&run_in("kill", &["-9", &pid.to_string()], b""));
+    // fio writing (the same blocks as the first pass: any mix of old and new blocks
+    // verifies) while the server is killed.
+    let writer = std::thread::scope(|s| {
+        let w = s.spawn(|| lab.fio_run(false));
+        std::thread::sleep(Duration::from_millis(100));
+        ok(&run_in("kill", &["-9", &pid.to_string()], b""));
+        w.join().unwrap()
+    });
+    eprintln!("fio across the kill: {:?}", writer.status);
     let out = finish(job);
     assert!(
         !out.status.success(),
@@ -391,6 +399,57 @@ fn fio_verifies_through_an_online_data_move_encryption_cryptsetup_started() {
     let dump = lab.dump();
     assert!(!dump.contains("reencrypt"), "metadata left:\n{dump}");
     assert!(dump.contains("offset: 8388608 [bytes]"), "{dump}");
+    lab.test_passphrase();
+    lab.open(&[]);
+    lab.fio(true);
+    lab.close();
+}
+
+/// A key change with a data shift (`--reduce-device-size 8M`), started with the volume
+/// closed and resumed online: fio writes and verifies throughout; the volume is 8 MiB
+/// smaller and verifies after a reopen; online the shift cannot start (it shrinks the
+/// volume), only resume.
+#[test]
+fn fio_verifies_through_an_online_key_change_with_a_data_shift() {
+    let lab = Lab::new();
+    let (img, pw) = (lab.p("v.img"), lab.p("pw"));
+    lab.open(&[]);
+    // Online, a data shift cannot start.
+    let out = finish(lab.reencrypt(&["--reduce-device-size", "8M"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--init-only"),
+        "{err}"
+    );
+    lab.close();
+    let mut args = vec![
+        "reencrypt",
+        "-q",
+        "--reduce-device-size",
+        "8M",
+        "--init-only",
+    ];
+    args.extend(["--key-file", &pw, &img]);
+    args.extend(KDF);
+    ok(&lab.cb(&args));
+    lab.open(&[]);
+    assert_eq!(lab.status()["size_bytes"], 56u64 << 20);
+    lab.fio(false);
+    let mut job = lab.reencrypt(&["--resume-only"]);
+    let mut during = 0;
+    while job.try_wait().unwrap().is_none() {
+        lab.fio(false);
+        during += 1;
+    }
+    ok(&finish(job));
+    eprintln!("fio runs during the shift: {during}");
+    assert!(during >= 1, "fio never ran during the job");
+    assert_eq!(lab.status()["reencryption"]["state"], "finished");
+    lab.fio(true);
+    lab.close();
+    let dump = lab.dump();
+    assert!(!dump.contains("reencrypt"), "metadata left:\n{dump}");
+    assert!(dump.contains("offset: 25165824 [bytes]"), "{dump}");
     lab.test_passphrase();
     lab.open(&[]);
     lab.fio(true);

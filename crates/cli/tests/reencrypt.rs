@@ -29,7 +29,7 @@ impl Lab {
         self.dir.path().join(name).to_str().unwrap().to_string()
     }
     fn cs(&self, args: &[&str]) -> std::process::Output {
-        run_in(&self.cs, args, b"")
+        cryptsetup(&self.cs, args)
     }
     fn cb(&self, args: &[&str]) -> std::process::Output {
         run_in(bin(), args, b"")

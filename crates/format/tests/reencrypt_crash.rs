@@ -1,4 +1,5 @@
-//! Power loss at every write of a whole LUKS2 reencryption (init and every step), with
+//! Power loss at every write of whole LUKS2 jobs (init and every step): a key change, an
+//! encryption and a decryption in place, a data move and a data shift; with
 //! [`CrashDevice`]: for every N, the power fails during write N, unsynced writes are
 //! dropped or kept, the interrupted write is lost or torn. After each crash the header
 //! loads, a read-write open's recovery ([`LuksHeader::recover_interrupted_step`]) brings
@@ -533,6 +534,129 @@ fn power_loss_at_every_write_of_a_data_shift() {
                 read_prefix(&img, kept) == plain[..kept as usize],
                 "{what}: after resuming"
             );
+        }
+    }
+}
+
+/// `reencrypt --decrypt --header`: init (unless resuming), then every step.
+fn decrypt_job<S: Storage>(dev: &S, req: &ReencryptRequest, resume: bool) -> std::io::Result<()> {
+    let fail = |e: cryptblk_format::Error| std::io::Error::other(e.to_string());
+    let (h, d) = views(dev);
+    let mut hdr = Luks2Header::read(&mut &h).map_err(fail)?;
+    if !resume {
+        hdr.decrypt_init(&mut &h, DATA_LEN, PASS, None, req)
+            .map_err(fail)?;
+    }
+    let out = hdr
+        .reencrypt_run(
+            &mut &h,
+            &d,
+            DATA_LEN,
+            PASS,
+            None,
+            Some(HOTZONE),
+            &|| false,
+            &mut |_, _| {},
+        )
+        .map_err(fail)?;
+    assert_eq!(out, ReencryptOutcome::Finished);
+    Ok(())
+}
+
+/// Power loss at every write of a decryption in place (detached header, backward steps,
+/// as cryptsetup decrypts) with each resilience mode that can recover: after each crash
+/// the header's recovery gives back the plaintext, and resuming leaves it in place on the
+/// device, the header saying it is plaintext.
+#[test]
+fn power_loss_at_every_write_of_a_decryption() {
+    let plain: Vec<u8> = (0..DATA_LEN as usize)
+        .map(|i| (i * 13 + i / 509) as u8)
+        .collect();
+    for resilience in [
+        ResilienceRequest::Checksum(HashAlg::Sha256),
+        ResilienceRequest::Journal,
+    ] {
+        let req = ReencryptRequest {
+            cipher: None,
+            key_len: None,
+            sector_size: None,
+            resilience,
+            kdf: kdf(),
+        };
+        // The starting point: the plaintext encrypted in place under a detached header.
+        let plain_dev = MemStorage::new(HDR + DATA_LEN);
+        plain_dev.write_at(&plain, HDR).unwrap();
+        let enc = CrashDevice::new(plain_dev, None, Tear::Lost, true);
+        encrypt_job(&enc, &req, false).unwrap();
+        let base = enc.after_power_loss();
+        assert!(
+            read_detached(&base) == plain,
+            "{resilience:?}: encrypted start"
+        );
+        let dry = CrashDevice::new(base.clone(), None, Tear::Lost, true);
+        decrypt_job(&dry, &req, false).unwrap();
+        let writes = dry.writes();
+        let raw = |img: &MemStorage| {
+            let mut b = vec![0u8; DATA_LEN as usize];
+            img.read_at(&mut b, HDR).unwrap();
+            b
+        };
+        assert!(
+            raw(&dry.after_power_loss()) == plain,
+            "{resilience:?}: uninterrupted"
+        );
+        // The data as the header lays it out; once decrypted, the device itself.
+        let readable = |img: &MemStorage| {
+            let (h, _) = views(img);
+            let hdr = Luks2Header::read(&mut &h).unwrap();
+            let plain_now = matches!(
+                hdr.unlock_segments(&mut &h, PASS, None, DATA_LEN),
+                Err(cryptblk_format::Error::Luks2(
+                    cryptblk_format::luks2::Luks2Error::PlainData(_)
+                ))
+            );
+            if plain_now {
+                raw(img)
+            } else {
+                read_detached(img)
+            }
+        };
+        assert!(writes > 10, "{resilience:?}: {writes} writes");
+        for n in 1..=writes {
+            for (tear, keep) in [
+                (Tear::Lost, false),
+                (Tear::Prefix, true),
+                (Tear::Suffix, false),
+            ] {
+                let what =
+                    format!("{resilience:?} crash in write {n}/{writes} {tear:?} keep={keep}");
+                let dev = CrashDevice::new(base.clone(), Some(n), tear, keep);
+                assert!(
+                    decrypt_job(&dev, &req, false).is_err(),
+                    "{what}: the job must stop"
+                );
+                let img = dev.after_power_loss();
+                let (h, d) = views(&img);
+                let mut hdr = Luks2Header::read(&mut &h).unwrap_or_else(|e| panic!("{what}: {e}"));
+                hdr.recover_interrupted_step(&mut &h, &d, PASS, None, DATA_LEN)
+                    .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
+                assert!(readable(&img) == plain, "{what}: data after recovery");
+                if Luks2Header::read(&mut &h).unwrap().in_reencryption() {
+                    decrypt_job(&img, &req, true).unwrap_or_else(|e| panic!("{what}: resume: {e}"));
+                } else if raw(&img) != plain {
+                    // Cut before the job's first commit: still the encrypted volume; the
+                    // decryption starts again.
+                    decrypt_job(&img, &req, false).unwrap_or_else(|e| panic!("{what}: again: {e}"));
+                }
+                assert!(
+                    !Luks2Header::read(&mut &h).unwrap().in_reencryption(),
+                    "{what}"
+                );
+                assert!(
+                    raw(&img) == plain,
+                    "{what}: plaintext in place after resuming"
+                );
+            }
         }
     }
 }

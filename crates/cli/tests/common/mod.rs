@@ -170,3 +170,33 @@ impl SharedDir {
         self.0.path()
     }
 }
+
+/// cryptsetup (`cs`, its path) with `args`. Where its LUKS2 header auto-recovery refuses
+/// because blkid found something besides LUKS on the image ("Device contains ambiguous
+/// signatures": random key material or ciphertext can match a short magic), this says
+/// loudly what blkid found and runs it again with `--disable-blkid`: that check is about
+/// other signatures on the device, not about the LUKS2 metadata under test.
+pub fn cryptsetup(cs: &str, args: &[&str]) -> Output {
+    let out = run_in(cs, args, b"");
+    if out.status.success()
+        || !String::from_utf8_lossy(&out.stderr).contains("ambiguous signatures")
+    {
+        return out;
+    }
+    let img = args
+        .iter()
+        .rev()
+        .find(|a| a.ends_with(".img"))
+        .copied()
+        .unwrap_or_default();
+    let blkid = run_in("blkid", &["-p", "-o", "export", img], b"");
+    eprintln!(
+        "WARNING: cryptsetup {args:?}: ambiguous signatures; blkid -p says: {}{}; again with \
+         --disable-blkid",
+        String::from_utf8_lossy(&blkid.stdout),
+        String::from_utf8_lossy(&blkid.stderr)
+    );
+    let mut again = args.to_vec();
+    again.insert(1, "--disable-blkid");
+    run_in(cs, &again, b"")
+}
