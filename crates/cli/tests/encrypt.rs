@@ -109,13 +109,7 @@ impl Lab {
             &pw,
             img,
         ]));
-        let key: Vec<u8> = dump
-            .split("MK dump:")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .map_while(|w| u8::from_str_radix(w, 16).ok())
-            .collect();
+        let key = dumped_volume_key(&dump);
         let raw = std::fs::read(img).unwrap();
         assert!(raw[..4096] != self.plain[..4096], "{what}: still plaintext");
         assert!(

@@ -129,13 +129,7 @@ impl Lab {
             &pw,
             img,
         ]));
-        let key: Vec<u8> = dump
-            .split("MK dump:")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .map_while(|w| u8::from_str_radix(w, 16).ok())
-            .collect();
+        let key = dumped_volume_key(&dump);
         let raw = std::fs::read(img).unwrap();
         assert!(
             xts::xts_decrypts(&raw[SHIFT..SHIFT + DATA], &key, self.plain()),

@@ -122,16 +122,7 @@ impl Lab {
             &self.p("pw"),
             img,
         ]));
-        let hex: String = out
-            .split("MK dump:")
-            .nth(1)
-            .expect("volume key dump")
-            .split_whitespace()
-            .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
-            .collect();
-        (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect()
+        dumped_volume_key(&out)
     }
 }
 

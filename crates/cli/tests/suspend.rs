@@ -113,13 +113,7 @@ fn suspend_holds_io_and_wipes_the_key_until_resume() {
         ],
         b"",
     ));
-    let key: Vec<u8> = out
-        .split("MK dump:")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .map_while(|w| u8::from_str_radix(w, 16).ok())
-        .collect();
+    let key = dumped_volume_key(&out);
     assert_eq!(key.len(), 64, "{out}");
     ok(&lab.cb(&[
         "open",

@@ -200,3 +200,17 @@ pub fn cryptsetup(cs: &str, args: &[&str]) -> Output {
     again.insert(1, "--disable-blkid");
     run_in(cs, &again, b"")
 }
+
+/// The volume key in `luksDump --dump-volume-key` output (the hex after "MK dump:").
+pub fn dumped_volume_key(dump: &str) -> Vec<u8> {
+    dump.split("MK dump:")
+        .nth(1)
+        .expect("a volume key dump")
+        .split_whitespace()
+        .map_while(|w| {
+            (w.len() == 2)
+                .then(|| u8::from_str_radix(w, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
