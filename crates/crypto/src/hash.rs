@@ -9,47 +9,115 @@ use sha2::Digest;
 pub enum HashAlg {
     /// SHA-1 (`sha1`), 20-byte digest: LUKS1's historical default hash.
     Sha1,
+    /// SHA-224 (`sha224`).
+    Sha224,
     /// SHA-256 (`sha256`), 32-byte digest: cryptsetup's current default.
     Sha256,
+    /// SHA-384 (`sha384`).
+    Sha384,
     /// SHA-512 (`sha512`), 64-byte digest.
     Sha512,
     /// RIPEMD-160: cryptsetup's compiled-in default passphrase hash for plain mode, and a
     /// valid LUKS hash.
     Ripemd160,
+    /// SHA3-224 (`sha3-224`).
+    Sha3_224,
+    /// SHA3-256 (`sha3-256`).
+    Sha3_256,
+    /// SHA3-384 (`sha3-384`).
+    Sha3_384,
+    /// SHA3-512 (`sha3-512`).
+    Sha3_512,
+    /// Whirlpool (`whirlpool`): TrueCrypt/VeraCrypt's and old LUKS volumes' hash.
+    Whirlpool,
+    /// BLAKE2b with a 512-bit digest (`blake2b-512`).
+    Blake2b512,
+    /// BLAKE2s with a 256-bit digest (`blake2s-256`): VeraCrypt's.
+    Blake2s256,
+    /// SM3 (`sm3`).
+    Sm3,
+    /// GOST R 34.11-2012 (Streebog), 256-bit digest (`stribog256`).
+    Stribog256,
+    /// GOST R 34.11-2012 (Streebog), 512-bit digest (`stribog512`): VeraCrypt's.
+    Stribog512,
+}
+
+/// Every hash, with its cryptsetup name and digest length.
+const HASHES: [(HashAlg, &str, usize); 16] = [
+    (HashAlg::Sha1, "sha1", 20),
+    (HashAlg::Sha224, "sha224", 28),
+    (HashAlg::Sha256, "sha256", 32),
+    (HashAlg::Sha384, "sha384", 48),
+    (HashAlg::Sha512, "sha512", 64),
+    (HashAlg::Ripemd160, "ripemd160", 20),
+    (HashAlg::Sha3_224, "sha3-224", 28),
+    (HashAlg::Sha3_256, "sha3-256", 32),
+    (HashAlg::Sha3_384, "sha3-384", 48),
+    (HashAlg::Sha3_512, "sha3-512", 64),
+    (HashAlg::Whirlpool, "whirlpool", 64),
+    (HashAlg::Blake2b512, "blake2b-512", 64),
+    (HashAlg::Blake2s256, "blake2s-256", 32),
+    (HashAlg::Sm3, "sm3", 32),
+    (HashAlg::Stribog256, "stribog256", 32),
+    (HashAlg::Stribog512, "stribog512", 64),
+];
+
+/// Calls `$f::<T>($args)` with `T` the RustCrypto type of `$hash`.
+macro_rules! with_hash_type {
+    ($hash:expr, $f:ident ( $($args:expr),* )) => {
+        match $hash {
+            HashAlg::Sha1 => $f::<sha1::Sha1>($($args),*),
+            HashAlg::Sha224 => $f::<sha2::Sha224>($($args),*),
+            HashAlg::Sha256 => $f::<sha2::Sha256>($($args),*),
+            HashAlg::Sha384 => $f::<sha2::Sha384>($($args),*),
+            HashAlg::Sha512 => $f::<sha2::Sha512>($($args),*),
+            HashAlg::Ripemd160 => $f::<ripemd::Ripemd160>($($args),*),
+            HashAlg::Sha3_224 => $f::<sha3::Sha3_224>($($args),*),
+            HashAlg::Sha3_256 => $f::<sha3::Sha3_256>($($args),*),
+            HashAlg::Sha3_384 => $f::<sha3::Sha3_384>($($args),*),
+            HashAlg::Sha3_512 => $f::<sha3::Sha3_512>($($args),*),
+            HashAlg::Whirlpool => $f::<whirlpool::Whirlpool>($($args),*),
+            HashAlg::Blake2b512 => $f::<blake2::Blake2b512>($($args),*),
+            HashAlg::Blake2s256 => $f::<blake2::Blake2s256>($($args),*),
+            HashAlg::Sm3 => $f::<sm3::Sm3>($($args),*),
+            HashAlg::Stribog256 => $f::<streebog::Streebog256>($($args),*),
+            HashAlg::Stribog512 => $f::<streebog::Streebog512>($($args),*),
+        }
+    };
 }
 
 impl HashAlg {
-    /// Parses a cryptsetup hash name (`sha1`, `sha256`, `sha512`, `ripemd160`;
-    /// case-insensitive).
-    pub fn from_name(name: &str) -> Result<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "sha1" => Ok(HashAlg::Sha1),
-            "sha256" => Ok(HashAlg::Sha256),
-            "sha512" => Ok(HashAlg::Sha512),
-            "ripemd160" => Ok(HashAlg::Ripemd160),
-            _ => Err(Error::UnknownHash(name.to_string())),
-        }
+    /// Every hash cryptblk knows, in a fixed order.
+    pub fn all() -> impl Iterator<Item = HashAlg> {
+        HASHES.iter().map(|h| h.0)
     }
 
-    /// The lower-case cryptsetup name (`sha1`, `sha256`, `sha512`, `ripemd160`), as LUKS
-    /// headers store it.
+    /// Parses a cryptsetup hash name (`sha256`, `ripemd160`, `whirlpool`, `sha3-256`,
+    /// `blake2b-512`, `stribog512`...; case-insensitive).
+    pub fn from_name(name: &str) -> Result<Self> {
+        let lower = name.to_ascii_lowercase();
+        HASHES
+            .iter()
+            .find(|h| h.1 == lower)
+            .map(|h| h.0)
+            .ok_or_else(|| Error::UnknownHash(name.to_string()))
+    }
+
+    fn entry(self) -> &'static (HashAlg, &'static str, usize) {
+        HASHES
+            .iter()
+            .find(|h| h.0 == self)
+            .expect("every hash is in the table")
+    }
+
+    /// The lower-case cryptsetup name (`sha256`, `whirlpool`, ...), as LUKS headers store it.
     pub fn name(self) -> &'static str {
-        match self {
-            HashAlg::Sha1 => "sha1",
-            HashAlg::Sha256 => "sha256",
-            HashAlg::Sha512 => "sha512",
-            HashAlg::Ripemd160 => "ripemd160",
-        }
+        self.entry().1
     }
 
     /// Digest size in bytes.
     pub fn output_len(self) -> usize {
-        match self {
-            HashAlg::Sha1 => 20,
-            HashAlg::Sha256 => 32,
-            HashAlg::Sha512 => 64,
-            HashAlg::Ripemd160 => 20,
-        }
+        self.entry().2
     }
 
     /// Hashes the concatenation of `parts` into `out` (which must be `output_len()` long).
@@ -61,12 +129,7 @@ impl HashAlg {
             }
             out.copy_from_slice(&h.finalize());
         }
-        match self {
-            HashAlg::Sha1 => run::<sha1::Sha1>(parts, out),
-            HashAlg::Sha256 => run::<sha2::Sha256>(parts, out),
-            HashAlg::Sha512 => run::<sha2::Sha512>(parts, out),
-            HashAlg::Ripemd160 => run::<ripemd::Ripemd160>(parts, out),
-        }
+        with_hash_type!(self, run(parts, out))
     }
 
     /// Hash of `data` as a vector.

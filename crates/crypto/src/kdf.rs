@@ -68,20 +68,7 @@ impl Kdf {
                 if iterations == 0 {
                     return Err(Error::Kdf("PBKDF2 iteration count 0".into()));
                 }
-                match hash {
-                    HashAlg::Sha1 => {
-                        pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase, salt, iterations, out)
-                    }
-                    HashAlg::Sha256 => {
-                        pbkdf2::pbkdf2_hmac::<sha2::Sha256>(passphrase, salt, iterations, out)
-                    }
-                    HashAlg::Sha512 => {
-                        pbkdf2::pbkdf2_hmac::<sha2::Sha512>(passphrase, salt, iterations, out)
-                    }
-                    HashAlg::Ripemd160 => {
-                        pbkdf2::pbkdf2_hmac::<ripemd::Ripemd160>(passphrase, salt, iterations, out)
-                    }
-                }
+                pbkdf2_with(hash, passphrase, salt, iterations, out)?;
                 Ok(())
             }
             Kdf::Argon2 {
@@ -258,6 +245,47 @@ fn time_it(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
     let t = Instant::now();
     f()?;
     Ok(t.elapsed())
+}
+
+/// PBKDF2-HMAC with `hash`: HMAC with its pads' states computed once (as cryptsetup's
+/// crypto backends do) where the hash allows, plain HMAC over BLAKE2 (whose buffering the
+/// cached-state HMAC does not take); RFC 8018's PBKDF2 either way.
+fn pbkdf2_with(
+    hash: HashAlg,
+    pass: &[u8],
+    salt: &[u8],
+    iterations: u32,
+    out: &mut [u8],
+) -> Result<()> {
+    use pbkdf2::pbkdf2_hmac as eager;
+    fn simple<D>(pass: &[u8], salt: &[u8], iterations: u32, out: &mut [u8]) -> Result<()>
+    where
+        D: hmac::digest::Digest + hmac::digest::block_api::BlockSizeUser,
+        hmac::SimpleHmac<D>:
+            hmac::digest::KeyInit + hmac::digest::Update + hmac::digest::FixedOutput + Clone + Sync,
+    {
+        pbkdf2::pbkdf2::<hmac::SimpleHmac<D>>(pass, salt, iterations, out)
+            .map_err(|_| Error::Kdf("PBKDF2 output length".into()))
+    }
+    match hash {
+        HashAlg::Sha1 => eager::<sha1::Sha1>(pass, salt, iterations, out),
+        HashAlg::Sha224 => eager::<sha2::Sha224>(pass, salt, iterations, out),
+        HashAlg::Sha256 => eager::<sha2::Sha256>(pass, salt, iterations, out),
+        HashAlg::Sha384 => eager::<sha2::Sha384>(pass, salt, iterations, out),
+        HashAlg::Sha512 => eager::<sha2::Sha512>(pass, salt, iterations, out),
+        HashAlg::Ripemd160 => eager::<ripemd::Ripemd160>(pass, salt, iterations, out),
+        HashAlg::Sha3_224 => eager::<sha3::Sha3_224>(pass, salt, iterations, out),
+        HashAlg::Sha3_256 => eager::<sha3::Sha3_256>(pass, salt, iterations, out),
+        HashAlg::Sha3_384 => eager::<sha3::Sha3_384>(pass, salt, iterations, out),
+        HashAlg::Sha3_512 => eager::<sha3::Sha3_512>(pass, salt, iterations, out),
+        HashAlg::Whirlpool => eager::<whirlpool::Whirlpool>(pass, salt, iterations, out),
+        HashAlg::Sm3 => eager::<sm3::Sm3>(pass, salt, iterations, out),
+        HashAlg::Stribog256 => eager::<streebog::Streebog256>(pass, salt, iterations, out),
+        HashAlg::Stribog512 => eager::<streebog::Streebog512>(pass, salt, iterations, out),
+        HashAlg::Blake2b512 => return simple::<blake2::Blake2b512>(pass, salt, iterations, out),
+        HashAlg::Blake2s256 => return simple::<blake2::Blake2s256>(pass, salt, iterations, out),
+    }
+    Ok(())
 }
 
 /// PBKDF2 iterations that take about `ms` milliseconds here (never below the floor).

@@ -722,28 +722,32 @@ impl Volume {
                 self.decrypt(seg, rel, piece)
             })
         })?;
+        // Each piece's ciphertext from where it is now: a rewritten piece from the zone's
+        // new place, the others from the layout's (another place when the job moves the
+        // data); read while no piece is being stored.
         let first = (lo - zs) / HOT_PIECE;
         let done: Vec<bool> = {
             let conv = h.converted.read().unwrap_or_else(|e| e.into_inner());
-            self.storage
-                .read_at(inside, h.seg.storage_offset + (lo - zs))?;
+            for_each_piece(lo, hi, zs, inside, |piece, at, part| {
+                if conv[piece as usize] {
+                    self.storage.read_at(part, h.seg.storage_offset + (at - zs))
+                } else {
+                    Self::per_segment(&l.segments, at, part, |seg, rel, p| {
+                        self.storage.read_at(p, seg.storage_offset + rel)
+                    })
+                }
+            })?;
             conv[first as usize..=((hi - 1 - zs) / HOT_PIECE) as usize].to_vec()
         };
-        let mut at = lo;
-        while at < hi {
-            let piece = (at - zs) / HOT_PIECE;
-            let next = (zs + (piece + 1) * HOT_PIECE).min(hi);
-            let part = &mut inside[(at - lo) as usize..(next - lo) as usize];
+        for_each_piece(lo, hi, zs, inside, |piece, at, part| {
             if done[(piece - first) as usize] {
-                self.decrypt(&h.seg, at - zs, part)?;
+                self.decrypt(&h.seg, at - zs, part)
             } else {
                 Self::per_segment(&l.segments, at, part, |seg, rel, p| {
                     self.decrypt(seg, rel, p)
-                })?;
+                })
             }
-            at = next;
-        }
-        Ok(())
+        })
     }
 
     /// Encrypts `piece` for byte `rel` of `seg` and stores it.
@@ -941,6 +945,29 @@ impl Volume {
 
 /// Splits a request at volume offset `off` that overlaps the hot zone: `outside(at, part)`
 /// handles the parts before and after it; returns the part inside, with its bounds.
+/// Calls `f(piece, at, part)` for each hot-zone piece of `inside` (volume bytes
+/// `[lo, hi)` of a zone starting at `zs`), in order.
+fn for_each_piece(
+    lo: u64,
+    hi: u64,
+    zs: u64,
+    inside: &mut [u8],
+    mut f: impl FnMut(u64, u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut at = lo;
+    while at < hi {
+        let piece = (at - zs) / HOT_PIECE;
+        let next = (zs + (piece + 1) * HOT_PIECE).min(hi);
+        f(
+            piece,
+            at,
+            &mut inside[(at - lo) as usize..(next - lo) as usize],
+        )?;
+        at = next;
+    }
+    Ok(())
+}
+
 fn split_at_zone<'b>(
     h: &HotZone,
     off: u64,

@@ -488,3 +488,69 @@ fn power_cuts_during_an_online_job_under_client_load_lose_no_acknowledged_write(
         }
     }
 }
+
+/// A key change that moves the data 4 MiB up (cryptsetup's backward data shift), started
+/// offline and run while client threads read (checked against the model) and write: a
+/// read of a piece not yet rewritten must come from the data's old place, a rewritten one
+/// from its new place. cryptsetup accepts the result and the model reads back.
+#[test]
+fn a_data_shift_under_client_load_reads_every_piece_from_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, key, plain) = volume(dir.path(), 36 * MIB);
+    {
+        let mut rw = open_rw(&img);
+        let mut hdr = Luks2Header::read(&mut rw).unwrap();
+        let size = std::fs::metadata(&img).unwrap().len();
+        let req = request(ResilienceRequest::Checksum(HashAlg::Sha256));
+        hdr.reencrypt_shift_init(&mut rw, size, PASS, None, &req, 4 * MIB)
+            .unwrap();
+    }
+    let u = unlock_luks(&img, &OpenOptions::default(), PASS).unwrap();
+    let mut hfile = u.header_file;
+    let vol: Arc<cryptblk_volume::Volume> = Arc::new(u.volume);
+    assert_eq!(vol.size(), 32 * MIB, "the shift gives up 4 MiB");
+    let mut hdr = Luks2Header::read(&mut hfile).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = plain[..32 * MIB as usize].to_vec();
+    let (handles, model, ops, _) = clients(vol.clone(), start, 3, stop.clone(), false);
+    let outcome = reencrypt_online(
+        &vol,
+        &mut hdr,
+        &mut hfile,
+        PASS,
+        None,
+        None,
+        &|| false,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(outcome, ReencryptOutcome::Finished);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().expect("a client thread failed");
+    }
+    assert!(ops.load(Ordering::Relaxed) > 100, "the clients hardly ran");
+    assert!(
+        vol.stats().hot_zone_reads.load(Ordering::Relaxed) > 0,
+        "no read went into a zone being rewritten"
+    );
+    let model = model.lock().unwrap().clone();
+    let mut all = vec![0u8; vol.size() as usize];
+    vol.read_at(&mut all, 0).unwrap();
+    assert!(all == model, "the served volume differs from the model");
+    vol.flush().unwrap();
+    // The volume and its header file go (their locks with them) before cryptsetup looks.
+    drop((vol, hfile));
+    cryptsetup(&[
+        "open",
+        "--test-passphrase",
+        "--key-file",
+        key.to_str().unwrap(),
+        img.to_str().unwrap(),
+    ]);
+    let u = unlock_luks(&img, &OpenOptions::default(), PASS).unwrap();
+    let mut again = vec![0u8; u.volume.size() as usize];
+    u.volume.read_at(&mut again, 0).unwrap();
+    assert!(again == model, "after a reopen");
+}
