@@ -17,7 +17,7 @@ pub(crate) enum AesKey {
 /// `C` keyed with `key`, built over a blank (all-zero key) instance already in locked memory.
 /// The keyed value passes through the stack on its way in: `SectorCipher` scrubs the stack
 /// once all its keys are set up.
-fn locked<C: KeyInit>(key: &[u8]) -> std::result::Result<LockedBox<C>, ()> {
+pub(crate) fn locked<C: KeyInit>(key: &[u8]) -> std::result::Result<LockedBox<C>, ()> {
     LockedBox::new_with(C::new(&Default::default()), |c| {
         *c = C::new_from_slice(key).map_err(|_| ())?;
         Ok(())
@@ -42,15 +42,6 @@ impl AesKey {
             32 => AesKey::A256(locked(key).map_err(|_| bad())?),
             _ => return Err(bad()),
         })
-    }
-
-    pub(crate) fn encrypt_block(&self, b: &mut [u8; 16]) {
-        let blk = Block::cast_from_core_mut(b);
-        match self {
-            AesKey::A128(k) => k.encrypt_block(blk),
-            AesKey::A192(k) => k.encrypt_block(blk),
-            AesKey::A256(k) => k.encrypt_block(blk),
-        }
     }
 
     /// Encrypts whole 16-byte blocks in place (`data.len()` is a multiple of 16).

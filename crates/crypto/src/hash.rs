@@ -40,10 +40,15 @@ pub enum HashAlg {
     Stribog256,
     /// GOST R 34.11-2012 (Streebog), 512-bit digest (`stribog512`): VeraCrypt's.
     Stribog512,
+    /// Whirlpool cut to 256 bits (the kernel's `wp256`): an ESSIV hash only
+    /// (`essiv:wp256`), not offered for key derivation.
+    Wp256,
+    /// Whirlpool cut to 384 bits (the kernel's `wp384`): an ESSIV hash only.
+    Wp384,
 }
 
 /// Every hash, with its cryptsetup name and digest length.
-const HASHES: [(HashAlg, &str, usize); 16] = [
+const HASHES: [(HashAlg, &str, usize); 18] = [
     (HashAlg::Sha1, "sha1", 20),
     (HashAlg::Sha224, "sha224", 28),
     (HashAlg::Sha256, "sha256", 32),
@@ -60,6 +65,8 @@ const HASHES: [(HashAlg, &str, usize); 16] = [
     (HashAlg::Sm3, "sm3", 32),
     (HashAlg::Stribog256, "stribog256", 32),
     (HashAlg::Stribog512, "stribog512", 64),
+    (HashAlg::Wp256, "wp256", 32),
+    (HashAlg::Wp384, "wp384", 48),
 ];
 
 /// Calls `$f::<T>($args)` with `T` the RustCrypto type of `$hash`.
@@ -82,14 +89,22 @@ macro_rules! with_hash_type {
             HashAlg::Sm3 => $f::<sm3::Sm3>($($args),*),
             HashAlg::Stribog256 => $f::<streebog::Streebog256>($($args),*),
             HashAlg::Stribog512 => $f::<streebog::Streebog512>($($args),*),
+            HashAlg::Wp256 | HashAlg::Wp384 => unreachable!("truncated hashes handled apart"),
         }
     };
 }
 
 impl HashAlg {
-    /// Every hash cryptblk knows, in a fixed order.
+    /// Every hash cryptblk offers for key derivation and LUKS headers, in a fixed order
+    /// (the ESSIV-only truncations `wp256`/`wp384` are not among them).
     pub fn all() -> impl Iterator<Item = HashAlg> {
-        HASHES.iter().map(|h| h.0)
+        HASHES.iter().map(|h| h.0).filter(|h| !h.is_essiv_only())
+    }
+
+    /// Whether the hash is one of the kernel's truncated Whirlpool variants, which only
+    /// ESSIV uses.
+    pub fn is_essiv_only(self) -> bool {
+        matches!(self, HashAlg::Wp256 | HashAlg::Wp384)
     }
 
     /// Parses a cryptsetup hash name (`sha256`, `ripemd160`, `whirlpool`, `sha3-256`,
@@ -128,6 +143,13 @@ impl HashAlg {
                 h.update(p);
             }
             out.copy_from_slice(&h.finalize());
+        }
+        if self.is_essiv_only() {
+            let mut full = [0u8; 64];
+            HashAlg::Whirlpool.digest_parts(parts, &mut full);
+            out.copy_from_slice(&full[..out.len()]);
+            zeroize::Zeroize::zeroize(&mut full);
+            return;
         }
         with_hash_type!(self, run(parts, out))
     }
@@ -170,5 +192,17 @@ mod tests {
         );
         assert_eq!(HashAlg::from_name("RIPEMD160").unwrap(), HashAlg::Ripemd160);
         assert_eq!(HashAlg::Ripemd160.output_len(), 20);
+    }
+
+    /// The kernel's wp256/wp384 are Whirlpool's first 32/48 bytes (crypto/wp512.c).
+    #[test]
+    fn truncated_whirlpool() {
+        let full = HashAlg::Whirlpool.digest(b"abc");
+        assert_eq!(
+            HashAlg::from_name("wp256").unwrap().digest(b"abc"),
+            full[..32]
+        );
+        assert_eq!(HashAlg::Wp384.digest(b"abc"), full[..48]);
+        assert!(HashAlg::all().all(|h| !h.is_essiv_only()));
     }
 }

@@ -284,6 +284,9 @@ fn pbkdf2_with(
         HashAlg::Stribog512 => eager::<streebog::Streebog512>(pass, salt, iterations, out),
         HashAlg::Blake2b512 => return simple::<blake2::Blake2b512>(pass, salt, iterations, out),
         HashAlg::Blake2s256 => return simple::<blake2::Blake2s256>(pass, salt, iterations, out),
+        HashAlg::Wp256 | HashAlg::Wp384 => {
+            return Err(Error::UnknownHash(format!("{hash} (an ESSIV hash only)")));
+        }
     }
     Ok(())
 }

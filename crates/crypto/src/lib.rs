@@ -7,6 +7,7 @@ mod aes_generic;
 mod af;
 mod backend;
 pub mod bench;
+mod block;
 mod error;
 mod hash;
 pub mod kdf;
@@ -25,7 +26,7 @@ pub use hash::HashAlg;
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
 pub use secret::{SecretBytes, constant_time_eq};
 pub use sector::{IvOptions, SectorCipher};
-pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode};
+pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
 
 /// Fills `buf` from the operating system's random source.
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {

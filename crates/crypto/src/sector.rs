@@ -1,9 +1,10 @@
 //! `SectorCipher`: encrypts and decrypts runs of consecutive sectors exactly as dm-crypt does.
 
-use crate::aes_generic::AesKey;
-use crate::spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode};
+use crate::block::BlockKey;
+use crate::secret::LockedBox;
+use crate::spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
 use crate::{Backend, Error, Result};
-use zeroize::Zeroize;
+use zeroize::{Zeroize, ZeroizeOnDrop};
 
 /// How dm-crypt numbers IVs (its `iv_offset` and `iv_large_sectors` table parameters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -23,17 +24,77 @@ const SMALL_IV_BATCH: usize = 8;
 enum Engine {
     Null,
     Xts {
-        data: AesKey,
-        tweak: AesKey,
-        fast: Option<crate::secret::LockedBox<crate::x86::XtsKeys>>,
+        data: BlockKey,
+        tweak: BlockKey,
+        fast: Option<LockedBox<crate::x86::XtsKeys>>,
     },
     Cbc {
-        key: AesKey,
-        fast: Option<crate::secret::LockedBox<crate::x86::AesKeys>>,
+        key: BlockKey,
+        fast: Option<LockedBox<crate::x86::AesKeys>>,
     },
     Ecb {
-        key: AesKey,
+        key: BlockKey,
     },
+    Lrw {
+        key: BlockKey,
+        table: LockedBox<LrwTable>,
+    },
+    /// dm-crypt's key count above one: sector `n` (in 512-byte units, plus the IV offset)
+    /// goes through cipher `n mod count`.
+    Multi(Vec<SectorCipher>),
+}
+
+/// IV state beyond the sector number.
+enum IvKeys {
+    None,
+    /// ESSIV: the same cipher keyed with hash(volume key).
+    Essiv(BlockKey),
+    /// `tcw`: IV seed and whitening.
+    Tcw(LockedBox<TcwSecrets>),
+    /// `lmk`: the hash seed of loop-AES v3 (`None` for v2).
+    Lmk(Option<LockedBox<LmkSeed>>),
+}
+
+#[derive(Default, Zeroize, ZeroizeOnDrop)]
+struct TcwSecrets {
+    iv_seed: [u8; 16],
+    whitening: [u8; 16],
+}
+
+/// loop-AES v3's seed: 16 key bytes hashed ahead of each sector, padded to an MD5 block.
+#[derive(Zeroize, ZeroizeOnDrop)]
+struct LmkSeed([u8; 64]);
+
+/// LRW's tweak key `K` in GF(2^128), polynomial basis, elements as big-endian integers
+/// (the kernel's "bbe" convention): `pow[i]` = K·x^i, `inc[i]` = K·(x^(i+1) - 1), so that
+/// the tweak of block index `I + 1` is the tweak of `I` XOR `inc[trailing ones of I]`.
+#[derive(Zeroize, ZeroizeOnDrop)]
+struct LrwTable {
+    pow: [u128; 128],
+    inc: [u128; 128],
+}
+
+impl LrwTable {
+    fn fill(&mut self, k: &[u8; 16]) {
+        let mut p = u128::from_be_bytes(*k);
+        let mut acc = 0u128;
+        for i in 0..128 {
+            self.pow[i] = p;
+            acc ^= p;
+            self.inc[i] = acc;
+            p = crate::sector::gf_mul_x(p);
+        }
+    }
+
+    /// K·i.
+    fn mul(&self, i: u128) -> u128 {
+        let mut t = 0u128;
+        for (bit, p) in self.pow.iter().enumerate() {
+            // Branch-free: the index is public (a block number), the table is not.
+            t ^= p & 0u128.wrapping_sub((i >> bit) & 1);
+        }
+        t
+    }
 }
 
 /// A volume cipher bound to its key, sector size and IV numbering.
@@ -45,7 +106,7 @@ pub struct SectorCipher {
     sector_size: u32,
     iv: IvOptions,
     backend: Backend,
-    essiv: Option<AesKey>,
+    iv_keys: IvKeys,
     engine: Engine,
 }
 
@@ -74,7 +135,8 @@ impl SectorCipher {
         Self::with_backend(spec, key, sector_size, iv, Backend::current()?)
     }
 
-    /// A cipher on a given backend (tests force each one).
+    /// A cipher on a given backend (tests force each one). The backend applies to AES;
+    /// the other families have one implementation each.
     pub fn with_backend(
         spec: CipherSpec,
         key: &[u8],
@@ -88,57 +150,126 @@ impl SectorCipher {
                 "{backend} is not supported by this CPU"
             )));
         }
-        if !spec.valid_key_len(key.len()) {
-            return Err(Error::InvalidKeyLength {
-                cipher: spec.to_string(),
-                len: key.len(),
-            });
+        let bad_len = || Error::InvalidKeyLength {
+            cipher: spec.to_string(),
+            len: key.len(),
+        };
+        let layout = spec.key_layout(key.len()).ok_or_else(bad_len)?;
+        // tcw whitens and lmk hashes 512-byte sectors: dm-crypt offers them for no other size.
+        if matches!(spec.iv, IvMode::Tcw | IvMode::Lmk) && sector_size != 512 {
+            return Err(Error::InvalidSectorSize(sector_size));
         }
-        let essiv = match spec.iv {
-            IvMode::Essiv(h) => {
-                let mut salt = h.digest(key);
-                let k = AesKey::new(&salt).map_err(|_| Error::UnsupportedCipher(spec.to_string()));
-                salt.zeroize();
-                Some(k?)
-            }
-            _ => None,
-        };
-        let use_fast = backend != Backend::Generic;
-        let engine = match (spec.cipher, spec.mode) {
-            (BlockCipherAlg::Null, _) => Engine::Null,
-            (BlockCipherAlg::Aes, ChainMode::Xts) => {
-                let (k1, k2) = key.split_at(key.len() / 2);
-                Engine::Xts {
-                    data: AesKey::new(k1)?,
-                    tweak: AesKey::new(k2)?,
-                    fast: if use_fast {
-                        crate::x86::XtsKeys::new(k1, k2)
-                    } else {
-                        None
-                    },
-                }
-            }
-            (BlockCipherAlg::Aes, ChainMode::Cbc) => Engine::Cbc {
-                key: AesKey::new(key)?,
-                fast: if use_fast {
-                    crate::x86::AesKeys::new(key)
-                } else {
-                    None
-                },
-            },
-            (BlockCipherAlg::Aes, ChainMode::Ecb) => Engine::Ecb {
-                key: AesKey::new(key)?,
-            },
-        };
+        let c = Self::build(spec, key, layout, sector_size, iv, backend);
         // Key schedules were built on this thread's stack before moving into locked memory.
         crate::secret::scrub_stack();
+        c
+    }
+
+    fn build(
+        spec: CipherSpec,
+        key: &[u8],
+        layout: KeyLayout,
+        sector_size: u32,
+        iv: IvOptions,
+        backend: Backend,
+    ) -> Result<Self> {
+        let n = spec.key_count as usize;
+        let (keys, extra) = key.split_at(layout.per_key * n);
+        let engine = if n > 1 {
+            let one = CipherSpec {
+                key_count: 1,
+                ..spec
+            };
+            let subs = keys
+                .chunks(layout.per_key)
+                .map(|k| {
+                    let l = KeyLayout {
+                        per_key: k.len(),
+                        extra: extra.len(),
+                    };
+                    let mut joined = crate::SecretBytes::zeroed(k.len() + extra.len());
+                    joined[..k.len()].copy_from_slice(k);
+                    joined[k.len()..].copy_from_slice(extra);
+                    Self::build(one, &joined, l, sector_size, iv, backend)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Engine::Multi(subs)
+        } else {
+            Self::engine(&spec, keys, backend)?
+        };
+        let iv_keys = match spec.iv {
+            IvMode::Essiv(h) => {
+                let mut salt = h.digest(key);
+                let k = BlockKey::new(spec.cipher, &salt);
+                salt.zeroize();
+                IvKeys::Essiv(k.map_err(|_| Error::UnsupportedCipher(spec.to_string()))?)
+            }
+            IvMode::Tcw => {
+                let (seed, white) = extra.split_at(spec.iv_len());
+                IvKeys::Tcw(LockedBox::new_with(TcwSecrets::default(), |t| {
+                    t.iv_seed[..seed.len()].copy_from_slice(seed);
+                    t.whitening.copy_from_slice(white);
+                    Ok::<_, Error>(())
+                })?)
+            }
+            IvMode::Lmk if !extra.is_empty() => {
+                IvKeys::Lmk(Some(LockedBox::new_with(LmkSeed([0; 64]), |s| {
+                    // dm-crypt takes an MD5 digest's worth of the extra part.
+                    let m = extra.len().min(16);
+                    s.0[..m].copy_from_slice(&extra[..m]);
+                    Ok::<_, Error>(())
+                })?))
+            }
+            IvMode::Lmk => IvKeys::Lmk(None),
+            _ => IvKeys::None,
+        };
         Ok(SectorCipher {
             spec,
             sector_size,
             iv,
             backend,
-            essiv,
+            iv_keys,
             engine,
+        })
+    }
+
+    /// The engine of one key.
+    fn engine(spec: &CipherSpec, key: &[u8], backend: Backend) -> Result<Engine> {
+        let fast = backend != Backend::Generic && spec.cipher == BlockCipherAlg::Aes;
+        Ok(match (spec.cipher, spec.mode) {
+            (BlockCipherAlg::Null, _) => Engine::Null,
+            (c, ChainMode::Xts) => {
+                let (k1, k2) = key.split_at(key.len() / 2);
+                Engine::Xts {
+                    data: BlockKey::new(c, k1)?,
+                    tweak: BlockKey::new(c, k2)?,
+                    fast: fast.then(|| crate::x86::XtsKeys::new(k1, k2)).flatten(),
+                }
+            }
+            (c, ChainMode::Cbc) => Engine::Cbc {
+                key: BlockKey::new(c, key)?,
+                fast: fast.then(|| crate::x86::AesKeys::new(key)).flatten(),
+            },
+            (c, ChainMode::Ecb) => Engine::Ecb {
+                key: BlockKey::new(c, key)?,
+            },
+            (c, ChainMode::Lrw) => {
+                let (k, t) = key.split_at(key.len() - 16);
+                let t: &[u8; 16] = t.try_into().expect("16-byte LRW tweak key");
+                Engine::Lrw {
+                    key: BlockKey::new(c, k)?,
+                    table: LockedBox::new_with(
+                        LrwTable {
+                            pow: [0; 128],
+                            inc: [0; 128],
+                        },
+                        |tab| {
+                            tab.fill(t);
+                            Ok::<_, Error>(())
+                        },
+                    )?,
+                }
+            }
         })
     }
 
@@ -174,10 +305,16 @@ impl SectorCipher {
         self.process(sector, data, false)
     }
 
+    /// The sector number in 512-byte units, plus the IV offset (dm-crypt's `cc_sector`).
+    fn cc_sector(&self, sector: u64) -> u64 {
+        let shift = self.sector_size.trailing_zeros() - 9;
+        (sector << shift).wrapping_add(self.iv.offset)
+    }
+
     /// dm-crypt's IV sector number for encryption sector `sector`.
     fn iv_sector(&self, sector: u64) -> u64 {
         let shift = self.sector_size.trailing_zeros() - 9;
-        let s512 = (sector << shift).wrapping_add(self.iv.offset);
+        let s512 = self.cc_sector(sector);
         if self.iv.large_sectors {
             s512 >> shift
         } else {
@@ -193,22 +330,42 @@ impl SectorCipher {
         }
     }
 
-    /// Fills `ivs` with the IV blocks of consecutive sectors whose first IV sector is `first`.
+    /// Fills `ivs` with the IV blocks of consecutive sectors whose first IV sector is
+    /// `first` (the first `iv_len` bytes of each entry; the rest stays zero).
     fn fill_ivs(&self, first: u64, ivs: &mut [[u8; 16]]) {
         let step = self.iv_step();
+        let len = self.spec.iv_len();
+        // benbi counts cipher blocks as if sectors were 512 bytes (dm-crypt's shift).
+        let benbi_shift = 9 - len.trailing_zeros();
         for (i, iv) in ivs.iter_mut().enumerate() {
             let n = first.wrapping_add(step.wrapping_mul(i as u64));
             *iv = [0u8; 16];
             match self.spec.iv {
                 IvMode::Plain => iv[..4].copy_from_slice(&(n as u32).to_le_bytes()),
                 IvMode::Plain64 | IvMode::Essiv(_) => iv[..8].copy_from_slice(&n.to_le_bytes()),
-                IvMode::Plain64Be => iv[8..].copy_from_slice(&n.to_be_bytes()),
-                IvMode::Null | IvMode::None => {}
+                IvMode::Plain64Be => iv[len - 8..len].copy_from_slice(&n.to_be_bytes()),
+                IvMode::Benbi => {
+                    let v = (n << benbi_shift).wrapping_add(1);
+                    iv[len - 8..len].copy_from_slice(&v.to_be_bytes())
+                }
+                IvMode::Eboiv => {
+                    let off = n.wrapping_mul(self.sector_size as u64);
+                    iv[..8].copy_from_slice(&off.to_le_bytes())
+                }
+                IvMode::Null | IvMode::None | IvMode::Tcw | IvMode::Lmk => {}
             }
         }
-        if let Some(essiv) = &self.essiv {
-            let flat = ivs.as_flattened_mut();
-            essiv.encrypt_blocks(flat);
+        let iv_cipher = match (&self.iv_keys, &self.engine, self.spec.iv) {
+            (IvKeys::Essiv(k), _, _) => k,
+            (_, Engine::Cbc { key, .. }, IvMode::Eboiv) => key,
+            _ => return,
+        };
+        if len == 16 {
+            iv_cipher.encrypt_blocks(ivs.as_flattened_mut());
+        } else {
+            for iv in ivs.iter_mut() {
+                iv_cipher.encrypt_blocks(&mut iv[..len]);
+            }
         }
     }
 
@@ -226,14 +383,30 @@ impl SectorCipher {
                 sector_size: self.sector_size,
             });
         }
-        if let Engine::Null = self.engine {
-            return Ok(());
+        match &self.engine {
+            Engine::Null => return Ok(()),
+            Engine::Ecb { key } => {
+                if enc {
+                    key.encrypt_blocks(data)
+                } else {
+                    key.decrypt_blocks(data)
+                }
+                return Ok(());
+            }
+            Engine::Multi(subs) => {
+                let mask = subs.len() as u64 - 1;
+                for (i, one) in data.chunks_mut(ss).enumerate() {
+                    let s = sector.wrapping_add(i as u64);
+                    let sub = &subs[(self.cc_sector(s) & mask) as usize];
+                    sub.process(s, one, enc)?;
+                }
+                return Ok(());
+            }
+            _ => {}
         }
-        if let Engine::Ecb { key } = &self.engine {
-            if enc {
-                key.encrypt_blocks(data)
-            } else {
-                key.decrypt_blocks(data)
+        if matches!(self.iv_keys, IvKeys::Tcw(_) | IvKeys::Lmk(_)) {
+            for (i, one) in data.chunks_mut(ss).enumerate() {
+                self.process_hashed_iv(self.iv_sector(sector.wrapping_add(i as u64)), one, enc);
             }
             return Ok(());
         }
@@ -269,13 +442,121 @@ impl SectorCipher {
                     Some(f) => f.cbc(self.backend, ivs, batch, ss, enc),
                     None => cbc_generic(key, ivs, batch, ss, enc),
                 },
-                Engine::Null | Engine::Ecb { .. } => unreachable!("handled above"),
+                Engine::Lrw { key, table } => lrw(key, table, ivs, batch, ss, enc),
+                Engine::Null | Engine::Ecb { .. } | Engine::Multi(_) => {
+                    unreachable!("handled above")
+                }
             }
             first = first.wrapping_add(n as u64);
             // The fast XTS paths leave encrypted tweaks here: wipe what was used.
             crate::secret::wipe_blocks(ivs);
         }
     }
+
+    /// One 512-byte CBC sector with an IV generator that reads or changes the data
+    /// (`tcw`, `lmk`); `n` is its IV sector.
+    fn process_hashed_iv(&self, n: u64, sector: &mut [u8], enc: bool) {
+        let Engine::Cbc { key, .. } = &self.engine else {
+            unreachable!("tcw and lmk are CBC only (spec check)")
+        };
+        let len = self.spec.iv_len();
+        let mut iv = [[0u8; 16]];
+        match &self.iv_keys {
+            IvKeys::Tcw(t) => {
+                let nb = n.to_le_bytes();
+                for (i, b) in iv[0][..len].iter_mut().enumerate() {
+                    *b = t.iv_seed[i] ^ nb[i % 8];
+                }
+                if !enc {
+                    tcw_whiten(t, n, sector);
+                }
+                cbc_generic_n(key, len, &iv, sector, sector.len(), enc);
+                if enc {
+                    tcw_whiten(t, n, sector);
+                }
+            }
+            IvKeys::Lmk(seed) => {
+                let seed = seed.as_ref().map(|s| &s.0);
+                if enc {
+                    iv[0] = lmk_iv(seed, n, sector);
+                    cbc_generic_n(key, len, &iv, sector, sector.len(), true);
+                } else {
+                    // Blocks 1.. do not depend on the IV: decrypt with a zero IV, then
+                    // hash the plaintext for the IV and fix the first block.
+                    cbc_generic_n(key, len, &iv, sector, sector.len(), false);
+                    iv[0] = lmk_iv(seed, n, sector);
+                    xor_in(&mut sector[..16], &iv[0]);
+                }
+            }
+            _ => unreachable!("called for tcw and lmk only"),
+        }
+        iv[0].zeroize();
+    }
+}
+
+/// dm-crypt's `tcw` whitening of one 512-byte sector with IV sector `n`: the whitening key
+/// XOR the sector number, each 32-bit word through CRC-32 (the kernel's `crc32`: seed 0, no
+/// inversion), folded to 8 bytes, XORed over every 8 bytes. Its own inverse.
+fn tcw_whiten(t: &TcwSecrets, n: u64, sector: &mut [u8]) {
+    let nb = n.to_le_bytes();
+    let mut buf = [0u8; 16];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = t.whitening[i] ^ nb[i % 8];
+    }
+    for w in buf.chunks_exact_mut(4) {
+        let c = crc32_le_raw(0, w);
+        w.copy_from_slice(&c.to_le_bytes());
+    }
+    for i in 0..4 {
+        buf[i] ^= buf[12 + i];
+        buf[4 + i] ^= buf[8 + i];
+    }
+    for word in sector.chunks_exact_mut(8) {
+        xor_in(word, &buf[..8]);
+    }
+    buf.zeroize();
+}
+
+/// CRC-32 (polynomial 0xEDB88320, reflected) without the usual inversions, as the kernel's
+/// `crc32_le` computes it.
+fn crc32_le_raw(mut crc: u32, data: &[u8]) -> u32 {
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xedb8_8320 & 0u32.wrapping_sub(crc & 1));
+        }
+    }
+    crc
+}
+
+/// dm-crypt's `lmk` IV for IV sector `n` of the 512-byte plaintext `sector`: the MD5
+/// state (no padding, no length) after the seed (v3), blocks 1..31 of the sector and a
+/// 16-byte trailer with the sector number cut to 56 bits.
+fn lmk_iv(seed: Option<&[u8; 64]>, n: u64, sector: &[u8]) -> [u8; 16] {
+    let mut buf = [0u8; 64 + 512];
+    let mut len = 0;
+    if let Some(s) = seed {
+        buf[..64].copy_from_slice(s);
+        len = 64;
+    }
+    buf[len..len + 496].copy_from_slice(&sector[16..512]);
+    len += 496;
+    buf[len..len + 4].copy_from_slice(&(n as u32).to_le_bytes());
+    let hi = ((n >> 32) as u32 & 0x00ff_ffff) | 0x8000_0000;
+    buf[len + 4..len + 8].copy_from_slice(&hi.to_le_bytes());
+    buf[len + 8..len + 12].copy_from_slice(&4024u32.to_le_bytes());
+    len += 16;
+    let mut state = [0x6745_2301u32, 0xefcd_ab89, 0x98ba_dcfe, 0x1032_5476];
+    let (blocks, rest) = buf[..len].as_chunks::<64>();
+    debug_assert!(rest.is_empty());
+    md5::block_api::compress(&mut state, blocks);
+    let mut iv = [0u8; 16];
+    for (o, w) in iv.chunks_exact_mut(4).zip(state) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    buf.zeroize();
+    state.zeroize();
+    iv
 }
 
 /// Multiplies an XTS tweak by α (x) in GF(2^128), little-endian as IEEE 1619 defines.
@@ -288,8 +569,8 @@ pub(crate) fn gf_mul_x(t: u128) -> u128 {
 const XTS_CHUNK: usize = 32;
 
 pub(crate) fn xts_generic(
-    k1: &AesKey,
-    k2: &AesKey,
+    k1: &BlockKey,
+    k2: &BlockKey,
     ivs: &mut [[u8; 16]],
     data: &mut [u8],
     ss: usize,
@@ -297,7 +578,7 @@ pub(crate) fn xts_generic(
 ) {
     let mut tweaks = [[0u8; 16]; XTS_CHUNK];
     for (iv, sector) in ivs.iter_mut().zip(data.chunks_mut(ss)) {
-        k2.encrypt_block(iv);
+        k2.encrypt_blocks(iv);
         let mut t = u128::from_le_bytes(*iv);
         for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
             let n = chunk.len() / 16;
@@ -317,15 +598,55 @@ pub(crate) fn xts_generic(
     tweaks.as_flattened_mut().zeroize();
 }
 
-fn cbc_generic(key: &AesKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+/// LRW (the kernel's `lrw` template): block `j` of a sector whose IV, read as a big-endian
+/// integer, is `I` is whitened before and after the cipher with K·(I + j).
+fn lrw(key: &BlockKey, table: &LrwTable, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+    let mut tweaks = [[0u8; 16]; XTS_CHUNK];
+    for (iv, sector) in ivs.iter().zip(data.chunks_mut(ss)) {
+        let mut i = u128::from_be_bytes(*iv);
+        let mut t = table.mul(i);
+        for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
+            let n = chunk.len() / 16;
+            for tw in tweaks[..n].iter_mut() {
+                *tw = t.to_be_bytes();
+                t ^= table.inc[(i.trailing_ones() as usize).min(127)];
+                i = i.wrapping_add(1);
+            }
+            xor_in(chunk, tweaks[..n].as_flattened());
+            if enc {
+                key.encrypt_blocks(chunk)
+            } else {
+                key.decrypt_blocks(chunk)
+            }
+            xor_in(chunk, tweaks[..n].as_flattened());
+        }
+        t.zeroize();
+    }
+    tweaks.as_flattened_mut().zeroize();
+}
+
+fn cbc_generic(key: &BlockKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+    cbc_generic_n(key, key.block_size(), ivs, data, ss, enc)
+}
+
+/// CBC over sectors of `ss` bytes with blocks of `bs` bytes (16 or 8); each sector's IV is
+/// the first `bs` bytes of its entry in `ivs`.
+fn cbc_generic_n(
+    key: &BlockKey,
+    bs: usize,
+    ivs: &[[u8; 16]],
+    data: &mut [u8],
+    ss: usize,
+    enc: bool,
+) {
     for (iv, sector) in ivs.iter().zip(data.chunks_mut(ss)) {
         let mut prev = *iv;
+        let prev = &mut prev[..bs];
         if enc {
-            for b in sector.chunks_exact_mut(16) {
-                let b: &mut [u8; 16] = b.try_into().expect("16-byte chunk");
-                xor_in(b, &prev);
-                key.encrypt_block(b);
-                prev = *b;
+            for b in sector.chunks_exact_mut(bs) {
+                xor_in(b, prev);
+                key.encrypt_blocks(b);
+                prev.copy_from_slice(b);
             }
         } else {
             // Keep a copy of each chunk's ciphertext: it chains into the next block.
@@ -334,12 +655,13 @@ fn cbc_generic(key: &AesKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: 
                 let saved = &mut saved[..chunk.len()];
                 saved.copy_from_slice(chunk);
                 key.decrypt_blocks(chunk);
-                xor_in(&mut chunk[..16], &prev);
-                xor_in(&mut chunk[16..], &saved[..saved.len() - 16]);
-                prev.copy_from_slice(&saved[saved.len() - 16..]);
+                xor_in(&mut chunk[..bs], prev);
+                xor_in(&mut chunk[bs..], &saved[..saved.len() - bs]);
+                prev.copy_from_slice(&saved[saved.len() - bs..]);
             }
             saved.zeroize();
         }
+        prev.zeroize();
     }
 }
 

@@ -1,6 +1,7 @@
 //! Entry points for known-answer tests whose data units are not dm-crypt sectors.
 
-use crate::aes_generic::AesKey;
+use crate::block::BlockKey;
+use crate::spec::BlockCipherAlg;
 use crate::{Backend, Error, Result};
 
 /// XTS-AES over one data unit of any multiple of 16 bytes, with a raw 16-byte tweak input
@@ -35,8 +36,8 @@ pub fn xts_data_unit(
         return Ok(());
     }
     crate::sector::xts_generic(
-        &AesKey::new(k1)?,
-        &AesKey::new(k2)?,
+        &BlockKey::new(BlockCipherAlg::Aes, k1)?,
+        &BlockKey::new(BlockCipherAlg::Aes, k2)?,
         &mut ivs,
         data,
         unit,

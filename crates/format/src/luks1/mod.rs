@@ -660,7 +660,7 @@ fn check_options(opts: &FormatOptions, volume_key: &[u8]) -> Result<()> {
             opts.cipher
         ));
     }
-    header::check_field_len(opts.cipher.cipher_name(), CIPHER_NAME_LEN, "cipher_name")?;
+    header::check_field_len(&opts.cipher.cipher_name(), CIPHER_NAME_LEN, "cipher_name")?;
     header::check_field_len(&opts.cipher.cipher_mode(), CIPHER_MODE_LEN, "cipher_mode")?;
     header::check_field_len(opts.hash.name(), HASH_SPEC_LEN, "hash_spec")?;
     if opts.hash.output_len() < DIGEST_SIZE {

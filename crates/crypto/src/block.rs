@@ -1,0 +1,122 @@
+//! Block ciphers behind the sector modes: AES (own backends) and the RustCrypto crates for
+//! the families dm-crypt, TrueCrypt/VeraCrypt and loop-AES volumes use.
+//!
+//! Every key schedule lives on locked pages of its own (the crates zeroize on drop).
+
+use aes::cipher::array::Array;
+use aes::cipher::consts::{U8, U16};
+use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt};
+
+use crate::aes_generic::{AesKey, locked};
+use crate::secret::LockedBox;
+use crate::spec::BlockCipherAlg;
+use crate::{Error, Result};
+
+/// A keyed block cipher of any supported family.
+pub(crate) enum BlockKey {
+    Aes(AesKey),
+    Serpent(LockedBox<serpent::Serpent>),
+    Twofish(LockedBox<twofish::Twofish>),
+    Camellia128(LockedBox<camellia::Camellia128>),
+    Camellia192(LockedBox<camellia::Camellia192>),
+    Camellia256(LockedBox<camellia::Camellia256>),
+    Kuznyechik(LockedBox<kuznyechik::Kuznyechik>),
+    Blowfish(LockedBox<blowfish::Blowfish>),
+    Cast5(LockedBox<cast5::Cast5>),
+    Des3Ede(LockedBox<des::TdesEde3>),
+}
+
+fn enc16<C: BlockCipherEncrypt<BlockSize = U16>>(c: &C, data: &mut [u8]) {
+    let (blocks, rest) = data.as_chunks_mut::<16>();
+    debug_assert!(rest.is_empty());
+    c.encrypt_blocks(Array::cast_slice_from_core_mut(blocks));
+}
+
+fn dec16<C: BlockCipherDecrypt<BlockSize = U16>>(c: &C, data: &mut [u8]) {
+    let (blocks, rest) = data.as_chunks_mut::<16>();
+    debug_assert!(rest.is_empty());
+    c.decrypt_blocks(Array::cast_slice_from_core_mut(blocks));
+}
+
+fn enc8<C: BlockCipherEncrypt<BlockSize = U8>>(c: &C, data: &mut [u8]) {
+    let (blocks, rest) = data.as_chunks_mut::<8>();
+    debug_assert!(rest.is_empty());
+    c.encrypt_blocks(Array::cast_slice_from_core_mut(blocks));
+}
+
+fn dec8<C: BlockCipherDecrypt<BlockSize = U8>>(c: &C, data: &mut [u8]) {
+    let (blocks, rest) = data.as_chunks_mut::<8>();
+    debug_assert!(rest.is_empty());
+    c.decrypt_blocks(Array::cast_slice_from_core_mut(blocks));
+}
+
+/// Calls `$f16(cipher, $data)` or `$f8(cipher, $data)`, by the key's block size.
+macro_rules! dispatch {
+    ($key:expr, $data:expr, $f16:ident, $f8:ident) => {
+        match $key {
+            BlockKey::Aes(_) => unreachable!("AES dispatched by the caller"),
+            BlockKey::Serpent(c) => $f16(&**c, $data),
+            BlockKey::Twofish(c) => $f16(&**c, $data),
+            BlockKey::Camellia128(c) => $f16(&**c, $data),
+            BlockKey::Camellia192(c) => $f16(&**c, $data),
+            BlockKey::Camellia256(c) => $f16(&**c, $data),
+            BlockKey::Kuznyechik(c) => $f16(&**c, $data),
+            BlockKey::Blowfish(c) => $f8(&**c, $data),
+            BlockKey::Cast5(c) => $f8(&**c, $data),
+            BlockKey::Des3Ede(c) => $f8(&**c, $data),
+        }
+    };
+}
+
+impl BlockKey {
+    /// `alg` keyed with `key`; the length must be one the cipher takes.
+    pub(crate) fn new(alg: BlockCipherAlg, key: &[u8]) -> Result<Self> {
+        let bad = || Error::InvalidKeyLength {
+            cipher: alg.name().into(),
+            len: key.len(),
+        };
+        if !alg.valid_key_len(key.len()) {
+            return Err(bad());
+        }
+        let k = match alg {
+            BlockCipherAlg::Aes => return AesKey::new(key).map(BlockKey::Aes),
+            BlockCipherAlg::Null => return Err(bad()),
+            BlockCipherAlg::Serpent => locked(key).map(BlockKey::Serpent),
+            BlockCipherAlg::Twofish => locked(key).map(BlockKey::Twofish),
+            BlockCipherAlg::Camellia => match key.len() {
+                16 => locked(key).map(BlockKey::Camellia128),
+                24 => locked(key).map(BlockKey::Camellia192),
+                _ => locked(key).map(BlockKey::Camellia256),
+            },
+            BlockCipherAlg::Kuznyechik => locked(key).map(BlockKey::Kuznyechik),
+            BlockCipherAlg::Blowfish => locked(key).map(BlockKey::Blowfish),
+            BlockCipherAlg::Cast5 => locked(key).map(BlockKey::Cast5),
+            BlockCipherAlg::Des3Ede => locked(key).map(BlockKey::Des3Ede),
+        };
+        k.map_err(|_| bad())
+    }
+
+    /// Block size in bytes (16, or 8 for Blowfish, CAST5 and 3DES).
+    pub(crate) fn block_size(&self) -> usize {
+        match self {
+            BlockKey::Blowfish(_) | BlockKey::Cast5(_) | BlockKey::Des3Ede(_) => 8,
+            _ => 16,
+        }
+    }
+
+    /// Encrypts whole blocks in place (`data.len()` a multiple of the block size).
+    pub(crate) fn encrypt_blocks(&self, data: &mut [u8]) {
+        if let BlockKey::Aes(k) = self {
+            return k.encrypt_blocks(data);
+        }
+        dispatch!(self, data, enc16, enc8)
+    }
+
+    /// Decrypts whole blocks in place (`data.len()` a multiple of the block size).
+    pub(crate) fn decrypt_blocks(&self, data: &mut [u8]) {
+        if let BlockKey::Aes(k) = self {
+            return k.decrypt_blocks(data);
+        }
+        dispatch!(self, data, dec16, dec8)
+    }
+}
