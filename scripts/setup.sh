@@ -42,3 +42,6 @@ if ! have cargo; then
   echo "setup: cargo not found; install Rust stable (https://rustup.rs) first" >&2
   exit 1
 fi
+# cryptsetup's own test images (LUKS1 with every cipher, TrueCrypt/VeraCrypt, BitLocker,
+# FileVault2) from Debian's cryptsetup source package, into target/cryptsetup-tests/.
+bash "$(dirname "$0")/fetch-cryptsetup-images.sh"

@@ -88,6 +88,18 @@ pub struct DumpArgs {
     pub dump_json_metadata: bool,
     #[command(flatten)]
     pub key: KeyArgs,
+    /// luks (detected) or tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
+    /// --test-passphrase --type tcrypt).
+    #[arg(long = "type")]
+    pub kind: Option<String>,
+    #[command(flatten)]
+    pub tcrypt: crate::unlock::TcryptArgs,
+    /// TCRYPT: only cipher chains whose name contains this.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// TCRYPT: only this PBKDF2 hash.
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -159,6 +171,18 @@ pub struct TestArgs {
     /// Only try this keyslot.
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
+    /// luks (detected) or tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
+    /// --test-passphrase --type tcrypt).
+    #[arg(long = "type")]
+    pub kind: Option<String>,
+    #[command(flatten)]
+    pub tcrypt: crate::unlock::TcryptArgs,
+    /// TCRYPT: only cipher chains whose name contains this.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// TCRYPT: only this PBKDF2 hash.
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -171,13 +195,29 @@ pub struct BackupArgs {
 }
 
 impl KeyArgs {
+    /// The key file, for everything but TCRYPT (which takes several keyfiles).
+    pub fn key_file(&self) -> Option<&PathBuf> {
+        self.key_files.first()
+    }
+
     /// Where the passphrase or key comes from, as the arguments say.
     pub fn source(&self) -> KeySource {
         KeySource {
-            key_file: self.key_file.clone(),
+            key_file: self.key_file().cloned(),
+            extra_key_files: self.key_files.len().saturating_sub(1),
             keyfile_size: self.keyfile_size,
             keyfile_offset: self.keyfile_offset,
         }
+    }
+}
+
+/// `--type` for LUKS-only paths: luks, luks1, luks2 or none.
+pub(crate) fn check_luks_kind(kind: Option<&str>) -> CliResult<()> {
+    match kind {
+        None | Some("luks" | "luks1" | "luks2") => Ok(()),
+        Some(k) => Err(CliError::usage(format!(
+            "unsupported --type {k} here (luks, tcrypt)"
+        ))),
     }
 }
 
@@ -395,6 +435,7 @@ fn unlock(
 fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
     KeySource {
         key_file: a.new_key_file.clone(),
+        extra_key_files: 0,
         keyfile_size: a.new_keyfile_size,
         keyfile_offset: a.new_keyfile_offset,
     }
@@ -480,6 +521,7 @@ pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
     let src = match &a.remove_key_file {
         Some(p) => KeySource {
             key_file: Some(p.clone()),
+            extra_key_files: 0,
             ..Default::default()
         },
         None => a.key.source(),
@@ -537,7 +579,33 @@ pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The volume arguments of a TCRYPT `test-passphrase`/`dump`: read-only, the filters.
+pub(crate) fn tcrypt_args(
+    header: &HeaderArgs,
+    key: &KeyArgs,
+    tcrypt: &crate::unlock::TcryptArgs,
+    cipher: &Option<String>,
+    hash: &Option<String>,
+) -> crate::unlock::VolumeArgs {
+    crate::unlock::VolumeArgs {
+        header: header.clone(),
+        key: key.clone(),
+        kind: "tcrypt".into(),
+        tcrypt: tcrypt.clone(),
+        cipher: cipher.clone(),
+        hash: hash.clone(),
+        read_only: true,
+        ..Default::default()
+    }
+}
+
 pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
+    if a.kind.as_deref() == Some("tcrypt") {
+        let v = tcrypt_args(&a.header, &a.key, &a.tcrypt, &a.cipher, &a.hash);
+        crate::unlock::unlock_tcrypt(&a.device, &v)?;
+        return Ok(());
+    }
+    check_luks_kind(a.kind.as_deref())?;
     let mut dev = open_header(&a.device, &a.header, false)?;
     let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (slot, _vk) = unlock(

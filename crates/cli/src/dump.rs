@@ -58,7 +58,32 @@ pub fn header_json(h: &dyn LuksHeader) -> Value {
     })
 }
 
+/// `tcryptDump`: the decrypted header, or with `--dump-volume-key` the volume key.
+fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
+    if a.dump_volume_key {
+        crate::passphrase::confirm(
+            ctx.batch,
+            "Header dump with volume key is sensitive information\n\
+             which allows access to encrypted partition without passphrase.\n\
+             This dump should be always stored encrypted on safe place.",
+        )?;
+    }
+    let v = crate::commands::tcrypt_args(&a.header, &a.key, &a.tcrypt, &a.cipher, &a.hash);
+    let u = crate::unlock::unlock_tcrypt(&a.device, &v)?;
+    let shown = a.device.display().to_string();
+    if a.dump_volume_key {
+        print!("{}", u.header.dump_volume_key(&shown, u.data_offset));
+    } else {
+        print!("{}", u.header.dump(&shown));
+    }
+    Ok(())
+}
+
 pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
+    if a.kind.as_deref() == Some("tcrypt") {
+        return dump_tcrypt(ctx, &a);
+    }
+    crate::commands::check_luks_kind(a.kind.as_deref())?;
     let path = a
         .header
         .header

@@ -50,8 +50,9 @@ struct Cli {
 #[derive(Args, Debug, Clone, Default)]
 pub struct KeyArgs {
     /// Read the passphrase from this file ("-" for standard input) instead of asking.
-    #[arg(short = 'd', long = "key-file")]
-    pub key_file: Option<PathBuf>,
+    /// TrueCrypt/VeraCrypt (--type tcrypt): keyfiles, repeatable; the passphrase is asked.
+    #[arg(short = 'd', long = "key-file", action = clap::ArgAction::Append)]
+    pub key_files: Vec<PathBuf>,
     /// Bytes to read from the key file.
     #[arg(short = 'l', long = "keyfile-size")]
     pub keyfile_size: Option<usize>,

@@ -15,6 +15,8 @@ pub const PASSPHRASE_MAX: usize = 512;
 #[derive(Debug, Clone, Default)]
 pub struct KeySource {
     pub key_file: Option<PathBuf>,
+    /// `--key-file` given more than once (only TCRYPT takes several): refused here.
+    pub extra_key_files: usize,
     pub keyfile_size: Option<usize>,
     pub keyfile_offset: u64,
 }
@@ -172,6 +174,9 @@ fn prompt_tty(prompt: &str) -> CliResult<SecretBytes> {
 /// A passphrase: from the key file if given, else a line of stdin when stdin is not a
 /// terminal, else the terminal (asked twice when `verify`).
 pub fn get_passphrase(src: &KeySource, prompt: &str, verify: bool) -> CliResult<SecretBytes> {
+    if src.extra_key_files > 0 {
+        return Err(CliError::usage("Only one --key-file argument is allowed."));
+    }
     if let Some(path) = &src.key_file {
         return read_key_file(path, src.keyfile_offset, src.keyfile_size);
     }
@@ -188,6 +193,20 @@ pub fn get_passphrase(src: &KeySource, prompt: &str, verify: bool) -> CliResult<
         p
     };
     if pass.is_empty() {
+        return Err(CliError::new(EXIT_USAGE, "empty passphrase"));
+    }
+    Ok(pass)
+}
+
+/// A TrueCrypt/VeraCrypt passphrase: a line of stdin when stdin is not a terminal, else
+/// the terminal; empty is allowed when keyfiles carry the secret (`may_be_empty`).
+pub fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResult<SecretBytes> {
+    let pass = if !std::io::stdin().is_terminal() {
+        read_stdin_line()?
+    } else {
+        prompt_tty(prompt)?
+    };
+    if pass.is_empty() && !may_be_empty {
         return Err(CliError::new(EXIT_USAGE, "empty passphrase"));
     }
     Ok(pass)

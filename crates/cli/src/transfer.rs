@@ -39,7 +39,7 @@ fn open(ctx: &Ctx, a: &TransferArgs, read_only: bool) -> CliResult<Volume> {
             "{}: {} {}, {} bits{slot}",
             a.device.display(),
             o.info.kind,
-            o.volume.with_cipher(|c| c.spec().to_string()),
+            o.volume.with_cipher(|c| c.description()),
             o.info.key_bits
         );
     }

@@ -2,12 +2,15 @@
 //! (passphrase hashed, or raw key file), with cryptsetup's option names.
 
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_PERMISSION, io_err};
-use crate::passphrase::{get_passphrase, read_key_file};
+use crate::passphrase::{get_passphrase, get_tcrypt_passphrase, read_key_file};
 use crate::{HeaderArgs, KeyArgs};
 use clap::Args;
 use cryptblk_crypto::CipherSpec;
 use cryptblk_format::plain::PlainParams;
-use cryptblk_volume::{OpenOptions, Volume, VolumeParams, open_plain_with, unlock_luks};
+use cryptblk_format::tcrypt::TcryptOptions;
+use cryptblk_volume::{
+    OpenOptions, UnlockedTcrypt, Volume, VolumeParams, open_plain_with, open_tcrypt, unlock_luks,
+};
 use std::path::Path;
 
 /// Everything that says how to unlock and map a volume.
@@ -17,9 +20,11 @@ pub struct VolumeArgs {
     pub header: HeaderArgs,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// luks (LUKS1 or LUKS2, detected) or plain.
+    /// luks (LUKS1 or LUKS2, detected), plain, or tcrypt (TrueCrypt/VeraCrypt).
     #[arg(long = "type", default_value = "luks")]
     pub kind: String,
+    #[command(flatten)]
+    pub tcrypt: TcryptArgs,
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
     /// Open read-only.
@@ -67,6 +72,107 @@ impl VolumeArgs {
             direct: self.direct_io,
         }
     }
+}
+
+/// TrueCrypt/VeraCrypt options (cryptsetup's names); `-c`/`-h` narrow the cipher chains
+/// and PBKDF2 hashes tried.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TcryptArgs {
+    /// TCRYPT: open the hidden volume.
+    #[arg(long = "tcrypt-hidden")]
+    pub hidden: bool,
+    /// TCRYPT: a system-encrypted disk (header at sector 62).
+    #[arg(long = "tcrypt-system")]
+    pub system: bool,
+    /// TCRYPT: use the backup header at the end of the device.
+    #[arg(long = "tcrypt-backup")]
+    pub backup: bool,
+    /// TCRYPT: try VeraCrypt's formats too (the default; kept for cryptsetup's scripts).
+    #[arg(long)]
+    pub veracrypt: bool,
+    /// TCRYPT: TrueCrypt formats only.
+    #[arg(long = "disable-veracrypt", conflicts_with = "veracrypt")]
+    pub disable_veracrypt: bool,
+    /// TCRYPT: VeraCrypt's Personal Iterations Multiplier.
+    #[arg(long = "veracrypt-pim")]
+    pub pim: Option<u32>,
+}
+
+impl VolumeArgs {
+    /// The TCRYPT options with the keyfiles read (`--key-file`, each at most 1 MiB used).
+    pub fn tcrypt_options(&self) -> CliResult<TcryptOptions> {
+        let t = &self.tcrypt;
+        if (t.hidden || t.system || t.backup || t.pim.is_some() || t.disable_veracrypt)
+            && self.kind != "tcrypt"
+        {
+            return Err(CliError::usage(
+                "Options --tcrypt-hidden, --tcrypt-system, --tcrypt-backup, --veracrypt-pim and --disable-veracrypt are supported only for TCRYPT devices.",
+            ));
+        }
+        if t.hidden && t.system {
+            return Err(CliError::usage(
+                "--tcrypt-hidden and --tcrypt-system cannot be combined.",
+            ));
+        }
+        if t.hidden && self.allow_discards {
+            return Err(CliError::usage(
+                "Option --tcrypt-hidden cannot be combined with --allow-discards.",
+            ));
+        }
+        let keyfiles = self
+            .key
+            .key_files
+            .iter()
+            .map(|f| read_key_file(f, 0, None).map(trim_keyfile))
+            .collect::<CliResult<Vec<_>>>()?;
+        Ok(TcryptOptions {
+            hidden: t.hidden,
+            system: t.system,
+            backup: t.backup,
+            no_veracrypt: t.disable_veracrypt,
+            pim: t.pim,
+            hash: self
+                .hash
+                .as_deref()
+                .map(cryptblk_crypto::HashAlg::from_name)
+                .transpose()?,
+            cipher: self.cipher.clone(),
+            keyfiles,
+        })
+    }
+}
+
+/// A keyfile's first MiB (all TrueCrypt reads).
+fn trim_keyfile(k: cryptblk_crypto::SecretBytes) -> cryptblk_crypto::SecretBytes {
+    if k.len() > cryptblk_format::tcrypt::KEYFILE_MAX {
+        cryptblk_crypto::SecretBytes::from_slice(&k[..cryptblk_format::tcrypt::KEYFILE_MAX])
+    } else {
+        k
+    }
+}
+
+/// Unlocks a TrueCrypt/VeraCrypt volume: keyfiles from `--key-file`, the passphrase from
+/// a line of standard input or the terminal (empty allowed with keyfiles).
+pub fn unlock_tcrypt(device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
+    let tc = a.tcrypt_options()?;
+    let pass = get_tcrypt_passphrase(
+        &format!("Enter passphrase for {}: ", device.display()),
+        !tc.keyfiles.is_empty(),
+    )?;
+    let opts = OpenOptions {
+        header: a.header.header.clone(),
+        read_only: a.read_only,
+        allow_discards: a.allow_discards,
+        key_slot: None,
+        io: a.file_io(),
+    };
+    open_tcrypt(device, &opts, &tc, &pass).map_err(|e| match e {
+        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => CliError::new(
+            EXIT_PERMISSION,
+            "No device header detected with this passphrase.",
+        ),
+        e => volume_error(device, e),
+    })
 }
 
 /// What `status` reports about how the volume was opened.
@@ -151,7 +257,7 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         p.sector_size = 4096;
     }
     p.validate()?;
-    let key = match &a.key.key_file {
+    let key = match a.key.key_file() {
         Some(f) => {
             p.key_from_keyfile(&read_key_file(f, a.key.keyfile_offset, Some(p.key_len))?, 0)?
         }
@@ -215,7 +321,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         "plain" => {
             let p = plain_params(a)?;
             // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
-            let key = match &a.key.key_file {
+            let key = match a.key.key_file() {
                 Some(f) if f.as_os_str() != "-" => {
                     let raw = read_key_file(f, a.key.keyfile_offset, None)?;
                     p.key_from_keyfile(&raw, 0)?
@@ -251,8 +357,26 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 header_file: None,
             })
         }
+        "tcrypt" => {
+            let u = unlock_tcrypt(device, a)?;
+            Ok(OpenedVolume {
+                info: VolumeInfo {
+                    kind: if u.header.veracrypt {
+                        "VERACRYPT"
+                    } else {
+                        "TCRYPT"
+                    }
+                    .into(),
+                    key_bits: u.header.key_bits(),
+                    keyslot: None,
+                    uuid: None,
+                },
+                volume: u.volume,
+                header_file: None,
+            })
+        }
         other => Err(CliError::usage(format!(
-            "unsupported --type {other} (luks, plain)"
+            "unsupported --type {other} (luks, plain, tcrypt)"
         ))),
     }
 }

@@ -22,8 +22,12 @@ pub(crate) enum BlockKey {
     Camellia256(LockedBox<camellia::Camellia256>),
     Kuznyechik(LockedBox<kuznyechik::Kuznyechik>),
     Blowfish(LockedBox<blowfish::Blowfish>),
+    BlowfishLe(LockedBox<blowfish::BlowfishLE>),
     Cast5(LockedBox<cast5::Cast5>),
     Des3Ede(LockedBox<des::TdesEde3>),
+    /// Ciphers applied one after the other to each block (TrueCrypt's legacy "inner"
+    /// cascades in CBC); the block is the largest member's, smaller ones run in ECB over it.
+    Chain(Vec<BlockKey>),
 }
 
 fn enc16<C: BlockCipherEncrypt<BlockSize = U16>>(c: &C, data: &mut [u8]) {
@@ -54,7 +58,7 @@ fn dec8<C: BlockCipherDecrypt<BlockSize = U8>>(c: &C, data: &mut [u8]) {
 macro_rules! dispatch {
     ($key:expr, $data:expr, $f16:ident, $f8:ident) => {
         match $key {
-            BlockKey::Aes(_) => unreachable!("AES dispatched by the caller"),
+            BlockKey::Aes(_) | BlockKey::Chain(_) => unreachable!("dispatched by the caller"),
             BlockKey::Serpent(c) => $f16(&**c, $data),
             BlockKey::Twofish(c) => $f16(&**c, $data),
             BlockKey::Camellia128(c) => $f16(&**c, $data),
@@ -62,6 +66,7 @@ macro_rules! dispatch {
             BlockKey::Camellia256(c) => $f16(&**c, $data),
             BlockKey::Kuznyechik(c) => $f16(&**c, $data),
             BlockKey::Blowfish(c) => $f8(&**c, $data),
+            BlockKey::BlowfishLe(c) => $f8(&**c, $data),
             BlockKey::Cast5(c) => $f8(&**c, $data),
             BlockKey::Des3Ede(c) => $f8(&**c, $data),
         }
@@ -90,6 +95,7 @@ impl BlockKey {
             },
             BlockCipherAlg::Kuznyechik => locked(key).map(BlockKey::Kuznyechik),
             BlockCipherAlg::Blowfish => locked(key).map(BlockKey::Blowfish),
+            BlockCipherAlg::BlowfishLe => locked(key).map(BlockKey::BlowfishLe),
             BlockCipherAlg::Cast5 => locked(key).map(BlockKey::Cast5),
             BlockCipherAlg::Des3Ede => locked(key).map(BlockKey::Des3Ede),
         };
@@ -99,23 +105,31 @@ impl BlockKey {
     /// Block size in bytes (16, or 8 for Blowfish, CAST5 and 3DES).
     pub(crate) fn block_size(&self) -> usize {
         match self {
-            BlockKey::Blowfish(_) | BlockKey::Cast5(_) | BlockKey::Des3Ede(_) => 8,
+            BlockKey::Blowfish(_)
+            | BlockKey::BlowfishLe(_)
+            | BlockKey::Cast5(_)
+            | BlockKey::Des3Ede(_) => 8,
+            BlockKey::Chain(c) => c.iter().map(|k| k.block_size()).max().unwrap_or(16),
             _ => 16,
         }
     }
 
     /// Encrypts whole blocks in place (`data.len()` a multiple of the block size).
     pub(crate) fn encrypt_blocks(&self, data: &mut [u8]) {
-        if let BlockKey::Aes(k) = self {
-            return k.encrypt_blocks(data);
+        match self {
+            BlockKey::Aes(k) => return k.encrypt_blocks(data),
+            BlockKey::Chain(c) => return c.iter().for_each(|k| k.encrypt_blocks(data)),
+            _ => {}
         }
         dispatch!(self, data, enc16, enc8)
     }
 
     /// Decrypts whole blocks in place (`data.len()` a multiple of the block size).
     pub(crate) fn decrypt_blocks(&self, data: &mut [u8]) {
-        if let BlockKey::Aes(k) = self {
-            return k.decrypt_blocks(data);
+        match self {
+            BlockKey::Aes(k) => return k.decrypt_blocks(data),
+            BlockKey::Chain(c) => return c.iter().rev().for_each(|k| k.decrypt_blocks(data)),
+            _ => {}
         }
         dispatch!(self, data, dec16, dec8)
     }

@@ -16,6 +16,7 @@ mod secret;
 mod sector;
 mod spec;
 pub mod testing;
+mod unit;
 #[allow(unsafe_code)] // CPU intrinsics
 mod x86;
 
@@ -27,6 +28,7 @@ pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
 pub use secret::{SecretBytes, constant_time_eq};
 pub use sector::{IvOptions, SectorCipher};
 pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
+pub use unit::{UnitCipher, crc32, crc32_update};
 
 /// Fills `buf` from the operating system's random source.
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {

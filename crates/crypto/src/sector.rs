@@ -42,6 +42,9 @@ enum Engine {
     /// dm-crypt's key count above one: sector `n` (in 512-byte units, plus the IV offset)
     /// goes through cipher `n mod count`.
     Multi(Vec<SectorCipher>),
+    /// Ciphers stacked as cryptsetup stacks dm-crypt targets for TrueCrypt/VeraCrypt
+    /// cascades: writes go through the first, then the next...; reads the other way.
+    Cascade(Vec<SectorCipher>),
 }
 
 /// IV state beyond the sector number.
@@ -69,12 +72,26 @@ struct LmkSeed([u8; 64]);
 /// (the kernel's "bbe" convention): `pow[i]` = K·x^i, `inc[i]` = K·(x^(i+1) - 1), so that
 /// the tweak of block index `I + 1` is the tweak of `I` XOR `inc[trailing ones of I]`.
 #[derive(Zeroize, ZeroizeOnDrop)]
-struct LrwTable {
+pub(crate) struct LrwTable {
     pow: [u128; 128],
     inc: [u128; 128],
 }
 
 impl LrwTable {
+    /// The table of tweak key `t`, on locked pages.
+    pub(crate) fn locked(t: &[u8; 16]) -> Result<LockedBox<LrwTable>> {
+        LockedBox::new_with(
+            LrwTable {
+                pow: [0; 128],
+                inc: [0; 128],
+            },
+            |tab| {
+                tab.fill(t);
+                Ok(())
+            },
+        )
+    }
+
     fn fill(&mut self, k: &[u8; 16]) {
         let mut p = u128::from_be_bytes(*k);
         let mut acc = 0u128;
@@ -108,12 +125,14 @@ pub struct SectorCipher {
     backend: Backend,
     iv_keys: IvKeys,
     engine: Engine,
+    /// What `description` prints when the spec alone does not say it (cascades).
+    name: Option<String>,
 }
 
 impl std::fmt::Debug for SectorCipher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SectorCipher")
-            .field("spec", &self.spec.to_string())
+            .field("spec", &self.description())
             .field("sector_size", &self.sector_size)
             .field("iv", &self.iv)
             .field("backend", &self.backend)
@@ -230,7 +249,41 @@ impl SectorCipher {
             backend,
             iv_keys,
             engine,
+            name: None,
         })
+    }
+
+    /// A TrueCrypt/VeraCrypt cascade (`aes-twofish-serpent` in XTS or LRW, as cryptsetup
+    /// maps it with one dm-crypt target per cipher): data is encrypted by `layers[0]`
+    /// first and reaches the disk from the last; every layer numbers sectors alike.
+    /// `name` is the chain as cryptsetup names it (`aes-twofish-serpent-xts-plain64`).
+    pub fn cascade(layers: Vec<SectorCipher>, name: &str) -> Result<Self> {
+        let first = layers
+            .first()
+            .ok_or_else(|| Error::UnsupportedCipher(name.into()))?;
+        if layers
+            .iter()
+            .any(|l| l.sector_size != first.sector_size || l.iv != first.iv)
+        {
+            return Err(Error::UnsupportedCipher(format!(
+                "{name}: layers with different sectors"
+            )));
+        }
+        Ok(SectorCipher {
+            spec: first.spec,
+            sector_size: first.sector_size,
+            iv: first.iv,
+            backend: first.backend,
+            iv_keys: IvKeys::None,
+            name: Some(name.to_string()),
+            engine: Engine::Cascade(layers),
+        })
+    }
+
+    /// The cipher as cryptsetup's `status` prints it: the spec, or the whole chain of a
+    /// cascade (`serpent-twofish-aes-xts-plain64`).
+    pub fn description(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.spec.to_string())
     }
 
     /// The engine of one key.
@@ -258,16 +311,7 @@ impl SectorCipher {
                 let t: &[u8; 16] = t.try_into().expect("16-byte LRW tweak key");
                 Engine::Lrw {
                     key: BlockKey::new(c, k)?,
-                    table: LockedBox::new_with(
-                        LrwTable {
-                            pow: [0; 128],
-                            inc: [0; 128],
-                        },
-                        |tab| {
-                            tab.fill(t);
-                            Ok::<_, Error>(())
-                        },
-                    )?,
+                    table: LrwTable::locked(t)?,
                 }
             }
         })
@@ -393,6 +437,19 @@ impl SectorCipher {
                 }
                 return Ok(());
             }
+            Engine::Cascade(layers) => {
+                if enc {
+                    layers
+                        .iter()
+                        .try_for_each(|l| l.process(sector, data, true))?;
+                } else {
+                    layers
+                        .iter()
+                        .rev()
+                        .try_for_each(|l| l.process(sector, data, false))?;
+                }
+                return Ok(());
+            }
             Engine::Multi(subs) => {
                 let mask = subs.len() as u64 - 1;
                 for (i, one) in data.chunks_mut(ss).enumerate() {
@@ -443,7 +500,7 @@ impl SectorCipher {
                     None => cbc_generic(key, ivs, batch, ss, enc),
                 },
                 Engine::Lrw { key, table } => lrw(key, table, ivs, batch, ss, enc),
-                Engine::Null | Engine::Ecb { .. } | Engine::Multi(_) => {
+                Engine::Null | Engine::Ecb { .. } | Engine::Multi(_) | Engine::Cascade(_) => {
                     unreachable!("handled above")
                 }
             }
@@ -459,7 +516,7 @@ impl SectorCipher {
         let Engine::Cbc { key, .. } = &self.engine else {
             unreachable!("tcw and lmk are CBC only (spec check)")
         };
-        let len = self.spec.iv_len();
+        let len = key.block_size();
         let mut iv = [[0u8; 16]];
         match &self.iv_keys {
             IvKeys::Tcw(t) => {
@@ -498,35 +555,32 @@ impl SectorCipher {
 /// XOR the sector number, each 32-bit word through CRC-32 (the kernel's `crc32`: seed 0, no
 /// inversion), folded to 8 bytes, XORed over every 8 bytes. Its own inverse.
 fn tcw_whiten(t: &TcwSecrets, n: u64, sector: &mut [u8]) {
+    let mut w = tcw_whitening(t, n);
+    for word in sector.chunks_exact_mut(8) {
+        xor_in(word, &w);
+    }
+    w.zeroize();
+}
+
+/// The 8 whitening bytes of IV sector `n` (see [`tcw_whiten`]).
+fn tcw_whitening(t: &TcwSecrets, n: u64) -> [u8; 8] {
     let nb = n.to_le_bytes();
     let mut buf = [0u8; 16];
     for (i, b) in buf.iter_mut().enumerate() {
         *b = t.whitening[i] ^ nb[i % 8];
     }
     for w in buf.chunks_exact_mut(4) {
-        let c = crc32_le_raw(0, w);
+        let c = crate::unit::crc32_update(0, w);
         w.copy_from_slice(&c.to_le_bytes());
     }
     for i in 0..4 {
         buf[i] ^= buf[12 + i];
         buf[4 + i] ^= buf[8 + i];
     }
-    for word in sector.chunks_exact_mut(8) {
-        xor_in(word, &buf[..8]);
-    }
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&buf[..8]);
     buf.zeroize();
-}
-
-/// CRC-32 (polynomial 0xEDB88320, reflected) without the usual inversions, as the kernel's
-/// `crc32_le` computes it.
-fn crc32_le_raw(mut crc: u32, data: &[u8]) -> u32 {
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ (0xedb8_8320 & 0u32.wrapping_sub(crc & 1));
-        }
-    }
-    crc
+    w
 }
 
 /// dm-crypt's `lmk` IV for IV sector `n` of the 512-byte plaintext `sector`: the MD5
@@ -600,7 +654,14 @@ pub(crate) fn xts_generic(
 
 /// LRW (the kernel's `lrw` template): block `j` of a sector whose IV, read as a big-endian
 /// integer, is `I` is whitened before and after the cipher with K·(I + j).
-fn lrw(key: &BlockKey, table: &LrwTable, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
+pub(crate) fn lrw(
+    key: &BlockKey,
+    table: &LrwTable,
+    ivs: &[[u8; 16]],
+    data: &mut [u8],
+    ss: usize,
+    enc: bool,
+) {
     let mut tweaks = [[0u8; 16]; XTS_CHUNK];
     for (iv, sector) in ivs.iter().zip(data.chunks_mut(ss)) {
         let mut i = u128::from_be_bytes(*iv);
@@ -631,7 +692,7 @@ fn cbc_generic(key: &BlockKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc
 
 /// CBC over sectors of `ss` bytes with blocks of `bs` bytes (16 or 8); each sector's IV is
 /// the first `bs` bytes of its entry in `ivs`.
-fn cbc_generic_n(
+pub(crate) fn cbc_generic_n(
     key: &BlockKey,
     bs: usize,
     ivs: &[[u8; 16]],

@@ -18,8 +18,11 @@ pub enum BlockCipherAlg {
     Camellia,
     /// Kuznyechik, GOST R 34.12-2015 (`kuznyechik`): 128-bit blocks, 256-bit keys.
     Kuznyechik,
-    /// Blowfish (`blowfish`): 64-bit blocks, 32 to 448-bit keys (TrueCrypt 1-5 volumes).
+    /// Blowfish (`blowfish`): 64-bit blocks, 32 to 448-bit keys.
     Blowfish,
+    /// Blowfish reading its 32-bit halves little-endian (`blowfish_le`, cryptsetup's name):
+    /// TrueCrypt 1-5 volumes. Not in the kernel, so dm-crypt cannot map it; cryptblk can.
+    BlowfishLe,
     /// CAST5 (`cast5`): 64-bit blocks, 40 to 128-bit keys (TrueCrypt 1-5 volumes).
     Cast5,
     /// Triple DES, encrypt-decrypt-encrypt (`des3_ede`): 64-bit blocks, 192-bit keys.
@@ -29,13 +32,14 @@ pub enum BlockCipherAlg {
 }
 
 /// Every block cipher with its kernel name.
-const CIPHERS: [(BlockCipherAlg, &str); 9] = [
+const CIPHERS: [(BlockCipherAlg, &str); 10] = [
     (BlockCipherAlg::Aes, "aes"),
     (BlockCipherAlg::Serpent, "serpent"),
     (BlockCipherAlg::Twofish, "twofish"),
     (BlockCipherAlg::Camellia, "camellia"),
     (BlockCipherAlg::Kuznyechik, "kuznyechik"),
     (BlockCipherAlg::Blowfish, "blowfish"),
+    (BlockCipherAlg::BlowfishLe, "blowfish_le"),
     (BlockCipherAlg::Cast5, "cast5"),
     (BlockCipherAlg::Des3Ede, "des3_ede"),
     (BlockCipherAlg::Null, "cipher_null"),
@@ -64,7 +68,10 @@ impl BlockCipherAlg {
     /// Block size in bytes: 16, or 8 for Blowfish, CAST5 and 3DES (1 for `cipher_null`).
     pub fn block_size(self) -> usize {
         match self {
-            BlockCipherAlg::Blowfish | BlockCipherAlg::Cast5 | BlockCipherAlg::Des3Ede => 8,
+            BlockCipherAlg::Blowfish
+            | BlockCipherAlg::BlowfishLe
+            | BlockCipherAlg::Cast5
+            | BlockCipherAlg::Des3Ede => 8,
             BlockCipherAlg::Null => 1,
             _ => 16,
         }
@@ -78,7 +85,7 @@ impl BlockCipherAlg {
             }
             BlockCipherAlg::Serpent => (16..=32).contains(&len),
             BlockCipherAlg::Kuznyechik => len == 32,
-            BlockCipherAlg::Blowfish => (4..=56).contains(&len),
+            BlockCipherAlg::Blowfish | BlockCipherAlg::BlowfishLe => (4..=56).contains(&len),
             BlockCipherAlg::Cast5 => (5..=16).contains(&len),
             BlockCipherAlg::Des3Ede => len == 24,
             BlockCipherAlg::Null => true,

@@ -1,4 +1,5 @@
-//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2 and plain mode.
+//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode and
+//! TrueCrypt/VeraCrypt (TCRYPT).
 //!
 //! Each format lives in its own module; all LUKS versions implement [`LuksHeader`], so the
 //! CLI and the data path never need to know which version they hold.
@@ -10,6 +11,7 @@ mod error;
 pub mod luks1;
 pub mod luks2;
 pub mod plain;
+pub mod tcrypt;
 
 pub use crash::{CrashDevice, Tear};
 pub use cryptblk_device::{MemStorage, Storage};

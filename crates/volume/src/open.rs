@@ -1,8 +1,10 @@
-//! Opening volumes: LUKS (unlock with a passphrase) or a raw key (plain mode, tests).
+//! Opening volumes: LUKS and TrueCrypt/VeraCrypt (unlock with a passphrase) or a raw key
+//! (plain mode, tests).
 
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
+use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_format::{LuksHeader, SegmentKey, load_header};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -203,4 +205,58 @@ pub fn open_plain_with(
     let data = open_data_file(device, params.read_only)?;
     let storage = io.storage(data, params.sector_size)?;
     volume_from_key(Box::new(storage), key, params)
+}
+
+/// An unlocked TrueCrypt/VeraCrypt volume with its decrypted header.
+pub struct UnlockedTcrypt {
+    /// The volume, ready for I/O.
+    pub volume: Volume,
+    /// The header that opened it (for `status` and `tcryptDump`).
+    pub header: TcryptHeader,
+    /// Where the data starts, in 512-byte sectors.
+    pub data_offset: u64,
+}
+
+/// Unlocks a TrueCrypt/VeraCrypt volume (`cryptsetup open --type tcrypt`): the header
+/// `tc` selects (outer, hidden, system, backup; from `opts.header` if given) opened with
+/// `passphrase` and `tc`'s keyfiles, the data mapped where cryptsetup maps it.
+pub fn open_tcrypt(
+    device: &Path,
+    opts: &OpenOptions,
+    tc: &TcryptOptions,
+    passphrase: &[u8],
+) -> Result<UnlockedTcrypt> {
+    let data = open_data_file(device, opts.read_only)?;
+    let data_size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
+    let header = match &opts.header {
+        Some(h) => {
+            let f = FileStorage::new(File::open(h)?)?;
+            let size = f.size()?;
+            TcryptHeader::open(&f, size, tc, passphrase)?
+        }
+        None => TcryptHeader::open(
+            &FileStorage::new(data.try_clone()?)?,
+            data_size,
+            tc,
+            passphrase,
+        )?,
+    };
+    let offset = header.data_offset(tc, data_size);
+    let cipher = header.sector_cipher(header.iv_offset(tc, data_size))?;
+    let params = VolumeParams {
+        cipher: *cipher.spec(),
+        sector_size: cipher.sector_size(),
+        iv: cipher.iv_options(),
+        data_offset: offset * 512,
+        data_length: Some(header.data_len(tc, data_size)),
+        read_only: opts.read_only,
+        allow_discards: opts.allow_discards,
+    };
+    let storage = opts.io.storage(data, params.sector_size)?;
+    let volume = Volume::new(Box::new(storage), cipher, &params)?;
+    Ok(UnlockedTcrypt {
+        volume,
+        header,
+        data_offset: offset,
+    })
 }

@@ -76,7 +76,7 @@ impl std::fmt::Debug for DataSegment {
             .field("start", &self.start)
             .field("len", &self.len)
             .field("storage_offset", &self.storage_offset)
-            .field("cipher", &self.cipher.spec().to_string())
+            .field("cipher", &self.cipher.description())
             .field("sector_size", &self.cipher.sector_size())
             .finish()
     }
@@ -128,7 +128,7 @@ impl CipherSummary {
     fn of(segments: &[DataSegment]) -> Mutex<CipherSummary> {
         let s = &segments[0];
         Mutex::new(CipherSummary {
-            spec: s.cipher.spec().to_string(),
+            spec: s.cipher.description(),
             sector_size: s.cipher.sector_size(),
             backend: s.cipher.backend().name(),
             data_offset: s.storage_offset,

@@ -157,11 +157,15 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             header: a.vol.header,
             key: a.vol.key,
             key_slot: a.vol.key_slot,
+            kind: Some(a.vol.kind),
+            tcrypt: a.vol.tcrypt,
+            cipher: a.vol.cipher,
+            hash: a.vol.hash,
         };
         return crate::commands::test_passphrase(ctx, t);
     }
     rundir::check_name(&a.name)?;
-    if a.daemon_child && a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
+    if a.daemon_child && a.vol.key.key_file().map(|p| p.as_path()) == Some(Path::new("-")) {
         // Our parent skipped --keyfile-offset of its stdin already (see spawn_daemon).
         a.vol.key.keyfile_offset = 0;
     }
@@ -225,7 +229,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             "{}: {} {} served at {}",
             a.name,
             served.info.kind,
-            vol.with_cipher(|c| c.spec().to_string()),
+            vol.with_cipher(|c| c.description()),
             started.summary
         );
     }
@@ -441,14 +445,14 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     let log = rundir::create_private_file(&log_path)?;
     // The passphrase is read here (terminal or stdin) and handed over a pipe, never argv.
     let needs_pass =
-        a.vol.key.key_file.is_none() && !a.device.to_string_lossy().starts_with("mem:");
+        a.vol.key.key_file().is_none() && !a.device.to_string_lossy().starts_with("mem:");
     let pass = if needs_pass {
         Some(crate::passphrase::get_passphrase(
             &a.vol.key.source(),
             &format!("Enter passphrase for {}: ", a.device.display()),
             false,
         )?)
-    } else if a.vol.key.key_file.as_deref() == Some(Path::new("-")) {
+    } else if a.vol.key.key_file().map(|p| p.as_path()) == Some(Path::new("-")) {
         // The key file is our stdin: skip --keyfile-offset here and hand the rest over
         // (the child, told by --daemon-child, reads it from offset 0). One byte more than
         // the child accepts, so that it still sees a key file that is too large.

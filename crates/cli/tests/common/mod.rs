@@ -214,3 +214,17 @@ pub fn dumped_volume_key(dump: &str) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A folder of cryptsetup's own test images (`luks1-images`, `tcrypt-images`, ...), which
+/// scripts/fetch-cryptsetup-images.sh takes from Debian's cryptsetup source package; fails
+/// (never skips) saying so when they are missing.
+pub fn cryptsetup_images(set: &str) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cryptsetup-tests");
+    let dir = root.join(set);
+    assert!(
+        dir.is_dir(),
+        "{} missing: run scripts/fetch-cryptsetup-images.sh (scripts/setup.sh does)",
+        dir.display()
+    );
+    dir
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Fetches cryptsetup's own test images (tests/*-images.tar.xz of its source: LUKS1 with
+# every cipher, TrueCrypt/VeraCrypt, BitLocker, FileVault2, with their passphrases and
+# expected contents) from the distribution's source package, the one matching the
+# installed cryptsetup, into target/cryptsetup-tests/ (not committed: they are
+# cryptsetup's). Idempotent; the tests that use them fail, saying to run this, without.
+#
+# The system's apt sources are never changed: the deb-src entries live in a private apt
+# state directory made from the system's own deb entries (apt-get indextargets).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=target/cryptsetup-tests
+STAMP=$DEST/.complete
+[ -f "$STAMP" ] && exit 0
+have() { command -v "$1" >/dev/null 2>&1; }
+have apt-get || { echo "fetch-cryptsetup-images: needs apt-get (Debian/Ubuntu)" >&2; exit 1; }
+have xz || { echo "fetch-cryptsetup-images: needs xz" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/src"
+# deb-src lines for every repository the system takes binaries from, with its keyring.
+apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT) $(TARGET_OF)' |
+  awk '$4 == "deb" {print $1, $2, $3}' | sort -u |
+  while read -r uri suite comp; do
+    echo "deb-src $uri $suite $comp"
+  done > "$work/sources.list"
+[ -s "$work/sources.list" ] || { echo "fetch-cryptsetup-images: no apt repositories found" >&2; exit 1; }
+APT=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=$work/none"
+  -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root"
+  -o "Debug::NoLocking=1" -qq)
+apt-get "${APT[@]}" update >&2
+version=$(dpkg-query -W -f='${Version}' cryptsetup-bin 2>/dev/null || true)
+pkg=cryptsetup
+[ -n "$version" ] && pkg="cryptsetup=$version"
+(cd "$work/src" && apt-get "${APT[@]}" source --download-only "$pkg" >&2 ||
+  apt-get "${APT[@]}" source --download-only cryptsetup >&2)
+orig=$(ls "$work"/src/cryptsetup_*.orig.tar.* | head -n1)
+mkdir -p "$DEST"
+tar -xf "$orig" -C "$work/src" --wildcards '*/tests/*-images.tar.xz' '*/tests/conversion_imgs.tar.xz'
+for t in "$work"/src/*/tests/*.tar.xz; do
+  tar -xJf "$t" -C "$DEST" --no-same-owner
+done
+chmod -R u+rwX,go-w "$DEST"
+basename "$orig" > "$STAMP"
+echo "fetch-cryptsetup-images: $(cat "$STAMP") -> $DEST ($(ls "$DEST" | tr '\n' ' '))" >&2
