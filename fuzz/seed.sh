@@ -12,7 +12,7 @@ if ! [ -x "$CRYPTSETUP" ]; then
     exit 1
 fi
 rm -rf "$out"
-mkdir -p "$out"/{luks1_header,luks2_header,luks2_json,cipher_spec,nbd_session}
+mkdir -p "$out"/{luks1_header,luks2_header,luks2_json,cipher_spec,nbd_session,tcrypt_header}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf fuzz > "$tmp/key"
@@ -134,6 +134,23 @@ req() { # flags(16) type(16) offset len [payload bytes]
     opt 2 ''
 } > "$out/nbd_session/abort"
 
+# TCRYPT: plaintext headers made valid by the flag byte (magic, both CRCs): version 5,
+# sizes and offsets as VeraCrypt writes them, and a zero one.
+python3 - "$out/tcrypt_header" <<'PY'
+import struct, sys
+d = sys.argv[1]
+def hdr(version, vol, off):
+    h = bytearray(448)
+    h[0:4] = b"TRUE"
+    struct.pack_into(">HH", h, 4, version, 0x0700)
+    struct.pack_into(">QQQQ", h, 28, 0, vol, off, vol)
+    struct.pack_into(">II", h, 60, 0, 512)
+    return bytes(h)
+for name, flags, size, body in [("v5", 7, 1 << 19, hdr(5, 1 << 18, 131072)),
+                                ("v2", 7, 1 << 16, hdr(2, 0, 0)),
+                                ("zero", 0, 4096, bytes(448))]:
+    open(f"{d}/{name}", "wb").write(bytes([flags]) + struct.pack("<I", size) + body)
+PY
 for d in "$out"/*; do
     echo "seed.sh: $(basename "$d"): $(ls "$d" | wc -l) seeds, $(du -sk "$d" | cut -f1) KiB"
 done

@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         let printed = c.to_string();
         assert_eq!(CipherSpec::parse(&printed).ok(), Some(c), "{printed}");
         assert_eq!(
-            CipherSpec::from_parts(c.cipher_name(), &c.cipher_mode()).ok(),
+            CipherSpec::from_parts(&c.cipher_name(), &c.cipher_mode()).ok(),
             Some(c)
         );
         let _ = (c.valid_key_len(key_len), c.default_key_len(), c.iv_len());

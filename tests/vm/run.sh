@@ -13,6 +13,14 @@ BIN=$PWD/target/release/cryptblk
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
 cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh "$BIN" "$xfer/"
+# A few of cryptsetup's TrueCrypt/VeraCrypt images (scripts/fetch-cryptsetup-images.sh),
+# for both-way interop with the kernel's TCRYPT mapping.
+tc=target/cryptsetup-tests/tcrypt-images
+if [ -d "$tc" ]; then
+  mkdir "$xfer/tcrypt"
+  cp "$tc"/vc_1-sha512-xts-aes-twofish-serpent "$tc"/vc_1-sha512-xts-camellia "$tc"/tc_2-ripemd160-lrw-aes \
+    "$tc"/tc_1-sha1-cbc-cast5 "$tc"/tc_5-sha512-xts-aes-hidden "$xfer/tcrypt/"
+fi
 # Which suites to run: all by default; e.g. CRYPTBLK_VM_TESTS=ublk for the ublk ones only.
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
 rc=0

@@ -602,7 +602,7 @@ pub(crate) fn tcrypt_args(
 pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     if a.kind.as_deref() == Some("tcrypt") {
         let v = tcrypt_args(&a.header, &a.key, &a.tcrypt, &a.cipher, &a.hash);
-        crate::unlock::unlock_tcrypt(&a.device, &v)?;
+        crate::unlock::tcrypt_header(&a.device, &v)?;
         return Ok(());
     }
     check_luks_kind(a.kind.as_deref())?;

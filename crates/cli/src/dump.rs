@@ -69,12 +69,12 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
         )?;
     }
     let v = crate::commands::tcrypt_args(&a.header, &a.key, &a.tcrypt, &a.cipher, &a.hash);
-    let u = crate::unlock::unlock_tcrypt(&a.device, &v)?;
+    let (header, data_offset) = crate::unlock::tcrypt_header(&a.device, &v)?;
     let shown = a.device.display().to_string();
     if a.dump_volume_key {
-        print!("{}", u.header.dump_volume_key(&shown, u.data_offset));
+        print!("{}", header.dump_volume_key(&shown, data_offset));
     } else {
-        print!("{}", u.header.dump(&shown));
+        print!("{}", header.dump(&shown));
     }
     Ok(())
 }

@@ -6,8 +6,9 @@ use crate::passphrase::{get_passphrase, get_tcrypt_passphrase, read_key_file};
 use crate::{HeaderArgs, KeyArgs};
 use clap::Args;
 use cryptblk_crypto::CipherSpec;
+use cryptblk_crypto::SecretBytes;
 use cryptblk_format::plain::PlainParams;
-use cryptblk_format::tcrypt::TcryptOptions;
+use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_volume::{
     OpenOptions, UnlockedTcrypt, Volume, VolumeParams, open_plain_with, open_tcrypt, unlock_luks,
 };
@@ -151,14 +152,45 @@ fn trim_keyfile(k: cryptblk_crypto::SecretBytes) -> cryptblk_crypto::SecretBytes
     }
 }
 
-/// Unlocks a TrueCrypt/VeraCrypt volume: keyfiles from `--key-file`, the passphrase from
-/// a line of standard input or the terminal (empty allowed with keyfiles).
-pub fn unlock_tcrypt(device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
+fn tcrypt_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
+    match e {
+        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => CliError::new(
+            EXIT_PERMISSION,
+            "No device header detected with this passphrase.",
+        ),
+        e => volume_error(device, e),
+    }
+}
+
+/// The TCRYPT options and the passphrase (a line of standard input or the terminal;
+/// empty allowed with keyfiles).
+fn tcrypt_secrets(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptOptions, SecretBytes)> {
     let tc = a.tcrypt_options()?;
     let pass = get_tcrypt_passphrase(
         &format!("Enter passphrase for {}: ", device.display()),
         !tc.keyfiles.is_empty(),
     )?;
+    Ok((tc, pass))
+}
+
+/// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in
+/// 512-byte sectors (`test-passphrase`, `dump`).
+pub fn tcrypt_header(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
+    let (tc, pass) = tcrypt_secrets(device, a)?;
+    let data =
+        cryptblk_volume::open_data_file(device, true).map_err(|e| volume_error(device, e))?;
+    let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))
+        .map_err(|e| io_err(device, e))?;
+    let h = cryptblk_volume::tcrypt_header(&data, a.header.header.as_deref(), &tc, &pass)
+        .map_err(|e| tcrypt_error(device, e))?;
+    let offset = h.data_offset(&tc, size);
+    Ok((h, offset))
+}
+
+/// Unlocks a TrueCrypt/VeraCrypt volume: keyfiles from `--key-file`, the passphrase from
+/// a line of standard input or the terminal (empty allowed with keyfiles).
+pub fn unlock_tcrypt(device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
+    let (tc, pass) = tcrypt_secrets(device, a)?;
     let opts = OpenOptions {
         header: a.header.header.clone(),
         read_only: a.read_only,
@@ -166,13 +198,7 @@ pub fn unlock_tcrypt(device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt>
         key_slot: None,
         io: a.file_io(),
     };
-    open_tcrypt(device, &opts, &tc, &pass).map_err(|e| match e {
-        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => CliError::new(
-            EXIT_PERMISSION,
-            "No device header detected with this passphrase.",
-        ),
-        e => volume_error(device, e),
-    })
+    open_tcrypt(device, &opts, &tc, &pass).map_err(|e| tcrypt_error(device, e))
 }
 
 /// What `status` reports about how the volume was opened.

@@ -16,7 +16,7 @@ use crate::{Error, Result};
 pub(crate) enum BlockKey {
     Aes(AesKey),
     Serpent(LockedBox<serpent::Serpent>),
-    Twofish(LockedBox<twofish::Twofish>),
+    Twofish(LockedBox<crate::twofish::Twofish>),
     Camellia128(LockedBox<camellia::Camellia128>),
     Camellia192(LockedBox<camellia::Camellia192>),
     Camellia256(LockedBox<camellia::Camellia256>),
@@ -58,9 +58,10 @@ fn dec8<C: BlockCipherDecrypt<BlockSize = U8>>(c: &C, data: &mut [u8]) {
 macro_rules! dispatch {
     ($key:expr, $data:expr, $f16:ident, $f8:ident) => {
         match $key {
-            BlockKey::Aes(_) | BlockKey::Chain(_) => unreachable!("dispatched by the caller"),
+            BlockKey::Aes(_) | BlockKey::Twofish(_) | BlockKey::Chain(_) => {
+                unreachable!("dispatched by the caller")
+            }
             BlockKey::Serpent(c) => $f16(&**c, $data),
-            BlockKey::Twofish(c) => $f16(&**c, $data),
             BlockKey::Camellia128(c) => $f16(&**c, $data),
             BlockKey::Camellia192(c) => $f16(&**c, $data),
             BlockKey::Camellia256(c) => $f16(&**c, $data),
@@ -87,7 +88,11 @@ impl BlockKey {
             BlockCipherAlg::Aes => return AesKey::new(key).map(BlockKey::Aes),
             BlockCipherAlg::Null => return Err(bad()),
             BlockCipherAlg::Serpent => locked(key).map(BlockKey::Serpent),
-            BlockCipherAlg::Twofish => locked(key).map(BlockKey::Twofish),
+            BlockCipherAlg::Twofish => LockedBox::new_with(crate::twofish::Twofish::blank(), |t| {
+                t.set_key(key);
+                Ok::<_, ()>(())
+            })
+            .map(BlockKey::Twofish),
             BlockCipherAlg::Camellia => match key.len() {
                 16 => locked(key).map(BlockKey::Camellia128),
                 24 => locked(key).map(BlockKey::Camellia192),
@@ -118,6 +123,7 @@ impl BlockKey {
     pub(crate) fn encrypt_blocks(&self, data: &mut [u8]) {
         match self {
             BlockKey::Aes(k) => return k.encrypt_blocks(data),
+            BlockKey::Twofish(k) => return k.encrypt_blocks(data),
             BlockKey::Chain(c) => return c.iter().for_each(|k| k.encrypt_blocks(data)),
             _ => {}
         }
@@ -128,6 +134,7 @@ impl BlockKey {
     pub(crate) fn decrypt_blocks(&self, data: &mut [u8]) {
         match self {
             BlockKey::Aes(k) => return k.decrypt_blocks(data),
+            BlockKey::Twofish(k) => return k.decrypt_blocks(data),
             BlockKey::Chain(c) => return c.iter().rev().for_each(|k| k.decrypt_blocks(data)),
             _ => {}
         }

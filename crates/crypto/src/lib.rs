@@ -16,6 +16,7 @@ mod secret;
 mod sector;
 mod spec;
 pub mod testing;
+mod twofish;
 mod unit;
 #[allow(unsafe_code)] // CPU intrinsics
 mod x86;

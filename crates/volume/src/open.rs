@@ -217,6 +217,22 @@ pub struct UnlockedTcrypt {
     pub data_offset: u64,
 }
 
+/// Decrypts the TrueCrypt/VeraCrypt header of `data` (or of the header file `header`)
+/// without mapping anything (`test-passphrase`, `tcryptDump`).
+pub fn tcrypt_header(
+    data: &File,
+    header: Option<&Path>,
+    tc: &TcryptOptions,
+    passphrase: &[u8],
+) -> Result<TcryptHeader> {
+    let dev = match header {
+        Some(h) => FileStorage::new(File::open(h)?)?,
+        None => FileStorage::new(data.try_clone()?)?,
+    };
+    let size = dev.size()?;
+    Ok(TcryptHeader::open(&dev, size, tc, passphrase)?)
+}
+
 /// Unlocks a TrueCrypt/VeraCrypt volume (`cryptsetup open --type tcrypt`): the header
 /// `tc` selects (outer, hidden, system, backup; from `opts.header` if given) opened with
 /// `passphrase` and `tc`'s keyfiles, the data mapped where cryptsetup maps it.

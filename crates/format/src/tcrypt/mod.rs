@@ -952,18 +952,19 @@ impl TcryptHeader {
         let (mode, iv_mode) = match self.chain.mode {
             Xts => (ChainMode::Xts, IvMode::Plain64),
             Lrw => (ChainMode::Lrw, IvMode::Benbi),
-            CbcTcw => (ChainMode::Cbc, IvMode::Tcw),
-            // TrueCrypt 3-4's CBC cascades: each block through every cipher (inner CBC)
-            // or each cipher over the sector (outer CBC). cryptsetup cannot map them
-            // either, and no image with data exists to check an implementation against
-            // (cryptsetup's test images keep only their headers), so they are refused
-            // rather than guessed; their headers open (dump, test-passphrase).
-            CbcInner | CbcOuter => {
+            // TrueCrypt's modes dm-crypt has no target for (cryptsetup's `-tcrypt` modes:
+            // CBC cascades, inner or outer, and little-endian Blowfish). cryptsetup cannot
+            // map them either, and its test images keep only their headers, so there is
+            // no data to check an implementation against: refused rather than guessed.
+            // Their headers open (dump, test-passphrase).
+            _ if self.chain.mode_name.ends_with("-tcrypt") => {
                 return Err(Error::InvalidOption(format!(
-                    "TrueCrypt legacy mode {name} cannot be mapped (nor can cryptsetup map it); \
-                     copy the data out with TrueCrypt 7.1a"
+                    "TrueCrypt legacy mode {name} cannot be mapped (nor can cryptsetup map \
+                     it); copy the data out with TrueCrypt 7.1a"
                 )));
             }
+            CbcTcw => (ChainMode::Cbc, IvMode::Tcw),
+            CbcInner | CbcOuter => unreachable!("-tcrypt modes, refused above"),
         };
         let mut layers = Vec::with_capacity(self.chain.ciphers.len());
         for cc in self.chain.ciphers {
