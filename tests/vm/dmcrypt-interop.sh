@@ -87,6 +87,26 @@ plain "aes-cbc-lmk" --cipher aes-cbc-lmk --key-size 256 --key-file raw.key
 plain "aes-cbc-eboiv 4096" --cipher aes-cbc-eboiv --key-size 256 --sector-size 4096 --iv-large-sectors --key-file raw.key
 plain "cast5-cbc-plain64" --cipher cast5-cbc-plain64 --key-size 128 --key-file raw.key
 plain "des3_ede-cbc-plain" --cipher des3_ede-cbc-plain --key-size 192 --key-file raw.key
+# loop-AES: key files of 1, 64 (v2) and 65 (v3) keys, cryptsetup's loopaesOpen beside.
+loopaes() { # name, cryptsetup/cryptblk options...
+  local name=$1; shift
+  rm -f img; truncate -s 16M img; head -c $SZ /dev/urandom > a.bin
+  "$CB" import --type loopaes "$@" img a.bin
+  local L; L=$(losetup -f --show img)
+  cryptsetup open --type loopaes "$@" "$L" t
+  check "loop-AES $name: cryptblk writes, dm-crypt reads" cmp -n $SZ /dev/mapper/t a.bin
+  head -c $SZ /dev/urandom > b.bin
+  dd if=b.bin of=/dev/mapper/t bs=1M oflag=direct conv=fsync status=none
+  cryptsetup close t; losetup -d "$L"
+  "$CB" export --type loopaes "$@" --length $SZ img out.bin
+  check "loop-AES $name: dm-crypt writes, cryptblk reads" cmp out.bin b.bin
+}
+for n in 1 64 65; do head -c 4000 /dev/urandom | base64 -w 32 | head -n $n > lk$n; done
+loopaes "1 key" --key-file lk1
+loopaes "64 keys (v2), 256-bit" --key-file lk64 --key-size 256
+loopaes "65 keys (v3), offset" --key-file lk65 --offset 16
+loopaes "65 keys, 192-bit, sha256, skip" --key-file lk65 --key-size 192 --hash sha256 --skip 3
+loopaes "64 keys, serpent" --key-file lk64 --cipher serpent
 # TrueCrypt/VeraCrypt (cryptsetup's images): cryptblk writes, the kernel's TCRYPT mapping
 # (cryptsetup tcryptOpen) reads, and the reverse; tcryptDump's text from both tools.
 tcrypt() { # image, hash, password, extra options...

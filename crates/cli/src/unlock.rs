@@ -21,7 +21,7 @@ pub struct VolumeArgs {
     pub header: HeaderArgs,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// luks (LUKS1 or LUKS2, detected), plain, or tcrypt (TrueCrypt/VeraCrypt).
+    /// luks (LUKS1 or LUKS2, detected), plain, loopaes, or tcrypt (TrueCrypt/VeraCrypt).
     #[arg(long = "type", default_value = "luks")]
     pub kind: String,
     #[command(flatten)]
@@ -313,6 +313,52 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     })
 }
 
+/// A loop-AES volume (`cryptsetup open --type loopaes`): keys from the key file
+/// (required), `--key-size` 128 by default, `--cipher` aes, `--offset`/`--skip` in
+/// 512-byte sectors (the IV offset follows the offset unless `--skip` says otherwise).
+fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    let Some(f) = a.key.key_file() else {
+        return Err(CliError::usage("Option --key-file is required."));
+    };
+    let file = read_key_file(f, a.key.keyfile_offset, a.key.keyfile_size)?;
+    let cipher = match &a.cipher {
+        Some(c) => cryptblk_crypto::BlockCipherAlg::from_name(c)?,
+        None => cryptblk_crypto::BlockCipherAlg::Aes,
+    };
+    let hash = a
+        .hash
+        .as_deref()
+        .map(cryptblk_crypto::HashAlg::from_name)
+        .transpose()?;
+    let key_len = a.key_size.unwrap_or(128) / 8;
+    let k = cryptblk_format::loopaes::parse_keyfile(&file, cipher, key_len, hash)?;
+    let offset = a.offset.unwrap_or(0);
+    let params = VolumeParams {
+        cipher: k.cipher,
+        sector_size: 512,
+        iv: cryptblk_crypto::IvOptions {
+            large_sectors: false,
+            offset: a.skip.unwrap_or(offset),
+        },
+        data_offset: offset * 512,
+        data_length: a.size.map(|s| s * 512),
+        read_only: a.read_only,
+        allow_discards: a.allow_discards,
+    };
+    let volume = open_plain_with(device, &k.key, &params, a.file_io())
+        .map_err(|e| volume_error(device, e))?;
+    Ok(OpenedVolume {
+        volume,
+        info: VolumeInfo {
+            kind: "LOOPAES".into(),
+            key_bits: key_len * 8,
+            keyslot: None,
+            uuid: None,
+        },
+        header_file: None,
+    })
+}
+
 /// Unlocks `device` as the options say.
 pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     if let Some(size) = parse_mem(device) {
@@ -383,6 +429,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 header_file: None,
             })
         }
+        "loopaes" => open_loopaes(device, a),
         "tcrypt" => {
             let u = unlock_tcrypt(device, a)?;
             Ok(OpenedVolume {
@@ -402,7 +449,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             })
         }
         other => Err(CliError::usage(format!(
-            "unsupported --type {other} (luks, plain, tcrypt)"
+            "unsupported --type {other} (luks, plain, loopaes, tcrypt)"
         ))),
     }
 }

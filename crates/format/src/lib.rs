@@ -1,4 +1,4 @@
-//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode and
+//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode, loop-AES and
 //! TrueCrypt/VeraCrypt (TCRYPT).
 //!
 //! Each format lives in its own module; all LUKS versions implement [`LuksHeader`], so the
@@ -9,6 +9,7 @@
 pub mod crash;
 mod error;
 pub mod luks1;
+pub mod loopaes;
 pub mod luks2;
 pub mod plain;
 pub mod tcrypt;
