@@ -88,18 +88,8 @@ pub struct DumpArgs {
     pub dump_json_metadata: bool,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// luks (detected) or tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
-    /// --test-passphrase --type tcrypt).
-    #[arg(long = "type")]
-    pub kind: Option<String>,
     #[command(flatten)]
-    pub tcrypt: crate::unlock::TcryptArgs,
-    /// TCRYPT: only cipher chains whose name contains this.
-    #[arg(short = 'c', long)]
-    pub cipher: Option<String>,
-    /// TCRYPT: only this PBKDF2 hash.
-    #[arg(short = 'h', long)]
-    pub hash: Option<String>,
+    pub select: TypeSelect,
 }
 
 #[derive(Args, Debug)]
@@ -171,18 +161,8 @@ pub struct TestArgs {
     /// Only try this keyslot.
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
-    /// luks (detected) or tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
-    /// --test-passphrase --type tcrypt).
-    #[arg(long = "type")]
-    pub kind: Option<String>,
     #[command(flatten)]
-    pub tcrypt: crate::unlock::TcryptArgs,
-    /// TCRYPT: only cipher chains whose name contains this.
-    #[arg(short = 'c', long)]
-    pub cipher: Option<String>,
-    /// TCRYPT: only this PBKDF2 hash.
-    #[arg(short = 'h', long)]
-    pub hash: Option<String>,
+    pub select: TypeSelect,
 }
 
 #[derive(Args, Debug)]
@@ -208,16 +188,6 @@ impl KeyArgs {
             keyfile_size: self.keyfile_size,
             keyfile_offset: self.keyfile_offset,
         }
-    }
-}
-
-/// `--type` for LUKS-only paths: luks, luks1, luks2 or none.
-pub(crate) fn check_luks_kind(kind: Option<&str>) -> CliResult<()> {
-    match kind {
-        None | Some("luks" | "luks1" | "luks2") => Ok(()),
-        Some(k) => Err(CliError::usage(format!(
-            "unsupported --type {k} here (luks, tcrypt)"
-        ))),
     }
 }
 
@@ -579,33 +549,59 @@ pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// The volume arguments of a TCRYPT `test-passphrase`/`dump`: read-only, the filters.
-pub(crate) fn tcrypt_args(
-    header: &HeaderArgs,
-    key: &KeyArgs,
-    tcrypt: &crate::unlock::TcryptArgs,
-    cipher: &Option<String>,
-    hash: &Option<String>,
-) -> crate::unlock::VolumeArgs {
-    crate::unlock::VolumeArgs {
-        header: header.clone(),
-        key: key.clone(),
-        kind: "tcrypt".into(),
-        tcrypt: tcrypt.clone(),
-        cipher: cipher.clone(),
-        hash: hash.clone(),
-        read_only: true,
-        ..Default::default()
+/// `--type` and the TCRYPT search options of `test-passphrase` and `dump`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TypeSelect {
+    /// luks (detected) or tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
+    /// --test-passphrase --type tcrypt).
+    #[arg(long = "type")]
+    pub kind: Option<String>,
+    #[command(flatten)]
+    pub tcrypt: crate::unlock::TcryptArgs,
+    /// TCRYPT: only cipher chains whose name contains this.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// TCRYPT: only this PBKDF2 hash.
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
+}
+
+impl TypeSelect {
+    /// Whether `--type tcrypt` was given; any other type but LUKS is refused.
+    pub(crate) fn is_tcrypt(&self) -> CliResult<bool> {
+        match self.kind.as_deref() {
+            Some("tcrypt") => Ok(true),
+            None | Some("luks" | "luks1" | "luks2") => Ok(false),
+            Some(k) => Err(CliError::usage(format!(
+                "unsupported --type {k} here (luks, tcrypt)"
+            ))),
+        }
+    }
+
+    /// The volume arguments of a TCRYPT `test-passphrase`/`dump`: read-only, the filters.
+    pub(crate) fn tcrypt_args(
+        &self,
+        header: &HeaderArgs,
+        key: &KeyArgs,
+    ) -> crate::unlock::VolumeArgs {
+        crate::unlock::VolumeArgs {
+            header: header.clone(),
+            key: key.clone(),
+            kind: "tcrypt".into(),
+            tcrypt: self.tcrypt.clone(),
+            cipher: self.cipher.clone(),
+            hash: self.hash.clone(),
+            read_only: true,
+            ..Default::default()
+        }
     }
 }
 
 pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
-    if a.kind.as_deref() == Some("tcrypt") {
-        let v = tcrypt_args(&a.header, &a.key, &a.tcrypt, &a.cipher, &a.hash);
-        crate::unlock::tcrypt_header(&a.device, &v)?;
+    if a.select.is_tcrypt()? {
+        crate::unlock::tcrypt_header(&a.device, &a.select.tcrypt_args(&a.header, &a.key))?;
         return Ok(());
     }
-    check_luks_kind(a.kind.as_deref())?;
     let mut dev = open_header(&a.device, &a.header, false)?;
     let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (slot, _vk) = unlock(

@@ -68,7 +68,7 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
              This dump should be always stored encrypted on safe place.",
         )?;
     }
-    let v = crate::commands::tcrypt_args(&a.header, &a.key, &a.tcrypt, &a.cipher, &a.hash);
+    let v = a.select.tcrypt_args(&a.header, &a.key);
     let (header, data_offset) = crate::unlock::tcrypt_header(&a.device, &v)?;
     let shown = a.device.display().to_string();
     if a.dump_volume_key {
@@ -80,10 +80,9 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
 }
 
 pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
-    if a.kind.as_deref() == Some("tcrypt") {
+    if a.select.is_tcrypt()? {
         return dump_tcrypt(ctx, &a);
     }
-    crate::commands::check_luks_kind(a.kind.as_deref())?;
     let path = a
         .header
         .header

@@ -314,8 +314,9 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
 }
 
 /// A loop-AES volume (`cryptsetup open --type loopaes`): keys from the key file
-/// (required), `--key-size` 128 by default, `--cipher` aes, `--offset`/`--skip` in
-/// 512-byte sectors (the IV offset follows the offset unless `--skip` says otherwise).
+/// (required), `--key-size` 256 by default (cryptsetup's compiled-in default), `--cipher`
+/// aes, `--offset`/`--skip` in 512-byte sectors (the IV offset follows the offset unless
+/// `--skip` says otherwise).
 fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     let Some(f) = a.key.key_file() else {
         return Err(CliError::usage("Option --key-file is required."));
@@ -330,7 +331,7 @@ fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         .as_deref()
         .map(cryptblk_crypto::HashAlg::from_name)
         .transpose()?;
-    let key_len = a.key_size.unwrap_or(128) / 8;
+    let key_len = a.key_size.unwrap_or(256) / 8;
     let k = cryptblk_format::loopaes::parse_keyfile(&file, cipher, key_len, hash)?;
     let offset = a.offset.unwrap_or(0);
     let params = VolumeParams {

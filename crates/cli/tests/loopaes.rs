@@ -32,28 +32,56 @@ fn key_files_of_1_64_and_65_keys_round_trip() {
         (1usize, vec![]),
         (64, vec!["--key-size", "256"]),
         (65, vec!["--offset", "8"]),
-        (65, vec!["--key-size", "192", "--hash", "sha256", "--skip", "3"]),
+        (
+            65,
+            vec!["--key-size", "192", "--hash", "sha256", "--skip", "3"],
+        ),
         (64, vec!["--cipher", "twofish"]),
     ] {
         let kf = p(&format!("k{n}"));
         std::fs::write(&kf, key_file(n, 1)).unwrap();
         let img = p("img");
-        std::fs::File::create(&img).unwrap().set_len(1 << 20).unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
         let mut a = vec!["import", "--type", "loopaes", "--key-file", &kf];
         a.extend(&extra);
         a.extend([img.as_str(), &data_f]);
         ok(&run_in(bin(), &a, b""));
         let raw = std::fs::read(&img).unwrap();
-        assert!(!raw.windows(64).any(|w| w == &data[512..576]), "{n} {extra:?}: plaintext");
-        let mut a = vec!["export", "--type", "loopaes", "--key-file", &kf, "--length", "262144"];
+        assert!(
+            !raw.windows(64).any(|w| w == &data[512..576]),
+            "{n} {extra:?}: plaintext"
+        );
+        let mut a = vec![
+            "export",
+            "--type",
+            "loopaes",
+            "--key-file",
+            &kf,
+            "--length",
+            "262144",
+        ];
         a.extend(&extra);
         a.extend([img.as_str(), &back_f]);
         ok(&run_in(bin(), &a, b""));
-        assert!(std::fs::read(p("back")).unwrap() == data, "{n} {extra:?}: read back");
+        assert!(
+            std::fs::read(p("back")).unwrap() == data,
+            "{n} {extra:?}: read back"
+        );
         // Another key file reads something else: the keys matter.
         let other = p("other");
         std::fs::write(&other, key_file(n, 2)).unwrap();
-        let mut a = vec!["export", "--type", "loopaes", "--key-file", &other, "--length", "4096"];
+        let mut a = vec![
+            "export",
+            "--type",
+            "loopaes",
+            "--key-file",
+            &other,
+            "--length",
+            "4096",
+        ];
         a.extend(&extra);
         a.extend([img.as_str(), &wrong_f]);
         ok(&run_in(bin(), &a, b""));
@@ -72,7 +100,10 @@ fn key_files_of_1_64_and_65_keys_round_trip() {
 fn bad_key_files_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("img");
-    std::fs::File::create(&img).unwrap().set_len(1 << 20).unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
     let img = img.to_str().unwrap();
     let out = run_in(bin(), &["export", "--type", "loopaes", img, "-"], b"");
     assert_eq!(out.status.code(), Some(1), "no key file: {out:?}");
@@ -88,11 +119,22 @@ fn bad_key_files_are_refused() {
         std::fs::write(&kf, &content).unwrap();
         let out = run_in(
             bin(),
-            &["export", "--type", "loopaes", "--key-file", kf.to_str().unwrap(), img, "-"],
+            &[
+                "export",
+                "--type",
+                "loopaes",
+                "--key-file",
+                kf.to_str().unwrap(),
+                img,
+                "-",
+            ],
             b"",
         );
         assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("loop-AES") || err.contains("gpg"), "{what}: {err}");
+        assert!(
+            err.contains("loop-AES") || err.contains("gpg"),
+            "{what}: {err}"
+        );
     }
 }

@@ -8,8 +8,8 @@
 
 pub mod crash;
 mod error;
-pub mod luks1;
 pub mod loopaes;
+pub mod luks1;
 pub mod luks2;
 pub mod plain;
 pub mod tcrypt;

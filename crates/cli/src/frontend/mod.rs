@@ -157,10 +157,12 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             header: a.vol.header,
             key: a.vol.key,
             key_slot: a.vol.key_slot,
-            kind: Some(a.vol.kind),
-            tcrypt: a.vol.tcrypt,
-            cipher: a.vol.cipher,
-            hash: a.vol.hash,
+            select: crate::commands::TypeSelect {
+                kind: Some(a.vol.kind),
+                tcrypt: a.vol.tcrypt,
+                cipher: a.vol.cipher,
+                hash: a.vol.hash,
+            },
         };
         return crate::commands::test_passphrase(ctx, t);
     }

@@ -55,10 +55,7 @@ pub fn parse_keyfile(
     if !file.last().is_some_and(is_eol) {
         return Err(incompatible());
     }
-    let lines: Vec<&[u8]> = file
-        .split(is_eol)
-        .filter(|l| !l.is_empty())
-        .collect();
+    let lines: Vec<&[u8]> = file.split(is_eol).filter(|l| !l.is_empty()).collect();
     let len = lines.first().map_or(0, |l| l.len());
     if !KEY_COUNTS.contains(&lines.len()) || lines.iter().any(|l| l.len() != len) {
         return Err(incompatible());
@@ -146,11 +143,25 @@ mod tests {
         assert_eq!(&v2.key[1..32], &want0[1..32]);
         let v3 = parse_keyfile(&file(65, 20), BlockCipherAlg::Aes, 24, None).unwrap();
         assert_eq!(v3.key.len(), 65 * 24);
-        assert_eq!(v3.key[0], HashAlg::Sha384.digest(&file(65, 20)[..20])[0] ^ 0xf4);
-        // \r\n and \r line ends are line ends too.
-        let crlf: Vec<u8> = file(1, 20).iter().flat_map(|&b| if b == b'\n' { vec![b'\r', b'\n'] } else { vec![b] }).collect();
         assert_eq!(
-            &parse_keyfile(&crlf, BlockCipherAlg::Aes, 16, None).unwrap().key[..],
+            v3.key[0],
+            HashAlg::Sha384.digest(&file(65, 20)[..20])[0] ^ 0xf4
+        );
+        // \r\n and \r line ends are line ends too.
+        let crlf: Vec<u8> = file(1, 20)
+            .iter()
+            .flat_map(|&b| {
+                if b == b'\n' {
+                    vec![b'\r', b'\n']
+                } else {
+                    vec![b]
+                }
+            })
+            .collect();
+        assert_eq!(
+            &parse_keyfile(&crlf, BlockCipherAlg::Aes, 16, None)
+                .unwrap()
+                .key[..],
             &one.key[..]
         );
     }
@@ -169,7 +180,10 @@ mod tests {
             ("gpg", b"-----BEGIN PGP MESSAGE-----\n".to_vec(), 16),
             ("20-byte keys", file(1, 20), 20),
         ] {
-            assert!(parse_keyfile(&f, BlockCipherAlg::Aes, len, None).is_err(), "{what}");
+            assert!(
+                parse_keyfile(&f, BlockCipherAlg::Aes, len, None).is_err(),
+                "{what}"
+            );
         }
     }
 }
