@@ -326,7 +326,7 @@ fn bad_input_gives_clear_errors_and_changes_nothing() {
         "format",
         "-q",
         "--cipher",
-        "twofish-xts-plain64",
+        "anubis-xts-plain64",
         "--key-file",
         &pw,
         &img,

@@ -470,7 +470,7 @@ fn unsupported_algorithms_are_kept_not_fatal() {
     let mut j = h.json().clone();
     let mut k = j["keyslots"]["0"].clone();
     k["area"]["offset"] = "163840".into();
-    k["area"]["encryption"] = "serpent-xts-plain64".into();
+    k["area"]["encryption"] = "anubis-xts-plain64".into();
     j["keyslots"]["1"] = k;
     j["digests"]["0"]["keyslots"] = json!(["0", "1"]);
     put_json_text(&mut dev, &h, &serde_json::to_vec(&j).unwrap());
