@@ -111,7 +111,7 @@ struct ChainCipher {
 
 /// How the chain's modes work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChainMode_ {
+enum TcryptMode {
     Xts,
     Lrw,
     /// One cipher, CBC with TrueCrypt's IV and whitening (dm-crypt's `tcw`).
@@ -130,7 +130,7 @@ pub struct Chain {
     name: &'static str,
     /// cryptsetup's name of the mode (`xts-plain64`, `lrw-benbi`, `cbc-tcw`, ...).
     mode_name: &'static str,
-    mode: ChainMode_,
+    mode: TcryptMode,
     /// Volume key bytes of the chain (cryptsetup's `chain_key_size`).
     key_size: usize,
     ciphers: &'static [ChainCipher],
@@ -155,7 +155,7 @@ const fn c(
 }
 
 use BlockCipherAlg::{Aes, BlowfishLe, Camellia, Cast5, Des3Ede, Kuznyechik, Serpent, Twofish};
-use ChainMode_::{CbcInner, CbcOuter, CbcTcw, Lrw, Xts};
+use TcryptMode::{CbcInner, CbcOuter, CbcTcw, Lrw, Xts};
 
 macro_rules! chain {
     ($legacy:expr, $key:expr, $name:expr, $mode_name:expr, $mode:expr, [$($c:expr),*]) => {
