@@ -18,12 +18,21 @@ have xz || { echo "fetch-cryptsetup-images: needs xz" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/src"
-# deb-src lines for every repository the system takes binaries from, with its keyring.
-apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT) $(TARGET_OF)' |
-  awk '$4 == "deb" {print $1, $2, $3}' | sort -u |
-  while read -r uri suite comp; do
-    echo "deb-src $uri $suite $comp"
-  done > "$work/sources.list"
+# deb-src lines for every repository the system takes binaries from (apt lists them only
+# once it has fetched their indexes: on a fresh machine, update first).
+deb_src() {
+  apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT) $(TARGET_OF)' |
+    awk '$4 == "deb" {print $1, $2, $3}' | sort -u |
+    while read -r uri suite comp; do
+      echo "deb-src $uri $suite $comp"
+    done > "$work/sources.list"
+}
+deb_src
+if [ ! -s "$work/sources.list" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq >&2
+  deb_src
+fi
 [ -s "$work/sources.list" ] || { echo "fetch-cryptsetup-images: no apt repositories found" >&2; exit 1; }
 APT=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=$work/none"
   -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root"
