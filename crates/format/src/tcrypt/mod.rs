@@ -601,6 +601,32 @@ fn password_pool(o: &TcryptOptions, passphrase: &[u8]) -> Result<SecretBytes> {
     Ok(SecretBytes::from_slice(&pool[..used]))
 }
 
+/// One cipher's key in its mode's layout, from `keys` (the header's 256 key bytes, or the
+/// derived header key): cryptsetup's `TCRYPT_copy_key`. XTS: data then tweak half; LRW:
+/// the cipher key then the 16-byte tweak key from the start; CBC: the key, then the IV
+/// seed and whitening.
+fn copy_key(mode: TcryptMode, cc: &ChainCipher, keys: &[u8]) -> SecretBytes {
+    let (first, second): (std::ops::Range<usize>, std::ops::Range<usize>) = match mode {
+        Xts => {
+            let half = cc.key_size / 2;
+            (
+                cc.key_offset..cc.key_offset + half,
+                cc.iv_offset..cc.iv_offset + half,
+            )
+        }
+        Lrw => (cc.key_offset..cc.key_offset + cc.key_size - 16, 0..16),
+        _ => (
+            cc.key_offset..cc.key_offset + cc.key_size,
+            cc.iv_offset..cc.iv_offset + cc.key_extra_size,
+        ),
+    };
+    let mut k = SecretBytes::zeroed(first.len() + second.len());
+    let split = first.len();
+    k[..split].copy_from_slice(&keys[first]);
+    k[split..].copy_from_slice(&keys[second]);
+    k
+}
+
 /// Decrypts the 448 bytes in `enc` with `chain`'s header keys taken from `key` (the
 /// derived header key), in place; cryptsetup's `TCRYPT_decrypt_hdr`.
 fn decrypt_header(chain: &Chain, key: &[u8], enc: &mut [u8]) -> Result<()> {
@@ -624,29 +650,21 @@ fn decrypt_header(chain: &Chain, key: &[u8], enc: &mut [u8]) -> Result<()> {
         }
         _ => {
             for cc in chain.ciphers.iter().rev() {
-                let mut k = SecretBytes::zeroed(cc.key_size);
+                let k = copy_key(chain.mode, cc, key);
                 let (u, iv) = match chain.mode {
-                    Xts => {
-                        let half = cc.key_size / 2;
-                        k[..half].copy_from_slice(&key[cc.key_offset..cc.key_offset + half]);
-                        k[half..].copy_from_slice(&key[cc.iv_offset..cc.iv_offset + half]);
-                        (UnitCipher::new(cc.alg, ChainMode::Xts, &k)?, [0u8; 16])
-                    }
+                    Xts => (UnitCipher::new(cc.alg, ChainMode::Xts, &k)?, [0u8; 16]),
                     Lrw => {
-                        let ks = cc.key_size - 16;
-                        k[..ks].copy_from_slice(&key[cc.key_offset..cc.key_offset + ks]);
-                        k[ks..].copy_from_slice(&key[..16]);
                         let mut iv = [0u8; 16];
                         iv[cc.iv_size - 1] = 1;
                         (UnitCipher::new(cc.alg, ChainMode::Lrw, &k)?, iv)
                     }
                     _ => {
                         whiten(enc);
-                        k.copy_from_slice(&key[cc.key_offset..cc.key_offset + cc.key_size]);
                         let mut iv = [0u8; 16];
                         iv[..cc.iv_size]
                             .copy_from_slice(&key[cc.iv_offset..cc.iv_offset + cc.iv_size]);
-                        (UnitCipher::new(cc.alg, ChainMode::Cbc, &k)?, iv)
+                        let k = &k[..cc.key_size];
+                        (UnitCipher::new(cc.alg, ChainMode::Cbc, k)?, iv)
                     }
                 };
                 let bs = u.block_size();
@@ -906,30 +924,7 @@ impl TcryptHeader {
 
     /// One cipher's dm-crypt key (cryptsetup's `TCRYPT_copy_key`).
     fn cipher_key(&self, cc: &ChainCipher) -> SecretBytes {
-        let keys = &self.keys;
-        match self.chain.mode {
-            Xts => {
-                let half = cc.key_size / 2;
-                let mut k = SecretBytes::zeroed(cc.key_size);
-                k[..half].copy_from_slice(&keys[cc.key_offset..cc.key_offset + half]);
-                k[half..].copy_from_slice(&keys[cc.iv_offset..cc.iv_offset + half]);
-                k
-            }
-            Lrw => {
-                let ks = cc.key_size - 16;
-                let mut k = SecretBytes::zeroed(cc.key_size);
-                k[..ks].copy_from_slice(&keys[cc.key_offset..cc.key_offset + ks]);
-                k[ks..].copy_from_slice(&keys[..16]);
-                k
-            }
-            _ => {
-                let mut k = SecretBytes::zeroed(cc.key_size + cc.key_extra_size);
-                k[..cc.key_size].copy_from_slice(&keys[cc.key_offset..cc.key_offset + cc.key_size]);
-                k[cc.key_size..]
-                    .copy_from_slice(&keys[cc.iv_offset..cc.iv_offset + cc.key_extra_size]);
-                k
-            }
-        }
+        copy_key(self.chain.mode, cc, &self.keys)
     }
 
     /// The data cipher, numbering IVs from `iv_offset` (512-byte sectors).
