@@ -12,7 +12,7 @@ if ! [ -x "$CRYPTSETUP" ]; then
     exit 1
 fi
 rm -rf "$out"
-mkdir -p "$out"/{luks1_header,luks2_header,luks2_json,cipher_spec,nbd_session,tcrypt_header}
+mkdir -p "$out"/{luks1_header,luks2_header,luks2_json,cipher_spec,nbd_session,tcrypt_header,bitlk_header}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf fuzz > "$tmp/key"
@@ -150,6 +150,27 @@ for name, flags, size, body in [("v5", 7, 1 << 19, hdr(5, 1 << 18, 131072)),
                                 ("v2", 7, 1 << 16, hdr(2, 0, 0)),
                                 ("zero", 0, 4096, bytes(448))]:
     open(f"{d}/{name}", "wb").write(bytes([flags]) + struct.pack("<I", size) + body)
+PY
+# BITLK: the boot sector and first FVE metadata block of each of cryptsetup's test images
+# (scripts/fetch-cryptsetup-images.sh), the block moved to 4096 and the boot sector's
+# offsets pointed at it (the fuzz target's layout); flag byte 0, nothing forced.
+bitlk=../target/cryptsetup-tests/bitlk-images
+[ -d "$bitlk" ] || { echo "seed.sh: $bitlk missing: run scripts/fetch-cryptsetup-images.sh" >&2; exit 1; }
+python3 - "$out/bitlk_header" "$bitlk" <<'PY'
+import glob, os, struct, sys
+d, src = sys.argv[1:]
+for img in sorted(glob.glob(f"{src}/*.img")):
+    with open(img, "rb") as f:
+        boot = bytearray(f.read(512))
+        sb = 424 if boot[3:11] == b"MSWIN4.1" else 160
+        meta = struct.unpack_from("<Q", boot, sb + 16)[0]
+        f.seek(meta)
+        block = f.read(65536)
+    size = struct.unpack_from("<I", block, 64)[0]
+    for i in range(3):
+        struct.pack_into("<Q", boot, sb + 16 + 8 * i, 4096)
+    image = bytes(boot) + bytes(4096 - 512) + block[:112 + size]
+    open(f"{d}/{os.path.basename(img)[:-4]}", "wb").write(b"\0" + image)
 PY
 for d in "$out"/*; do
     echo "seed.sh: $(basename "$d"): $(ls "$d" | wc -l) seeds, $(du -sk "$d" | cut -f1) KiB"

@@ -15,6 +15,7 @@ have nbd-client || need+=(nbd-client)
 have mkfs.xfs || need+=(xfsprogs)
 have python3 || need+=(python3)
 have strace || need+=(strace)
+have dislocker-file || need+=(dislocker)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

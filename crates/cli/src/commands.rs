@@ -552,8 +552,8 @@ pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
 /// `--type` and the TCRYPT search options of `test-passphrase` and `dump`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct TypeSelect {
-    /// luks (detected) or tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
-    /// --test-passphrase --type tcrypt).
+    /// luks (detected), tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
+    /// --test-passphrase --type tcrypt) or bitlk (BitLocker; bitlkDump).
     #[arg(long = "type")]
     pub kind: Option<String>,
     #[command(flatten)]
@@ -567,15 +567,20 @@ pub struct TypeSelect {
 }
 
 impl TypeSelect {
-    /// Whether `--type tcrypt` was given; any other type but LUKS is refused.
+    /// Whether `--type tcrypt` was given; any other type but LUKS and BITLK is refused.
     pub(crate) fn is_tcrypt(&self) -> CliResult<bool> {
         match self.kind.as_deref() {
             Some("tcrypt") => Ok(true),
-            None | Some("luks" | "luks1" | "luks2") => Ok(false),
+            None | Some("luks" | "luks1" | "luks2" | "bitlk") => Ok(false),
             Some(k) => Err(CliError::usage(format!(
-                "unsupported --type {k} here (luks, tcrypt)"
+                "unsupported --type {k} here (luks, tcrypt, bitlk)"
             ))),
         }
+    }
+
+    /// Whether `--type bitlk` was given.
+    pub(crate) fn is_bitlk(&self) -> bool {
+        self.kind.as_deref() == Some("bitlk")
     }
 
     /// The volume arguments of a TCRYPT `test-passphrase`/`dump`: read-only, the filters.
@@ -598,6 +603,10 @@ impl TypeSelect {
 }
 
 pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
+    if a.select.is_bitlk() {
+        crate::dump::bitlk_volume_key(&a.device, &a.key)?;
+        return Ok(());
+    }
     if a.select.is_tcrypt()? {
         crate::unlock::tcrypt_header(&a.device, &a.select.tcrypt_args(&a.header, &a.key))?;
         return Ok(());

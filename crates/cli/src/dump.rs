@@ -3,6 +3,7 @@
 use crate::commands::{Ctx, DumpArgs, load, open_header};
 use crate::error::CliResult;
 use cryptblk_crypto::Kdf;
+use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{KeyslotInfo, LuksHeader};
@@ -79,7 +80,48 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The FVEK of a BitLocker volume from the secret `key` names (or its clear key).
+pub fn bitlk_volume_key(
+    device: &std::path::Path,
+    key: &crate::KeyArgs,
+) -> CliResult<(BitlkHeader, cryptblk_crypto::SecretBytes)> {
+    let v = crate::unlock::VolumeArgs {
+        key: key.clone(),
+        kind: "bitlk".into(),
+        read_only: true,
+        ..Default::default()
+    };
+    let (header, secret) = crate::unlock::bitlk_secret(device, &v)?;
+    let vk = header
+        .volume_key(&secret)
+        .map_err(|e| crate::unlock::volume_error(device, cryptblk_volume::Error::Format(e)))?;
+    Ok((header, vk))
+}
+
+/// `bitlkDump`: the metadata, or with `--dump-volume-key` the volume key.
+fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
+    let shown = a.device.display().to_string();
+    if !a.dump_volume_key {
+        let h = cryptblk_volume::bitlk_header(&a.device)
+            .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
+        print!("{}", h.dump(&shown));
+        return Ok(());
+    }
+    crate::passphrase::confirm(
+        ctx.batch,
+        "The header dump with volume key is sensitive information\n\
+         that allows access to encrypted partition without a passphrase.\n\
+         This dump should be stored encrypted in a safe place.",
+    )?;
+    let (h, vk) = bitlk_volume_key(&a.device, &a.key)?;
+    print!("{}", h.dump_volume_key(&shown, &vk));
+    Ok(())
+}
+
 pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
+    if a.select.is_bitlk() {
+        return dump_bitlk(ctx, &a);
+    }
     if a.select.is_tcrypt()? {
         return dump_tcrypt(ctx, &a);
     }

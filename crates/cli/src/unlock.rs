@@ -7,6 +7,7 @@ use crate::{HeaderArgs, KeyArgs};
 use clap::Args;
 use cryptblk_crypto::CipherSpec;
 use cryptblk_crypto::SecretBytes;
+use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::plain::PlainParams;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_volume::{
@@ -21,7 +22,8 @@ pub struct VolumeArgs {
     pub header: HeaderArgs,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// luks (LUKS1 or LUKS2, detected), plain, loopaes, or tcrypt (TrueCrypt/VeraCrypt).
+    /// luks (LUKS1 or LUKS2, detected), plain, loopaes, tcrypt (TrueCrypt/VeraCrypt) or
+    /// bitlk (BitLocker).
     #[arg(long = "type", default_value = "luks")]
     pub kind: String,
     #[command(flatten)]
@@ -221,7 +223,7 @@ pub struct VolumeInfo {
     pub uuid: Option<String>,
 }
 
-fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
+pub(crate) fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
     match e {
         cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => {
             CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
@@ -360,6 +362,59 @@ fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     })
 }
 
+/// The secret that opens a BitLocker volume: a passphrase or recovery password (key file,
+/// a line of standard input, the terminal) or a startup key (`--key-file` with the .BEK
+/// file); nothing for a volume whose protection is suspended (its clear key opens it,
+/// as Windows itself does).
+pub fn bitlk_secret(device: &Path, a: &VolumeArgs) -> CliResult<(BitlkHeader, SecretBytes)> {
+    let header = cryptblk_volume::bitlk_header(device).map_err(|e| volume_error(device, e))?;
+    if header.has_clear_key() && a.key.key_file().is_none() {
+        eprintln!(
+            "BitLocker protection of {} is suspended: opening it with its clear key.",
+            device.display()
+        );
+        return Ok((header, SecretBytes::zeroed(0)));
+    }
+    let pass = get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", device.display()),
+        false,
+    )?;
+    Ok((header, pass))
+}
+
+/// A BitLocker volume (`cryptsetup open --type bitlk`).
+fn open_bitlk(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    let (header, secret) = bitlk_secret(device, a)?;
+    header
+        .check_mappable()
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    let opts = OpenOptions {
+        header: None,
+        read_only: a.read_only,
+        allow_discards: a.allow_discards,
+        key_slot: None,
+        io: a.file_io(),
+    };
+    let u =
+        cryptblk_volume::open_bitlk(device, &opts, &secret).map_err(|e| volume_error(device, e))?;
+    Ok(OpenedVolume {
+        info: VolumeInfo {
+            kind: if u.header.togo {
+                "BITLK (To Go)"
+            } else {
+                "BITLK"
+            }
+            .into(),
+            key_bits: u.header.encryption.key_bits(),
+            keyslot: None,
+            uuid: Some(u.header.guid.clone()),
+        },
+        volume: u.volume,
+        header_file: None,
+    })
+}
+
 /// Unlocks `device` as the options say.
 pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     if let Some(size) = parse_mem(device) {
@@ -431,6 +486,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             })
         }
         "loopaes" => open_loopaes(device, a),
+        "bitlk" => open_bitlk(device, a),
         "tcrypt" => {
             let u = unlock_tcrypt(device, a)?;
             Ok(OpenedVolume {
@@ -450,7 +506,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             })
         }
         other => Err(CliError::usage(format!(
-            "unsupported --type {other} (luks, plain, loopaes, tcrypt)"
+            "unsupported --type {other} (luks, plain, loopaes, tcrypt, bitlk)"
         ))),
     }
 }

@@ -30,6 +30,8 @@ pub enum Error {
     Random(String),
     /// The requested crypto backend is not available on this CPU.
     BackendUnavailable(String),
+    /// AES-CCM: bad sizes, or the authentication tag does not match (wrong key or damaged data).
+    Ccm(String),
     /// Anti-forensic splitter input of the wrong size: `af_merge` got less material than
     /// `key_len × stripes` bytes or a stripe count of 0; `af_split` got a stripe count of 0.
     AfLength {
@@ -64,6 +66,7 @@ impl fmt::Display for Error {
             Error::Kdf(s) => write!(f, "key derivation failed: {s}"),
             Error::Random(s) => write!(f, "random number generator failed: {s}"),
             Error::BackendUnavailable(s) => write!(f, "crypto backend unavailable: {s}"),
+            Error::Ccm(s) => write!(f, "AES-CCM: {s}"),
             Error::AfLength { expected, got } => {
                 write!(
                     f,

@@ -8,6 +8,8 @@ mod af;
 mod backend;
 pub mod bench;
 mod block;
+mod ccm;
+mod elephant;
 mod error;
 mod hash;
 pub mod kdf;
@@ -23,6 +25,7 @@ mod x86;
 
 pub use af::{af_merge, af_split};
 pub use backend::{BACKEND_ENV, Backend};
+pub use ccm::{aes_ccm_decrypt, aes_ccm_encrypt};
 pub use error::{Error, Result};
 pub use hash::HashAlg;
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};

@@ -56,6 +56,8 @@ enum IvKeys {
     Tcw(LockedBox<TcwSecrets>),
     /// `lmk`: the hash seed of loop-AES v3 (`None` for v2).
     Lmk(Option<LockedBox<LmkSeed>>),
+    /// `elephant`: the diffuser key (AES).
+    Elephant(BlockKey),
 }
 
 #[derive(Default, Zeroize, ZeroizeOnDrop)]
@@ -240,6 +242,7 @@ impl SectorCipher {
                 })?))
             }
             IvMode::Lmk => IvKeys::Lmk(None),
+            IvMode::Elephant => IvKeys::Elephant(BlockKey::new(BlockCipherAlg::Aes, extra)?),
             _ => IvKeys::None,
         };
         Ok(SectorCipher {
@@ -392,7 +395,7 @@ impl SectorCipher {
                     let v = (n << benbi_shift).wrapping_add(1);
                     iv[len - 8..len].copy_from_slice(&v.to_be_bytes())
                 }
-                IvMode::Eboiv => {
+                IvMode::Eboiv | IvMode::Elephant => {
                     let off = n.wrapping_mul(self.sector_size as u64);
                     iv[..8].copy_from_slice(&off.to_le_bytes())
                 }
@@ -401,7 +404,7 @@ impl SectorCipher {
         }
         let iv_cipher = match (&self.iv_keys, &self.engine, self.spec.iv) {
             (IvKeys::Essiv(k), _, _) => k,
-            (_, Engine::Cbc { key, .. }, IvMode::Eboiv) => key,
+            (_, Engine::Cbc { key, .. }, IvMode::Eboiv | IvMode::Elephant) => key,
             _ => return,
         };
         if len == 16 {
@@ -461,20 +464,48 @@ impl SectorCipher {
             }
             _ => {}
         }
+        if let IvKeys::Elephant(k) = &self.iv_keys {
+            // The diffuser works on plaintext: before CBC on writes, after it on reads;
+            // the CBC itself still takes the whole request at once.
+            let each = |data: &mut [u8]| {
+                for (i, one) in data.chunks_mut(ss).enumerate() {
+                    let off = self
+                        .iv_sector(sector.wrapping_add(i as u64))
+                        .wrapping_mul(self.sector_size as u64);
+                    if enc {
+                        crate::elephant::encrypt_sector(k, off, one);
+                    } else {
+                        crate::elephant::decrypt_sector(k, off, one);
+                    }
+                }
+            };
+            if enc {
+                each(data);
+            }
+            self.process_small_or_batched(sector, data, enc);
+            if !enc {
+                each(data);
+            }
+            return Ok(());
+        }
         if matches!(self.iv_keys, IvKeys::Tcw(_) | IvKeys::Lmk(_)) {
             for (i, one) in data.chunks_mut(ss).enumerate() {
                 self.process_hashed_iv(self.iv_sector(sector.wrapping_add(i as u64)), one, enc);
             }
             return Ok(());
         }
+        self.process_small_or_batched(sector, data, enc);
+        Ok(())
+    }
+
+    fn process_small_or_batched(&self, sector: u64, data: &mut [u8], enc: bool) {
         // Small requests (the common case) get a small IV buffer: zeroing the whole batch
         // buffer cost more than the crypto of one 512-byte sector.
-        if data.len() <= ss * SMALL_IV_BATCH {
+        if data.len() <= self.sector_size as usize * SMALL_IV_BATCH {
             self.process_batches::<SMALL_IV_BATCH>(sector, data, enc);
         } else {
             self.process_batches::<IV_BATCH>(sector, data, enc);
         }
-        Ok(())
     }
 
     /// Runs the IV-based engines over `data` (whole sectors) in batches of up to `N` sectors.

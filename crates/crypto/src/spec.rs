@@ -140,6 +140,9 @@ pub enum IvMode {
     Benbi,
     /// The byte offset of the sector, encrypted with the volume key (`eboiv`, BitLocker).
     Eboiv,
+    /// `eboiv` plus BitLocker's Elephant diffuser over each sector (`elephant`, AES-CBC
+    /// volumes of Windows Vista/7); key = CBC key, diffuser key of the same size.
+    Elephant,
     /// TrueCrypt 1-4 CBC (`tcw`): IV from a seed and the sector number, and a whitening
     /// value XORed over each ciphertext sector; key = cipher key, IV seed, 16-byte whitening.
     Tcw,
@@ -230,6 +233,7 @@ impl CipherSpec {
             Some("null") => IvMode::Null,
             Some("benbi") => IvMode::Benbi,
             Some("eboiv") => IvMode::Eboiv,
+            Some("elephant") => IvMode::Elephant,
             Some("tcw") => IvMode::Tcw,
             Some("lmk") => IvMode::Lmk,
             Some(s) => match s.strip_prefix("essiv:") {
@@ -264,6 +268,10 @@ impl CipherSpec {
             (_, IvMode::None) => false,
             // These IVs only make sense for (and the kernel only offers them with) CBC.
             (m, IvMode::Eboiv | IvMode::Tcw | IvMode::Lmk) => m == ChainMode::Cbc,
+            // The kernel's diffuser key is always an AES key.
+            (m, IvMode::Elephant) => {
+                m == ChainMode::Cbc && self.cipher == BlockCipherAlg::Aes && self.key_count == 1
+            }
             _ => true,
         };
         // lmk hashes 16-byte blocks 1..31 of each sector.
@@ -295,6 +303,7 @@ impl CipherSpec {
             IvMode::Null => "null".to_string(),
             IvMode::Benbi => "benbi".to_string(),
             IvMode::Eboiv => "eboiv".to_string(),
+            IvMode::Elephant => "elephant".to_string(),
             IvMode::Tcw => "tcw".to_string(),
             IvMode::Lmk => "lmk".to_string(),
             IvMode::Essiv(h) => format!("essiv:{}", h.name()),
@@ -326,10 +335,12 @@ impl CipherSpec {
         let extra = match self.iv {
             IvMode::Tcw => self.tcw_extra_len(),
             IvMode::Lmk if !len.is_multiple_of(n) => len / (n + 1),
+            // dm-crypt's `key_extra_size`: half the key is the diffuser's.
+            IvMode::Elephant => len / 2,
             _ => 0,
         };
         let keys = len.checked_sub(extra)?;
-        if keys == 0 || keys % n != 0 {
+        if keys == 0 || keys % n != 0 || (self.iv == IvMode::Elephant && keys != extra) {
             return None;
         }
         let per_key = keys / n;
@@ -358,7 +369,12 @@ impl CipherSpec {
             ChainMode::Xts => 2 * one,
             _ => one,
         };
-        per_key * self.key_count as usize + self.tcw_extra_len()
+        let keys = per_key * self.key_count as usize + self.tcw_extra_len();
+        if self.iv == IvMode::Elephant {
+            2 * keys
+        } else {
+            keys
+        }
     }
 
     /// Bytes of IV the mode consumes (0 for ECB): the cipher's block size.

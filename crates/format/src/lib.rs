@@ -1,11 +1,12 @@
-//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode, loop-AES and
-//! TrueCrypt/VeraCrypt (TCRYPT).
+//! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode, loop-AES,
+//! TrueCrypt/VeraCrypt (TCRYPT) and BitLocker (BITLK).
 //!
 //! Each format lives in its own module; all LUKS versions implement [`LuksHeader`], so the
 //! CLI and the data path never need to know which version they hold.
 
 #![forbid(unsafe_code)]
 
+pub mod bitlk;
 pub mod crash;
 mod error;
 pub mod loopaes;

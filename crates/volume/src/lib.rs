@@ -24,8 +24,9 @@ pub use cryptblk_device::{MemStorage, Storage};
 pub use error::{Error, Result};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
-    FileIo, OpenOptions, UnlockedLuks, UnlockedTcrypt, open_data_file, open_luks, open_plain,
-    open_plain_with, open_tcrypt, tcrypt_header, unlock_layout, unlock_luks, volume_from_key,
+    FileIo, OpenOptions, UnlockedBitlk, UnlockedLuks, UnlockedTcrypt, bitlk_header, open_bitlk,
+    open_data_file, open_luks, open_plain, open_plain_with, open_tcrypt, tcrypt_header,
+    unlock_layout, unlock_luks, volume_from_key,
 };
 pub use storage::{FileStorage, IoEngine};
 pub use suspend::Suspended;

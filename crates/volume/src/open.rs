@@ -1,9 +1,10 @@
-//! Opening volumes: LUKS and TrueCrypt/VeraCrypt (unlock with a passphrase) or a raw key
+//! Opening volumes: LUKS, TrueCrypt/VeraCrypt and BitLocker (unlock with a passphrase) or a raw key
 //! (plain mode, tests).
 
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
+use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_format::{LuksHeader, SegmentKey, load_header};
 use std::fs::File;
@@ -177,6 +178,7 @@ pub(crate) fn data_segment(s: SegmentKey) -> Result<DataSegment> {
         len: s.len,
         storage_offset: s.storage_offset,
         cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv)?,
+        zero: false,
     })
 }
 
@@ -275,4 +277,60 @@ pub fn open_tcrypt(
         header,
         data_offset: offset,
     })
+}
+
+/// An unlocked BitLocker volume and the metadata that opened it.
+pub struct UnlockedBitlk {
+    /// The volume, ready for I/O: the whole device as cryptsetup maps it.
+    pub volume: Volume,
+    /// The metadata (for `status` and `bitlkDump`).
+    pub header: BitlkHeader,
+}
+
+/// Reads the BitLocker metadata of `device` without unlocking anything.
+pub fn bitlk_header(device: &Path) -> Result<BitlkHeader> {
+    let dev = FileStorage::new(File::open(device)?)?;
+    Ok(BitlkHeader::read(&dev)?)
+}
+
+/// Unlocks a BitLocker volume (`cryptsetup open --type bitlk`) with a passphrase, a
+/// recovery password or a startup key file's contents (empty: the clear key of a volume
+/// whose protection is suspended), and maps it as cryptsetup does: the metadata areas
+/// read as zeros, the relocated boot sectors appear at the start.
+pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: &[u8]) -> Result<UnlockedBitlk> {
+    let data = open_data_file(device, opts.read_only)?;
+    let header = BitlkHeader::read(&FileStorage::new(data.try_clone()?)?)?;
+    header.check_mappable()?;
+    let key = header.volume_key(secret)?;
+    let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
+    let zero_spec = cryptblk_crypto::CipherSpec::parse("cipher_null-ecb")?;
+    let segments = header
+        .segments(size)?
+        .into_iter()
+        .map(|s| {
+            let (storage_offset, cipher, zero) = match s.crypt {
+                Some((at, iv)) => (at, header.sector_cipher(&key, iv)?, false),
+                None => (
+                    s.start,
+                    SectorCipher::new(zero_spec, &[], header.sector_size, Default::default())?,
+                    true,
+                ),
+            };
+            Ok(DataSegment {
+                start: s.start,
+                len: s.len,
+                storage_offset,
+                cipher,
+                zero,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let storage = opts.io.storage(data, header.sector_size)?;
+    let volume = Volume::with_segments(
+        Box::new(storage),
+        segments,
+        opts.read_only,
+        opts.allow_discards,
+    )?;
+    Ok(UnlockedBitlk { volume, header })
 }

@@ -68,6 +68,10 @@ pub struct DataSegment {
     pub storage_offset: u64,
     /// Its keyed cipher; the IV offset (LUKS2 `iv_tweak`) is part of it.
     pub cipher: SectorCipher,
+    /// dm-zero instead of dm-crypt: reads return zeros, writes and discards are dropped
+    /// and the storage under it is never touched (BitLocker's metadata areas); the
+    /// cipher only gives the sector size.
+    pub zero: bool,
 }
 
 impl std::fmt::Debug for DataSegment {
@@ -78,6 +82,7 @@ impl std::fmt::Debug for DataSegment {
             .field("storage_offset", &self.storage_offset)
             .field("cipher", &self.cipher.description())
             .field("sector_size", &self.cipher.sector_size())
+            .field("zero", &self.zero)
             .finish()
     }
 }
@@ -308,6 +313,7 @@ impl Volume {
             len: size,
             storage_offset: params.data_offset,
             cipher,
+            zero: false,
         }];
         Ok(Volume {
             storage,
@@ -694,6 +700,10 @@ impl Volume {
 
     /// Decrypts `piece`, the ciphertext at byte `rel` of `seg`.
     fn decrypt(&self, seg: &DataSegment, rel: u64, piece: &mut [u8]) -> io::Result<()> {
+        if seg.zero {
+            piece.fill(0);
+            return Ok(());
+        }
         self.stats.crypto_calls.fetch_add(1, Relaxed);
         let sector = rel / seg.cipher.sector_size() as u64;
         seg.cipher.decrypt(sector, piece).map_err(crypto_io)
@@ -705,9 +715,18 @@ impl Volume {
             return self.read_across_hot(l, h, off, buf);
         }
         Self::per_segment(&l.segments, off, buf, |seg, rel, piece| {
-            self.storage.read_at(piece, seg.storage_offset + rel)?;
-            self.decrypt(seg, rel, piece)
+            self.load(seg, rel, piece)
         })
+    }
+
+    /// Reads and decrypts `piece` at byte `rel` of `seg` (zeros for a zero segment).
+    fn load(&self, seg: &DataSegment, rel: u64, piece: &mut [u8]) -> io::Result<()> {
+        if seg.zero {
+            piece.fill(0);
+            return Ok(());
+        }
+        self.storage.read_at(piece, seg.storage_offset + rel)?;
+        self.decrypt(seg, rel, piece)
     }
 
     /// A read touching the hot zone: outside it as usual; inside, the ciphertext is read
@@ -718,8 +737,7 @@ impl Volume {
         let zs = h.seg.start;
         let (lo, hi, inside) = split_at_zone(h, off, buf, |at, b| {
             Self::per_segment(&l.segments, at, b, |seg, rel, piece| {
-                self.storage.read_at(piece, seg.storage_offset + rel)?;
-                self.decrypt(seg, rel, piece)
+                self.load(seg, rel, piece)
             })
         })?;
         // Each piece's ciphertext from where it is now: a rewritten piece from the zone's
@@ -752,6 +770,10 @@ impl Volume {
 
     /// Encrypts `piece` for byte `rel` of `seg` and stores it.
     fn encrypt_store(&self, seg: &DataSegment, rel: u64, piece: &mut [u8]) -> io::Result<()> {
+        if seg.zero {
+            // dm-zero drops writes: the metadata under it stays as it is.
+            return Ok(());
+        }
         self.stats.crypto_calls.fetch_add(1, Relaxed);
         let sector = rel / seg.cipher.sector_size() as u64;
         seg.cipher.encrypt(sector, piece).map_err(crypto_io)?;
@@ -1064,7 +1086,7 @@ impl BlockDevice for Volume {
         let l = self.layout_for_write(offset, len, false)?;
         for s in &l.segments {
             let (lo, hi) = (start.max(s.start), end.min(s.start + s.len));
-            if hi > lo {
+            if hi > lo && !s.zero {
                 self.storage
                     .punch_hole(s.storage_offset + (lo - s.start), hi - lo)?;
             }

@@ -379,6 +379,7 @@ fn power_cuts_during_an_online_job_under_client_load_lose_no_acknowledged_write(
                 len: s.len,
                 storage_offset: s.storage_offset,
                 cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv).unwrap(),
+                zero: false,
             })
             .collect();
         Arc::new(cryptblk_volume::Volume::with_segments(Box::new(dev), segs, false, false).unwrap())

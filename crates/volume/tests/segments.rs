@@ -46,6 +46,7 @@ fn volume(storage: Arc<MemStorage>) -> Volume {
             len,
             storage_offset: at,
             cipher: cipher(spec, key, ss, ivo),
+            zero: false,
         })
         .collect();
     Volume::with_segments(Box::new(storage), segs, false, true).unwrap()
@@ -128,6 +129,7 @@ fn bad_layouts_are_refused() {
                 len,
                 storage_offset: at,
                 cipher: cipher("aes-xts-plain64", 1, ss, 0),
+                zero: false,
             })
             .collect();
         Volume::with_segments(Box::new(MemStorage::new(1 << 20)), segs, false, false)

@@ -40,7 +40,10 @@ pub fn run_at(cwd: Option<&std::path::Path>, cmd: &str, args: &[&str], stdin: &[
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    // A command that fails before reading its input closes the pipe: not an error here.
+    if let Err(e) = child.stdin.take().unwrap().write_all(stdin) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{cmd}: {e}");
+    }
     child.wait_with_output().unwrap()
 }
 
@@ -137,7 +140,10 @@ impl LocalUser {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        // A command that fails before reading its input closes the pipe: not an error here.
+        if let Err(e) = child.stdin.take().unwrap().write_all(stdin) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{cmd}: {e}");
+        }
         child.wait_with_output().unwrap()
     }
 
