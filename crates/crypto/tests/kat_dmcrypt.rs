@@ -2,7 +2,8 @@
 //! `tests/vm/dmcrypt-kat.py` in the test VM): every cipher family (Serpent, Twofish,
 //! Camellia, Blowfish, CAST5, 3DES), mode (XTS, CBC, ECB, LRW) and IV generator (plain,
 //! plain64, plain64be, ESSIV with SHA-256 and the kernel's wp256, benbi, null, eboiv, tcw,
-//! lmk v2/v3, several keys) cryptblk implements beside AES-XTS/CBC, on every backend.
+//! lmk v2/v3, several keys, BitLocker's elephant diffuser at 512 and 4096-byte sectors)
+//! cryptblk implements beside AES-XTS/CBC, on every backend.
 //! Each record is checked whole, per sector, and as the tail of a longer run, both ways.
 
 mod common;

@@ -21,6 +21,19 @@ pub use error::{Error, Result};
 
 use cryptblk_crypto::{CipherSpec, HashAlg, IvOptions, Kdf, KdfRequest, SecretBytes};
 
+/// A volume key as cryptsetup's dumps print it after "MK dump:": hex bytes, 16 to a line,
+/// further lines indented by two tabs.
+pub(crate) fn key_dump_hex(key: &[u8]) -> String {
+    let mut s = String::new();
+    for (i, b) in key.iter().enumerate() {
+        if i > 0 {
+            s.push_str(if i % 16 == 0 { "\n\t\t" } else { " " });
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
 /// One keyslot as `dump` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyslotInfo {

@@ -695,14 +695,7 @@ impl BitlkHeader {
         let _ = writeln!(s, "Cipher mode:   \t{}", self.encryption.mode());
         let _ = writeln!(s, "UUID:          \t{}", self.guid);
         let _ = writeln!(s, "MK bits:       \t{}", key.len() * 8);
-        s.push_str("MK dump:\t");
-        for (i, b) in key.iter().enumerate() {
-            if i > 0 {
-                s.push_str(if i % 16 == 0 { "\n\t\t" } else { " " });
-            }
-            let _ = write!(s, "{b:02x}");
-        }
-        s.push('\n');
+        let _ = writeln!(s, "MK dump:\t{}", crate::key_dump_hex(key));
         s
     }
 }

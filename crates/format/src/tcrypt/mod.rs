@@ -1004,15 +1004,7 @@ impl TcryptHeader {
         let _ = writeln!(s, "Cipher mode:   \t{}", self.chain.mode_name);
         let _ = writeln!(s, "Payload offset:\t{payload}");
         let _ = writeln!(s, "MK bits:       \t{}", self.key_bits());
-        s.push_str("MK dump:\t");
-        let vk = self.volume_key();
-        for (i, b) in vk.iter().enumerate() {
-            if i > 0 {
-                s.push_str(if i % 16 == 0 { "\n\t\t" } else { " " });
-            }
-            let _ = write!(s, "{b:02x}");
-        }
-        s.push('\n');
+        let _ = writeln!(s, "MK dump:\t{}", crate::key_dump_hex(&self.volume_key()));
         s
     }
 
