@@ -16,6 +16,7 @@ have mkfs.xfs || need+=(xfsprogs)
 have python3 || need+=(python3)
 have strace || need+=(strace)
 have dislocker-file || need+=(dislocker)
+have tcplay || need+=(tcplay)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -89,9 +89,24 @@ impl Vol {
         self.loops.push(dev.clone());
         dev
     }
+    /// Detaches `dev` and waits until the kernel lets go of the FUSE file: `losetup -d`
+    /// returns before the device's last opener (udev's probe, say) closes it, and until
+    /// then the file stays open and the mount busy.
     fn detach_loop(&mut self, dev: &str) {
         ok(run(&tool("losetup", "mount"), &["-d", dev]));
         self.loops.retain(|d| d != dev);
+        let backing = format!(
+            "/sys/block/{}/loop/backing_file",
+            dev.trim_start_matches("/dev/")
+        );
+        let t = std::time::Instant::now();
+        while Path::new(&backing).exists() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "{dev} still holds the FUSE file 10 s after losetup -d"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 

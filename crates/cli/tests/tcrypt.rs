@@ -425,3 +425,147 @@ fn served_over_nbd() {
     ok(&run_in(bin(), &["close", "vc", "--run-dir", run_s], b""));
     assert!(child.wait().unwrap().success());
 }
+
+/// `tcplay -i`'s field (`Cipher:`, `PBKDF2 PRF:`...) in its info text.
+fn tcplay_field<'a>(info: &'a str, name: &str) -> &'a str {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .unwrap_or_else(|| panic!("no {name} in tcplay's info:\n{info}"))
+        .trim()
+}
+
+/// Volumes made by an independent tool, Debian's tcplay 1.1 (TrueCrypt's format): every
+/// PBKDF2 PRF it offers, single ciphers and cascades, an outer volume with a hidden one.
+/// cryptblk finds each header (the hidden one with `--tcrypt-hidden`), reports what
+/// `tcplay --info` reports (chain, PRF, key bits, data offset and size), and what it
+/// writes reads back with both headers left as they were. tcplay needs a block device
+/// (a loop device: root) and a terminal (tests/tools/tcplay-create.py gives it one).
+#[test]
+fn tcplay_made_volumes() {
+    if !is_root() || !Path::new("/dev/loop-control").exists() {
+        eprintln!(
+            "NOT RUN: tcplay writes only to block devices: loop devices need root (CI runs the tests as root)"
+        );
+        return;
+    }
+    tool("tcplay", "tcplay");
+    let driver = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/tcplay-create.py");
+    // (PRF, chain, hidden PRF and chain)
+    let cases = [
+        ("SHA512", "AES-256-XTS", None),
+        ("RIPEMD160", "SERPENT-256-XTS", None),
+        ("whirlpool", "TWOFISH-256-XTS,AES-256-XTS", None),
+        (
+            "RIPEMD160",
+            "SERPENT-256-XTS,TWOFISH-256-XTS,AES-256-XTS",
+            Some(("whirlpool", "AES-256-XTS,SERPENT-256-XTS")),
+        ),
+    ];
+    for (prf, chain, hidden) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("tc.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let img_s = img.to_str().unwrap();
+        let loopdev = ok(&run_in("losetup", &["-f", "--show", img_s], b""))
+            .trim()
+            .to_string();
+        let mut args = vec!["-c", "-d", &loopdev, "-a", prf, "-b", chain];
+        if let Some((hprf, hchain)) = hidden {
+            args.extend(["-g", "-x", hprf, "-y", hchain]);
+        }
+        let mut full = vec![driver, "outer-pass", "hidden-pass", "4M", "--"];
+        full.extend(&args);
+        let made = run_in("python3", &full, b"");
+        let info = run_in(
+            "python3",
+            &[driver, "outer-pass", "", "0", "--", "-i", "-d", &loopdev],
+            b"",
+        );
+        let outer_info = String::from_utf8_lossy(&info.stdout).replace('\r', "");
+        ok(&run_in("losetup", &["-d", &loopdev], b""));
+        assert!(
+            made.status.success(),
+            "tcplay {args:?}: {}",
+            String::from_utf8_lossy(&made.stdout)
+        );
+
+        let check = |pass: &str, extra: &[&str], prf: &str, chain: &str, info: Option<&str>| {
+            let mut a = vec!["dump", "--type", "tcrypt"];
+            a.extend(extra);
+            a.push(img_s);
+            let dump = ok(&run_in(bin(), &a, format!("{pass}\n").as_bytes()));
+            let field = |n: &str| {
+                dump.lines()
+                    .find_map(|l| l.strip_prefix(n))
+                    .unwrap()
+                    .trim()
+                    .to_string()
+            };
+            let want_chain = chain
+                .replace("-256-XTS", "")
+                .replace(',', "-")
+                .to_lowercase();
+            assert_eq!(field("Cipher chain:"), want_chain, "{chain}");
+            assert_eq!(field("PBKDF2 hash:"), prf.to_lowercase(), "{prf}");
+            if let Some(info) = info {
+                assert_eq!(tcplay_field(info, "Cipher:"), chain);
+                assert_eq!(
+                    tcplay_field(info, "Key Length:"),
+                    format!("{} bits", field("MK bits:"))
+                );
+                let off: u64 = tcplay_field(info, "Block offset:")
+                    .trim_end_matches(" sectors")
+                    .parse()
+                    .unwrap();
+                assert_eq!(field("MK offset:"), (off * 512).to_string());
+            }
+        };
+        check("outer-pass", &[], prf, chain, Some(&outer_info));
+        if let Some((hprf, hchain)) = hidden {
+            check("hidden-pass", &["--tcrypt-hidden"], hprf, hchain, None);
+        }
+
+        // Writes read back; the headers (first and last 128 KiB) are untouched.
+        let before = std::fs::read(&img).unwrap();
+        let pattern: Vec<u8> = (0..1u32 << 20)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        let src = dir.path().join("pattern");
+        std::fs::write(&src, &pattern).unwrap();
+        ok(&run_in(
+            bin(),
+            &[
+                "import",
+                "-q",
+                "--type",
+                "tcrypt",
+                img_s,
+                src.to_str().unwrap(),
+            ],
+            b"outer-pass\n",
+        ));
+        let back = ok_bytes(&run_in(
+            bin(),
+            &["export", "-r", "--type", "tcrypt", img_s, "-"],
+            b"outer-pass\n",
+        ));
+        assert_eq!(&back[..pattern.len()], &pattern[..], "{chain}");
+        let after = std::fs::read(&img).unwrap();
+        assert_eq!(after[..131072], before[..131072], "{chain}: header");
+        let n = after.len();
+        assert_eq!(
+            after[n - 131072..],
+            before[n - 131072..],
+            "{chain}: backup header"
+        );
+        assert_ne!(after, before);
+    }
+}
+
+fn ok_bytes(o: &std::process::Output) -> Vec<u8> {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o.stdout.clone()
+}
