@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Runs `tcplay -c` on a terminal of its own (it reads passphrases only from a tty) and
-answers its prompts: usage: tcplay-create.py PASSPHRASE HIDDEN_PASSPHRASE HIDDEN_SIZE --
-TCPLAY_ARGS... Exits with tcplay's status; its output goes to stdout."""
-import os, pty, re, sys
+"""Runs tcplay on a terminal of its own (it reads passphrases only from /dev/tty) and
+answers its prompts. usage: tcplay-create.py PASSPHRASE HIDDEN_PASSPHRASE HIDDEN_SIZE --
+TCPLAY_ARGS...  Exits with tcplay's status (124 if it is still waiting after 120 s); its
+output goes to stdout."""
+import os, pty, re, signal, sys, termios, time
+
+TIMEOUT = 120
+
 
 def main():
     sep = sys.argv.index("--")
@@ -19,6 +23,15 @@ def main():
     pid, fd = pty.fork()
     if pid == 0:
         os.execvp(args[0], args)
+    deadline = time.monotonic() + TIMEOUT
+
+    def expired(*_):
+        os.kill(pid, signal.SIGKILL)
+        sys.stdout.buffer.write(b"\ntcplay-create.py: tcplay still waiting after %d s\n" % TIMEOUT)
+        sys.exit(124)
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TIMEOUT)
     seen = b""
     answered = 0
     while True:
@@ -30,15 +43,22 @@ def main():
             break
         sys.stdout.buffer.write(chunk)
         seen += chunk
-        # Answer each prompt once, as soon as it appears at the end of the output.
         tail = seen[answered:]
         for pat, ans in answers:
             if re.search(pat, tail, re.I):
-                ans = ans if ans is not None else (phrases.pop(0) if phrases else "")
+                if ans is None:
+                    ans = phrases.pop(0) if phrases else ""
+                    # tcplay prints the prompt, then turns echo off with TCSAFLUSH, which
+                    # drops input typed before: wait for echo to go off first.
+                    while termios.tcgetattr(fd)[3] & termios.ECHO:
+                        if time.monotonic() > deadline:
+                            expired()
+                        time.sleep(0.005)
                 os.write(fd, ans.encode() + b"\n")
                 answered = len(seen)
                 break
     _, status = os.waitpid(pid, 0)
     sys.exit(os.waitstatus_to_exitcode(status))
+
 
 main()
