@@ -385,10 +385,8 @@ pub fn bitlk_secret(device: &Path, a: &VolumeArgs) -> CliResult<(BitlkHeader, Se
 
 /// A BitLocker volume (`cryptsetup open --type bitlk`).
 fn open_bitlk(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
-    let (header, secret) = bitlk_secret(device, a)?;
-    header
-        .check_mappable()
-        .map_err(|e| CliError::usage(e.to_string()))?;
+    // The volume's opening refuses what cannot be mapped (before any key search).
+    let (_, secret) = bitlk_secret(device, a)?;
     let opts = OpenOptions {
         header: None,
         read_only: a.read_only,

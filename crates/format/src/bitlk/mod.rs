@@ -510,7 +510,6 @@ impl BitlkHeader {
     /// of a startup key (.BEK) file, trying each protector that fits. An empty secret
     /// opens a volume whose protection is suspended (clear key).
     pub fn volume_key(&self, secret: &[u8]) -> Result<SecretBytes> {
-        let mut unsupported = false;
         for vmk in &self.vmks {
             let key = match vmk.protection {
                 Protection::ClearKey => vmk.clear_key.clone(),
@@ -519,10 +518,8 @@ impl BitlkHeader {
                     recovery_key(secret).map(|k| stretch(&k, &vmk.salt))
                 }
                 Protection::StartupKey => startup_key(secret, vmk, &self.guid)?,
-                p => {
-                    unsupported |= !p.usable();
-                    None
-                }
+                // TPM, smart card, or a passphrase protector with no secret given.
+                _ => None,
             };
             let Some(key) = key else { continue };
             for wrapped in &vmk.keys {
@@ -534,7 +531,7 @@ impl BitlkHeader {
                 }
             }
         }
-        if unsupported && self.vmks.iter().all(|v| !v.protection.usable()) {
+        if !self.vmks.is_empty() && self.vmks.iter().all(|v| !v.protection.usable()) {
             return Err(Error::InvalidOption(
                 "only TPM or smart card protectors: this operation is not supported".into(),
             ));
