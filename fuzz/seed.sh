@@ -12,7 +12,7 @@ if ! [ -x "$CRYPTSETUP" ]; then
     exit 1
 fi
 rm -rf "$out"
-mkdir -p "$out"/{luks1_header,luks2_header,luks2_json,cipher_spec,nbd_session,tcrypt_header,bitlk_header}
+mkdir -p "$out"/{luks1_header,luks2_header,luks2_json,cipher_spec,nbd_session,tcrypt_header,bitlk_header,fvault2_header}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf fuzz > "$tmp/key"
@@ -171,6 +171,34 @@ for img in sorted(glob.glob(f"{src}/*.img")):
         struct.pack_into("<Q", boot, sb + 16 + 8 * i, 4096)
     image = bytes(boot) + bytes(4096 - 512) + block[:112 + size]
     open(f"{d}/{os.path.basename(img)[:-4]}", "wb").write(b"\0" + image)
+PY
+# FVAULT2: cryptsetup's test image's volume header, disk label and decrypted metadata
+# blocks (Python cryptography's AES-XTS), moved to the fuzz target's layout; the flag
+# byte has the target re-seal and re-encrypt them (bits 0-2) and says how many blocks.
+fvault2=../target/cryptsetup-tests/fvault2-images/small
+[ -f "$fvault2" ] || { echo "seed.sh: $fvault2 missing: run scripts/fetch-cryptsetup-images.sh" >&2; exit 1; }
+python3 - "$out/fvault2_header" "$fvault2" <<'PY'
+import struct, sys
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+d, img = sys.argv[1:]
+with open(img, "rb") as f:
+    vh = f.read(512)
+    bs, label_blk = struct.unpack_from("<IxxxxQ", vh, 96)
+    f.seek(label_blk * bs); label = f.read(8192)
+    f.seek(label_blk * bs + struct.unpack_from("<I", label, 220)[0]); vg = f.read(40)
+    n, start = struct.unpack_from("<Q", vg, 8)[0], struct.unpack_from("<Q", vg, 32)[0]
+    f.seek(start * bs)
+    blocks = []
+    for i in range(n):
+        enc = f.read(8192)
+        if enc == bytes(8192):
+            break
+        dec = Cipher(algorithms.AES(vh[176:192] + vh[304:320]), modes.XTS(i.to_bytes(16, "little"))).decryptor()
+        blocks.append(dec.update(enc) + dec.finalize())
+# Only the blocks the parser reads (0x0019, 0x001A, 0x0305), at most seven.
+keep = [b for b in blocks if struct.unpack_from("<H", b, 10)[0] in (0x19, 0x1A, 0x305)][:7]
+image = vh + bytes(4096 - 512) + label + vg + bytes(16384 - 4096 - 8192 - 40) + b"".join(keep)
+open(f"{d}/small", "wb").write(bytes([7 | len(keep) << 4]) + image)
 PY
 for d in "$out"/*; do
     echo "seed.sh: $(basename "$d"): $(ls "$d" | wc -l) seeds, $(du -sk "$d" | cut -f1) KiB"

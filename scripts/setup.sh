@@ -14,6 +14,8 @@ have fusermount3 || need+=(fuse3)
 have nbd-client || need+=(nbd-client)
 have mkfs.xfs || need+=(xfsprogs)
 have python3 || need+=(python3)
+# An independent AES-XTS for FileVault 2's written data (tests/tools/xts-decrypt.py).
+python3 -c 'import cryptography' 2>/dev/null || need+=(python3-cryptography)
 have strace || need+=(strace)
 have dislocker-file || need+=(dislocker)
 have tcplay || need+=(tcplay)

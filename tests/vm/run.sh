@@ -19,7 +19,7 @@ tc=target/cryptsetup-tests/tcrypt-images
 if [ -d "$tc" ]; then
   mkdir "$xfer/tcrypt"
   cp "$tc"/vc_1-sha512-xts-aes-twofish-serpent "$tc"/vc_1-sha512-xts-camellia "$tc"/tc_2-ripemd160-lrw-aes \
-    "$tc"/tc_1-sha1-cbc-cast5 "$tc"/tc_5-sha512-xts-aes-hidden "$xfer/tcrypt/"
+    "$tc"/tc_1-sha1-cbc-cast5 "$tc"/tc_5-sha512-xts-aes-hidden "$tc"/sys_vc_1-sha256-xts-aes "$xfer/tcrypt/"
 fi
 # Which suites to run: all by default; e.g. CRYPTBLK_VM_TESTS=ublk for the ublk ones only.
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}

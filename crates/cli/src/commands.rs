@@ -553,7 +553,8 @@ pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
 #[derive(Args, Debug, Clone, Default)]
 pub struct TypeSelect {
     /// luks (detected), tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
-    /// --test-passphrase --type tcrypt) or bitlk (BitLocker; bitlkDump).
+    /// --test-passphrase --type tcrypt), bitlk (BitLocker; bitlkDump) or fvault2
+    /// (FileVault 2; fvault2Dump).
     #[arg(long = "type")]
     pub kind: Option<String>,
     #[command(flatten)]
@@ -567,15 +568,21 @@ pub struct TypeSelect {
 }
 
 impl TypeSelect {
-    /// Whether `--type tcrypt` was given; any other type but LUKS and BITLK is refused.
+    /// Whether `--type tcrypt` was given; any other type but LUKS, BITLK and FVAULT2 is
+    /// refused.
     pub(crate) fn is_tcrypt(&self) -> CliResult<bool> {
         match self.kind.as_deref() {
             Some("tcrypt") => Ok(true),
-            None | Some("luks" | "luks1" | "luks2" | "bitlk") => Ok(false),
+            None | Some("luks" | "luks1" | "luks2" | "bitlk" | "fvault2") => Ok(false),
             Some(k) => Err(CliError::usage(format!(
-                "unsupported --type {k} here (luks, tcrypt, bitlk)"
+                "unsupported --type {k} here (luks, tcrypt, bitlk, fvault2)"
             ))),
         }
+    }
+
+    /// Whether `--type fvault2` was given.
+    pub(crate) fn is_fvault2(&self) -> bool {
+        self.kind.as_deref() == Some("fvault2")
     }
 
     /// Whether `--type bitlk` was given.
@@ -605,6 +612,10 @@ impl TypeSelect {
 pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     if a.select.is_bitlk() {
         crate::dump::bitlk_volume_key(&a.device, &a.key)?;
+        return Ok(());
+    }
+    if a.select.is_fvault2() {
+        crate::dump::fvault2_volume_key(&a.device, &a.key)?;
         return Ok(());
     }
     if a.select.is_tcrypt()? {

@@ -4,6 +4,7 @@ use crate::commands::{Ctx, DumpArgs, load, open_header};
 use crate::error::CliResult;
 use cryptblk_crypto::Kdf;
 use cryptblk_format::bitlk::BitlkHeader;
+use cryptblk_format::fvault2::Fvault2Header;
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{KeyslotInfo, LuksHeader};
@@ -80,6 +81,11 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// cryptsetup's question before a BITLK or FVAULT2 dump with the volume key.
+const VOLUME_KEY_WARNING: &str = "The header dump with volume key is sensitive information\n\
+     that allows access to encrypted partition without a passphrase.\n\
+     This dump should be stored encrypted in a safe place.";
+
 /// The FVEK of a BitLocker volume from the secret `key` names (or its clear key).
 pub fn bitlk_volume_key(
     device: &std::path::Path,
@@ -107,13 +113,42 @@ fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
         print!("{}", h.dump(&shown));
         return Ok(());
     }
-    crate::passphrase::confirm(
-        ctx.batch,
-        "The header dump with volume key is sensitive information\n\
-         that allows access to encrypted partition without a passphrase.\n\
-         This dump should be stored encrypted in a safe place.",
-    )?;
+    crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
     let (h, vk) = bitlk_volume_key(&a.device, &a.key)?;
+    print!("{}", h.dump_volume_key(&shown, &vk));
+    Ok(())
+}
+
+/// The volume key of a FileVault 2 volume from a passphrase (key file, a line of standard
+/// input, the terminal).
+pub fn fvault2_volume_key(
+    device: &std::path::Path,
+    key: &crate::KeyArgs,
+) -> CliResult<(Fvault2Header, cryptblk_crypto::SecretBytes)> {
+    let fail = |e| crate::unlock::volume_error(device, e);
+    let header = cryptblk_volume::fvault2_header(device).map_err(fail)?;
+    let pass = crate::passphrase::get_passphrase(
+        &key.source(),
+        &format!("Enter passphrase for {}: ", device.display()),
+        false,
+    )?;
+    let vk = header
+        .volume_key(&pass)
+        .map_err(|e| fail(cryptblk_volume::Error::Format(e)))?;
+    Ok((header, vk))
+}
+
+/// `fvault2Dump`: the metadata, with `--dump-volume-key` followed by the volume key.
+fn dump_fvault2(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
+    let shown = a.device.display().to_string();
+    if !a.dump_volume_key {
+        let h = cryptblk_volume::fvault2_header(&a.device)
+            .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
+        print!("{}", h.dump(&shown));
+        return Ok(());
+    }
+    crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
+    let (h, vk) = fvault2_volume_key(&a.device, &a.key)?;
     print!("{}", h.dump_volume_key(&shown, &vk));
     Ok(())
 }
@@ -121,6 +156,9 @@ fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
 pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     if a.select.is_bitlk() {
         return dump_bitlk(ctx, &a);
+    }
+    if a.select.is_fvault2() {
+        return dump_fvault2(ctx, &a);
     }
     if a.select.is_tcrypt()? {
         return dump_tcrypt(ctx, &a);

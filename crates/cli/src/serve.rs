@@ -110,6 +110,9 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  type:    {}", v["type"].as_str().unwrap_or(""));
     println!("  cipher:  {}", v["cipher"].as_str().unwrap_or(""));
     println!("  keysize: {} bits", v["key_bits"]);
+    if let Some(u) = v["uuid"].as_str() {
+        println!("  uuid:    {u}");
+    }
     println!("  key location: process memory (pid {})", v["pid"]);
     println!("  device:  {}", v["device"].as_str().unwrap_or(""));
     println!("  storage: {}", v["storage"].as_str().unwrap_or(""));

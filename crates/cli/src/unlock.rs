@@ -11,7 +11,8 @@ use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::plain::PlainParams;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_volume::{
-    OpenOptions, UnlockedTcrypt, Volume, VolumeParams, open_plain_with, open_tcrypt, unlock_luks,
+    OpenOptions, Unlock, UnlockedTcrypt, Volume, VolumeParams, open_plain_with, open_tcrypt,
+    unlock_luks,
 };
 use std::path::Path;
 
@@ -22,10 +23,14 @@ pub struct VolumeArgs {
     pub header: HeaderArgs,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// luks (LUKS1 or LUKS2, detected), plain, loopaes, tcrypt (TrueCrypt/VeraCrypt) or
-    /// bitlk (BitLocker).
+    /// luks (LUKS1 or LUKS2, detected), plain, loopaes, tcrypt (TrueCrypt/VeraCrypt),
+    /// bitlk (BitLocker) or fvault2 (FileVault 2).
     #[arg(long = "type", default_value = "luks")]
     pub kind: String,
+    /// BitLocker, FileVault 2: open with the volume key in this file (as `dump
+    /// --dump-volume-key` shows it, raw bytes) instead of a passphrase.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
+    pub volume_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub tcrypt: TcryptArgs,
     #[arg(short = 'S', long = "key-slot")]
@@ -141,6 +146,7 @@ impl VolumeArgs {
                 .transpose()?,
             cipher: self.cipher.clone(),
             keyfiles,
+            partition_start: None,
         })
     }
 }
@@ -166,24 +172,38 @@ fn tcrypt_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
 
 /// The TCRYPT options and the passphrase (a line of standard input or the terminal;
 /// empty allowed with keyfiles).
-fn tcrypt_secrets(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptOptions, SecretBytes)> {
-    let tc = a.tcrypt_options()?;
+/// What a TCRYPT open searches with: the options, the passphrase and where the header
+/// is (`--header`, or for `--tcrypt-system` on a partition its disk, as cryptsetup reads
+/// it; else the device itself).
+fn tcrypt_secrets(
+    device: &Path,
+    a: &VolumeArgs,
+) -> CliResult<(TcryptOptions, SecretBytes, Option<std::path::PathBuf>)> {
+    let mut tc = a.tcrypt_options()?;
+    let mut header = a.header.header.clone();
+    if tc.system
+        && header.is_none()
+        && let Some(p) = cryptblk_volume::partition_of(device).map_err(|e| io_err(device, e))?
+    {
+        tc.partition_start = Some(p.start);
+        header = Some(p.disk);
+    }
     let pass = get_tcrypt_passphrase(
         &format!("Enter passphrase for {}: ", device.display()),
         !tc.keyfiles.is_empty(),
     )?;
-    Ok((tc, pass))
+    Ok((tc, pass, header))
 }
 
 /// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in
 /// 512-byte sectors (`test-passphrase`, `dump`).
 pub fn tcrypt_header(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
-    let (tc, pass) = tcrypt_secrets(device, a)?;
+    let (tc, pass, header) = tcrypt_secrets(device, a)?;
     let data =
         cryptblk_volume::open_data_file(device, true).map_err(|e| volume_error(device, e))?;
     let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))
         .map_err(|e| io_err(device, e))?;
-    let h = cryptblk_volume::tcrypt_header(&data, a.header.header.as_deref(), &tc, &pass)
+    let h = cryptblk_volume::tcrypt_header(&data, header.as_deref(), &tc, &pass)
         .map_err(|e| tcrypt_error(device, e))?;
     let offset = h.data_offset(&tc, size);
     Ok((h, offset))
@@ -192,9 +212,9 @@ pub fn tcrypt_header(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, 
 /// Unlocks a TrueCrypt/VeraCrypt volume: keyfiles from `--key-file`, the passphrase from
 /// a line of standard input or the terminal (empty allowed with keyfiles).
 pub fn unlock_tcrypt(device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
-    let (tc, pass) = tcrypt_secrets(device, a)?;
+    let (tc, pass, header) = tcrypt_secrets(device, a)?;
     let opts = OpenOptions {
-        header: a.header.header.clone(),
+        header,
         read_only: a.read_only,
         allow_discards: a.allow_discards,
         key_slot: None,
@@ -383,19 +403,41 @@ pub fn bitlk_secret(device: &Path, a: &VolumeArgs) -> CliResult<(BitlkHeader, Se
     Ok((header, pass))
 }
 
-/// A BitLocker volume (`cryptsetup open --type bitlk`).
-fn open_bitlk(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
-    // The volume's opening refuses what cannot be mapped (before any key search).
-    let (_, secret) = bitlk_secret(device, a)?;
-    let opts = OpenOptions {
+/// The options of a BitLocker or FileVault 2 mapping (no header file, no keyslots).
+fn foreign_open_options(a: &VolumeArgs) -> OpenOptions {
+    OpenOptions {
         header: None,
         read_only: a.read_only,
         allow_discards: a.allow_discards,
         key_slot: None,
         io: a.file_io(),
-    };
-    let u =
-        cryptblk_volume::open_bitlk(device, &opts, &secret).map_err(|e| volume_error(device, e))?;
+    }
+}
+
+/// `--volume-key-file`: exactly `len` bytes of volume key.
+fn volume_key_file(a: &VolumeArgs, len: usize) -> CliResult<Option<SecretBytes>> {
+    a.volume_key_file
+        .as_deref()
+        .map(|p| read_key_file(p, 0, Some(len)))
+        .transpose()
+}
+
+/// A BitLocker volume (`cryptsetup open --type bitlk`).
+fn open_bitlk(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    // The volume's opening refuses what cannot be mapped (before any key search).
+    let opts = foreign_open_options(a);
+    let u = match &a.volume_key_file {
+        Some(_) => {
+            let h = cryptblk_volume::bitlk_header(device).map_err(|e| volume_error(device, e))?;
+            let key = volume_key_file(a, h.encryption.key_bits() / 8)?.expect("given");
+            cryptblk_volume::open_bitlk(device, &opts, Unlock::VolumeKey(&key))
+        }
+        None => {
+            let (_, secret) = bitlk_secret(device, a)?;
+            cryptblk_volume::open_bitlk(device, &opts, Unlock::Passphrase(&secret))
+        }
+    }
+    .map_err(|e| volume_error(device, e))?;
     Ok(OpenedVolume {
         info: VolumeInfo {
             kind: if u.header.togo {
@@ -413,10 +455,48 @@ fn open_bitlk(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     })
 }
 
+/// The FileVault 2 volume key size: AES-128-XTS.
+const FVAULT2_KEY_LEN: usize = 32;
+
+/// A FileVault 2 volume (`cryptsetup open --type fvault2`): a user's passphrase or the
+/// recovery key, or `--volume-key-file`.
+fn open_fvault2(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    let opts = foreign_open_options(a);
+    let u = match volume_key_file(a, FVAULT2_KEY_LEN)? {
+        Some(key) => cryptblk_volume::open_fvault2(device, &opts, Unlock::VolumeKey(&key)),
+        None => {
+            // Refuse a device that is not FileVault 2 before asking for a passphrase.
+            cryptblk_volume::fvault2_header(device).map_err(|e| volume_error(device, e))?;
+            let pass = get_passphrase(
+                &a.key.source(),
+                &format!("Enter passphrase for {}: ", device.display()),
+                false,
+            )?;
+            cryptblk_volume::open_fvault2(device, &opts, Unlock::Passphrase(&pass))
+        }
+    }
+    .map_err(|e| volume_error(device, e))?;
+    Ok(OpenedVolume {
+        info: VolumeInfo {
+            kind: "FVAULT2".into(),
+            key_bits: FVAULT2_KEY_LEN * 8,
+            keyslot: None,
+            uuid: Some(u.header.family_uuid.clone()),
+        },
+        volume: u.volume,
+        header_file: None,
+    })
+}
+
 /// Unlocks `device` as the options say.
 pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     if let Some(size) = parse_mem(device) {
         return open_memory(size?, a);
+    }
+    if a.volume_key_file.is_some() && !matches!(a.kind.as_str(), "bitlk" | "fvault2") {
+        return Err(CliError::usage(
+            "--volume-key-file opens only --type bitlk and fvault2 volumes here",
+        ));
     }
     match a.kind.as_str() {
         "luks" | "luks1" | "luks2" => {
@@ -485,6 +565,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         }
         "loopaes" => open_loopaes(device, a),
         "bitlk" => open_bitlk(device, a),
+        "fvault2" => open_fvault2(device, a),
         "tcrypt" => {
             let u = unlock_tcrypt(device, a)?;
             Ok(OpenedVolume {
@@ -504,7 +585,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
             })
         }
         other => Err(CliError::usage(format!(
-            "unsupported --type {other} (luks, plain, loopaes, tcrypt, bitlk)"
+            "unsupported --type {other} (luks, plain, loopaes, tcrypt, bitlk, fvault2)"
         ))),
     }
 }

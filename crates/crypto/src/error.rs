@@ -32,6 +32,8 @@ pub enum Error {
     BackendUnavailable(String),
     /// AES-CCM: bad sizes, or the authentication tag does not match (wrong key or damaged data).
     Ccm(String),
+    /// AES key wrap (RFC 3394): bad sizes or a failed integrity check.
+    KeyWrap(String),
     /// Anti-forensic splitter input of the wrong size: `af_merge` got less material than
     /// `key_len × stripes` bytes or a stripe count of 0; `af_split` got a stripe count of 0.
     AfLength {
@@ -67,6 +69,7 @@ impl fmt::Display for Error {
             Error::Random(s) => write!(f, "random number generator failed: {s}"),
             Error::BackendUnavailable(s) => write!(f, "crypto backend unavailable: {s}"),
             Error::Ccm(s) => write!(f, "AES-CCM: {s}"),
+            Error::KeyWrap(s) => write!(f, "AES key wrap: {s}"),
             Error::AfLength { expected, got } => {
                 write!(
                     f,

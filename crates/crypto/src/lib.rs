@@ -13,6 +13,7 @@ mod elephant;
 mod error;
 mod hash;
 pub mod kdf;
+mod keywrap;
 #[allow(unsafe_code)] // mlock, madvise
 mod secret;
 mod sector;
@@ -29,10 +30,11 @@ pub use ccm::{aes_ccm_decrypt, aes_ccm_encrypt};
 pub use error::{Error, Result};
 pub use hash::HashAlg;
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
+pub use keywrap::{aes_key_unwrap, aes_key_wrap};
 pub use secret::{SecretBytes, constant_time_eq};
 pub use sector::{IvOptions, SectorCipher};
 pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
-pub use unit::{UnitCipher, crc32, crc32_update};
+pub use unit::{UnitCipher, crc32, crc32_update, crc32c_update};
 
 /// Fills `buf` from the operating system's random source.
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {

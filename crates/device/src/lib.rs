@@ -6,8 +6,10 @@
 use std::io;
 
 pub mod errno;
+mod partition;
 mod storage;
 pub use errno::errno_of;
+pub use partition::{Partition, partition_of};
 pub use storage::{MemStorage, MemoryDevice, RawDevice, Storage};
 
 /// A byte-addressed block device shared by the threads of a frontend.

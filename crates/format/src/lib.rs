@@ -1,5 +1,5 @@
 //! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode, loop-AES,
-//! TrueCrypt/VeraCrypt (TCRYPT) and BitLocker (BITLK).
+//! TrueCrypt/VeraCrypt (TCRYPT), BitLocker (BITLK) and FileVault 2 (FVAULT2).
 //!
 //! Each format lives in its own module; all LUKS versions implement [`LuksHeader`], so the
 //! CLI and the data path never need to know which version they hold.
@@ -7,8 +7,10 @@
 #![forbid(unsafe_code)]
 
 pub mod bitlk;
+mod bytes;
 pub mod crash;
 mod error;
+pub mod fvault2;
 pub mod loopaes;
 pub mod luks1;
 pub mod luks2;

@@ -20,13 +20,13 @@ mod suspend;
 mod uring;
 mod volume;
 
-pub use cryptblk_device::{MemStorage, Storage};
+pub use cryptblk_device::{MemStorage, Partition, Storage, partition_of};
 pub use error::{Error, Result};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
-    FileIo, OpenOptions, UnlockedBitlk, UnlockedLuks, UnlockedTcrypt, bitlk_header, open_bitlk,
-    open_data_file, open_luks, open_plain, open_plain_with, open_tcrypt, tcrypt_header,
-    unlock_layout, unlock_luks, volume_from_key,
+    FileIo, OpenOptions, Unlock, UnlockedBitlk, UnlockedFvault2, UnlockedLuks, UnlockedTcrypt,
+    bitlk_header, fvault2_header, open_bitlk, open_data_file, open_fvault2, open_luks, open_plain,
+    open_plain_with, open_tcrypt, tcrypt_header, unlock_layout, unlock_luks, volume_from_key,
 };
 pub use storage::{FileStorage, IoEngine};
 pub use suspend::Suspended;

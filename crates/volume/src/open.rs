@@ -1,10 +1,11 @@
-//! Opening volumes: LUKS, TrueCrypt/VeraCrypt and BitLocker (unlock with a passphrase) or a raw key
+//! Opening volumes: LUKS, TrueCrypt/VeraCrypt, BitLocker and FileVault 2 (unlock with a passphrase) or a raw key
 //! (plain mode, tests).
 
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
 use cryptblk_format::bitlk::BitlkHeader;
+use cryptblk_format::fvault2::Fvault2Header;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_format::{LuksHeader, SegmentKey, load_header};
 use std::fs::File;
@@ -293,15 +294,25 @@ pub fn bitlk_header(device: &Path) -> Result<BitlkHeader> {
     Ok(BitlkHeader::read(&dev)?)
 }
 
-/// Unlocks a BitLocker volume (`cryptsetup open --type bitlk`) with a passphrase, a
-/// recovery password or a startup key file's contents (empty: the clear key of a volume
-/// whose protection is suspended), and maps it as cryptsetup does: the metadata areas
-/// read as zeros, the relocated boot sectors appear at the start.
-pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: &[u8]) -> Result<UnlockedBitlk> {
+/// What opens a BitLocker or FileVault 2 volume.
+pub enum Unlock<'a> {
+    /// A passphrase or recovery password/key; for BitLocker also a startup key file's
+    /// contents, or nothing: the clear key of a volume whose protection is suspended.
+    Passphrase(&'a [u8]),
+    /// The volume key itself (`--volume-key-file`).
+    VolumeKey(&'a [u8]),
+}
+
+/// Unlocks a BitLocker volume (`cryptsetup open --type bitlk`) and maps it as cryptsetup
+/// does: the metadata areas read as zeros, the relocated boot sectors appear at the start.
+pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Result<UnlockedBitlk> {
     let data = open_data_file(device, opts.read_only)?;
     let header = BitlkHeader::read(&FileStorage::new(data.try_clone()?)?)?;
     header.check_mappable()?;
-    let key = header.volume_key(secret)?;
+    let key = match secret {
+        Unlock::Passphrase(s) => header.volume_key(s)?,
+        Unlock::VolumeKey(k) => cryptblk_crypto::SecretBytes::from_slice(k),
+    };
     let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
     let zero_spec = cryptblk_crypto::CipherSpec::parse("cipher_null-ecb")?;
     let segments = header
@@ -333,4 +344,45 @@ pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: &[u8]) -> Result<Un
         opts.allow_discards,
     )?;
     Ok(UnlockedBitlk { volume, header })
+}
+
+/// An unlocked FileVault 2 volume and the metadata that opened it.
+pub struct UnlockedFvault2 {
+    /// The volume, ready for I/O: the logical volume as cryptsetup maps it.
+    pub volume: Volume,
+    /// The Core Storage metadata (for `status` and `fvault2Dump`).
+    pub header: Fvault2Header,
+}
+
+/// Reads the FileVault 2 (Core Storage) metadata of `device` without unlocking anything.
+pub fn fvault2_header(device: &Path) -> Result<Fvault2Header> {
+    let dev = FileStorage::new(File::open(device)?)?;
+    Ok(Fvault2Header::read(&dev)?)
+}
+
+/// Unlocks a FileVault 2 volume (`cryptsetup open --type fvault2`) and maps its logical
+/// volume as cryptsetup does: aes-xts-plain64 from the volume's offset, IVs from 0.
+pub fn open_fvault2(
+    device: &Path,
+    opts: &OpenOptions,
+    secret: Unlock<'_>,
+) -> Result<UnlockedFvault2> {
+    let data = open_data_file(device, opts.read_only)?;
+    let header = Fvault2Header::read(&FileStorage::new(data.try_clone()?)?)?;
+    let cipher = match secret {
+        Unlock::Passphrase(p) => header.sector_cipher(&header.volume_key(p)?)?,
+        Unlock::VolumeKey(k) => header.sector_cipher(k)?,
+    };
+    let params = VolumeParams {
+        cipher: *cipher.spec(),
+        sector_size: 512,
+        iv: cipher.iv_options(),
+        data_offset: header.volume_offset,
+        data_length: Some(header.volume_size / 512 * 512),
+        read_only: opts.read_only,
+        allow_discards: opts.allow_discards,
+    };
+    let storage = opts.io.storage(data, 512)?;
+    let volume = Volume::new(Box::new(storage), cipher, &params)?;
+    Ok(UnlockedFvault2 { volume, header })
 }

@@ -274,7 +274,7 @@ fn status_json(
     let (cipher, sector_size, backend) = (c.spec, c.sector_size, c.backend);
     let mut v = json!({
         "name": s.name, "device": s.device, "type": s.info.kind,
-        "cipher": cipher, "key_bits": s.info.key_bits, "keyslot": s.info.keyslot,
+        "cipher": cipher, "key_bits": s.info.key_bits, "keyslot": s.info.keyslot, "uuid": s.info.uuid,
         "sector_size": sector_size, "backend": backend,
         "storage": vol.storage_description(),
         "offset_sectors": c.data_offset / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),

@@ -11,6 +11,7 @@
 //! The rules are cryptsetup's `lib/bitlk`, read from its sources and checked against its
 //! test images; the clear key, which cryptsetup refuses, follows dislocker.
 
+use crate::bytes::{read_within as read, u16_at, u32_at, u64_at};
 use crate::{Error, Result};
 use cryptblk_crypto::{
     CipherSpec, HashAlg, IvOptions, SecretBytes, SectorCipher, aes_ccm_decrypt, kdf,
@@ -307,18 +308,6 @@ fn corrupt(what: &str) -> Error {
     Error::InvalidOption(format!("invalid BITLK metadata: {what}"))
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 /// A Windows GUID (first three fields little-endian) as text.
 fn guid_at(b: &[u8], at: usize) -> String {
     let bytes: [u8; 16] = b[at..at + 16].try_into().expect("16 bytes");
@@ -356,21 +345,6 @@ fn entries(list: &[u8]) -> Result<Vec<(u16, u16, &[u8])>> {
         at += size;
     }
     Ok(out)
-}
-
-fn read(dev: &dyn Storage, buf: &mut [u8], at: u64) -> Result<()> {
-    let size = dev.size()?;
-    if at
-        .checked_add(buf.len() as u64)
-        .is_none_or(|end| end > size)
-    {
-        return Err(Error::Truncated {
-            need: at.saturating_add(buf.len() as u64),
-            have: size,
-        });
-    }
-    dev.read_at(buf, at)?;
-    Ok(())
 }
 
 impl BitlkHeader {

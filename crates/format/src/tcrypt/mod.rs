@@ -38,6 +38,10 @@ pub struct TcryptOptions {
     pub hidden: bool,
     /// A system volume's header at sector 62 (`--tcrypt-system`).
     pub system: bool,
+    /// `--tcrypt-system` on one partition: where it starts on its disk, in 512-byte
+    /// sectors. The header is then the disk's; the partition maps from its first sector,
+    /// with IVs counted from the disk's start (as cryptsetup maps it).
+    pub partition_start: Option<u64>,
     /// The backup header at the device's end (`--tcrypt-backup`).
     pub backup: bool,
     /// Do not try VeraCrypt's KDFs and magic (`--disable-veracrypt`).
@@ -864,7 +868,11 @@ impl TcryptHeader {
                 / 512
         };
         if o.system {
-            return self.mk_offset / 512;
+            return if o.partition_start.is_some() {
+                0
+            } else {
+                self.mk_offset / 512
+            };
         }
         if self.chain.mode == Xts {
             if self.version < 3 {
@@ -885,10 +893,14 @@ impl TcryptHeader {
 
     /// IV offset in 512-byte sectors (`TCRYPT_get_iv_offset`).
     pub fn iv_offset(&self, o: &TcryptOptions, size: u64) -> u64 {
-        match self.chain.mode {
+        let iv = match self.chain.mode {
             Xts => self.data_offset(o, size),
             Lrw => 0,
             _ => self.mk_offset / 512,
+        };
+        match o.partition_start {
+            Some(start) if o.system => iv + start,
+            _ => iv,
         }
     }
 
