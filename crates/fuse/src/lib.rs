@@ -319,6 +319,9 @@ impl Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> io::Result<()> {
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
+        // O_DIRECT reads and writes submitted asynchronously (io_uring, libaio) reach the
+        // worker threads together instead of one at a time.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
         Ok(())
     }
 
