@@ -14,8 +14,6 @@ have fusermount3 || need+=(fuse3)
 have nbd-client || need+=(nbd-client)
 have mkfs.xfs || need+=(xfsprogs)
 have python3 || need+=(python3)
-# An independent AES-XTS for FileVault 2's written data (tests/tools/xts-decrypt.py).
-python3 -c 'import cryptography' 2>/dev/null || need+=(python3-cryptography)
 have strace || need+=(strace)
 have dislocker-file || need+=(dislocker)
 have tcplay || need+=(tcplay)
@@ -24,6 +22,19 @@ if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null
+fi
+# Python cryptography 44 or later: an AES-XTS and Argon2id independent of cryptblk's, for
+# the FileVault 2 and VeraCrypt Argon2id tests (tests/tools/*.py). Debian 12's package
+# predates Argon2id, so it comes from PyPI when missing.
+if ! python3 -c 'from cryptography.hazmat.primitives.kdf.argon2 import Argon2id' 2>/dev/null; then
+  echo "setup: installing Python cryptography>=44 (pip)" >&2
+  python3 -m pip --version >/dev/null 2>&1 || {
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  }
+  python3 -m pip install --quiet --upgrade 'cryptography>=44' 2>/dev/null \
+    || python3 -m pip install --quiet --upgrade --break-system-packages 'cryptography>=44'
 fi
 # QEMU: the tools (qemu-img, qemu-io, qemu-nbd) and the system emulator the VM tests boot
 # must be one release. Debian's qemu-system-x86 depends on its own qemu-utils and removes

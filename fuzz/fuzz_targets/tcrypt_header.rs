@@ -7,7 +7,7 @@
 
 use cryptblk_crypto::{BlockCipherAlg, ChainMode, HashAlg, Kdf, UnitCipher, crc32};
 use cryptblk_format::MemStorage;
-use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
+use cryptblk_format::tcrypt::{TcryptHeader, TcryptKdf, TcryptOptions};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -60,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
     image[..64].copy_from_slice(&SALT);
     image[64..512].copy_from_slice(&plain);
     let opts = TcryptOptions {
-        hash: Some(HashAlg::Sha512),
+        kdf: Some(TcryptKdf::Pbkdf2(HashAlg::Sha512)),
         cipher: Some("aes".into()),
         // VeraCrypt's KDFs run 500,000 iterations: far too slow per input.
         no_veracrypt: true,

@@ -562,7 +562,7 @@ pub struct TypeSelect {
     /// TCRYPT: only cipher chains whose name contains this.
     #[arg(short = 'c', long)]
     pub cipher: Option<String>,
-    /// TCRYPT: only this PBKDF2 hash.
+    /// TCRYPT: only this KDF: a PBKDF2 hash, or argon2id (VeraCrypt 1.26.29+).
     #[arg(short = 'h', long)]
     pub hash: Option<String>,
 }

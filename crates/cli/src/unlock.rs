@@ -47,7 +47,8 @@ pub struct VolumeArgs {
     /// Plain mode: key size in bits.
     #[arg(short = 's', long = "key-size")]
     pub key_size: Option<usize>,
-    /// Plain mode: passphrase hash (sha256, ripemd160, plain, sha256:LEN, ...).
+    /// Plain mode: passphrase hash (sha256, ripemd160, plain, sha256:LEN, ...); TCRYPT: only
+    /// this header KDF (a PBKDF2 hash, or argon2id).
     #[arg(short = 'h', long)]
     pub hash: Option<String>,
     /// Plain mode: data start on the device, in 512-byte sectors.
@@ -83,7 +84,7 @@ impl VolumeArgs {
 }
 
 /// TrueCrypt/VeraCrypt options (cryptsetup's names); `-c`/`-h` narrow the cipher chains
-/// and PBKDF2 hashes tried.
+/// and header KDFs tried.
 #[derive(Args, Debug, Clone, Default)]
 pub struct TcryptArgs {
     /// TCRYPT: open the hidden volume.
@@ -139,10 +140,10 @@ impl VolumeArgs {
             backup: t.backup,
             no_veracrypt: t.disable_veracrypt,
             pim: t.pim,
-            hash: self
+            kdf: self
                 .hash
                 .as_deref()
-                .map(cryptblk_crypto::HashAlg::from_name)
+                .map(cryptblk_format::tcrypt::TcryptKdf::from_name)
                 .transpose()?,
             cipher: self.cipher.clone(),
             keyfiles,

@@ -569,3 +569,130 @@ fn ok_bytes(o: &std::process::Output) -> Vec<u8> {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     o.stdout.clone()
 }
+
+/// VeraCrypt 1.26.29's Argon2id headers, on volumes made independently of cryptblk
+/// (`tests/tools/veracrypt-argon2-create.py`: Python cryptography's Argon2id and AES-XTS,
+/// VeraCrypt's layout and PIM rules): found by the full KDF search (tried last, as
+/// VeraCrypt does) and by `-h argon2id`; a PIM, the backup header, a wrong passphrase or
+/// PIM; data read back as written, and cryptblk's writes decrypted by Python; refused
+/// for system volumes (VeraCrypt has no Argon2id before boot).
+#[test]
+fn veracrypt_argon2id_volumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/veracrypt-argon2-create.py");
+    let make = |name: &str, pim: &str| {
+        let img = tmp.path().join(name);
+        let plain = tmp.path().join(format!("{name}.plain"));
+        ok(&run_in(
+            "python3",
+            &[
+                script.to_str().unwrap(),
+                img.to_str().unwrap(),
+                "argon pass",
+                pim,
+                "4194304",
+                plain.to_str().unwrap(),
+            ],
+            b"",
+        ));
+        (img, std::fs::read(plain).unwrap())
+    };
+    let cb = |args: &[&str], img: &Path, stdin: &[u8]| {
+        let mut a = args.to_vec();
+        a.push(img.to_str().unwrap());
+        run_in(bin(), &a, stdin)
+    };
+
+    // VeraCrypt's default costs (PIM 12: 416 MiB, 6 passes), no -h: the whole search.
+    let (img, plain) = make("default.img", "0");
+    let dump = ok(&cb(&["dump", "--type", "tcrypt"], &img, b"argon pass\n"));
+    assert!(
+        dump.contains("Argon2id:\ttime 6, memory 425984 KiB, 1 lane")
+            && dump.contains("Cipher chain:\taes\n"),
+        "{dump}"
+    );
+    let mut args = vec!["export", "-r", "--type", "tcrypt", "-h", "argon2id"];
+    args.extend([img.to_str().unwrap(), "-"]);
+    let data = ok_bytes(&run_in(bin(), &args, b"argon pass\n"));
+    assert!(data == plain, "the data reads back as written");
+    let o = cb(
+        &["test-passphrase", "--type", "tcrypt", "-h", "argon2id"],
+        &img,
+        b"argon pas\n",
+    );
+    assert_eq!(o.status.code(), Some(2), "a wrong passphrase");
+
+    // PIM 3 (128 MiB, 3 passes): needs the PIM; the backup header opens too.
+    let (img, plain) = make("pim.img", "3");
+    let pim = ["--veracrypt-pim", "3", "-h", "argon2id"];
+    let o = cb(
+        &["test-passphrase", "--type", "tcrypt", "-h", "argon2id"],
+        &img,
+        b"argon pass\n",
+    );
+    assert_eq!(o.status.code(), Some(2), "without its PIM");
+    for extra in [&[][..], &["--tcrypt-backup"][..]] {
+        let mut a = vec!["dump", "--type", "tcrypt"];
+        a.extend(pim);
+        a.extend(extra);
+        let d = ok(&cb(&a, &img, b"argon pass\n"));
+        assert!(
+            d.contains("Argon2id:\ttime 3, memory 131072 KiB"),
+            "{extra:?}: {d}"
+        );
+    }
+    // cryptblk writes; Python's AES-XTS reads the image with the volume key.
+    let pattern: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(7919) >> 3) as u8)
+        .collect();
+    let src = tmp.path().join("pattern");
+    std::fs::write(&src, &pattern).unwrap();
+    let mut a = vec!["import", "-q", "--type", "tcrypt"];
+    a.extend(pim);
+    a.extend([img.to_str().unwrap(), src.to_str().unwrap()]);
+    ok(&run_in(bin(), &a, b"argon pass\n"));
+    let mut a = vec!["dump", "--type", "tcrypt", "--dump-volume-key", "-q"];
+    a.extend(pim);
+    let key = dumped_volume_key(&ok(&cb(&a, &img, b"argon pass\n")));
+    assert_eq!(key.len(), 64);
+    let key_hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let decrypt = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/xts-decrypt.py");
+    let theirs = ok_bytes(&run_in(
+        "python3",
+        &[
+            decrypt.to_str().unwrap(),
+            &key_hex,
+            img.to_str().unwrap(),
+            "131072",
+            "0",
+            &(2u32 << 20).to_string(),
+            "256",
+        ],
+        b"",
+    ));
+    assert!(
+        theirs[..1 << 20] == pattern[..],
+        "Python reads what cryptblk wrote"
+    );
+    assert!(
+        theirs[1 << 20..] == plain[1 << 20..2 << 20],
+        "and the rest is untouched"
+    );
+
+    // No Argon2id for system volumes.
+    let o = cb(
+        &[
+            "test-passphrase",
+            "--type",
+            "tcrypt",
+            "--tcrypt-system",
+            "-h",
+            "argon2id",
+        ],
+        &img,
+        b"argon pass\n",
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not for system volumes"));
+}

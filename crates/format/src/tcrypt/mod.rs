@@ -10,8 +10,8 @@
 
 use crate::{Error, Result};
 use cryptblk_crypto::{
-    BlockCipherAlg, ChainMode, CipherSpec, HashAlg, IvMode, IvOptions, SecretBytes, SectorCipher,
-    UnitCipher, crc32, crc32_update,
+    Argon2Variant, BlockCipherAlg, ChainMode, CipherSpec, HashAlg, IvMode, IvOptions, Kdf,
+    SecretBytes, SectorCipher, UnitCipher, crc32, crc32_update,
 };
 use std::fmt::Write as _;
 
@@ -48,18 +48,38 @@ pub struct TcryptOptions {
     pub no_veracrypt: bool,
     /// VeraCrypt's PIM (`--veracrypt-pim`): only VeraCrypt KDFs, with iterations from it.
     pub pim: Option<u32>,
-    /// Only this PBKDF2 hash (`--hash`).
-    pub hash: Option<HashAlg>,
+    /// Only this KDF (`--hash`: a PBKDF2 hash, or `argon2id`).
+    pub kdf: Option<TcryptKdf>,
     /// Only cipher chains whose name contains this (`--cipher`, e.g. `aes` or `serpent-aes`).
     pub cipher: Option<String>,
     /// Keyfiles' contents (first [`KEYFILE_MAX`] bytes each), in the order given.
     pub keyfiles: Vec<SecretBytes>,
 }
 
-/// One PBKDF2 variant TrueCrypt or VeraCrypt used.
+/// A header KDF to search with (`--hash`): PBKDF2 with one hash, or VeraCrypt's Argon2id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcryptKdf {
+    /// PBKDF2-HMAC with this hash (every iteration count TrueCrypt and VeraCrypt used).
+    Pbkdf2(HashAlg),
+    /// Argon2id, VeraCrypt 1.26.29+ (non-system volumes only).
+    Argon2id,
+}
+
+impl TcryptKdf {
+    /// `--hash` as cryptsetup takes it (`sha512`, `ripemd160`, ...), or `argon2id`.
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "argon2id" | "argon2" => Ok(TcryptKdf::Argon2id),
+            h => Ok(TcryptKdf::Pbkdf2(HashAlg::from_name(h)?)),
+        }
+    }
+}
+
+/// One header KDF TrueCrypt or VeraCrypt used.
 struct KdfVariant {
     veracrypt: bool,
-    hash: HashAlg,
+    kind: TcryptKdf,
+    /// PBKDF2 iterations without a PIM (0 for Argon2id: from the PIM alone).
     iterations: u32,
     pim_const: u32,
     pim_mult: u32,
@@ -74,15 +94,37 @@ const fn kdf(
 ) -> KdfVariant {
     KdfVariant {
         veracrypt,
-        hash,
+        kind: TcryptKdf::Pbkdf2(hash),
         iterations,
         pim_const,
         pim_mult,
     }
 }
 
+/// VeraCrypt's Argon2id header key: always 192 bytes (its `ARGON2_HEADER_KEYDATA_SIZE`,
+/// whatever the chain needs; Argon2's output depends on its length), one lane, version
+/// 1.3, the header's 64-byte salt, no secret or associated data.
+const ARGON2_LANES: u32 = 1;
+
+/// VeraCrypt's `get_argon2_params`: the PIM (none or 0: 12) gives the memory, 64 MiB plus
+/// 32 MiB per step up to 1 GiB, and the passes, 3 plus one every three steps up to PIM 31
+/// and one per step beyond. PIM 12 (the default): 416 MiB, 6 passes. Returns (passes, KiB).
+pub fn veracrypt_argon2_costs(pim: Option<u32>) -> (u32, u32) {
+    let pim = match pim {
+        None | Some(0) => 12,
+        Some(p) => p,
+    };
+    let memory_mib = 64u32.saturating_add((pim - 1).saturating_mul(32)).min(1024);
+    let passes = if pim <= 31 {
+        3 + (pim - 1) / 3
+    } else {
+        13u32.saturating_add(pim - 31)
+    };
+    (passes, memory_mib * 1024)
+}
+
 /// cryptsetup's order, which is also the order of likelihood (SHA-1 is TrueCrypt 1-4's).
-const KDFS: [KdfVariant; 12] = [
+const KDFS: [KdfVariant; 13] = [
     kdf(false, HashAlg::Ripemd160, 2000, 0, 0),
     kdf(false, HashAlg::Ripemd160, 1000, 0, 0),
     kdf(false, HashAlg::Sha512, 1000, 0, 0),
@@ -96,6 +138,14 @@ const KDFS: [KdfVariant; 12] = [
     kdf(true, HashAlg::Ripemd160, 655_331, 15000, 1000),
     kdf(true, HashAlg::Ripemd160, 327_661, 0, 2048),
     kdf(true, HashAlg::Stribog512, 500_000, 15000, 1000),
+    // VeraCrypt tries it last, and never for system volumes (no pre-boot support).
+    KdfVariant {
+        veracrypt: true,
+        kind: TcryptKdf::Argon2id,
+        iterations: 0,
+        pim_const: 0,
+        pim_mult: 0,
+    },
 ];
 
 /// One cipher of a chain and where its keys sit in the 256 key bytes of the header (for
@@ -524,10 +574,8 @@ pub struct TcryptHeader {
     pub flags: u32,
     /// Encryption sector size.
     pub sector_size: u32,
-    /// PBKDF2 hash that opened it.
-    pub hash: HashAlg,
-    /// PBKDF2 iterations that opened it.
-    pub iterations: u32,
+    /// The KDF and costs that opened it (PBKDF2 with a hash and iterations, or Argon2id).
+    pub kdf: Kdf,
     chain: &'static Chain,
     /// The 256 key bytes.
     keys: SecretBytes,
@@ -540,7 +588,7 @@ impl std::fmt::Debug for TcryptHeader {
             .field("version", &self.version)
             .field("chain", &self.chain.name)
             .field("mode", &self.chain.mode_name)
-            .field("hash", &self.hash)
+            .field("kdf", &self.kdf)
             .finish_non_exhaustive()
     }
 }
@@ -725,18 +773,30 @@ impl TcryptHeader {
         Err(last)
     }
 
-    /// The KDF variants `o` allows, with the iterations each runs.
-    fn kdf_candidates(o: &TcryptOptions) -> Vec<(&'static KdfVariant, u32)> {
+    /// The KDFs `o` allows, with the costs each runs, in the order they are tried.
+    fn kdf_candidates(o: &TcryptOptions) -> Vec<Kdf> {
         KDFS.iter()
-            .filter(|k| o.hash.is_none_or(|h| h == k.hash))
+            .filter(|k| o.kdf.is_none_or(|want| want == k.kind))
             .filter(|k| !(o.no_veracrypt && k.veracrypt))
             .filter(|k| o.pim.is_none() || k.veracrypt)
-            .map(|k| {
-                let it = match o.pim {
-                    Some(p) => k.pim_const.saturating_add(k.pim_mult.saturating_mul(p)),
-                    None => k.iterations,
-                };
-                (k, it)
+            .filter(|k| !(o.system && k.kind == TcryptKdf::Argon2id))
+            .map(|k| match k.kind {
+                TcryptKdf::Pbkdf2(hash) => Kdf::Pbkdf2 {
+                    hash,
+                    iterations: match o.pim {
+                        Some(p) => k.pim_const.saturating_add(k.pim_mult.saturating_mul(p)),
+                        None => k.iterations,
+                    },
+                },
+                TcryptKdf::Argon2id => {
+                    let (time, memory_kib) = veracrypt_argon2_costs(o.pim);
+                    Kdf::Argon2 {
+                        variant: Argon2Variant::Argon2id,
+                        time,
+                        memory_kib,
+                        parallel: ARGON2_LANES,
+                    }
+                }
             })
             .collect()
     }
@@ -746,24 +806,22 @@ impl TcryptHeader {
         let candidates = Self::kdf_candidates(o);
         if candidates.is_empty() {
             return Err(Error::InvalidOption(
-                "no TrueCrypt/VeraCrypt KDF uses that hash".into(),
+                "no TrueCrypt/VeraCrypt KDF uses that hash (Argon2id: not for system volumes)"
+                    .into(),
             ));
         }
-        // The KDFs are the cost (VeraCrypt's run 200,000 to 655,331 iterations): derive
-        // as many at once as there are cores, then try every chain on each in order.
+        // The KDFs are the cost (VeraCrypt's run 200,000 to 655,331 iterations, or Argon2id
+        // over 416 MiB): derive as many at once as there are cores, then try every chain
+        // on each in order.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         for wave in candidates.chunks(workers) {
             let keys: Vec<Result<SecretBytes>> = std::thread::scope(|s| {
                 let handles: Vec<_> = wave
                     .iter()
-                    .map(|(k, it)| {
+                    .map(|k| {
                         s.spawn(move || -> Result<SecretBytes> {
                             let mut key = SecretBytes::zeroed(HEADER_KEY_LEN);
-                            cryptblk_crypto::Kdf::Pbkdf2 {
-                                hash: k.hash,
-                                iterations: *it,
-                            }
-                            .derive(pool, salt, &mut key)?;
+                            k.derive(pool, salt, &mut key)?;
                             Ok(key)
                         })
                     })
@@ -773,8 +831,8 @@ impl TcryptHeader {
                     .map(|h| h.join().expect("KDF thread"))
                     .collect()
             });
-            for ((k, it), key) in wave.iter().zip(keys) {
-                if let Some(h) = Self::try_chains(raw, o, &key?, k, *it)? {
+            for (k, key) in wave.iter().zip(keys) {
+                if let Some(h) = Self::try_chains(raw, o, &key?, k)? {
                     return Ok(h);
                 }
             }
@@ -786,8 +844,7 @@ impl TcryptHeader {
         raw: &[u8],
         o: &TcryptOptions,
         key: &[u8],
-        kdf: &KdfVariant,
-        iterations: u32,
+        kdf: &Kdf,
     ) -> Result<Option<TcryptHeader>> {
         for chain in CHAINS {
             if o.cipher.as_deref().is_some_and(|c| !chain.name.contains(c)) {
@@ -835,8 +892,7 @@ impl TcryptHeader {
                 mk_size: be64(&d, 52),
                 flags: be32(&d, 60),
                 sector_size,
-                hash: kdf.hash,
-                iterations,
+                kdf: kdf.clone(),
                 chain,
                 keys: SecretBytes::from_slice(&d[192..448]),
             }));
@@ -1001,7 +1057,17 @@ impl TcryptHeader {
         );
         let _ = writeln!(s, "Sector size:\t{}", self.sector_size);
         let _ = writeln!(s, "MK offset:\t{}", self.mk_offset);
-        let _ = writeln!(s, "PBKDF2 hash:\t{}", self.hash);
+        match self.kdf {
+            Kdf::Pbkdf2 { hash, .. } => {
+                let _ = writeln!(s, "PBKDF2 hash:\t{hash}");
+            }
+            // Not in cryptsetup's tcryptDump (it has no Argon2id for TCRYPT).
+            Kdf::Argon2 {
+                time, memory_kib, ..
+            } => {
+                let _ = writeln!(s, "Argon2id:\ttime {time}, memory {memory_kib} KiB, 1 lane");
+            }
+        }
         let _ = writeln!(s, "Cipher chain:\t{}", self.chain.name);
         let _ = writeln!(s, "Cipher mode:\t{}", self.chain.mode_name);
         let _ = writeln!(s, "MK bits:       \t{}", self.key_bits());

@@ -46,21 +46,28 @@ fn kdf_candidates_follow_the_options() {
     assert_eq!(all.len(), KDFS.len());
     let pim = TcryptOptions {
         pim: Some(1234),
-        hash: Some(HashAlg::Sha512),
+        kdf: Some(TcryptKdf::Pbkdf2(HashAlg::Sha512)),
         ..Default::default()
     };
     let c = TcryptHeader::kdf_candidates(&pim);
     assert_eq!(c.len(), 1);
-    assert_eq!(c[0].1, 15000 + 1000 * 1234);
+    assert!(
+        matches!(c[0], Kdf::Pbkdf2 { hash: HashAlg::Sha512, iterations } if iterations == 15000 + 1000 * 1234)
+    );
     let tc = TcryptOptions {
         no_veracrypt: true,
         ..Default::default()
     };
-    assert!(
-        TcryptHeader::kdf_candidates(&tc)
-            .iter()
-            .all(|(k, _)| !k.veracrypt)
-    );
+    // TrueCrypt's KDFs only: 1000 or 2000 iterations of PBKDF2.
+    let legacy = TcryptHeader::kdf_candidates(&tc);
+    assert_eq!(legacy.len(), 5);
+    assert!(legacy.iter().all(|k| matches!(
+        k,
+        Kdf::Pbkdf2 {
+            iterations: 1000 | 2000,
+            ..
+        }
+    )));
 }
 
 #[test]
@@ -83,7 +90,7 @@ fn chain_table_is_consistent() {
 fn garbage_and_short_devices() {
     let dev = crate::MemStorage::from_vec(vec![0x5a; 4096]);
     let o = TcryptOptions {
-        hash: Some(HashAlg::Sha512),
+        kdf: Some(TcryptKdf::Pbkdf2(HashAlg::Sha512)),
         no_veracrypt: true,
         ..Default::default()
     };
@@ -92,4 +99,42 @@ fn garbage_and_short_devices() {
     let small = crate::MemStorage::from_vec(vec![0; 100]);
     let e = TcryptHeader::open(&small, 100, &o, b"pw").unwrap_err();
     assert!(matches!(e, Error::Truncated { .. }), "{e}");
+}
+
+#[test]
+fn veracrypt_argon2_costs_follow_its_pim_rule() {
+    // (PIM, passes, KiB) from VeraCrypt's get_argon2_params.
+    for (pim, t, m) in [
+        (None, 6, 425_984),
+        (Some(0), 6, 425_984),
+        (Some(12), 6, 425_984),
+        (Some(1), 3, 65_536),
+        (Some(3), 3, 131_072),
+        (Some(4), 4, 163_840),
+        (Some(31), 13, 1_048_576),
+        (Some(32), 14, 1_048_576),
+        (Some(100), 82, 1_048_576),
+    ] {
+        assert_eq!(veracrypt_argon2_costs(pim), (t, m), "PIM {pim:?}");
+    }
+    // Never for system volumes; the only KDF `-h argon2id` leaves.
+    let sys = TcryptOptions {
+        system: true,
+        kdf: Some(TcryptKdf::Argon2id),
+        ..Default::default()
+    };
+    assert!(TcryptHeader::kdf_candidates(&sys).is_empty());
+    let only = TcryptOptions {
+        kdf: Some(TcryptKdf::from_name("argon2id").unwrap()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        TcryptHeader::kdf_candidates(&only)[..],
+        [Kdf::Argon2 {
+            time: 6,
+            memory_kib: 425_984,
+            parallel: 1,
+            ..
+        }]
+    ));
 }

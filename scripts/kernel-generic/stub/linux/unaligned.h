@@ -1,0 +1,1 @@
+#include "../kstub.h"
