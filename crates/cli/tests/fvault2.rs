@@ -13,7 +13,6 @@ mod common;
 
 use common::*;
 use sha2::{Digest, Sha256};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 // From cryptsetup 2.6's tests/fvault2-compat-test.
@@ -208,29 +207,19 @@ fn writes_over_nbd_decrypt_independently() {
     let sock = tmp.path().join("s.sock");
     let run_dir = tmp.path().join("run");
     let run_s = run_dir.to_str().unwrap();
-    let mut child = std::process::Command::new(bin())
-        .args(["open", "--type", "fvault2", img.to_str().unwrap(), "fv"])
-        .args([
-            "--nbd",
-            &format!("unix:{}", sock.display()),
+    let child = serve_nbd_unix(
+        &[
+            "open",
+            "--type",
+            "fvault2",
+            img.to_str().unwrap(),
+            "fv",
             "--run-dir",
             run_s,
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(PASSPHRASE).unwrap();
-    let t0 = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed().as_secs() < 60 && child.try_wait().unwrap().is_none(),
-            "server did not come up: {:?}",
-            child.wait_with_output()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+        ],
+        &sock,
+        PASSPHRASE,
+    );
     let status = ok(&run_in(bin(), &["status", "fv", "--run-dir", run_s], b""));
     assert!(
         status.contains("FVAULT2") && status.contains(FAMILY_UUID),

@@ -363,20 +363,15 @@ fn writes_read_back_and_leave_headers_alone() {
 /// "AES(Twofish(Serpent))": serpent-twofish-aes).
 #[test]
 fn served_over_nbd() {
-    use std::io::Write;
     let src = cryptsetup_images("tcrypt-images");
     let tmp = tempfile::tempdir().unwrap();
     let img = tmp.path().join("vc.img");
     std::fs::copy(src.join("vc_1-sha512-xts-aes-twofish-serpent"), &img).unwrap();
     let sock = tmp.path().join("s.sock");
     let run_dir = tmp.path().join("run");
-    let (img_s, sock_s, run_s) = (
-        img.to_str().unwrap(),
-        format!("unix:{}", sock.display()),
-        run_dir.to_str().unwrap(),
-    );
-    let mut child = std::process::Command::new(bin())
-        .args([
+    let (img_s, run_s) = (img.to_str().unwrap(), run_dir.to_str().unwrap());
+    let mut child = serve_nbd_unix(
+        &[
             "open",
             "--type",
             "tcrypt",
@@ -384,26 +379,12 @@ fn served_over_nbd() {
             "sha512",
             img_s,
             "vc",
-            "--nbd",
-            &sock_s,
             "--run-dir",
             run_s,
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(PASSWORD).unwrap();
-    let t0 = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed().as_secs() < 60 && child.try_wait().unwrap().is_none(),
-            "server did not come up: {:?}",
-            child.wait_with_output()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+        ],
+        &sock,
+        PASSWORD,
+    );
     let uri = format!("nbd+unix:///vc?socket={}", sock.display());
     let status = ok(&run_in(bin(), &["status", "vc", "--run-dir", run_s], b""));
     assert!(

@@ -234,3 +234,29 @@ pub fn cryptsetup_images(set: &str) -> std::path::PathBuf {
     );
     dir
 }
+
+/// Starts `cryptblk open ARGS... --nbd unix:SOCK` in the foreground with `stdin` as its
+/// passphrase input and waits (up to 60 s) for the socket; fails with the server's output
+/// if it exits first.
+pub fn serve_nbd_unix(args: &[&str], sock: &Path, stdin: &[u8]) -> std::process::Child {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(bin())
+        .args(args)
+        .args(["--nbd", &format!("unix:{}", sock.display())])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 60 && child.try_wait().unwrap().is_none(),
+            "server did not come up: {:?}",
+            child.wait_with_output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child
+}
