@@ -8,7 +8,8 @@
 # with its CPU extensions on and forced off. Debian's cryptsetup links OpenSSL, which has
 # no Serpent or Twofish at all: without the kernel's AF_ALG, cryptsetup cannot use them.
 # Kernel sources and the harness binary go to $KGEN_CACHE (default
-# /var/cache/cryptblk-kgen), never the repository.
+# /var/cache/cryptblk-kgen: root, or set KGEN_CACHE), never the repository. The stubs
+# fit linux-source 6.12 and later (<linux/unaligned.h>).
 # Usage: scripts/bench-families.sh [ROUNDS]   (best of ROUNDS, default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,29 +60,32 @@ ours() {
 KGEN=${KGEN_CACHE:-/var/cache/cryptblk-kgen}
 kpkg=$(apt-cache search --names-only '^linux-source-[0-9.]+$' | awk '{print $1}' | sort -V | tail -n1)
 [ -n "$kpkg" ] || { echo "bench-families: no linux-source package" >&2; exit 1; }
-if [ ! -f "$KGEN/$kpkg/.ready" ]; then
-  mkdir -p "$KGEN/$kpkg"; chown _apt "$KGEN" 2>/dev/null || true
+kversion=$(apt-cache policy "$kpkg" | awk '/Candidate/{print $2}')
+ksrc="$KGEN/$kpkg-$kversion"   # one folder per version: the label is what was compiled
+if [ ! -f "$ksrc/.ready" ]; then
+  mkdir -p "$ksrc"; chown _apt "$KGEN" 2>/dev/null || true
   (cd "$KGEN" && apt-get download "$kpkg" >&2)
   dpkg-deb --fsys-tarfile "$KGEN/${kpkg}_"*.deb | tar -xO --wildcards "*/$kpkg.tar.xz" |
-    tar -xJ -C "$KGEN/$kpkg" --strip-components=1 --wildcards '*/crypto/serpent_generic.c' \
+    tar -xJ -C "$ksrc" --strip-components=1 --wildcards '*/crypto/serpent_generic.c' \
       '*/crypto/twofish_generic.c' '*/crypto/twofish_common.c' '*/include/crypto/serpent.h' '*/include/crypto/twofish.h'
   rm -f "$KGEN/${kpkg}_"*.deb
-  touch "$KGEN/$kpkg/.ready"
+  touch "$ksrc/.ready"
 fi
-gcc -O2 -I scripts/kernel-generic/stub -I "$KGEN/$kpkg/include" -I "$KGEN/$kpkg/crypto" \
+gcc -O2 -I scripts/kernel-generic/stub -I "$ksrc/include" -I "$ksrc/crypto" \
   -o "$KGEN/bench" scripts/kernel-generic/bench.c
-kversion=$(apt-cache policy "$kpkg" | awk '/Candidate/{print $2}')
 # The build must encrypt as cryptblk does: sector 0 of zeros, key 00 01 .. 3f.
 kdir=$(mktemp -d)
 trap 'rm -f "$py"; rm -rf "$kdir"' EXIT
 python3 -c "open('$kdir/key', 'wb').write(bytes(range(64)))"
 head -c 512 /dev/zero > "$kdir/zeros"
+"$KGEN/bench" 0 check > "$kdir/check"
+[ "$(wc -l < "$kdir/check")" -eq 2 ] || { echo "bench-families: the kernel build printed no check values" >&2; exit 1; }
 while read -r c want; do
   truncate -s 1M "$kdir/img"
   "$BIN" import -q --type plain --cipher "$c-xts-plain64" --key-size 512 --key-file "$kdir/key" "$kdir/img" "$kdir/zeros" >/dev/null
   got=$(head -c 16 "$kdir/img" | od -An -tx1 | tr -d ' \n')
   [ "$got" = "$want" ] || { echo "bench-families: kernel $c build disagrees with cryptblk ($want vs $got)" >&2; exit 1; }
-done < <("$KGEN/bench" 0 check)
+done < "$kdir/check"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), libgcrypt $(python3 -c 'import ctypes; g=ctypes.CDLL("libgcrypt.so.20"); g.gcry_check_version.restype=ctypes.c_char_p; print(g.gcry_check_version(None).decode())'), kernel $kversion ($kpkg)"
 echo
 echo "| cipher (XTS, 512-bit key, 4 KiB) | cryptblk enc / dec | kernel generic C enc / dec | cryptblk ÷ kernel (enc / dec) | libgcrypt C enc / dec | libgcrypt with CPU extensions | cryptblk ÷ best libgcrypt (enc / dec) |"

@@ -182,12 +182,13 @@ fn tcrypt_secrets(
 ) -> CliResult<(TcryptOptions, SecretBytes, Option<std::path::PathBuf>)> {
     let mut tc = a.tcrypt_options()?;
     let mut header = a.header.header.clone();
+    // The partition's place on its disk sets the mapping whatever --header names (as
+    // cryptsetup decides it from the data device); the disk is the header only by default.
     if tc.system
-        && header.is_none()
         && let Some(p) = cryptblk_volume::partition_of(device).map_err(|e| io_err(device, e))?
     {
         tc.partition_start = Some(p.start);
-        header = Some(p.disk);
+        header.get_or_insert(p.disk);
     }
     let pass = get_tcrypt_passphrase(
         &format!("Enter passphrase for {}: ", device.display()),

@@ -310,19 +310,23 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("truncated"));
 }
 
-/// Writes through cryptblk land where BitLocker keeps them: dislocker decrypts the image
+/// Writes through cryptblk (over NBD for two images, `import` for the other two) land
+/// where BitLocker keeps them: dislocker decrypts the image
 /// to what cryptblk reads, the metadata areas (mapped as zeros) are untouched on disk,
 /// and the boot sector written at offset 0 is stored at the volume header's place.
 #[test]
 fn writes_read_back_through_dislocker() {
     let dislocker = tool("dislocker-file", "dislocker");
     let all = images();
-    for name in [
+    for (n, name) in [
         "bitlk-aes-xts-128",
         "bitlk-aes-cbc-elephant-128",
         "bitlk-aes-cbc-256",
         "bitlk-aes-xts-128-4k",
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let im = all.iter().find(|i| i.name == name).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("v.img");
@@ -336,17 +340,37 @@ fn writes_read_back_through_dislocker() {
             .collect();
         let src = dir.path().join("pattern");
         std::fs::write(&src, &pattern).unwrap();
-        ok(&cryptblk(
-            &[
-                "import",
-                "-q",
-                "--type",
-                "bitlk",
-                img_s,
-                src.to_str().unwrap(),
-            ],
-            b"anaconda\n",
-        ));
+        if n % 2 == 0 {
+            // Through the NBD server (`open --nbd`, nbdcopy writing).
+            let sock = dir.path().join("s.sock");
+            let run = dir.path().join("run");
+            let run_s = run.to_str().unwrap();
+            let mut server = serve_nbd_unix(
+                &["open", "--type", "bitlk", img_s, "bl", "--run-dir", run_s],
+                &sock,
+                b"anaconda\n",
+            );
+            let uri = format!("nbd+unix:///bl?socket={}", sock.display());
+            ok(&run_in(
+                &tool("nbdcopy", "libnbd-bin"),
+                &[src.to_str().unwrap(), &uri],
+                b"",
+            ));
+            ok(&cryptblk(&["close", "bl", "--run-dir", run_s], b""));
+            assert!(server.wait().unwrap().success(), "{name}: server exit");
+        } else {
+            ok(&cryptblk(
+                &[
+                    "import",
+                    "-q",
+                    "--type",
+                    "bitlk",
+                    img_s,
+                    src.to_str().unwrap(),
+                ],
+                b"anaconda\n",
+            ));
+        }
         let ours = export(img_s, b"anaconda\n", &[]);
         let dump = ok(&cryptblk(&["dump", "--type", "bitlk", img_s], b""));
         let zeros: Vec<(usize, usize)> = dump

@@ -17,7 +17,7 @@ pub struct Partition {
 fn major_minor(rdev: u64) -> (u64, u64) {
     // glibc's gnu_dev_major / gnu_dev_minor.
     let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
-    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    let minor = (rdev & 0xff) | (((rdev >> 12) as u32 as u64) & !0xff);
     (major, minor)
 }
 
@@ -51,7 +51,8 @@ pub fn partition_of(path: &Path) -> io::Result<Option<Partition>> {
     let want = std::fs::read_to_string(disk_sys.join("dev"))?;
     let disk = Path::new("/dev").join(name);
     // /dev is root's; still, the node must be that disk and not something else named so.
-    let dm = std::fs::metadata(&disk)?;
+    let dm = std::fs::metadata(&disk)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", disk.display())))?;
     let (dmaj, dmin) = major_minor(dm.rdev());
     if !dm.file_type().is_block_device() || format!("{dmaj}:{dmin}") != want.trim() {
         return Err(io::Error::other(format!(
@@ -73,5 +74,8 @@ mod tests {
         assert_eq!(partition_of(&f).unwrap(), None);
         assert_eq!(major_minor(0x0000_0000_0000_0801), (8, 1));
         assert_eq!(major_minor((259u64 << 8) | 3), (259, 3));
+        // glibc's makedev for major 4096, minor 5: the high major bits sit above bit 32.
+        let rdev = ((4096u64 & 0xffff_f000) << 32) | 5;
+        assert_eq!(major_minor(rdev), (4096, 5));
     }
 }

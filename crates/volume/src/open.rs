@@ -294,6 +294,16 @@ pub fn bitlk_header(device: &Path) -> Result<BitlkHeader> {
     Ok(BitlkHeader::read(&dev)?)
 }
 
+/// FileVault 2's volume key: AES-128-XTS.
+const FVAULT2_KEY_LEN: usize = 32;
+
+fn wrong_key_len(k: &[u8], want: usize) -> Error {
+    Error::Invalid(format!(
+        "the volume key has {} bytes; this volume takes {want}",
+        k.len()
+    ))
+}
+
 /// What opens a BitLocker or FileVault 2 volume.
 pub enum Unlock<'a> {
     /// A passphrase or recovery password/key; for BitLocker also a startup key file's
@@ -311,7 +321,10 @@ pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Resu
     header.check_mappable()?;
     let key = match secret {
         Unlock::Passphrase(s) => header.volume_key(s)?,
-        Unlock::VolumeKey(k) => cryptblk_crypto::SecretBytes::from_slice(k),
+        Unlock::VolumeKey(k) if k.len() * 8 == header.encryption.key_bits() => {
+            cryptblk_crypto::SecretBytes::from_slice(k)
+        }
+        Unlock::VolumeKey(k) => return Err(wrong_key_len(k, header.encryption.key_bits() / 8)),
     };
     let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
     let zero_spec = cryptblk_crypto::CipherSpec::parse("cipher_null-ecb")?;
@@ -371,7 +384,8 @@ pub fn open_fvault2(
     let header = Fvault2Header::read(&FileStorage::new(data.try_clone()?)?)?;
     let cipher = match secret {
         Unlock::Passphrase(p) => header.sector_cipher(&header.volume_key(p)?)?,
-        Unlock::VolumeKey(k) => header.sector_cipher(k)?,
+        Unlock::VolumeKey(k) if k.len() == FVAULT2_KEY_LEN => header.sector_cipher(k)?,
+        Unlock::VolumeKey(k) => return Err(wrong_key_len(k, FVAULT2_KEY_LEN)),
     };
     let params = VolumeParams {
         cipher: *cipher.spec(),

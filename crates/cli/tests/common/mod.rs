@@ -251,11 +251,10 @@ pub fn serve_nbd_unix(args: &[&str], sock: &Path, stdin: &[u8]) -> std::process:
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     let t0 = std::time::Instant::now();
     while !sock.exists() {
-        assert!(
-            t0.elapsed().as_secs() < 60 && child.try_wait().unwrap().is_none(),
-            "server did not come up: {:?}",
-            child.wait_with_output()
-        );
+        if t0.elapsed().as_secs() >= 60 || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            panic!("server did not come up: {:?}", child.wait_with_output());
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     child

@@ -174,28 +174,42 @@ struct Parsed {
 }
 
 impl Parsed {
+    /// The wrapped keys: the first of each kind must parse (cryptsetup reads only that
+    /// one and fails on it); later ones that do not are skipped, and at most
+    /// [`MAX_WRAPPED_KEYS`] are kept, so extra entries never cost a volume that opens.
     fn block_0019(&mut self, block: &[u8]) -> Result<()> {
+        fn parsed<T>(xml: &str, key: &str, len: usize, f: impl Fn(&[u8]) -> T) -> Result<Vec<T>> {
+            let values = plist_values(xml, key, "data");
+            let Some(first) = values.first() else {
+                return Err(corrupt("no wrapped keys in the encryption context"));
+            };
+            let mut out = vec![f(&base64_struct(first, len, key)?)];
+            out.extend(
+                values[1..]
+                    .iter()
+                    .filter_map(|v| base64_struct(v, len, key).ok())
+                    .map(|raw| f(&raw))
+                    .take(MAX_WRAPPED_KEYS - 1),
+            );
+            Ok(out)
+        }
         let xml = block_xml(block, BLOCK_0019_XML)?;
-        let mut keks = Vec::new();
-        for v in plist_values(xml, "PassphraseWrappedKEKStruct", "data") {
-            let raw = base64_struct(v, PASSPHRASE_WRAPPED_KEK_LEN, "PassphraseWrappedKEKStruct")?;
-            keks.push(PassphraseWrappedKek {
+        let keks = parsed(
+            xml,
+            "PassphraseWrappedKEKStruct",
+            PASSPHRASE_WRAPPED_KEK_LEN,
+            |raw| PassphraseWrappedKek {
                 salt: raw[8..8 + SALT_LEN].try_into().expect("16 bytes"),
                 wrapped: raw[32..32 + WRAPPED_LEN].try_into().expect("24 bytes"),
-                iterations: u32_at(&raw, 168),
-            });
-        }
-        let mut vks = Vec::new();
-        for v in plist_values(xml, "KEKWrappedVolumeKeyStruct", "data") {
-            let raw = base64_struct(v, KEK_WRAPPED_VOLUME_KEY_LEN, "KEKWrappedVolumeKeyStruct")?;
-            vks.push(raw[8..8 + WRAPPED_LEN].try_into().expect("24 bytes"));
-        }
-        if keks.is_empty() || vks.is_empty() {
-            return Err(corrupt("no wrapped keys in the encryption context"));
-        }
-        if keks.len() > MAX_WRAPPED_KEYS || vks.len() > MAX_WRAPPED_KEYS {
-            return Err(corrupt("too many wrapped keys"));
-        }
+                iterations: u32_at(raw, 168),
+            },
+        )?;
+        let vks = parsed(
+            xml,
+            "KEKWrappedVolumeKeyStruct",
+            KEK_WRAPPED_VOLUME_KEY_LEN,
+            |raw| raw[8..8 + WRAPPED_LEN].try_into().expect("24 bytes"),
+        )?;
         self.keks = Some((keks, vks));
         Ok(())
     }
@@ -307,8 +321,10 @@ impl Fvault2Header {
                 hash: HashAlg::Sha256,
                 iterations: user.iterations,
             };
-            kdf.derive(passphrase, &user.salt, &mut derived)?;
-            if aes_key_unwrap(&derived, &user.wrapped, &mut kek).is_err() {
+            // A user's damaged entry (0 iterations) must not hide the others.
+            if kdf.derive(passphrase, &user.salt, &mut derived).is_err()
+                || aes_key_unwrap(&derived, &user.wrapped, &mut kek).is_err()
+            {
                 continue;
             }
             for wrapped in &self.kek_wrapped_keys {

@@ -22,7 +22,12 @@ fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
+/// A user's entry; the passphrases `!garbage` (not base64) and `!zero` (0 PBKDF2
+/// iterations) make damaged ones.
 fn wrapped_kek(passphrase: &[u8], salt: u8) -> String {
+    if passphrase == b"!garbage" {
+        return "<key>PassphraseWrappedKEKStruct</key><data>!!not base64!!</data>".into();
+    }
     let mut derived = [0u8; 16];
     Kdf::Pbkdf2 {
         hash: HashAlg::Sha256,
@@ -33,7 +38,8 @@ fn wrapped_kek(passphrase: &[u8], salt: u8) -> String {
     let mut raw = vec![0u8; PASSPHRASE_WRAPPED_KEK_LEN];
     raw[8..24].copy_from_slice(&[salt; 16]);
     raw[32..56].copy_from_slice(&aes_key_wrap(&derived, &KEK).unwrap());
-    raw[168..172].copy_from_slice(&ITER.to_le_bytes());
+    let iterations = if passphrase == b"!zero" { 0 } else { ITER };
+    raw[168..172].copy_from_slice(&iterations.to_le_bytes());
     format!(
         "<key>PassphraseWrappedKEKStruct</key><data>{}</data>",
         b64(&raw)
@@ -137,6 +143,21 @@ fn every_user_opens_and_others_do_not() {
     let dump = h.dump("img");
     assert!(dump.contains("PBKDF2 iterations:    \t1000\n"), "{dump}");
     assert!(dump.contains("PBKDF2 salt:          \t00 00 00"), "{dump}");
+}
+
+/// cryptsetup reads only the first user's entry; later damaged ones are skipped, and a
+/// damaged user does not hide the next.
+#[test]
+fn later_damaged_users_do_not_cost_the_volume() {
+    let dev = image(&[b"alice", b"!garbage", b"!zero", b"bob"], |_| {});
+    let h = Fvault2Header::read(&dev).unwrap();
+    assert_eq!(h.passphrase_keks.len(), 3, "the garbage entry is skipped");
+    for p in [&b"alice"[..], b"bob"] {
+        assert_eq!(&h.volume_key(p).unwrap()[..], &expected_key()[..]);
+    }
+    // The first entry is cryptsetup's: damaged, the volume is refused.
+    let first_bad = image(&[b"!garbage", b"alice"], |_| {});
+    assert!(Fvault2Header::read(&first_bad).is_err());
 }
 
 #[test]

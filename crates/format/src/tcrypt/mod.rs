@@ -814,7 +814,14 @@ impl TcryptHeader {
         // over 416 MiB): derive as many at once as there are cores, then try every chain
         // on each in order.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        for wave in candidates.chunks(workers) {
+        // Argon2id (hundreds of MiB, seconds) only once every PBKDF2 variant has failed,
+        // however many cores there are.
+        let split = candidates
+            .iter()
+            .position(|k| matches!(k, Kdf::Argon2 { .. }))
+            .unwrap_or(candidates.len());
+        let (pbkdf2, argon2) = candidates.split_at(split);
+        for wave in pbkdf2.chunks(workers).chain(argon2.chunks(workers)) {
             let keys: Vec<Result<SecretBytes>> = std::thread::scope(|s| {
                 let handles: Vec<_> = wave
                     .iter()
