@@ -106,6 +106,15 @@ fn open(img: &Path, header: Option<&Path>, read_only: bool) -> cryptblk_volume::
         read_only,
         ..OpenOptions::default()
     };
+    // A sibling test spawning cryptsetup at this instant holds a copy of every descriptor of
+    // this process, our locked one included, until its exec closes them: a brief Busy from
+    // that window is retried; a lock held for real (a live cryptsetup) stays Busy and fails.
+    for _ in 0..40 {
+        match open_luks(img, &opts, PASS) {
+            Err(Error::Busy(_)) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            other => return other,
+        }
+    }
     open_luks(img, &opts, PASS)
 }
 
