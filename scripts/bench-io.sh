@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# fio over NBD (unix socket) against cryptblk with each file I/O engine — pread/pwrite or
-# io_uring, page cache or O_DIRECT — and with cipher_null, on one image, in one run.
+# fio over NBD (unix socket) against cryptblk with each file I/O engine — auto, pread/pwrite,
+# io_uring or mmap, page cache or O_DIRECT — and with cipher_null, on one image, in one run.
 # usage: scripts/bench-io.sh [runtime_s] [dir]   (dir: where the image lives; default
 # /var/tmp, a disk; /dev/shm for tmpfs). Prints MB/s (read+write) per variant and workload.
 set -euo pipefail
@@ -17,7 +17,9 @@ truncate -s 1100M "$W/luks.img"
 "$B" import --key-file "$W/pw" "$W/luks.img" <(head -c 1000M /dev/zero) >/dev/null 2>&1 || true
 head -c 32 /dev/urandom > "$W/null.key"
 VARIANTS=(
+  "auto=--io-engine auto"
   "psync=--io-engine psync"
+  "mmap=--io-engine mmap"
   "io_uring=--io-engine io_uring"
   "psync+direct=--io-engine psync --direct-io"
   "io_uring+direct=--io-engine io_uring --direct-io"

@@ -15,13 +15,15 @@ DIR=${PEER_DIR:-/dev/shm/cryptblk-peer}
 mkdir -p "$DIR"
 cd "$DIR" || exit 1
 SOCK=$DIR/nbd.sock
+# Both images are written in full once: every server then reads allocated pages (a hole
+# reads faster than data, and cryptblk reads holes of a tmpfs image with pread).
 if [ ! -f luks1.img ]; then
   printf pass > pw
-  truncate -s 1100M luks1.img
+  head -c 1100M /dev/zero > luks1.img
   cryptsetup luksFormat -q --type luks1 --cipher aes-xts-plain64 --key-size 512 \
     --pbkdf-force-iterations 1000 --key-file pw luks1.img || exit 1
 fi
-[ -f raw.img ] || truncate -s 1024M raw.img
+[ -f raw.img ] || head -c 1024M /dev/zero > raw.img
 
 peers=(
   "nbdkit-raw=nbdkit -f -U $SOCK file raw.img"

@@ -66,8 +66,9 @@ pub struct VolumeArgs {
     /// Plain mode: IVs count encryption sectors, not 512-byte sectors.
     #[arg(long = "iv-large-sectors")]
     pub iv_large_sectors: bool,
-    /// How the image is read and written: psync (pread/pwrite) or io_uring.
-    #[arg(long = "io-engine", default_value = "psync")]
+    /// How the image is read and written: auto (mmap for an image on tmpfs/ramfs, psync
+    /// otherwise), psync (pread/pwrite), io_uring or mmap (a shared mapping).
+    #[arg(long = "io-engine", default_value = "auto")]
     pub io_engine: cryptblk_volume::IoEngine,
     /// Bypass the page cache (O_DIRECT) for the image.
     #[arg(long = "direct-io")]

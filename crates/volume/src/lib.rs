@@ -8,11 +8,13 @@
 //! vol.read_sectors(0, &mut buf).unwrap();
 //! ```
 
-// Only the io_uring engine (the kernel reads and writes our buffers) and one scheduler
-// call (online reencryption's idle-priority threads) need unsafe.
+// Only the io_uring engine (the kernel reads and writes our buffers), the mmap engine
+// (a shared mapping and its SIGBUS handler) and one scheduler call (online reencryption's
+// idle-priority threads) need unsafe.
 #![deny(unsafe_code)]
 
 mod error;
+mod mmap;
 mod online;
 mod open;
 mod storage;

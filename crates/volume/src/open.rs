@@ -31,7 +31,7 @@ pub struct OpenOptions {
 /// How the data file is read and written.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FileIo {
-    /// pread/pwrite or io_uring (default: pread/pwrite).
+    /// auto (mmap on tmpfs/ramfs, else pread/pwrite), pread/pwrite, io_uring or mmap.
     pub engine: IoEngine,
     /// O_DIRECT (bypass the page cache); an error if the file system cannot.
     pub direct: bool,
@@ -39,11 +39,11 @@ pub struct FileIo {
 
 impl FileIo {
     fn storage(&self, data: File, sector_size: u32) -> Result<FileStorage> {
-        let mut st = FileStorage::new(data)?.with_engine(self.engine)?;
+        let mut st = FileStorage::new(data)?;
         if self.direct {
             st = st.direct(sector_size)?;
         }
-        Ok(st)
+        Ok(st.with_engine(self.engine)?)
     }
 }
 

@@ -7,25 +7,52 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-/// How a [`FileStorage`] reaches the kernel. Both run on the calling (frontend) thread:
-/// the request that needs the data waits for it, nothing is handed to another thread.
+use crate::mmap::FileMap;
+
+/// Whether `file` lives on tmpfs or ramfs (memory).
+fn on_memory(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::fstatfs(file).is_ok_and(|s| {
+        #[allow(clippy::unnecessary_cast)] // f_type's type differs between architectures
+        let t = s.f_type as i64;
+        t == TMPFS_MAGIC || t == RAMFS_MAGIC
+    })
+}
+
+/// How a [`FileStorage`] reaches the data. All run on the calling (frontend) thread: the
+/// request that needs the data waits for it, nothing is handed to another thread.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IoEngine {
-    /// `pread`/`pwrite`: one system call per request. The default: measured fastest for
-    /// one request at a time per thread (docs/benchmarks.md).
+    /// The default: [`IoEngine::Mmap`] for a regular file on tmpfs or ramfs (memory: no
+    /// write-back, no disk errors, the mapping *is* the data), [`IoEngine::Psync`]
+    /// otherwise and with O_DIRECT.
     #[default]
+    Auto,
+    /// `pread`/`pwrite`: one system call per request. Measured fastest for one request at
+    /// a time per thread on disk-backed files and devices (docs/benchmarks.md).
     Psync,
     /// A per-thread io_uring, one submission and completion per request.
     Uring,
+    /// Copies through a shared mapping of the whole file (no system call, no page-cache
+    /// lookup per request); SIGBUS (truncation, a full tmpfs, a disk error) falls back to
+    /// `pread`/`pwrite`, which report the error. Reads of holes go through `pread` so a
+    /// sparse image stays sparse. On disk-backed files each page written after a
+    /// write-back costs a fault, so it pays off mostly on memory and read-mostly data.
+    Mmap,
 }
 
 impl std::str::FromStr for IoEngine {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(IoEngine::Auto),
             "psync" | "pread" => Ok(IoEngine::Psync),
             "uring" | "io_uring" | "io-uring" => Ok(IoEngine::Uring),
-            _ => Err(format!("unknown I/O engine '{s}' (psync or io_uring)")),
+            "mmap" => Ok(IoEngine::Mmap),
+            _ => Err(format!(
+                "unknown I/O engine '{s}' (auto, psync, io_uring or mmap)"
+            )),
         }
     }
 }
@@ -38,6 +65,10 @@ pub struct FileStorage {
     engine: IoEngine,
     /// With O_DIRECT: the memory alignment the kernel wants for buffers.
     direct_mem_align: Option<usize>,
+    /// The mmap engine's mapping.
+    map: Option<FileMap>,
+    /// A regular file (it may have holes, which the mmap engine reads with `pread`).
+    regular: bool,
 }
 
 impl FileStorage {
@@ -48,18 +79,47 @@ impl FileStorage {
         let mut f = file;
         // Block devices report 0 in metadata; seeking to the end works for both.
         let size = f.seek(io::SeekFrom::End(0))?;
+        let regular = f.metadata()?.file_type().is_file();
         Ok(FileStorage {
             file: f,
             size: size.into(),
             engine: IoEngine::Psync,
             direct_mem_align: None,
+            map: None,
+            regular,
         })
     }
 
-    /// Chooses the I/O engine.
+    /// Chooses the I/O engine ([`IoEngine::Auto`] is resolved here; [`FileStorage::engine`]
+    /// then names the one chosen).
     pub fn with_engine(mut self, engine: IoEngine) -> io::Result<Self> {
-        if engine == IoEngine::Uring {
-            crate::uring::probe()?;
+        let engine = match engine {
+            IoEngine::Auto if self.regular && !self.is_direct() && on_memory(&self.file) => {
+                IoEngine::Mmap
+            }
+            IoEngine::Auto => IoEngine::Psync,
+            e => e,
+        };
+        self.map = None;
+        match engine {
+            IoEngine::Uring => crate::uring::probe()?,
+            IoEngine::Mmap => {
+                if self.is_direct() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the mmap engine goes through the page cache: not with O_DIRECT",
+                    ));
+                }
+                let writable = rustix::fs::fcntl_getfl(&self.file)
+                    .map_err(io::Error::from)?
+                    .contains(rustix::fs::OFlags::RDWR);
+                let size = self.size.load(std::sync::atomic::Ordering::Relaxed);
+                // An empty file has nothing to map: it reads and writes with pread/pwrite.
+                if size > 0 {
+                    self.map = Some(FileMap::new(&self.file, size, writable)?);
+                }
+            }
+            _ => {}
         }
         self.engine = engine;
         Ok(self)
@@ -70,6 +130,12 @@ impl FileStorage {
     /// the kernel wants are bounced through an aligned per-thread buffer.
     pub fn direct(mut self, sector_size: u32) -> io::Result<Self> {
         use rustix::fs::{AtFlags, OFlags, StatxFlags, fcntl_getfl, fcntl_setfl, statx};
+        if self.engine == IoEngine::Mmap {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the mmap engine goes through the page cache: not with O_DIRECT",
+            ));
+        }
         let st = statx(&self.file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN)
             .map_err(io::Error::from)?;
         let (mem, off) = (st.stx_dio_mem_align, st.stx_dio_offset_align);
@@ -114,15 +180,23 @@ impl FileStorage {
 
     fn raw_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match self.engine {
-            IoEngine::Psync => self.file.read_exact_at(buf, offset),
             IoEngine::Uring => crate::uring::read_exact_at(&self.file, buf, offset),
+            IoEngine::Mmap
+                if self.map.as_ref().is_some_and(|m| {
+                    (!self.regular || m.resident(buf.len(), offset)) && m.copy_out(buf, offset)
+                }) =>
+            {
+                Ok(())
+            }
+            _ => self.file.read_exact_at(buf, offset),
         }
     }
 
     fn raw_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         match self.engine {
-            IoEngine::Psync => self.file.write_all_at(buf, offset),
             IoEngine::Uring => crate::uring::write_all_at(&self.file, buf, offset),
+            IoEngine::Mmap if self.map.as_ref().is_some_and(|m| m.copy_in(buf, offset)) => Ok(()),
+            _ => self.file.write_all_at(buf, offset),
         }
     }
 }
@@ -200,8 +274,9 @@ impl Storage for FileStorage {
     }
     fn describe(&self) -> String {
         let engine = match self.engine {
-            IoEngine::Psync => "psync",
+            IoEngine::Auto | IoEngine::Psync => "psync",
             IoEngine::Uring => "io_uring",
+            IoEngine::Mmap => "mmap",
         };
         let cache = if self.is_direct() {
             "O_DIRECT"

@@ -193,3 +193,8 @@ fn psync_survives_signals_buffered() {
 fn psync_survives_signals_direct() {
     run(IoEngine::Psync, true);
 }
+
+#[test]
+fn mmap_survives_signals() {
+    run(IoEngine::Mmap, false);
+}

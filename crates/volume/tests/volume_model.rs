@@ -163,7 +163,7 @@ fn concurrent_overlapping_unaligned_writes_keep_a_consistent_model() {
     }
 }
 
-/// Every file engine (pread/pwrite, io_uring; page cache or O_DIRECT) stores the same
+/// Every file engine (pread/pwrite, io_uring, mmap; page cache or O_DIRECT) stores the same
 /// ciphertext for the same writes: a volume written through one reads back through another.
 #[test]
 fn file_engines_store_identical_ciphertext() {
@@ -177,6 +177,7 @@ fn file_engines_store_identical_ciphertext() {
         (IoEngine::Psync, true),
         (IoEngine::Uring, false),
         (IoEngine::Uring, true),
+        (IoEngine::Mmap, false),
     ]
     .into_iter()
     .enumerate()

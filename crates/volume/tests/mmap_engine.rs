@@ -1,0 +1,262 @@
+//! The mmap engine, as the default picks it for images on tmpfs: same bytes as pread/pwrite,
+//! sparse images stay sparse, and what raises SIGBUS through a mapping (a file truncated
+//! under the volume, a full tmpfs) is an error for that request, never a dead process.
+//! The full-tmpfs test mounts a small tmpfs, as the NBD stress tests do: it needs root and
+//! fails (it does not skip) without.
+
+use cryptblk_crypto::{CipherSpec, IvOptions};
+use cryptblk_device::BlockDevice;
+use cryptblk_volume::{FileIo, FileStorage, IoEngine, Volume, VolumeParams, open_plain_with};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+const KEY: [u8; 64] = [0x5a; 64];
+
+fn params() -> VolumeParams {
+    VolumeParams {
+        cipher: CipherSpec::parse("aes-xts-plain64").unwrap(),
+        sector_size: 4096,
+        iv: IvOptions {
+            large_sectors: true,
+            offset: 0,
+        },
+        data_offset: 4096,
+        data_length: None,
+        read_only: false,
+        allow_discards: true,
+    }
+}
+
+fn on_tmpfs(p: &Path) -> bool {
+    #[allow(clippy::unnecessary_cast)] // f_type's type differs between architectures
+    rustix::fs::statfs(p).is_ok_and(|s| s.f_type as i64 == 0x0102_1994)
+}
+
+/// A temp dir on tmpfs (/dev/shm); fails loudly where there is none.
+fn shm_dir() -> tempfile::TempDir {
+    let d = tempfile::tempdir_in("/dev/shm").expect("these tests need /dev/shm");
+    assert!(
+        on_tmpfs(d.path()),
+        "these tests need /dev/shm on tmpfs, and it is not here"
+    );
+    d
+}
+
+fn image(dir: &Path, len: u64) -> std::path::PathBuf {
+    let p = dir.join("v.img");
+    std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+    p
+}
+
+fn open(p: &Path, engine: IoEngine) -> Volume {
+    let io = FileIo {
+        engine,
+        direct: false,
+    };
+    open_plain_with(p, &KEY, &params(), io).unwrap()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn auto_maps_an_image_on_tmpfs_and_preads_one_on_disk() {
+    let shm = shm_dir();
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (dir, tmpfs) in [(shm.path(), true), (disk.path(), on_tmpfs(disk.path()))] {
+        let p = image(dir, 1 << 20);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        let st = FileStorage::new(f)
+            .unwrap()
+            .with_engine(IoEngine::Auto)
+            .unwrap();
+        let want = if tmpfs {
+            IoEngine::Mmap
+        } else {
+            IoEngine::Psync
+        };
+        assert_eq!(st.engine(), want, "{}", dir.display());
+        let d = cryptblk_volume::Storage::describe(&st);
+        assert!(d.contains(if tmpfs { "mmap" } else { "psync" }), "{d}");
+    }
+    // O_DIRECT never gets the mapping; asking for both is an error.
+    let p = image(disk.path(), 1 << 20);
+    let io = FileIo {
+        engine: IoEngine::Mmap,
+        direct: true,
+    };
+    assert!(open_plain_with(&p, &KEY, &params(), io).is_err());
+}
+
+#[test]
+fn mmap_and_pread_see_the_same_volume_and_a_sparse_image_stays_sparse() {
+    let dir = shm_dir();
+    let p = image(dir.path(), 64 << 20);
+    let data = pattern(1 << 20, 1);
+    {
+        let vol = open(&p, IoEngine::Auto);
+        vol.write_at(&data, 8 << 20, false).unwrap();
+        vol.write_at(&data[..1000], 20_000_001, true).unwrap();
+        vol.flush().unwrap();
+    }
+    let used = std::fs::metadata(&p).unwrap().blocks() * 512;
+    let mut whole_mmap = vec![0u8; 64 << 20];
+    let vol = open(&p, IoEngine::Auto);
+    vol.read_at(&mut whole_mmap[..vol.size() as usize], 0)
+        .unwrap();
+    drop(vol);
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().blocks() * 512,
+        used,
+        "reading the holes allocated memory"
+    );
+    assert!(used < 2 << 20, "{used} bytes used for 1 MiB written");
+    let mut whole_pread = vec![0u8; 64 << 20];
+    let vol = open(&p, IoEngine::Psync);
+    vol.read_at(&mut whole_pread[..vol.size() as usize], 0)
+        .unwrap();
+    assert!(whole_mmap == whole_pread);
+    assert!(whole_mmap[8 << 20..9 << 20] == data[..]);
+    assert!(whole_mmap[20_000_001..20_001_001] == data[..1000]);
+}
+
+#[test]
+fn a_file_truncated_under_the_volume_is_an_error_not_a_crash() {
+    let dir = shm_dir();
+    let p = image(dir.path(), 16 << 20);
+    let vol = open(&p, IoEngine::Mmap);
+    let data = pattern(4 << 20, 2);
+    vol.write_at(&data, 0, false).unwrap();
+    vol.write_at(&data, 8 << 20, false).unwrap();
+    let other = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    other.set_len(4 << 20).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    let e = vol.read_at(&mut back, 9 << 20).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    // Before the cut, still readable through the mapping.
+    vol.read_at(&mut back, 1 << 20).unwrap();
+    assert!(back[..] == data[1 << 20..2 << 20]);
+    // A write past the end goes to pwrite, which extends the file as a write would.
+    vol.write_at(&data[..1 << 20], 12 << 20, false).unwrap();
+    vol.read_at(&mut back, 12 << 20).unwrap();
+    assert!(back[..] == data[..1 << 20]);
+    other.set_len(16 << 20).unwrap();
+    vol.write_at(&data, 8 << 20, false).unwrap();
+    let mut all = vec![0u8; 4 << 20];
+    vol.read_at(&mut all, 8 << 20).unwrap();
+    assert!(all == data);
+}
+
+#[test]
+fn truncations_racing_many_threads_never_kill_the_process() {
+    let dir = shm_dir();
+    let len = 16u64 << 20;
+    let p = image(dir.path(), len + 4096);
+    let vol = Arc::new(open(&p, IoEngine::Mmap));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (vol, stop) = (vol.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut ok, mut err) = (0u64, 0u64);
+                let chunk = pattern(128 << 10, t);
+                let mut back = vec![0u8; 128 << 10];
+                let mut i = t;
+                while !stop.load(Relaxed) {
+                    i = (i * 7 + 3) % (len / (128 << 10));
+                    let at = i * (128 << 10);
+                    let r = if i % 2 == 0 {
+                        vol.write_at(&chunk, at, false)
+                    } else {
+                        vol.read_at(&mut back, at)
+                    };
+                    if r.is_ok() { ok += 1 } else { err += 1 }
+                }
+                (ok, err)
+            })
+        })
+        .collect();
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    for round in 0..200u64 {
+        f.set_len(4096 + (round % 4) * (4 << 20)).unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(500));
+        f.set_len(len + 4096).unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    stop.store(true, Relaxed);
+    let counts: Vec<(u64, u64)> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    eprintln!("(requests done, requests failed) per thread: {counts:?}");
+    assert!(counts.iter().all(|&(ok, _)| ok > 0));
+    // Afterwards everything works as before: write all, read all back.
+    let data = pattern(len as usize, 9);
+    vol.write_at(&data, 0, false).unwrap();
+    let mut back = vec![0u8; len as usize];
+    vol.read_at(&mut back, 0).unwrap();
+    assert!(back == data);
+}
+
+/// A tmpfs of `size` mounted on a temp dir, unmounted on drop.
+struct SmallTmpfs(tempfile::TempDir);
+
+impl SmallTmpfs {
+    fn mount(size: &str) -> SmallTmpfs {
+        let d = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(d.path())
+            .output()
+            .expect("cannot run mount");
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs and needs root for it: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallTmpfs(d)
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_tmpfs_is_enospc_and_what_was_written_stays() {
+    let fs = SmallTmpfs::mount("4m");
+    let p = image(fs.0.path(), 16 << 20);
+    let vol = open(&p, IoEngine::Auto);
+    let data = pattern(16 << 20, 3);
+    let mut written = 0usize;
+    let err = loop {
+        match vol.write_at(&data[written..written + (256 << 10)], written as u64, false) {
+            Ok(()) => written += 256 << 10,
+            Err(e) => break e,
+        }
+        assert!(written < (16 << 20) - 4096, "a 4 MiB tmpfs took 16 MiB");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(written >= 2 << 20, "only {written} bytes went in");
+    let mut back = vec![0u8; written];
+    vol.read_at(&mut back, 0).unwrap();
+    assert!(back[..] == data[..written]);
+    vol.flush().unwrap();
+}
