@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The data-path speed bars: scripts/peer-bench.sh (fio over NBD on a unix socket, one
 # LUKS1 image in tmpfs) with cryptblk (aes-xts-plain64) and cryptblk with cipher_null on the
-# same image's data area, beside nbdkit (file plugin, luks filter) and qemu-nbd (raw, LUKS),
+# same image's data area (both with the default I/O engine: mmap, the image being on tmpfs),
+# and cryptblk forced to pread/pwrite (--io-engine psync), beside nbdkit (file plugin, luks filter) and qemu-nbd (raw, LUKS),
 # all in one run, repeated ROUNDS times (machines are noisy: single runs of these short
 # workloads vary by ±25 %). Prints every round, then the median of each cell and the ratios
 # the issue asks for, computed on the medians.
@@ -19,6 +20,7 @@ for r in $(seq "$ROUNDS"); do
   echo "== round $r of $ROUNDS (${RT}s per figure, MB/s)"
   bash scripts/peer-bench.sh "$RT" \
     "cryptblk=$B open luks1.img pb $S --key-file pw" \
+    "cryptblk-psync=$B open luks1.img pb $S --key-file pw --io-engine psync" \
     "cryptblk-null=$B open luks1.img pb $S --key-file null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096" \
     | tee -a "$OUT"
 done

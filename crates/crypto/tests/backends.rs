@@ -2,8 +2,9 @@
 //!
 //! * Every supported backend gives byte-for-byte what the generic backend gives, for random
 //!   ciphers, key sizes, sector sizes, IV options, start sectors and run lengths (1..=80
-//!   sectors, so runs spanning several 64-sector IV batches are covered), in both directions;
-//!   and splitting a run into two calls changes nothing.
+//!   sectors, so runs spanning several 64-sector IV batches are covered), in both directions,
+//!   in place and out of place (`decrypt_from`); and splitting a run into two calls changes
+//!   nothing.
 //! * `af_split`/`af_merge` round trips, and damage to any stripe is detected.
 //! * `CRYPTBLK_CRYPTO_BACKEND` is honoured by `SectorCipher::new` (checked in a child process,
 //!   so no test has to mutate its own environment).
@@ -121,6 +122,13 @@ proptest! {
             let mut pt = data.clone();
             cipher.decrypt(c.start, &mut pt).unwrap();
             assert_bytes_eq(&pt, &want_pt, &format!("{c:?}: decrypt on {b}"));
+            // Out of place (the mmap engine's read path), from an odd address.
+            let mut src = vec![0u8; data.len() + 1];
+            src[1..].copy_from_slice(&data);
+            let mut out = vec![0u8; data.len()];
+            cipher.decrypt_from(c.start, &src[1..], &mut out).unwrap();
+            assert_bytes_eq(&out, &want_pt, &format!("{c:?}: decrypt_from on {b}"));
+            assert!(cipher.decrypt_from(c.start, &src, &mut out).is_err(), "lengths differ");
 
             // The same run in two calls, split at a sector boundary.
             let k = c.split * ss;

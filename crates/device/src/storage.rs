@@ -30,6 +30,13 @@ pub trait Storage: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes everything written so far durable (fdatasync for files).
     fn sync(&self) -> io::Result<()>;
+    /// Runs `f` on the `len` bytes at `offset` where they can be lent in place (a mapping
+    /// of the file) instead of copied out: `Some(true)` when `f` saw the stored bytes,
+    /// `Some(false)` when it ran but may not have (a fault on the way: use `read_at`),
+    /// `None` when this store lends nothing there (use `read_at`).
+    fn read_in_place(&self, _len: usize, _offset: u64, _f: &mut dyn FnMut(&[u8])) -> Option<bool> {
+        None
+    }
     /// Deallocates the range (it then reads as zeros); `Unsupported` where the store cannot.
     fn punch_hole(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
@@ -64,6 +71,14 @@ macro_rules! delegate_storage {
             }
             fn sync(&self) -> io::Result<()> {
                 (**self).sync()
+            }
+            fn read_in_place(
+                &self,
+                len: usize,
+                offset: u64,
+                f: &mut dyn FnMut(&[u8]),
+            ) -> Option<bool> {
+                (**self).read_in_place(len, offset, f)
             }
             fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
                 (**self).punch_hole(offset, len)

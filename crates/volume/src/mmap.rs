@@ -142,8 +142,8 @@ pub(crate) struct FileMap {
     broken: AtomicBool,
 }
 
-// SAFETY: the mapping is plain shared memory; every access copies through `copy_in`/
-// `copy_out`, which any thread may call.
+// SAFETY: the mapping is plain shared memory; every access goes through `copy_in`,
+// `copy_out` or `lend`, which any thread may call.
 unsafe impl Send for FileMap {}
 // SAFETY: as above.
 unsafe impl Sync for FileMap {}
@@ -209,6 +209,22 @@ impl FileMap {
         })
     }
 
+    /// Runs `f` on the mapped bytes at `offset..offset + len`: `None` outside the mapping;
+    /// else whether `f` saw the file's bytes (false: a fault on the way, `f`'s result is
+    /// worthless; read with `pread` instead).
+    pub(crate) fn lend(&self, len: usize, offset: u64, f: &mut dyn FnMut(&[u8])) -> Option<bool> {
+        if !self.covers(len, offset) {
+            return None;
+        }
+        let at = self.base + offset as usize;
+        Some(self.guarded(at, len, || {
+            // SAFETY: as in `copy_out`: inside our mapping, faults replaced by the handler.
+            // The slice lives only during `f`, while the mapping does.
+            let src = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+            f(src)
+        }))
+    }
+
     /// Copies `buf` into the mapping at `offset`. False when it could not be done cleanly:
     /// then write with `pwrite` instead (which also reports the real error, e.g. ENOSPC).
     pub(crate) fn copy_in(&self, buf: &[u8], offset: u64) -> bool {
@@ -253,13 +269,22 @@ impl FileMap {
     /// Runs `copy` on `[at, at + len)` with the SIGBUS guard up; true when no fault
     /// happened and no anonymous page stood in anywhere meanwhile.
     fn guarded(&self, at: usize, len: usize, copy: impl FnOnce()) -> bool {
+        /// Lowers the guard however `copy` ends.
+        struct Lower;
+        impl Drop for Lower {
+            fn drop(&mut self) {
+                compiler_fence(SeqCst);
+                GUARD.with(|g| g.set((0, 0)));
+            }
+        }
         let epoch = EPOCH.load(SeqCst);
         let outstanding = OUTSTANDING.load(SeqCst);
         GUARD.with(|g| g.set((at, len)));
         compiler_fence(SeqCst);
-        copy();
-        compiler_fence(SeqCst);
-        GUARD.with(|g| g.set((0, 0)));
+        {
+            let _lower = Lower;
+            copy();
+        }
         let faults = FAULTS.with(|f| f.replace(0));
         if faults > 0 {
             self.map_back(at, len);
@@ -332,11 +357,22 @@ mod tests {
         f.set_len(0).unwrap();
         // Past the end now: the fault is caught and the copy reported unclean.
         assert!(!m.copy_out(&mut buf, 512 << 10));
+        let mut seen = 0;
+        let sum = &mut |b: &[u8]| seen = b.iter().map(|&x| x as usize).sum::<usize>() + b.len();
+        assert_eq!(m.lend(8192, 512 << 10, sum), Some(false));
+        assert_eq!(seen, 8192, "the faulting pages read as zeros");
+        assert_eq!(m.lend(8192, 1 << 20, &mut |_| {}), None, "outside");
         assert!(!m.copy_in(&buf, 512 << 10));
         f.set_len(1 << 20).unwrap();
         // The file's pages are mapped again: it reads as the file now is (zeros).
         assert!(m.copy_out(&mut buf, 512 << 10));
         assert!(buf.iter().all(|&b| b == 0));
+        let mut sum = 1u64;
+        assert_eq!(
+            m.lend(4096, 0, &mut |b| sum = b.iter().map(|&x| x as u64).sum()),
+            Some(true)
+        );
+        assert_eq!(sum, 0, "the truncation zeroed the start too");
         assert!(m.copy_in(&[5u8; 4096], 4096));
         let mut back = [0u8; 4096];
         f.read_exact_at(&mut back, 4096).unwrap();

@@ -272,6 +272,13 @@ impl Storage for FileStorage {
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+    fn read_in_place(&self, len: usize, offset: u64, f: &mut dyn FnMut(&[u8])) -> Option<bool> {
+        let m = self.map.as_ref()?;
+        if self.regular && !m.resident(len, offset) {
+            return None;
+        }
+        m.lend(len, offset, f)
+    }
     fn describe(&self) -> String {
         let engine = match self.engine {
             IoEngine::Auto | IoEngine::Psync => "psync",

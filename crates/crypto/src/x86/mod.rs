@@ -185,6 +185,30 @@ impl XtsKeys {
             _ => unsafe { ni::xts(&self.data, &self.tweak, ivs, data, unit, enc) },
         }
     }
+
+    /// [`XtsKeys::xts`] from `src` into `dst` (same length): in one pass on the vaes256
+    /// path, a copy and the cipher in place on the others.
+    pub(crate) fn xts_from(
+        &self,
+        backend: Backend,
+        ivs: &mut [[u8; 16]],
+        src: &[u8],
+        dst: &mut [u8],
+        unit: usize,
+        enc: bool,
+    ) {
+        debug_assert_eq!(dst.len(), ivs.len() * unit);
+        match backend {
+            // SAFETY: as in `xts`.
+            Backend::Vaes256 => unsafe {
+                vaes256::xts_from(&self.data, &self.tweak, ivs, src, dst, unit, enc)
+            },
+            _ => {
+                dst.copy_from_slice(src);
+                self.xts(backend, ivs, dst, unit, enc)
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -227,6 +251,17 @@ impl XtsKeys {
         None
     }
     pub(crate) fn xts(&self, _: Backend, _: &mut [[u8; 16]], _: &mut [u8], _: usize, _: bool) {
+        unreachable!("never constructed off x86_64")
+    }
+    pub(crate) fn xts_from(
+        &self,
+        _: Backend,
+        _: &mut [[u8; 16]],
+        _: &[u8],
+        _: &mut [u8],
+        _: usize,
+        _: bool,
+    ) {
         unreachable!("never constructed off x86_64")
     }
 }

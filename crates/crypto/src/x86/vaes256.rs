@@ -200,18 +200,18 @@ macro_rules! tweak_step {
     };
 }
 
-/// Whitening of a register: data ^ tweak ^ round key 0 (ymm9).
+/// Whitening of a register: data (read at `{s}`) ^ tweak ^ round key 0 (ymm9).
 #[rustfmt::skip]
 macro_rules! whiten {
     ($r:literal, $off:literal) => {
         concat!(
             "vpxor ymm", $r, ", ymm9, [{tw} + ", $off, "]\n",
-            "vpxor ymm", $r, ", ymm", $r, ", [{d} + ", $off, "]\n",
+            "vpxor ymm", $r, ", ymm", $r, ", [{s} + ", $off, "]\n",
         )
     };
 }
 
-/// Last round of a register (key in ymm10), the tweak XORed after it, stored.
+/// Last round of a register (key in ymm10), the tweak XORed after it, stored at `{d}`.
 #[rustfmt::skip]
 macro_rules! finish {
     ($op:literal, $r:literal, $off:literal) => {
@@ -278,6 +278,7 @@ macro_rules! xts_loop {
             "jz 3f\n",
             "2:\n",
             xts_pass!($sched, $op, $oplast, [$($more),*]),
+            "add {s}, 256\n",
             "add {d}, 256\n",
             "xchg {tw}, {twn}\n",
             "dec {n}\n",
@@ -369,15 +370,20 @@ fn xts_passes<const NR: usize, const ENC: bool>(
     rk: &WideKeys,
     tw: &mut PassTweaks,
     scratch: &mut PassTweaks,
+    src: Option<&[[u8; PASS]]>,
     data: &mut [[u8; PASS]],
 ) {
     const { assert!(W == 8 && (NR == 10 || NR == 14)) };
     if data.is_empty() {
         return;
     }
+    debug_assert!(src.is_none_or(|s| s.len() == data.len()));
     let (k, d, n) = (rk.as_ptr(), data.as_mut_ptr(), data.len());
+    // In place unless a source is given (then read there, written to `data`).
+    let s = src.map_or(d as *const [u8; PASS], <[_]>::as_ptr);
     let (tw, twn) = (tw.0.as_mut_ptr(), scratch.0.as_mut_ptr());
-    // SAFETY: `{d}` covers `n` passes of 256 bytes, read and written in place; `{k}` is
+    // SAFETY: `{s}` covers `n` passes of 256 bytes, read; `{d}` as many, written (the same
+    // memory when in place, else distinct: `src` and `data` cannot overlap); `{k}` is
     // 15 round keys of 32 bytes, read; `{tw}` and `{twn}` are 256 bytes each, distinct,
     // read and written; `{c}` is 96 readable bytes. Every vector register used is
     // declared clobbered, as are the pointer and counter registers; VEX memory operands
@@ -390,6 +396,7 @@ fn xts_passes<const NR: usize, const ENC: bool>(
                     $text,
                     k = in(reg) k,
                     c = in(reg) TWEAK_CONSTS.0.as_ptr(),
+                    s = inout(reg) s => _,
                     d = inout(reg) d => _,
                     n = inout(reg) n => _,
                     tw = inout(reg) tw => _,
@@ -443,6 +450,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     k1: &RoundKeys,
     k2: &RoundKeys,
     ivs: &mut [[u8; 16]],
+    src: Option<&[u8]>,
     data: &mut [u8],
     unit: usize,
 ) {
@@ -466,9 +474,13 @@ fn xts_nr<const NR: usize, const ENC: bool>(
         if let Some(iv) = ivs.get(i + 1) {
             store_pass_tweaks(next, iv);
         }
+        let from = src.map(|s| &s[i * unit..(i + 1) * unit]);
         let (passes, rest) = sector.as_chunks_mut::<PASS>();
-        xts_passes::<NR, ENC>(rk, tw, &mut scratch, passes);
+        xts_passes::<NR, ENC>(rk, tw, &mut scratch, from.map(|f| f.as_chunks().0), passes);
         if !rest.is_empty() {
+            if let Some(f) = from {
+                rest.copy_from_slice(f.as_chunks::<PASS>().1);
+            }
             // The tweak after the last whole pass: the last pass's first register times
             // α^16 (the loop computes no tweaks in its last pass), its low lane. The buffers
             // swap after every pass but the last.
@@ -526,7 +538,27 @@ pub(super) unsafe fn xts(
     unit: usize,
     enc: bool,
 ) {
-    by_rounds_and_direction!(k1, enc, xts_nr(k1, k2, ivs, data, unit))
+    by_rounds_and_direction!(k1, enc, xts_nr(k1, k2, ivs, None, data, unit))
+}
+
+/// [`xts`] reading `src` and writing `dst` (same length): one pass over memory instead
+/// of a copy and then the cipher in place (the mmap engine decrypts straight out of the
+/// page cache).
+///
+/// # Safety
+/// As [`xts`].
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
+pub(super) unsafe fn xts_from(
+    k1: &RoundKeys,
+    k2: &RoundKeys,
+    ivs: &mut [[u8; 16]],
+    src: &[u8],
+    dst: &mut [u8],
+    unit: usize,
+    enc: bool,
+) {
+    assert_eq!(src.len(), dst.len());
+    by_rounds_and_direction!(k1, enc, xts_nr(k1, k2, ivs, Some(src), dst, unit))
 }
 
 /// CBC decryption of one data unit starting from `iv`.
