@@ -352,11 +352,21 @@ impl SectorCipher {
         self.process(sector, data, false)
     }
 
-    /// Decrypts `src` (whole sectors) into `dst` (the same length), as [`SectorCipher::decrypt`]
-    /// would in place: for reading straight out of a mapping of the storage. AES-XTS with
-    /// plain IVs on the vaes256 path does it in one pass over memory; everything else is a
-    /// copy and then the cipher in place.
+    /// Encrypts `src` (whole sectors) into `dst` (the same length), as
+    /// [`SectorCipher::encrypt`] would in place: for writing straight into a mapping of the
+    /// storage. AES-XTS with plain IVs on the vaes256 path does it in one pass over memory;
+    /// everything else is a copy and then the cipher in place.
+    pub fn encrypt_from(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.process_from(sector, src, dst, true)
+    }
+
+    /// Decrypts `src` into `dst`; see [`SectorCipher::encrypt_from`] (reading straight out
+    /// of a mapping of the storage).
     pub fn decrypt_from(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.process_from(sector, src, dst, false)
+    }
+
+    fn process_from(&self, sector: u64, src: &[u8], dst: &mut [u8], enc: bool) -> Result<()> {
         if src.len() != dst.len() {
             return Err(Error::UnalignedLength {
                 len: src.len(),
@@ -375,7 +385,7 @@ impl SectorCipher {
                     let n = to.len() >> ss.trailing_zeros();
                     let ivs = &mut iv_buf[..n];
                     self.fill_ivs(self.iv_sector(first), ivs);
-                    f.xts_from(self.backend, ivs, from, to, ss, false);
+                    f.xts_from(self.backend, ivs, from, to, ss, enc);
                     first = first.wrapping_add(n as u64);
                     crate::secret::wipe_blocks(ivs);
                 }
@@ -383,7 +393,7 @@ impl SectorCipher {
             }
             _ => {
                 dst.copy_from_slice(src);
-                self.process(sector, dst, false)
+                self.process(sector, dst, enc)
             }
         }
     }

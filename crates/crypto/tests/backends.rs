@@ -3,7 +3,7 @@
 //! * Every supported backend gives byte-for-byte what the generic backend gives, for random
 //!   ciphers, key sizes, sector sizes, IV options, start sectors and run lengths (1..=80
 //!   sectors, so runs spanning several 64-sector IV batches are covered), in both directions,
-//!   in place and out of place (`decrypt_from`); and splitting a run into two calls changes
+//!   in place and out of place (`encrypt_from`, `decrypt_from`); and splitting a run into two calls changes
 //!   nothing.
 //! * `af_split`/`af_merge` round trips, and damage to any stripe is detected.
 //! * `CRYPTBLK_CRYPTO_BACKEND` is honoured by `SectorCipher::new` (checked in a child process,
@@ -129,6 +129,8 @@ proptest! {
             cipher.decrypt_from(c.start, &src[1..], &mut out).unwrap();
             assert_bytes_eq(&out, &want_pt, &format!("{c:?}: decrypt_from on {b}"));
             assert!(cipher.decrypt_from(c.start, &src, &mut out).is_err(), "lengths differ");
+            cipher.encrypt_from(c.start, &src[1..], &mut out).unwrap();
+            assert_bytes_eq(&out, &want_ct, &format!("{c:?}: encrypt_from on {b}"));
 
             // The same run in two calls, split at a sector boundary.
             let k = c.split * ss;

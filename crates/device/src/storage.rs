@@ -37,6 +37,18 @@ pub trait Storage: Send + Sync {
     fn read_in_place(&self, _len: usize, _offset: u64, _f: &mut dyn FnMut(&[u8])) -> Option<bool> {
         None
     }
+    /// Lets `f` fill the `len` bytes at `offset` in place (a writable mapping of the file)
+    /// instead of writing a copy: `Some(true)` when what `f` wrote is stored (as by
+    /// `write_at`: durable after `sync`), `Some(false)` when it may not be (a fault on the
+    /// way: use `write_at`), `None` when this store lends nothing there (use `write_at`).
+    fn write_in_place(
+        &self,
+        _len: usize,
+        _offset: u64,
+        _f: &mut dyn FnMut(&mut [u8]),
+    ) -> Option<bool> {
+        None
+    }
     /// Deallocates the range (it then reads as zeros); `Unsupported` where the store cannot.
     fn punch_hole(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
@@ -79,6 +91,14 @@ macro_rules! delegate_storage {
                 f: &mut dyn FnMut(&[u8]),
             ) -> Option<bool> {
                 (**self).read_in_place(len, offset, f)
+            }
+            fn write_in_place(
+                &self,
+                len: usize,
+                offset: u64,
+                f: &mut dyn FnMut(&mut [u8]),
+            ) -> Option<bool> {
+                (**self).write_in_place(len, offset, f)
             }
             fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
                 (**self).punch_hole(offset, len)

@@ -143,7 +143,7 @@ pub(crate) struct FileMap {
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through `copy_in`,
-// `copy_out` or `lend`, which any thread may call.
+// `copy_out`, `lend` or `lend_mut`, which any thread may call.
 unsafe impl Send for FileMap {}
 // SAFETY: as above.
 unsafe impl Sync for FileMap {}
@@ -222,6 +222,28 @@ impl FileMap {
             // The slice lives only during `f`, while the mapping does.
             let src = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
             f(src)
+        }))
+    }
+
+    /// Lets `f` write the mapped bytes at `offset..offset + len`: `None` outside the
+    /// mapping or when it is read-only; else whether what `f` wrote reached the file
+    /// (false: a fault on the way; write with `pwrite` instead).
+    pub(crate) fn lend_mut(
+        &self,
+        len: usize,
+        offset: u64,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Option<bool> {
+        if !self.writable || !self.covers(len, offset) {
+            return None;
+        }
+        let at = self.base + offset as usize;
+        Some(self.guarded(at, len, || {
+            // SAFETY: as in `copy_in`; the slice lives only during `f`. Other threads may
+            // write the same bytes at once (overlapping client writes), as with pwrite: the
+            // result is one of them or a mix, never memory unsafety for us (we only write).
+            let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) };
+            f(dst)
         }))
     }
 
@@ -377,6 +399,12 @@ mod tests {
         let mut back = [0u8; 4096];
         f.read_exact_at(&mut back, 4096).unwrap();
         assert_eq!(back, [5u8; 4096]);
+        assert_eq!(m.lend_mut(4096, 8192, &mut |d| d.fill(6)), Some(true));
+        f.read_exact_at(&mut back, 8192).unwrap();
+        assert_eq!(back, [6u8; 4096]);
+        f.set_len(4096).unwrap();
+        assert_eq!(m.lend_mut(4096, 8192, &mut |d| d.fill(6)), Some(false));
+        assert_eq!(m.lend_mut(4096, 1 << 20, &mut |_| {}), None, "outside");
     }
 
     #[test]

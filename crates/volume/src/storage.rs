@@ -279,6 +279,14 @@ impl Storage for FileStorage {
         }
         m.lend(len, offset, f)
     }
+    fn write_in_place(
+        &self,
+        len: usize,
+        offset: u64,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Option<bool> {
+        self.map.as_ref()?.lend_mut(len, offset, f)
+    }
     fn describe(&self) -> String {
         let engine = match self.engine {
             IoEngine::Auto | IoEngine::Psync => "psync",

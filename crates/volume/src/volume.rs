@@ -783,7 +783,8 @@ impl Volume {
         })
     }
 
-    /// Encrypts `piece` for byte `rel` of `seg` and stores it.
+    /// Encrypts `piece` for byte `rel` of `seg` and stores it; `piece` is scratch
+    /// afterwards (ciphertext, or still plaintext when it was encrypted into a mapping).
     fn encrypt_store(&self, seg: &DataSegment, rel: u64, piece: &mut [u8]) -> io::Result<()> {
         if seg.zero {
             // dm-zero drops writes: the metadata under it stays as it is.
@@ -791,8 +792,21 @@ impl Volume {
         }
         self.stats.crypto_calls.fetch_add(1, Relaxed);
         let sector = rel / seg.cipher.sector_size() as u64;
+        let at = seg.storage_offset + rel;
+        // Encrypted straight into the page cache where the storage lends its bytes (the
+        // mmap engine): one pass over memory instead of the cipher and then a copy.
+        let mut encrypted = Ok(());
+        let lent = self.storage.write_in_place(piece.len(), at, &mut |dst| {
+            encrypted = seg.cipher.encrypt_from(sector, piece, dst);
+        });
+        if let Some(clean) = lent {
+            encrypted.map_err(crypto_io)?;
+            if clean {
+                return Ok(());
+            }
+        }
         seg.cipher.encrypt(sector, piece).map_err(crypto_io)?;
-        self.storage.write_at(piece, seg.storage_offset + rel)
+        self.storage.write_at(piece, at)
     }
 
     /// Encrypts `buf` in place and writes it at an aligned volume offset. Inside a hot zone
