@@ -366,18 +366,28 @@ impl SectorCipher {
         self.process_from(sector, src, dst, false)
     }
 
+    /// Whether [`SectorCipher::encrypt_from`] writes nothing but ciphertext into its
+    /// destination (one pass). Where it does not (a copy of the plaintext, then the cipher
+    /// in place), a caller must not let the destination be a mapping of the storage: the
+    /// plaintext would sit in the page cache for a moment, and stay in the image if the
+    /// process died then.
+    pub fn transforms_in_one_pass(&self) -> bool {
+        matches!(
+            (&self.engine, &self.iv_keys),
+            (Engine::Xts { fast: Some(_), .. }, IvKeys::None)
+        ) && self.backend == Backend::Vaes256
+    }
+
     fn process_from(&self, sector: u64, src: &[u8], dst: &mut [u8], enc: bool) -> Result<()> {
-        if src.len() != dst.len() {
+        let ss = self.sector_size as usize;
+        if src.len() != dst.len() || src.len() & (ss - 1) != 0 {
             return Err(Error::UnalignedLength {
                 len: src.len(),
                 sector_size: self.sector_size,
             });
         }
-        let ss = self.sector_size as usize;
-        match (&self.engine, &self.iv_keys) {
-            (Engine::Xts { fast: Some(f), .. }, IvKeys::None)
-                if self.backend == Backend::Vaes256 && src.len() & (ss - 1) == 0 =>
-            {
+        match &self.engine {
+            Engine::Xts { fast: Some(f), .. } if self.transforms_in_one_pass() => {
                 crate::secret::guard_stack();
                 let mut iv_buf = [[0u8; 16]; IV_BATCH];
                 let mut first = sector;

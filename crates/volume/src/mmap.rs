@@ -24,15 +24,17 @@ use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::Once;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst, compiler_fence};
+use std::sync::OnceLock;
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst, compiler_fence, fence,
+};
 
 /// Faults turned into errors so far (any mapping, any thread).
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// Anonymous pages standing in for file pages right now.
 static OUTSTANDING: AtomicUsize = AtomicUsize::new(0);
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
-static INSTALL: Once = Once::new();
+static INSTALL: OnceLock<Result<(), i32>> = OnceLock::new();
 /// The SIGBUS action before ours, written once before ours is installed.
 static mut PREVIOUS: Option<libc::sigaction> = None;
 
@@ -50,8 +52,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let (base, len) = GUARD.with(Cell::get);
     if len != 0 && addr >= base && addr - base < len {
         let page = PAGE.load(SeqCst);
-        EPOCH.fetch_add(1, SeqCst);
+        // OUTSTANDING first: a copy that starts after EPOCH moved must see it raised.
         OUTSTANDING.fetch_add(1, SeqCst);
+        EPOCH.fetch_add(1, SeqCst);
         // SAFETY: replaces one page of our own mapping, which this thread is copying
         // through; mmap is a plain system call, safe in a signal handler.
         let r = unsafe {
@@ -101,20 +104,24 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 }
 
 fn install_handler() -> io::Result<()> {
-    let mut result = Ok(());
-    INSTALL.call_once(|| {
+    // The outcome is kept: a failed install fails every mapping, not only the first.
+    let r = INSTALL.get_or_init(|| {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if page > 0 {
             PAGE.store(page as usize, SeqCst);
         }
+        let errno = || {
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL)
+        };
         // SAFETY: sigaction with valid pointers; PREVIOUS is written here, once, before
         // the handler that reads it exists.
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
-                result = Err(io::Error::last_os_error());
-                return;
+                return Err(errno());
             }
             *std::ptr::addr_of_mut!(PREVIOUS) = Some(old);
             let mut act: libc::sigaction = std::mem::zeroed();
@@ -124,11 +131,12 @@ fn install_handler() -> io::Result<()> {
             act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut act.sa_mask);
             if libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) != 0 {
-                result = Err(io::Error::last_os_error());
+                return Err(errno());
             }
         }
+        Ok(())
     });
-    result
+    r.map_err(io::Error::from_raw_os_error)
 }
 
 /// A shared mapping of a whole file or block device.
@@ -307,16 +315,19 @@ impl FileMap {
             let _lower = Lower;
             copy();
         }
+        fence(SeqCst);
         let faults = FAULTS.with(|f| f.replace(0));
-        if faults > 0 {
-            self.map_back(at, len);
+        // A page that cannot be mapped back stays counted as outstanding: every later copy
+        // (which `broken` stops anyway) is then redone with pread/pwrite.
+        if faults > 0 && self.map_back(at, len) {
             OUTSTANDING.fetch_sub(faults, SeqCst);
         }
-        faults == 0 && outstanding == 0 && EPOCH.load(SeqCst) == epoch
+        faults == 0 && outstanding == 0 && EPOCH.load(SeqCst) == epoch && !self.broken.load(SeqCst)
     }
 
-    /// Maps the file's pages back over `[at, at + len)` after the handler replaced some.
-    fn map_back(&self, at: usize, len: usize) {
+    /// Maps the file's pages back over `[at, at + len)` after the handler replaced some;
+    /// false (and the map marked broken) when that failed.
+    fn map_back(&self, at: usize, len: usize) -> bool {
         let page = PAGE.load(SeqCst);
         let start = at & !(page - 1);
         let end = (at + len).div_ceil(page) * page;
@@ -339,7 +350,9 @@ impl FileMap {
         };
         if r == libc::MAP_FAILED {
             self.broken.store(true, SeqCst);
+            return false;
         }
+        true
     }
 }
 

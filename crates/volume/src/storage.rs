@@ -93,6 +93,7 @@ impl FileStorage {
     /// Chooses the I/O engine ([`IoEngine::Auto`] is resolved here; [`FileStorage::engine`]
     /// then names the one chosen).
     pub fn with_engine(mut self, engine: IoEngine) -> io::Result<Self> {
+        let auto = engine == IoEngine::Auto;
         let engine = match engine {
             IoEngine::Auto if self.regular && !self.is_direct() && on_memory(&self.file) => {
                 IoEngine::Mmap
@@ -116,7 +117,15 @@ impl FileStorage {
                 let size = self.size.load(std::sync::atomic::Ordering::Relaxed);
                 // An empty file has nothing to map: it reads and writes with pread/pwrite.
                 if size > 0 {
-                    self.map = Some(FileMap::new(&self.file, size, writable)?);
+                    match FileMap::new(&self.file, size, writable) {
+                        Ok(m) => self.map = Some(m),
+                        // Chosen by `auto`, not asked for: pread/pwrite instead.
+                        Err(_) if auto => {
+                            self.engine = IoEngine::Psync;
+                            return Ok(self);
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             _ => {}

@@ -795,10 +795,16 @@ impl Volume {
         let at = seg.storage_offset + rel;
         // Encrypted straight into the page cache where the storage lends its bytes (the
         // mmap engine): one pass over memory instead of the cipher and then a copy.
+        // Only where the cipher writes nothing but ciphertext there: never plaintext in
+        // the page cache, not even for a moment.
         let mut encrypted = Ok(());
-        let lent = self.storage.write_in_place(piece.len(), at, &mut |dst| {
-            encrypted = seg.cipher.encrypt_from(sector, piece, dst);
-        });
+        let lent = if seg.cipher.transforms_in_one_pass() {
+            self.storage.write_in_place(piece.len(), at, &mut |dst| {
+                encrypted = seg.cipher.encrypt_from(sector, piece, dst);
+            })
+        } else {
+            None
+        };
         if let Some(clean) = lent {
             encrypted.map_err(crypto_io)?;
             if clean {
