@@ -354,7 +354,7 @@ impl SectorCipher {
 
     /// Encrypts `src` (whole sectors) into `dst` (the same length), as
     /// [`SectorCipher::encrypt`] would in place: for writing straight into a mapping of the
-    /// storage. AES-XTS with plain IVs on the vaes256 path does it in one pass over memory;
+    /// storage. AES-XTS with plain IVs on the VAES paths does it in one pass over memory;
     /// everything else is a copy and then the cipher in place.
     pub fn encrypt_from(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<()> {
         self.process_from(sector, src, dst, true)
@@ -375,7 +375,7 @@ impl SectorCipher {
         matches!(
             (&self.engine, &self.iv_keys),
             (Engine::Xts { fast: Some(_), .. }, IvKeys::None)
-        ) && self.backend == Backend::Vaes256
+        ) && matches!(self.backend, Backend::Vaes512 | Backend::Vaes256)
     }
 
     fn process_from(&self, sector: u64, src: &[u8], dst: &mut [u8], enc: bool) -> Result<()> {

@@ -186,8 +186,8 @@ impl XtsKeys {
         }
     }
 
-    /// [`XtsKeys::xts`] from `src` into `dst` (same length): in one pass on the vaes256
-    /// path, a copy and the cipher in place on the others.
+    /// [`XtsKeys::xts`] from `src` into `dst` (same length): in one pass on the VAES
+    /// paths, a copy and the cipher in place on the others.
     pub(crate) fn xts_from(
         &self,
         backend: Backend,
@@ -199,6 +199,10 @@ impl XtsKeys {
     ) {
         debug_assert_eq!(dst.len(), ivs.len() * unit);
         match backend {
+            // SAFETY: as in `xts`.
+            Backend::Vaes512 => unsafe {
+                vaes512::xts_from(&self.data, &self.tweak, ivs, src, dst, unit, enc)
+            },
             // SAFETY: as in `xts`.
             Backend::Vaes256 => unsafe {
                 vaes256::xts_from(&self.data, &self.tweak, ivs, src, dst, unit, enc)

@@ -200,14 +200,26 @@ macro_rules! tweak_step {
     };
 }
 
-/// Whitening of a register: data (read at `{s}`) ^ tweak ^ round key 0 (ymm9).
+/// Whitening of a register: data (read at `{$src}`: `{s}` out of place, `{d}` in place)
+/// ^ tweak ^ round key 0 (ymm9).
 #[rustfmt::skip]
 macro_rules! whiten {
-    ($r:literal, $off:literal) => {
+    ($src:tt, $r:literal, $off:literal) => {
         concat!(
             "vpxor ymm", $r, ", ymm9, [{tw} + ", $off, "]\n",
-            "vpxor ymm", $r, ", ymm", $r, ", [{s} + ", $off, "]\n",
+            "vpxor ymm", $r, ", ymm", $r, ", [{", $src, "} + ", $off, "]\n",
         )
+    };
+}
+
+/// Moves the source pointer to the next pass; in place (`{d}` is the source) nothing: the
+/// in-place loop keeps the register and the add it would cost (about 1 % at 4 KiB).
+macro_rules! advance_src {
+    ("s") => {
+        "add {s}, 256\n"
+    };
+    ("d") => {
+        ""
     };
 }
 
@@ -263,13 +275,14 @@ macro_rules! first_rounds {
     };
 }
 
-/// The text of the XTS pass loop: `{n}` passes of 256 bytes at `{d}`, the current pass's
+/// The text of the XTS pass loop: `{n}` passes of 256 bytes read at `{$src}` (`s` or
+/// `d`, see `whiten`) and written at `{d}`, the current pass's
 /// tweaks at `{tw}` (eight registers of two), the next pass's written to `{twn}` (the two
 /// buffers swap every pass). `$sched` picks the tweak schedule (`first_rounds`);
 /// `$last_off` is the byte offset of round key NR; `$more` the rounds after the eighth.
 #[rustfmt::skip]
 macro_rules! xts_loop {
-    ($sched:ident, $op:literal, $oplast:literal, $last_off:literal, [$($more:literal),*]) => {
+    ($src:tt, $sched:ident, $op:literal, $oplast:literal, $last_off:literal, [$($more:literal),*]) => {
         concat!(
             "vmovdqu ymm9, [{k}]\n",
             "vmovdqu ymm10, [{k} + ", $last_off, "]\n",
@@ -277,8 +290,8 @@ macro_rules! xts_loop {
             "dec {n}\n",
             "jz 3f\n",
             "2:\n",
-            xts_pass!($sched, $op, $oplast, [$($more),*]),
-            "add {s}, 256\n",
+            xts_pass!($src, $sched, $op, $oplast, [$($more),*]),
+            advance_src!($src),
             "add {d}, 256\n",
             "xchg {tw}, {twn}\n",
             "dec {n}\n",
@@ -286,7 +299,7 @@ macro_rules! xts_loop {
             // The last pass computes no tweaks for a pass that never comes (with 512-byte
             // sectors that was half of all tweak work).
             "3:\n",
-            xts_pass!(none, $op, $oplast, [$($more),*]),
+            xts_pass!($src, none, $op, $oplast, [$($more),*]),
         )
     };
 }
@@ -294,10 +307,12 @@ macro_rules! xts_loop {
 /// One pass: whitening, the rounds (tweak schedule `$sched`), the last round and stores.
 #[rustfmt::skip]
 macro_rules! xts_pass {
-    ($sched:ident, $op:literal, $oplast:literal, [$($more:literal),*]) => {
+    ($src:tt, $sched:ident, $op:literal, $oplast:literal, [$($more:literal),*]) => {
         concat!(
-            whiten!("0", "0"), whiten!("1", "32"), whiten!("2", "64"), whiten!("3", "96"),
-            whiten!("4", "128"), whiten!("5", "160"), whiten!("6", "192"), whiten!("7", "224"),
+            whiten!($src, "0", "0"), whiten!($src, "1", "32"),
+            whiten!($src, "2", "64"), whiten!($src, "3", "96"),
+            whiten!($src, "4", "128"), whiten!($src, "5", "160"),
+            whiten!($src, "6", "192"), whiten!($src, "7", "224"),
             first_rounds!($sched, $op),
             $(round8!($op, $more),)*
             finish!($oplast, "0", "0"), finish!($oplast, "1", "32"),
@@ -379,24 +394,23 @@ fn xts_passes<const NR: usize, const ENC: bool>(
     }
     debug_assert!(src.is_none_or(|s| s.len() == data.len()));
     let (k, d, n) = (rk.as_ptr(), data.as_mut_ptr(), data.len());
-    // In place unless a source is given (then read there, written to `data`).
-    let s = src.map_or(d as *const [u8; PASS], <[_]>::as_ptr);
     let (tw, twn) = (tw.0.as_mut_ptr(), scratch.0.as_mut_ptr());
-    // SAFETY: `{s}` covers `n` passes of 256 bytes, read; `{d}` as many, written (the same
-    // memory when in place, else distinct: `src` and `data` cannot overlap); `{k}` is
+    // SAFETY: `{s}` (out of place only) covers `n` passes of 256 bytes, read; `{d}` as
+    // many, read when in place and written (`src` and `data` cannot overlap); `{k}` is
     // 15 round keys of 32 bytes, read; `{tw}` and `{twn}` are 256 bytes each, distinct,
     // read and written; `{c}` is 96 readable bytes. Every vector register used is
     // declared clobbered, as are the pointer and counter registers; VEX memory operands
     // need no alignment. The caller enables AVX2, VAES and VPCLMULQDQ.
     unsafe {
-        // `vector` uses no general-purpose scratch; `mixed` (`tweak_lane`) five.
+        // `vector` uses no general-purpose scratch; `mixed` (`tweak_lane`) five. The source
+        // register exists only out of place (`asm!` rejects an unused operand).
         macro_rules! run {
-            ($text:expr $(, $g:ident)*) => {
+            ($text:expr, [$($src:tt)*] $(, $g:ident)*) => {
                 core::arch::asm!(
                     $text,
                     k = in(reg) k,
                     c = in(reg) TWEAK_CONSTS.0.as_ptr(),
-                    s = inout(reg) s => _,
+                    $($src)*
                     d = inout(reg) d => _,
                     n = inout(reg) n => _,
                     tw = inout(reg) tw => _,
@@ -410,37 +424,59 @@ fn xts_passes<const NR: usize, const ENC: bool>(
                 )
             };
         }
-        match (NR, ENC) {
-            (10, true) => run!(xts_loop!(vector, "vaesenc", "vaesenclast", "320", ["288"])),
-            (10, false) => run!(xts_loop!(vector, "vaesdec", "vaesdeclast", "320", ["288"])),
-            (_, true) => run!(
-                xts_loop!(
-                    mixed,
-                    "vaesenc",
-                    "vaesenclast",
-                    "448",
-                    ["288", "320", "352", "384", "416"]
-                ),
-                ga,
-                gb,
-                gc,
-                gd,
-                ge
-            ),
-            (_, false) => run!(
-                xts_loop!(
-                    mixed,
-                    "vaesdec",
-                    "vaesdeclast",
-                    "448",
-                    ["288", "320", "352", "384", "416"]
-                ),
-                ga,
-                gb,
-                gc,
-                gd,
-                ge
-            ),
+        // The four loops (AES-128/256, encrypt/decrypt) reading at `$src` (`"s"` or `"d"`).
+        macro_rules! by_key_and_direction {
+            ($src:tt, [$($operand:tt)*]) => {
+                match (NR, ENC) {
+                    (10, true) => run!(
+                        xts_loop!($src, vector, "vaesenc", "vaesenclast", "320", ["288"]),
+                        [$($operand)*]
+                    ),
+                    (10, false) => run!(
+                        xts_loop!($src, vector, "vaesdec", "vaesdeclast", "320", ["288"]),
+                        [$($operand)*]
+                    ),
+                    (_, true) => run!(
+                        xts_loop!(
+                            $src,
+                            mixed,
+                            "vaesenc",
+                            "vaesenclast",
+                            "448",
+                            ["288", "320", "352", "384", "416"]
+                        ),
+                        [$($operand)*],
+                        ga,
+                        gb,
+                        gc,
+                        gd,
+                        ge
+                    ),
+                    (_, false) => run!(
+                        xts_loop!(
+                            $src,
+                            mixed,
+                            "vaesdec",
+                            "vaesdeclast",
+                            "448",
+                            ["288", "320", "352", "384", "416"]
+                        ),
+                        [$($operand)*],
+                        ga,
+                        gb,
+                        gc,
+                        gd,
+                        ge
+                    ),
+                }
+            };
+        }
+        match src {
+            Some(src) => {
+                let s = src.as_ptr();
+                by_key_and_direction!("s", [s = inout(reg) s => _,])
+            }
+            None => by_key_and_direction!("d", []),
         }
     }
 }
