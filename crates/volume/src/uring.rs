@@ -113,7 +113,7 @@ unsafe fn run(len: usize, mut make: impl FnMut(usize) -> squeue::Entry) -> io::R
             });
         }
         let ring = r.as_mut().expect("set above");
-        let mut done = 0usize;
+        let (mut done, mut canceled) = (0usize, 0u32);
         while done < len {
             // SAFETY: forwarded from our caller: the entry's memory outlives this call.
             let res = match unsafe { ring.complete(make(done)) } {
@@ -126,6 +126,15 @@ unsafe fn run(len: usize, mut make: impl FnMut(usize) -> squeue::Entry) -> io::R
                 }
             };
             match res {
+                // The kernel gave the operation up before doing it: a signal reached the
+                // thread while the request waited for an io-wq worker (seen with O_DIRECT
+                // writes on Linux 6.18). It is complete and nothing holds the buffer, so it
+                // is simply issued again, a bounded number of times in a row.
+                n if n == -rustix::io::Errno::CANCELED.raw_os_error()
+                    && canceled < MAX_CANCELED =>
+                {
+                    canceled += 1;
+                }
                 n if n < 0 => {
                     let e = io::Error::from_raw_os_error(-n);
                     if !matches!(
@@ -142,6 +151,9 @@ unsafe fn run(len: usize, mut make: impl FnMut(usize) -> squeue::Entry) -> io::R
         Ok(())
     })
 }
+
+/// Cancellations of one operation in a row that are retried before the error is returned.
+const MAX_CANCELED: u32 = 1000;
 
 /// One operation's length: at most what the SQE's 32-bit field holds (the rest follows as
 /// a short transfer would).
