@@ -133,6 +133,20 @@ req() { # flags(16) type(16) offset len [payload bytes]
     be32 3
     opt 2 ''
 } > "$out/nbd_session/abort"
+{
+    # Metadata contexts: LIST everything, SET base:allocation, then BLOCK_STATUS (with and
+    # without REQ_ONE), CACHE and a fast WRITE_ZEROES.
+    be32 3
+    opt 8 ''
+    opt 9 '\x00\x00\x00\x04disk\x00\x00\x00\x00'
+    opt 10 '\x00\x00\x00\x04disk\x00\x00\x00\x02\x00\x00\x00\x0fbase:allocation\x00\x00\x00\x05base:'
+    opt 7 '\x00\x00\x00\x04disk\x00\x00'
+    req 0 7 0 65536
+    req 8 7 4096 4096
+    req 0 5 0 8192
+    req 16 6 0 4096
+    req 0 2 0 0
+} > "$out/nbd_session/meta-context"
 
 # TCRYPT: plaintext headers made valid by the flag byte (magic, both CRCs): version 5,
 # sizes and offsets as VeraCrypt writes them, and a zero one.

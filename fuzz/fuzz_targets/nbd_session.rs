@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use cryptblk_device::MemoryDevice;
 use cryptblk_nbd::NbdServer;
-use cryptblk_nbd::proto::{InfoRequest, OPTION_HDR_LEN, OptionHeader, REQUEST_LEN, Request};
+use cryptblk_nbd::proto::{
+    InfoRequest, MetaContextRequest, OPTION_HDR_LEN, OptionHeader, REQUEST_LEN, Request,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn server() -> &'static NbdServer {
@@ -42,6 +44,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(r) = InfoRequest::parse(data) {
         assert!(r.name.len() + 6 <= data.len());
         let _ = r.types().count();
+    }
+    if let Ok(r) = MetaContextRequest::parse(data) {
+        assert!(r.name.len() + 8 <= data.len());
+        assert_eq!(r.queries().count(), r.count() as usize);
     }
     if let Some(h) = data.first_chunk::<REQUEST_LEN>() {
         let r = Request::parse(h);

@@ -10,7 +10,26 @@ mod partition;
 mod storage;
 pub use errno::errno_of;
 pub use partition::{Partition, partition_of};
-pub use storage::{MemStorage, MemoryDevice, RawDevice, Storage};
+pub use storage::{
+    MemStorage, MemoryDevice, RawDevice, Storage, file_seek_data, file_seek_hole, storage_extents,
+};
+
+/// A run of a device's bytes in one allocation state, as [`BlockDevice::block_status`]
+/// reports them (NBD's `base:allocation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Bytes in the run.
+    pub len: u64,
+    /// Not allocated on the storage (a hole).
+    pub hole: bool,
+    /// Reads back as zeros. Never set where a read returns anything else: a hole under an
+    /// encrypted volume decrypts to garbage, so it is a hole but not zero.
+    pub zero: bool,
+}
+
+/// Most runs one [`BlockDevice::block_status`] call returns (the client asks again for the
+/// rest).
+pub const MAX_EXTENTS: usize = 1024;
 
 /// A byte-addressed block device shared by the threads of a frontend.
 ///
@@ -48,6 +67,27 @@ pub trait BlockDevice: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Makes the range read back as zeros; may unmap it when `may_unmap` and discards are allowed.
     fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()>;
+    /// Like `write_zeroes`, but only where that is much faster than writing zeros (a hole
+    /// punched, memory cleared); otherwise fails with `Unsupported` and leaves the range as
+    /// it was (NBD's fast zero: a client pre-zeroing a disk then skips it).
+    fn write_zeroes_fast(&self, _offset: u64, _len: u64, _may_unmap: bool) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// The allocation state of `len` bytes from `offset` (a checked, block-aligned range),
+    /// as runs back to back from `offset`: each non-empty, together at most `len` bytes (at
+    /// least one run), at most [`MAX_EXTENTS`]. The default, always true: all data.
+    fn block_status(&self, _offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        Ok(vec![Extent {
+            len,
+            hole: false,
+            zero: false,
+        }])
+    }
+    /// The range will be read soon: the device may fetch it ahead (a hint; the default
+    /// does nothing).
+    fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// The device's data path split in two, for frontends that do the storage I/O
     /// themselves (io_uring) and keep the transform inline; `None` if it cannot be split.
     fn split_io(&self) -> Option<&dyn SplitIo> {

@@ -53,6 +53,16 @@ pub trait Storage: Send + Sync {
     fn punch_hole(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+    /// The offset of the first byte of data at or after `offset` (`lseek(SEEK_DATA)`), `None`
+    /// when only holes follow; `Unsupported` where the store cannot tell.
+    fn seek_data(&self, _offset: u64) -> io::Result<Option<u64>> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+    /// The offset of the first hole at or after `offset` (`lseek(SEEK_HOLE)`; the end is
+    /// one); `Unsupported` where the store cannot tell.
+    fn seek_hole(&self, _offset: u64) -> io::Result<u64> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
     /// How the storage is reached, for `status` (e.g. "file, psync, O_DIRECT").
     fn describe(&self) -> String {
         "custom".into()
@@ -103,6 +113,12 @@ macro_rules! delegate_storage {
             fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
                 (**self).punch_hole(offset, len)
             }
+            fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
+                (**self).seek_data(offset)
+            }
+            fn seek_hole(&self, offset: u64) -> io::Result<u64> {
+                (**self).seek_hole(offset)
+            }
             fn describe(&self) -> String {
                 (**self).describe()
             }
@@ -131,6 +147,12 @@ impl Storage for File {
     fn sync(&self) -> io::Result<()> {
         self.sync_data()
     }
+    fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        file_seek_data(self, offset)
+    }
+    fn seek_hole(&self, offset: u64) -> io::Result<u64> {
+        file_seek_hole(self, offset)
+    }
     fn describe(&self) -> String {
         "file, psync, page cache".into()
     }
@@ -138,6 +160,72 @@ impl Storage for File {
         use std::os::fd::AsRawFd;
         Some(self.as_raw_fd())
     }
+}
+
+/// `lseek(SEEK_DATA)` on a file: `None` past the last data (ENXIO). It moves the file's
+/// offset, which nothing here uses (all I/O is positional).
+pub fn file_seek_data(f: &File, offset: u64) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(offset)) {
+        Ok(o) => Ok(Some(o)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `lseek(SEEK_HOLE)` on a file (the end counts as a hole).
+pub fn file_seek_hole(f: &File, offset: u64) -> io::Result<u64> {
+    rustix::fs::seek(f, rustix::fs::SeekFrom::Hole(offset)).map_err(Into::into)
+}
+
+/// The allocation state of `len` bytes of `st` from `start` (a multiple of `block` from
+/// wherever the caller's blocks start), from the storage's holes: holes shrink to whole
+/// blocks (a partial block is data), `zero` says whether a hole reads as zeros (a plain
+/// file: yes; ciphertext under a volume: no). At most [`crate::MAX_EXTENTS`] runs; they may
+/// cover less than `len`. `Unsupported` where the storage cannot tell holes from data.
+pub fn storage_extents(
+    st: &dyn Storage,
+    start: u64,
+    len: u64,
+    block: u64,
+    zero: bool,
+) -> io::Result<Vec<crate::Extent>> {
+    let end = start + len;
+    let up = |x: u64| start + (x - start).div_ceil(block) * block;
+    let down = |x: u64| start + (x - start) / block * block;
+    let mut out: Vec<crate::Extent> = Vec::new();
+    let push = |out: &mut Vec<crate::Extent>, len: u64, hole: bool| {
+        out.push(crate::Extent {
+            len,
+            hole,
+            zero: hole && zero,
+        })
+    };
+    // `data_from`: where the data run not yet pushed starts; `pos`: where to look next.
+    let (mut data_from, mut pos) = (start, start);
+    while pos < end {
+        if out.len() + 2 > crate::MAX_EXTENTS {
+            return Ok(out);
+        }
+        let hs = st.seek_hole(pos)?.min(end);
+        if hs >= end {
+            break;
+        }
+        let he = st.seek_data(hs)?.map_or(end, |d| d.min(end));
+        let (a, b) = (up(hs), if he >= end { end } else { down(he) });
+        if a < b {
+            if a > data_from {
+                push(&mut out, a - data_from, false);
+            }
+            push(&mut out, b - a, true);
+            data_from = b;
+        }
+        // Data written meanwhile can make `he == hs`: always move on.
+        pos = he.max(hs + 1);
+    }
+    if data_from < end {
+        push(&mut out, end - data_from, false);
+    }
+    Ok(out)
 }
 
 /// Bytes per independently locked chunk of a [`MemStorage`].
@@ -403,6 +491,25 @@ impl<S: Storage> BlockDevice for RawDevice<S> {
         self.check(offset, len)?;
         self.storage.punch_hole(offset, len)
     }
+    fn write_zeroes_fast(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()> {
+        self.check(offset, len)?;
+        if !(may_unmap && self.discard) {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        self.storage.punch_hole(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<crate::Extent>> {
+        self.check(offset, len)?;
+        // A hole in a plain file reads as zeros. Storage that cannot tell: all data.
+        match storage_extents(&self.storage, offset, len, self.block_size as u64, true) {
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(vec![crate::Extent {
+                len,
+                hole: false,
+                zero: false,
+            }]),
+            r => r,
+        }
+    }
     fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()> {
         self.check(offset, len)?;
         if may_unmap && self.discard && self.storage.punch_hole(offset, len).is_ok() {
@@ -449,6 +556,79 @@ mod tests {
         let mut c = m.clone();
         c.edit(|d| d.truncate(7));
         assert_eq!((c.len(), m.len()), (7, (CHUNK + 105) as u64));
+    }
+
+    /// A sparse file of `size` bytes with data in the given 4096-byte pages (None when the
+    /// file system reports no holes: the caller says so).
+    fn sparse(
+        dir: &std::path::Path,
+        size: u64,
+        pages: impl IntoIterator<Item = u64>,
+    ) -> Option<File> {
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.join("sparse"))
+            .unwrap();
+        f.set_len(size).unwrap();
+        for p in pages {
+            f.write_all_at(&[1; 4096], p * 4096).unwrap();
+        }
+        if file_seek_hole(&f, 0).unwrap() == size {
+            eprintln!("NOTE: this file system reports no holes; storage_extents not checked");
+            return None;
+        }
+        Some(f)
+    }
+
+    fn runs(e: &[crate::Extent]) -> Vec<(u64, bool, bool)> {
+        e.iter().map(|x| (x.len, x.hole, x.zero)).collect()
+    }
+
+    #[test]
+    fn storage_extents_round_holes_inward_and_cap_the_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(f) = sparse(dir.path(), 1 << 20, [0, 2]) else {
+            return;
+        };
+        const M: u64 = 1 << 20;
+        // 4096-byte blocks: every hole shows.
+        let e = storage_extents(&f, 0, M, 4096, true).unwrap();
+        let want = [
+            (4096, false, false),
+            (4096, true, true),
+            (4096, false, false),
+        ];
+        assert_eq!(runs(&e)[..3], want);
+        assert_eq!(runs(&e)[3], (M - 12288, true, true));
+        // 8192-byte blocks: the one-page hole is part of a block with data, so data; the
+        // tail hole starts at the next whole block.
+        let e = storage_extents(&f, 0, M, 8192, false).unwrap();
+        assert_eq!(runs(&e), [(16384, false, false), (M - 16384, true, false)]);
+        // Blocks counted from the start given, not from 0.
+        let e = storage_extents(&f, 4096, M - 4096, 8192, false).unwrap();
+        assert_eq!(runs(&e), [(8192, false, false), (M - 12288, true, false)]);
+        // A range inside one hole.
+        let e = storage_extents(&f, 65536, 8192, 4096, true).unwrap();
+        assert_eq!(runs(&e), [(8192, true, true)]);
+        drop(f);
+        std::fs::remove_file(dir.path().join("sparse")).unwrap();
+
+        // Every other page of 8 MiB: more runs (2048) than one answer holds; it stops
+        // early, at a run's end, and the next answer goes on from there.
+        let f = sparse(dir.path(), 8 * M, (0..2048).step_by(2)).unwrap();
+        let e = storage_extents(&f, 0, 8 * M, 4096, true).unwrap();
+        assert!(e.len() <= crate::MAX_EXTENTS && e.len() >= crate::MAX_EXTENTS - 2);
+        assert!(
+            e.iter()
+                .enumerate()
+                .all(|(i, x)| x.len == 4096 && x.hole == (i % 2 == 1))
+        );
+        let covered = e.iter().map(|x| x.len).sum::<u64>();
+        let rest = storage_extents(&f, covered, 8 * M - covered, 4096, true).unwrap();
+        assert_eq!(rest[0].hole, e.len() % 2 == 1);
+        assert_eq!(rest.iter().map(|x| x.len).sum::<u64>() + covered, 8 * M);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::proto::*;
 use crate::shared::{Export, Shared, lock};
+use cryptblk_device::MAX_EXTENTS;
 
 /// A connected client socket (Unix or TCP); all methods take `&self` so the read and write
 /// halves can be used by different threads at the same time.
@@ -208,7 +209,12 @@ impl ReadBuf {
 
 /// How the handshake ended.
 enum Negotiated {
-    Transmission { export: usize, structured: bool },
+    Transmission {
+        export: usize,
+        structured: bool,
+        /// `base:allocation` was selected for this export (NBD_OPT_SET_META_CONTEXT).
+        base_allocation: bool,
+    },
     Close,
 }
 
@@ -219,12 +225,20 @@ pub(crate) fn serve(shared: &Shared, stream: &AnyStream, reject: bool) {
     rb.deadline = Some(Instant::now() + shared.handshake_timeout);
     let negotiated = handshake(shared, stream, &mut rb, reject);
     match negotiated {
-        Ok(Negotiated::Transmission { export, structured }) => {
+        Ok(Negotiated::Transmission {
+            export,
+            structured,
+            base_allocation,
+        }) => {
             rb.deadline = None;
             stream.set_read_timeout(None);
             // Replies: a client that stops reading them is dropped (see `stall_timeout`).
             stream.set_write_timeout(Some(shared.stall_timeout));
-            transmission(shared, &shared.exports[export], stream, rb, structured);
+            let negotiated = Features {
+                structured,
+                base_allocation,
+            };
+            transmission(shared, &shared.exports[export], stream, rb, negotiated);
         }
         Ok(Negotiated::Close) => {}
         Err(_) => {
@@ -256,11 +270,15 @@ pub(crate) fn transmission_flags(export: &Export, structured: bool) -> u16 {
     // makes *all* completed writes durable (not only this connection's), and the server keeps
     // no per-connection cache; so a FLUSH or FUA reply on one connection covers writes
     // completed on every other connection, which is exactly what the flag promises.
+    // CACHE is a hint the device may ignore; FAST_ZERO is answered by the device (ENOTSUP
+    // where zeroing is not faster than writing).
     let mut f = FLAG_HAS_FLAGS
         | FLAG_SEND_FLUSH
         | FLAG_SEND_FUA
         | FLAG_SEND_WRITE_ZEROES
-        | FLAG_CAN_MULTI_CONN;
+        | FLAG_CAN_MULTI_CONN
+        | FLAG_SEND_CACHE
+        | FLAG_SEND_FAST_ZERO;
     if export.read_only {
         f |= FLAG_READ_ONLY;
     }
@@ -292,6 +310,8 @@ struct Handshake<'a> {
     out: Vec<u8>,
     structured: bool,
     no_zeroes: bool,
+    /// The export the last NBD_OPT_SET_META_CONTEXT selected `base:allocation` on.
+    meta_export: Option<usize>,
 }
 
 fn handshake(
@@ -319,6 +339,7 @@ fn handshake(
         out,
         structured: false,
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        meta_export: None,
     };
     let mut data = Vec::new();
     let max_options = if reject {
@@ -345,6 +366,7 @@ fn handshake(
                 OPT_LIST => hs.list(&data),
                 OPT_STRUCTURED_REPLY => hs.structured_reply(&data),
                 OPT_INFO | OPT_GO => hs.info_or_go(opt, &data)?,
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => hs.meta_context(opt, &data),
                 _ => hs.unsupported(opt),
             }
         };
@@ -404,6 +426,7 @@ impl Handshake<'_> {
         Ok(Step::Done(Negotiated::Transmission {
             export: idx,
             structured: self.structured,
+            base_allocation: self.meta_export == Some(idx),
         }))
     }
 
@@ -465,10 +488,59 @@ impl Handshake<'_> {
             Step::Done(Negotiated::Transmission {
                 export: idx,
                 structured: self.structured,
+                base_allocation: self.meta_export == Some(idx),
             })
         } else {
             Step::Sent
         })
+    }
+
+    /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT: the one context offered is
+    /// `base:allocation`. Queries for other namespaces, other `base:` contexts and malformed
+    /// names are ignored (the spec says so); a LIST with no query, or the query `base:`,
+    /// lists it. A SET replaces the selection, even when it fails.
+    fn meta_context(&mut self, opt: u32, data: &[u8]) -> Step {
+        let set = opt == OPT_SET_META_CONTEXT;
+        if set {
+            self.meta_export = None;
+        }
+        if !self.structured {
+            option_reply(
+                &mut self.out,
+                opt,
+                REP_ERR_INVALID,
+                b"metadata contexts need structured replies",
+            );
+            return Step::Reply;
+        }
+        let req = match MetaContextRequest::parse(data) {
+            Ok(r) => r,
+            Err(msg) => {
+                option_reply(&mut self.out, opt, REP_ERR_INVALID, msg);
+                return Step::Reply;
+            }
+        };
+        let Some((idx, _)) = find_export(self.shared, req.name) else {
+            option_reply(&mut self.out, opt, REP_ERR_UNKNOWN, b"no such export");
+            return Step::Reply;
+        };
+        let matched = if set {
+            req.queries().any(|q| q == BASE_ALLOCATION)
+        } else {
+            req.count() == 0 || req.queries().any(|q| q == BASE_ALLOCATION || q == b"base:")
+        };
+        if matched {
+            // One reply, however often it was asked for.
+            let id = if set { META_ID_BASE_ALLOCATION } else { 0 };
+            let mut item = id.to_be_bytes().to_vec();
+            item.extend_from_slice(BASE_ALLOCATION);
+            option_reply(&mut self.out, opt, REP_META_CONTEXT, &item);
+            if set {
+                self.meta_export = Some(idx);
+            }
+        }
+        option_reply(&mut self.out, opt, REP_ACK, &[]);
+        Step::Reply
     }
 
     /// Any other option (STARTTLS included: no TLS here yet).
@@ -554,6 +626,13 @@ struct Conn<'a> {
     closing: AtomicBool,
     dirty: AtomicBool,
     structured: bool,
+    base_allocation: bool,
+}
+
+/// What the handshake settled for transmission.
+struct Features {
+    structured: bool,
+    base_allocation: bool,
 }
 
 fn transmission(
@@ -561,7 +640,7 @@ fn transmission(
     export: &Export,
     stream: &AnyStream,
     rb: ReadBuf,
-    structured: bool,
+    negotiated: Features,
 ) {
     let mut rb = rb;
     rb.poll = shared.busy_poll;
@@ -573,7 +652,8 @@ fn transmission(
         wr: Mutex::new(()),
         closing: AtomicBool::new(false),
         dirty: AtomicBool::new(false),
-        structured,
+        structured: negotiated.structured,
+        base_allocation: negotiated.base_allocation,
     };
     // Leader/follower: every thread takes turns reading one request under the read lock and
     // then serves and answers it itself; the calling thread is one of them.
@@ -739,13 +819,21 @@ impl Conn<'_> {
         };
         let sent = match self.execute(req, buf) {
             Ok(n) if req.typ == CMD_READ => self.send_read(req, buf, n),
+            // `execute` built the whole chunk in `buf`.
+            Ok(n) if req.typ == CMD_BLOCK_STATUS => self.send(&buf[..n]),
             Ok(_) => {
                 let mut r = [0u8; SIMPLE_REPLY_LEN];
                 simple_reply(&mut r, 0, req.cookie);
                 self.send(&r)
             }
             Err((errno, msg)) => {
-                self.shared.counters.errors.fetch_add(1, Relaxed);
+                // A refused fast zero is an answer the client expects, not a failure.
+                let counter = if errno == ENOTSUP {
+                    &self.shared.counters.fast_zero_refused
+                } else {
+                    &self.shared.counters.errors
+                };
+                counter.fetch_add(1, Relaxed);
                 self.send_error(req, errno, msg)
             }
         };
@@ -825,8 +913,9 @@ impl Conn<'_> {
         let fua = req.flags & CMD_FLAG_FUA != 0;
         let extra_flags = match req.typ {
             CMD_READ if self.structured => CMD_FLAG_DF,
-            CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE,
-            CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM => 0,
+            CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+            CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE => 0,
             _ => return Err((EINVAL, "unknown command")),
         };
         if req.flags & !(CMD_FLAG_FUA | extra_flags) != 0 {
@@ -836,7 +925,10 @@ impl Conn<'_> {
             c.flushes.fetch_add(1, Relaxed);
             return e.device.flush().map(|_| 0).map_err(io_err);
         }
-        let writes = req.typ != CMD_READ;
+        if req.typ == CMD_BLOCK_STATUS && !self.base_allocation {
+            return Err((EINVAL, "no metadata context was negotiated"));
+        }
+        let writes = matches!(req.typ, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
         if writes && e.read_only {
             return Err((EPERM, "export is read-only"));
         }
@@ -861,10 +953,24 @@ impl Conn<'_> {
             return Err((EINVAL, "request not aligned to the minimum block size"));
         }
         if len == 0 {
+            if req.typ == CMD_BLOCK_STATUS {
+                return Err((EINVAL, "block status of an empty range"));
+            }
             return Ok(0);
         }
         let n = req.len as usize;
         match req.typ {
+            CMD_BLOCK_STATUS => {
+                let descs = self.block_status(req, bs);
+                block_status_chunk(buf, req.cookie, META_ID_BASE_ALLOCATION, &descs);
+                c.block_status.fetch_add(1, Relaxed);
+                Ok(buf.len())
+            }
+            CMD_CACHE => {
+                e.device.cache(req.offset, len).map_err(io_err)?;
+                c.caches.fetch_add(1, Relaxed);
+                Ok(0)
+            }
             CMD_READ => {
                 if buf.len() < HEADROOM + n {
                     buf.resize(HEADROOM + n, 0);
@@ -901,11 +1007,23 @@ impl Conn<'_> {
                 Ok(0)
             }
             _ => {
-                self.mark_dirty();
                 let may_unmap = req.flags & CMD_FLAG_NO_HOLE == 0;
-                e.device
-                    .write_zeroes(req.offset, len, may_unmap)
-                    .map_err(io_err)?;
+                if req.flags & CMD_FLAG_FAST_ZERO != 0 {
+                    match e.device.write_zeroes_fast(req.offset, len, may_unmap) {
+                        Err(err) if err.kind() == io::ErrorKind::Unsupported => {
+                            return Err((ENOTSUP, "zeroing is not faster than writing here"));
+                        }
+                        r => {
+                            self.mark_dirty();
+                            r.map_err(io_err)?
+                        }
+                    }
+                } else {
+                    self.mark_dirty();
+                    e.device
+                        .write_zeroes(req.offset, len, may_unmap)
+                        .map_err(io_err)?;
+                }
                 if fua {
                     e.device.flush().map_err(io_err)?;
                 }
@@ -914,6 +1032,38 @@ impl Conn<'_> {
                 Ok(0)
             }
         }
+    }
+}
+
+impl Conn<'_> {
+    /// The `base:allocation` descriptors of a checked range: the device's runs, cleaned up
+    /// (empty ones dropped, cut to the range, at most `MAX_EXTENTS`, one with REQ_ONE). A
+    /// device that fails, or a range not on block boundaries (on a device that takes such
+    /// requests), gets one descriptor: all data, which is always true.
+    fn block_status(&self, req: &Request, bs: u64) -> Vec<(u32, u32)> {
+        let len = req.len as u64;
+        let whole = vec![(req.len, 0)];
+        if !(req.offset | len).is_multiple_of(bs) {
+            return whole;
+        }
+        let Ok(runs) = self.export.device.block_status(req.offset, len) else {
+            return whole;
+        };
+        let one = req.flags & CMD_FLAG_REQ_ONE != 0;
+        let (mut descs, mut covered) = (Vec::new(), 0u64);
+        for r in runs.iter().filter(|r| r.len > 0).take(MAX_EXTENTS) {
+            let l = r.len.min(len - covered);
+            if l == 0 {
+                break;
+            }
+            let flags = if r.hole { STATE_HOLE } else { 0 } | if r.zero { STATE_ZERO } else { 0 };
+            descs.push((l as u32, flags));
+            covered += l;
+            if one {
+                break;
+            }
+        }
+        if descs.is_empty() { whole } else { descs }
     }
 }
 

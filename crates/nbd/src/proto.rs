@@ -50,6 +50,11 @@ pub const FLAG_SEND_DF: u16 = 1 << 7;
 /// Transmission flag `NBD_FLAG_CAN_MULTI_CONN`: flushes and FUA writes are visible on
 /// every connection to the export once replied to, so clients may use several connections.
 pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+/// Transmission flag `NBD_FLAG_SEND_CACHE`: the server supports `NBD_CMD_CACHE`.
+pub const FLAG_SEND_CACHE: u16 = 1 << 10;
+/// Transmission flag `NBD_FLAG_SEND_FAST_ZERO`: the server honours
+/// `NBD_CMD_FLAG_FAST_ZERO` on `NBD_CMD_WRITE_ZEROES`.
+pub const FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
 
 // Options.
 /// `NBD_OPT_EXPORT_NAME`: pick an export by name and enter transmission at once; there is
@@ -71,6 +76,15 @@ pub const OPT_GO: u32 = 7;
 /// `NBD_OPT_STRUCTURED_REPLY`: the client asks for structured replies in transmission (no
 /// option data); after `NBD_REP_ACK`, reads must be answered with structured replies.
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+/// `NBD_OPT_LIST_META_CONTEXT`: which metadata contexts match the client's queries (one
+/// `NBD_REP_META_CONTEXT` each, id 0), then `NBD_REP_ACK`.
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+/// `NBD_OPT_SET_META_CONTEXT`: select the metadata contexts `NBD_CMD_BLOCK_STATUS` reports
+/// (one `NBD_REP_META_CONTEXT` with its id each), then `NBD_REP_ACK`.
+pub const OPT_SET_META_CONTEXT: u32 = 10;
+/// `NBD_OPT_EXTENDED_HEADERS`: 64-bit request and reply headers; not supported (the
+/// clients of Debian 12 do not ask for it, newer ones fall back to structured replies).
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option replies.
 /// Option reply `NBD_REP_ACK`: the option succeeded, or the last of a list of replies; no data.
@@ -81,6 +95,8 @@ pub const REP_SERVER: u32 = 2;
 /// Option reply `NBD_REP_INFO`: one piece of export information for `NBD_OPT_INFO` /
 /// `NBD_OPT_GO`, starting with its 16-bit `NBD_INFO_*` type.
 pub const REP_INFO: u32 = 3;
+/// Option reply `NBD_REP_META_CONTEXT`: a u32 context id, then the context's name.
+pub const REP_META_CONTEXT: u32 = 4;
 /// Option error `NBD_REP_ERR_UNSUP`: the server does not know or implement the option.
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 /// Option error `NBD_REP_ERR_POLICY`: the option is valid but server policy forbids it.
@@ -120,6 +136,11 @@ pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 /// `NBD_CMD_WRITE_ZEROES`: make `len` bytes at `offset` read as zeroes, with no payload.
 pub const CMD_WRITE_ZEROES: u16 = 6;
+/// `NBD_CMD_CACHE`: the client will read the range soon; the server may prefetch it.
+pub const CMD_CACHE: u16 = 5;
+/// `NBD_CMD_BLOCK_STATUS`: the state of the range in each selected metadata context
+/// (here `base:allocation`: hole, zero), as `NBD_REPLY_TYPE_BLOCK_STATUS` chunks.
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 // Command flags.
 /// Command flag `NBD_CMD_FLAG_FUA` (force unit access): reply only once the command's
@@ -131,6 +152,12 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 /// Command flag `NBD_CMD_FLAG_DF` (don't fragment) on `NBD_CMD_READ`: reply with at most
 /// one content chunk; needs `NBD_FLAG_SEND_DF`.
 pub const CMD_FLAG_DF: u16 = 1 << 2;
+/// Command flag `NBD_CMD_FLAG_REQ_ONE` on `NBD_CMD_BLOCK_STATUS`: one descriptor per
+/// context is enough.
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+/// Command flag `NBD_CMD_FLAG_FAST_ZERO` on `NBD_CMD_WRITE_ZEROES`: fail with `ENOTSUP`
+/// at once (range untouched) unless zeroing is faster than writing zeros.
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
 // Structured reply flags and types.
 /// Structured reply flag `NBD_REPLY_FLAG_DONE`: this is the last chunk of the reply.
@@ -144,6 +171,20 @@ pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 /// Chunk type `NBD_REPLY_TYPE_ERROR`: the request failed; payload is a u32 error, a u16
 /// message length and the message.
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+/// Chunk type `NBD_REPLY_TYPE_BLOCK_STATUS`: a u32 metadata context id, then descriptors of
+/// a u32 length and u32 state flags each, covering the range from its start.
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+
+// Metadata contexts.
+/// The one metadata context this server offers.
+pub const BASE_ALLOCATION: &[u8] = b"base:allocation";
+/// Its id in `NBD_REP_META_CONTEXT` replies to `NBD_OPT_SET_META_CONTEXT` (any value but
+/// 0, which LIST replies use).
+pub const META_ID_BASE_ALLOCATION: u32 = 1;
+/// `base:allocation` state `NBD_STATE_HOLE`: the range is not allocated on the storage.
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` state `NBD_STATE_ZERO`: the range reads as zeros.
+pub const STATE_ZERO: u32 = 1 << 1;
 
 // Errors.
 /// NBD error `EPERM`: operation not permitted (e.g. a write to a read-only export).
@@ -161,6 +202,8 @@ pub const ENOSPC: u32 = 28;
 /// NBD error `EOVERFLOW`: value too large (a read longer than the server sends in one
 /// reply; structured replies only).
 pub const EOVERFLOW: u32 = 75;
+/// NBD error `ENOTSUP`: only for `NBD_CMD_FLAG_FAST_ZERO` (zeroing would not be fast).
+pub const ENOTSUP: u32 = 95;
 /// NBD error `ESHUTDOWN`: the server is shutting down; the client must disconnect.
 pub const ESHUTDOWN: u32 = 108;
 
@@ -298,6 +341,93 @@ impl<'a> InfoRequest<'a> {
     }
 }
 
+/// The payload of NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: export name and
+/// context queries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaContextRequest<'a> {
+    /// Requested export name, as sent (empty = the default export).
+    pub name: &'a [u8],
+    /// The queries, each a u32 length and that many bytes (checked by `parse`).
+    queries: &'a [u8],
+    count: u32,
+}
+
+impl<'a> MetaContextRequest<'a> {
+    /// Parses the option data; the error is the message for NBD_REP_ERR_INVALID.
+    pub fn parse(data: &'a [u8]) -> Result<MetaContextRequest<'a>, &'static [u8]> {
+        let u32_at = |at: usize| -> Option<u32> {
+            Some(u32::from_be_bytes(data.get(at..at + 4)?.try_into().ok()?))
+        };
+        let Some(name_len) = u32_at(0) else {
+            return Err(b"option data too short");
+        };
+        let name_end = 4usize.saturating_add(name_len as usize);
+        let Some(count) = name_end.checked_add(4).and_then(|_| u32_at(name_end)) else {
+            return Err(b"export name length exceeds option length");
+        };
+        let queries = &data[name_end + 4..];
+        // Walk the queries once (the count bounds nothing: the data does).
+        let (mut rest, mut seen) = (queries, 0u32);
+        while !rest.is_empty() {
+            let Some(len) = rest
+                .get(..4)
+                .map(|b| u32::from_be_bytes(b.try_into().unwrap()))
+            else {
+                return Err(b"truncated query length");
+            };
+            let Some(next) = rest.get(4 + len as usize..) else {
+                return Err(b"query length exceeds option length");
+            };
+            rest = next;
+            seen += 1;
+        }
+        if seen != count {
+            return Err(b"query count does not match option length");
+        }
+        Ok(MetaContextRequest {
+            name: &data[4..name_end],
+            queries,
+            count,
+        })
+    }
+
+    /// Number of queries (0: the client asks for every context, LIST only).
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The queries, in order.
+    pub fn queries(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let mut rest = self.queries;
+        std::iter::from_fn(move || {
+            let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+            let (q, next) = rest[4..].split_at(len);
+            rest = next;
+            Some(q)
+        })
+    }
+}
+
+/// Writes a `NBD_REPLY_TYPE_BLOCK_STATUS` chunk (the final one) for context `id` into `out`
+/// (replacing what it held): `(length, flags)` descriptors, big-endian.
+pub fn block_status_chunk(out: &mut Vec<u8>, cookie: u64, id: u32, descs: &[(u32, u32)]) {
+    out.clear();
+    out.resize(STRUCTURED_HDR_LEN, 0);
+    let len = 4 + 8 * descs.len() as u32;
+    structured_header(
+        &mut out[..],
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        cookie,
+        len,
+    );
+    out.extend_from_slice(&id.to_be_bytes());
+    for (l, f) in descs {
+        out.extend_from_slice(&l.to_be_bytes());
+        out.extend_from_slice(&f.to_be_bytes());
+    }
+}
+
 /// Writes a simple reply header into `out` (16 bytes).
 pub fn simple_reply(out: &mut [u8], error: u32, cookie: u64) {
     out[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -396,6 +526,57 @@ mod tests {
         assert!(InfoRequest::parse(&data[..11]).is_err());
         // Name length larger than the data, including values that overflow 32 bits.
         assert!(InfoRequest::parse(&[0xff, 0xff, 0xff, 0xff, 0, 0]).is_err());
+    }
+
+    fn meta_payload(name: &[u8], queries: &[&[u8]]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name);
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q);
+        }
+        d
+    }
+
+    #[test]
+    fn meta_context_parsing() {
+        let d = meta_payload(b"hd", &[b"base:allocation", b"", b"qemu:x"]);
+        let r = MetaContextRequest::parse(&d).unwrap();
+        assert_eq!((r.name, r.count()), (&b"hd"[..], 3));
+        assert_eq!(
+            r.queries().collect::<Vec<_>>(),
+            [&b"base:allocation"[..], b"", b"qemu:x"]
+        );
+        let none = meta_payload(b"", &[]);
+        let r = MetaContextRequest::parse(&none).unwrap();
+        assert_eq!((r.name, r.count(), r.queries().count()), (&b""[..], 0, 0));
+        // Malformed: too short, name past the end, truncated query, trailing byte, a count
+        // that does not match (also a huge one: nothing is driven by it).
+        assert!(MetaContextRequest::parse(&d[..7]).is_err());
+        assert!(MetaContextRequest::parse(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]).is_err());
+        assert!(MetaContextRequest::parse(&d[..d.len() - 1]).is_err());
+        let mut long = d.clone();
+        long.push(0);
+        assert!(MetaContextRequest::parse(&long).is_err());
+        let mut count = d.clone();
+        count[9] = 0xff; // the count's low byte (after the 4 + 2 name bytes)
+        assert!(MetaContextRequest::parse(&count).is_err());
+        let mut huge = none.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(MetaContextRequest::parse(&huge).is_err());
+    }
+
+    #[test]
+    fn block_status_encoding() {
+        let mut out = Vec::new();
+        block_status_chunk(&mut out, 9, 1, &[(4096, STATE_HOLE | STATE_ZERO), (512, 0)]);
+        assert_eq!(out.len(), STRUCTURED_HDR_LEN + 4 + 16);
+        assert_eq!(&out[4..8], &[0, 1, 0, 5]); // DONE, type 5
+        assert_eq!(&out[16..20], &20u32.to_be_bytes());
+        assert_eq!(&out[20..24], &1u32.to_be_bytes());
+        assert_eq!(&out[24..32], &[0, 0, 0x10, 0, 0, 0, 0, 3]);
+        assert_eq!(&out[32..40], &[0, 0, 2, 0, 0, 0, 0, 0]);
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub(crate) struct Counters {
     pub(crate) trim_bytes: AtomicU64,
     pub(crate) write_zeroes: AtomicU64,
     pub(crate) write_zeroes_bytes: AtomicU64,
+    pub(crate) fast_zero_refused: AtomicU64,
+    pub(crate) block_status: AtomicU64,
+    pub(crate) caches: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
 }
@@ -83,6 +86,13 @@ pub struct Stats {
     pub write_zeroes: u64,
     /// Bytes of successful write-zeroes requests.
     pub write_zeroes_bytes: u64,
+    /// Fast write-zeroes requests refused with `ENOTSUP` (zeroing would not be faster than
+    /// writing: the client writes instead); not counted in `errors`.
+    pub fast_zero_refused: u64,
+    /// Block-status requests answered.
+    pub block_status: u64,
+    /// Cache (prefetch) requests that succeeded.
+    pub caches: u64,
     /// Requests answered with an error (invalid requests and backend failures).
     pub errors: u64,
     /// Connections dropped for protocol violations (bad magic, oversized option or payload,
@@ -144,6 +154,9 @@ impl Shared {
             trim_bytes: c.trim_bytes.load(Relaxed),
             write_zeroes: c.write_zeroes.load(Relaxed),
             write_zeroes_bytes: c.write_zeroes_bytes.load(Relaxed),
+            fast_zero_refused: c.fast_zero_refused.load(Relaxed),
+            block_status: c.block_status.load(Relaxed),
+            caches: c.caches.load(Relaxed),
             errors: c.errors.load(Relaxed),
             protocol_errors: c.protocol_errors.load(Relaxed),
         }

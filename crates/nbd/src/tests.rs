@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::proto::*;
-use cryptblk_device::MemoryDevice;
+use cryptblk_device::{Extent, MemoryDevice};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::thread;
@@ -29,6 +29,10 @@ struct TestDevice {
     write_delay: Duration,
     /// Claims byte-granular I/O (as an encrypted volume with read-modify-write does).
     byte_granular: bool,
+    /// What `block_status` answers (`None`: the default, all data).
+    extents: Mutex<Option<Vec<Extent>>>,
+    /// `cache` calls seen.
+    caches: AtomicU64,
 }
 
 impl TestDevice {
@@ -53,6 +57,8 @@ impl TestDevice {
             gate_lock: Mutex::new(()),
             write_delay: Duration::ZERO,
             byte_granular: false,
+            extents: Mutex::new(None),
+            caches: AtomicU64::new(0),
         }
     }
     fn injected(&self) -> io::Result<()> {
@@ -110,6 +116,25 @@ impl BlockDevice for TestDevice {
         self.injected()?;
         self.last_may_unmap.store(may_unmap, Relaxed);
         self.mem.write_zeroes(offset, len, may_unmap)
+    }
+    fn write_zeroes_fast(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()> {
+        self.injected()?;
+        if !(may_unmap && self.discard) {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        self.mem.write_zeroes(offset, len, true)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        self.injected()?;
+        match &*lock(&self.extents) {
+            Some(e) => Ok(e.clone()),
+            None => self.mem.block_status(offset, len),
+        }
+    }
+    fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        self.injected()?;
+        self.caches.fetch_add(1, Relaxed);
+        Ok(())
     }
 }
 
@@ -306,6 +331,62 @@ impl Client {
         }
     }
 
+    /// Sends LIST/SET_META_CONTEXT; returns the contexts replied (id, name) and the final reply.
+    fn meta(&mut self, opt: u32, name: &str, queries: &[&[u8]]) -> (Vec<(u32, Vec<u8>)>, u32) {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q);
+        }
+        self.opt(opt, &d);
+        let mut got = Vec::new();
+        loop {
+            let (typ, data) = self.opt_reply(opt);
+            if typ != REP_META_CONTEXT {
+                return (got, typ);
+            }
+            let id = u32::from_be_bytes(data[..4].try_into().unwrap());
+            got.push((id, data[4..].to_vec()));
+        }
+    }
+
+    /// Structured replies, `base:allocation` selected, then GO on "disk".
+    fn go_with_block_status(&mut self) {
+        self.flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+        self.opt(OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(self.opt_reply(OPT_STRUCTURED_REPLY).0, REP_ACK);
+        let (got, fin) = self.meta(OPT_SET_META_CONTEXT, "disk", &[BASE_ALLOCATION]);
+        assert_eq!((got.len(), fin), (1, REP_ACK));
+        let (_, fin) = self.info(OPT_GO, "disk", &[]);
+        assert_eq!(fin, REP_ACK);
+    }
+
+    /// Reads a block-status reply: the descriptors, or the error.
+    fn block_status_reply(&mut self, cookie: u64) -> Result<Vec<(u32, u32)>, u32> {
+        let (flags, typ, k, p) = self.chunk();
+        assert_eq!((flags & REPLY_FLAG_DONE, k), (REPLY_FLAG_DONE, cookie));
+        if typ == REPLY_TYPE_ERROR {
+            return Err(u32::from_be_bytes(p[..4].try_into().unwrap()));
+        }
+        assert_eq!(typ, REPLY_TYPE_BLOCK_STATUS);
+        assert_eq!(
+            u32::from_be_bytes(p[..4].try_into().unwrap()),
+            META_ID_BASE_ALLOCATION
+        );
+        assert_eq!((p.len() - 4) % 8, 0);
+        Ok(p[4..]
+            .chunks_exact(8)
+            .map(|d| {
+                (
+                    u32::from_be_bytes(d[..4].try_into().unwrap()),
+                    u32::from_be_bytes(d[4..].try_into().unwrap()),
+                )
+            })
+            .collect())
+    }
+
     /// Asserts the server closed the connection (EOF, possibly after ignoring some bytes).
     fn expect_closed(&mut self) {
         let mut b = [0u8; 256];
@@ -363,7 +444,9 @@ fn go_reports_export_info_and_block_sizes() {
         | FLAG_SEND_FUA
         | FLAG_SEND_TRIM
         | FLAG_SEND_WRITE_ZEROES
-        | FLAG_CAN_MULTI_CONN;
+        | FLAG_CAN_MULTI_CONN
+        | FLAG_SEND_CACHE
+        | FLAG_SEND_FAST_ZERO;
     assert_eq!(flags, want, "no structured replies: no DF; not read-only");
     let bs = find(INFO_BLOCK_SIZE).expect("NBD_INFO_BLOCK_SIZE");
     assert_eq!(bs.len(), 14);
@@ -433,8 +516,10 @@ fn handshake_options_list_info_unknown_and_invalid() {
     assert_eq!(c.opt_reply(OPT_STARTTLS).0, REP_ERR_UNSUP);
     c.opt(9999, b"whatever");
     assert_eq!(c.opt_reply(9999).0, REP_ERR_UNSUP);
-    c.opt(10, &[0; 8]); // SET_META_CONTEXT: not supported
-    assert_eq!(c.opt_reply(10).0, REP_ERR_UNSUP);
+    c.opt(OPT_SET_META_CONTEXT, &[0; 8]); // needs structured replies first
+    assert_eq!(c.opt_reply(OPT_SET_META_CONTEXT).0, REP_ERR_INVALID);
+    c.opt(OPT_EXTENDED_HEADERS, &[]);
+    assert_eq!(c.opt_reply(OPT_EXTENDED_HEADERS).0, REP_ERR_UNSUP);
 
     let (infos, fin) = c.info(OPT_INFO, "nope", &[]);
     assert_eq!((infos.len(), fin), (0, REP_ERR_UNKNOWN));
@@ -650,8 +735,12 @@ fn hostile_requests_get_errors_and_the_connection_survives() {
     assert_eq!(c.simple(), (EINVAL, 11));
     c.request(CMD_FLAG_DF, CMD_READ, 12, 0, 512, &[]);
     assert_eq!(c.simple(), (EINVAL, 12), "DF needs structured replies");
-    c.request(1 << 4, CMD_WRITE_ZEROES, 13, 0, 512, &[]);
-    assert_eq!(c.simple(), (EINVAL, 13), "FAST_ZERO is not advertised");
+    c.request(CMD_FLAG_FAST_ZERO, CMD_READ, 13, 0, 512, &[]);
+    assert_eq!(
+        c.simple(),
+        (EINVAL, 13),
+        "FAST_ZERO is for write-zeroes only"
+    );
     // Oversized read with simple replies: EINVAL, no payload, connection stays.
     c.request(0, CMD_READ, 14, 0, u32::MAX - 511, &[]);
     assert_eq!(c.simple(), (EINVAL, 14));
@@ -1514,4 +1603,253 @@ fn client_not_reading_replies_is_dropped_and_frees_the_pool() {
     deaf.finish();
     // Healthy clients are not affected by the timeout.
     assert!(big_write(&srv, 0, 0x22) < Duration::from_secs(5));
+}
+
+#[test]
+fn meta_context_negotiation() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::new(MIB, 512));
+    let srv = Arc::new(
+        NbdServer::builder()
+            .export("a", dev.clone())
+            .export("b", dev)
+            .build()
+            .unwrap(),
+    );
+    let base = BASE_ALLOCATION.to_vec();
+    let mut c = Client::pair(&srv);
+    c.flags(FLAG_C_FIXED_NEWSTYLE);
+    // Without structured replies: refused, both kinds.
+    for opt in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+        assert_eq!(
+            c.meta(opt, "a", &[BASE_ALLOCATION]),
+            (vec![], REP_ERR_INVALID)
+        );
+    }
+    c.opt(OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(c.opt_reply(OPT_STRUCTURED_REPLY).0, REP_ACK);
+    // LIST: every context with no query or "base:"; id 0.
+    let one = (vec![(0, base.clone())], REP_ACK);
+    assert_eq!(c.meta(OPT_LIST_META_CONTEXT, "a", &[]), one);
+    assert_eq!(c.meta(OPT_LIST_META_CONTEXT, "", &[b"base:"]), one);
+    // Other namespaces, unknown base: contexts and names without a namespace: ignored.
+    let odd: [&[u8]; 4] = [b"qemu:allocation-depth", b"x-a:b", b"base:nope", b"nocolon"];
+    assert_eq!(c.meta(OPT_LIST_META_CONTEXT, "a", &odd), (vec![], REP_ACK));
+    assert_eq!(c.meta(OPT_SET_META_CONTEXT, "a", &odd), (vec![], REP_ACK));
+    // SET: one reply with its id, however often asked; "base:" alone selects nothing.
+    let twice: [&[u8]; 3] = [BASE_ALLOCATION, BASE_ALLOCATION, b"qemu:dirty-bitmap:x"];
+    assert_eq!(
+        c.meta(OPT_SET_META_CONTEXT, "a", &twice),
+        (vec![(META_ID_BASE_ALLOCATION, base.clone())], REP_ACK)
+    );
+    assert_eq!(
+        c.meta(OPT_SET_META_CONTEXT, "a", &[b"base:"]),
+        (vec![], REP_ACK)
+    );
+    assert_eq!(c.meta(OPT_SET_META_CONTEXT, "a", &[]), (vec![], REP_ACK));
+    // Unknown export; malformed payloads.
+    assert_eq!(
+        c.meta(OPT_LIST_META_CONTEXT, "zz", &[]),
+        (vec![], REP_ERR_UNKNOWN)
+    );
+    for bad in [
+        &[0u8; 7][..],
+        &[0, 0, 0, 9, 0, 0, 0, 0],
+        &[0, 0, 0, 0, 0, 0, 0, 1],
+    ] {
+        c.opt(OPT_SET_META_CONTEXT, bad);
+        assert_eq!(c.opt_reply(OPT_SET_META_CONTEXT).0, REP_ERR_INVALID);
+    }
+    c.opt(OPT_ABORT, &[]);
+    assert_eq!(c.opt_reply(OPT_ABORT).0, REP_ACK);
+    c.finish();
+
+    // A selection counts only for the export it was made on, and a failed SET clears it.
+    for (set_on, go_to, spoil, want) in [
+        ("a", "a", false, true),
+        ("", "a", false, true),
+        ("a", "b", false, false),
+        ("a", "a", true, false),
+    ] {
+        let mut c = Client::pair(&srv);
+        c.flags(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
+        c.opt(OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(c.opt_reply(OPT_STRUCTURED_REPLY).0, REP_ACK);
+        assert_eq!(
+            c.meta(OPT_SET_META_CONTEXT, set_on, &[BASE_ALLOCATION]).1,
+            REP_ACK
+        );
+        if spoil {
+            c.opt(OPT_SET_META_CONTEXT, &[1, 2, 3]);
+            assert_eq!(c.opt_reply(OPT_SET_META_CONTEXT).0, REP_ERR_INVALID);
+        }
+        assert_eq!(c.info(OPT_GO, go_to, &[]).1, REP_ACK);
+        c.request(0, CMD_BLOCK_STATUS, 1, 0, 4096, &[]);
+        let got = c.block_status_reply(1);
+        if want {
+            assert_eq!(got, Ok(vec![(4096, 0)]), "set on {set_on:?}, go to {go_to}");
+        } else {
+            assert_eq!(
+                got,
+                Err(EINVAL),
+                "set on {set_on:?}, go to {go_to}, spoil {spoil}"
+            );
+        }
+        c.finish();
+    }
+}
+
+#[test]
+fn block_status_replies() {
+    let (dev, srv) = mem_server();
+    let mut c = Client::pair(&srv);
+    c.go_with_block_status();
+    let ext = |len, hole, zero| Extent { len, hole, zero };
+    // The device's runs, as descriptors; REQ_ONE: the first only.
+    *lock(&dev.extents) = Some(vec![
+        ext(4096, false, false),
+        ext(8192, true, true),
+        ext(512, true, false),
+    ]);
+    c.request(0, CMD_BLOCK_STATUS, 1, 0, 4096 + 8192 + 512, &[]);
+    assert_eq!(
+        c.block_status_reply(1),
+        Ok(vec![
+            (4096, 0),
+            (8192, STATE_HOLE | STATE_ZERO),
+            (512, STATE_HOLE)
+        ])
+    );
+    c.request(CMD_FLAG_REQ_ONE, CMD_BLOCK_STATUS, 2, 0, 65536, &[]);
+    assert_eq!(c.block_status_reply(2), Ok(vec![(4096, 0)]));
+    // Runs past the range are cut; empty runs dropped; too many capped.
+    c.request(0, CMD_BLOCK_STATUS, 3, 0, 6144, &[]);
+    assert_eq!(
+        c.block_status_reply(3),
+        Ok(vec![(4096, 0), (2048, STATE_HOLE | STATE_ZERO)])
+    );
+    *lock(&dev.extents) = Some(
+        std::iter::once(ext(0, true, true))
+            .chain((0..5000).map(|i| ext(512, i % 2 == 1, false)))
+            .collect(),
+    );
+    c.request(0, CMD_BLOCK_STATUS, 4, 0, 4 << 20, &[]);
+    let got = c.block_status_reply(4).unwrap();
+    assert_eq!(got.len(), cryptblk_device::MAX_EXTENTS);
+    assert_eq!((got[0], got[1]), ((512, 0), (512, STATE_HOLE)));
+    // A device that fails: all data (always true); an empty device answer likewise.
+    *lock(&dev.extents) = Some(vec![]);
+    c.request(0, CMD_BLOCK_STATUS, 5, 512, 1024, &[]);
+    assert_eq!(c.block_status_reply(5), Ok(vec![(1024, 0)]));
+    lock(&dev.fail).push(libc_eio());
+    c.request(FLAG_FUA_ON_ANY, CMD_BLOCK_STATUS, 6, 512, 1024, &[]);
+    assert_eq!(c.block_status_reply(6), Ok(vec![(1024, 0)]));
+    // Misuse: empty, past the end, misaligned, a flag it does not take.
+    for (cookie, flags, off, len) in [
+        (7, 0, 0, 0),
+        (8, 0, 8 * MIB - 512, 1024),
+        (9, 0, 100, 512),
+        (10, CMD_FLAG_DF, 0, 512),
+    ] {
+        c.request(flags, CMD_BLOCK_STATUS, cookie, off, len, &[]);
+        assert_eq!(c.block_status_reply(cookie), Err(EINVAL), "cookie {cookie}");
+    }
+    c.finish();
+    assert_eq!(srv.stats().block_status, 6);
+}
+
+/// FUA is valid on every command.
+const FLAG_FUA_ON_ANY: u16 = CMD_FLAG_FUA;
+
+fn libc_eio() -> i32 {
+    5
+}
+
+#[test]
+fn block_status_of_a_sparse_file_and_on_a_read_only_export() {
+    // A plain file with data in the middle: holes that read as zeros around it.
+    let dir = temp_dir();
+    let path = dir.path().join("sparse.img");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    f.set_len(8 * MIB).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[7u8; 1 << 20], 2 * MIB).unwrap();
+    // Where the file system cannot tell holes (SEEK_HOLE at the end only), all is data.
+    let probe = cryptblk_device::file_seek_hole(&f, 0).unwrap();
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(cryptblk_device::RawDevice::with_storage(f, 4096).unwrap());
+    let srv = Arc::new(
+        NbdServer::builder()
+            .export("disk", dev)
+            .read_only(true)
+            .build()
+            .unwrap(),
+    );
+    let mut c = Client::pair(&srv);
+    c.go_with_block_status();
+    c.request(0, CMD_BLOCK_STATUS, 1, 0, 8 << 20, &[]);
+    let got = c.block_status_reply(1).unwrap();
+    if probe == 8 * MIB {
+        eprintln!("NOTE: the temp dir's file system reports no holes; checked as all data");
+        assert_eq!(got, vec![(8 << 20, 0)]);
+    } else {
+        let hz = STATE_HOLE | STATE_ZERO;
+        assert_eq!(got, vec![(2 << 20, hz), (1 << 20, 0), (5 << 20, hz)]);
+    }
+    // CACHE is fine on a read-only export; write-zeroes is not.
+    c.request(0, CMD_CACHE, 2, 0, 4096, &[]);
+    assert_eq!(
+        c.simple(),
+        (0, 2),
+        "commands without data get simple replies"
+    );
+    c.request(CMD_FLAG_FAST_ZERO, CMD_WRITE_ZEROES, 3, 0, 4096, &[]);
+    assert_eq!(c.block_status_reply(3), Err(EPERM));
+    c.finish();
+}
+
+#[test]
+fn cache_and_fast_zero() {
+    let (dev, srv) = mem_server();
+    let mut c = Client::pair(&srv);
+    c.go(false);
+    c.request(0, CMD_CACHE, 1, 0, 1 << 20, &[]);
+    assert_eq!(c.simple(), (0, 1));
+    assert_eq!(dev.caches.load(Relaxed), 1);
+    c.request(0, CMD_CACHE, 2, 8 * MIB - 512, 1024, &[]);
+    assert_eq!(c.simple(), (EINVAL, 2));
+    c.request(CMD_FLAG_NO_HOLE, CMD_CACHE, 3, 0, 512, &[]);
+    assert_eq!(c.simple(), (EINVAL, 3));
+    // Fast zero: done where the device can unmap, else ENOTSUP and nothing changes.
+    c.request(0, CMD_WRITE, 4, 0, 1024, &[9; 1024]);
+    assert_eq!(c.simple(), (0, 4));
+    c.request(
+        CMD_FLAG_FAST_ZERO | CMD_FLAG_NO_HOLE,
+        CMD_WRITE_ZEROES,
+        5,
+        0,
+        1024,
+        &[],
+    );
+    assert_eq!(c.simple(), (ENOTSUP, 5));
+    let mut b = [0u8; 1024];
+    dev.mem.read_at(&mut b, 0).unwrap();
+    assert_eq!(
+        b, [9; 1024],
+        "a refused fast zero leaves the range as it was"
+    );
+    c.request(CMD_FLAG_FAST_ZERO, CMD_WRITE_ZEROES, 6, 0, 512, &[]);
+    assert_eq!(c.simple(), (0, 6));
+    dev.mem.read_at(&mut b, 0).unwrap();
+    assert!(b[..512].iter().all(|&x| x == 0) && b[512..].iter().all(|&x| x == 9));
+    // Block status was not negotiated on this connection.
+    c.request(0, CMD_BLOCK_STATUS, 7, 0, 512, &[]);
+    assert_eq!(c.simple(), (EINVAL, 7));
+    c.finish();
+    let s = srv.stats();
+    assert_eq!((s.caches, s.fast_zero_refused, s.errors), (1, 1, 3));
 }

@@ -1,6 +1,8 @@
 //! Drives the server with real NBD clients: nbdinfo, nbdcopy (libnbd-bin), qemu-img and
 //! qemu-io (qemu-utils), fio (fio). A missing tool fails the test, naming its package.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -9,8 +11,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::{Serving, xts_4096_params};
 use cryptblk_device::{BlockDevice, MemoryDevice};
 use cryptblk_nbd::{NbdServer, ShutdownHandle};
+use cryptblk_volume::{FileStorage, Volume, volume_from_key};
+use std::path::Path;
 
 const MIB: u64 = 1 << 20;
 
@@ -144,9 +149,13 @@ fn nbdinfo_reports_size_and_block_sizes() {
         "can_trim",
         "can_zero",
         "can_df",
+        "can_cache",
+        "can_fast_zero",
     ] {
         assert_eq!(e[cap], true, "{cap} in {e}");
     }
+    // NBD_OPT_LIST_META_CONTEXT: the one context offered.
+    assert_eq!(e["contexts"], serde_json::json!(["base:allocation"]), "{e}");
     // --list goes through NBD_OPT_LIST.
     let out = run(Command::new(&nbdinfo)
         .arg("--list")
@@ -429,5 +438,151 @@ fn fio_verify_with_one_thread_per_connection() {
         &srv,
         &["--rw=randwrite", "--bs=4k", "--iodepth=32", "--size=8M"],
     );
+    srv.stop();
+}
+
+// `base:allocation` through real clients: an encrypted volume on a sparse file reports the
+// storage's holes only when discards are allowed, never as zeros (a hole decrypts to
+// garbage), and clients that skip holes still copy every byte right.
+
+/// Where the volume's data starts in its file, and its size.
+const DATA_OFFSET: u64 = MIB;
+const SIZE: u64 = 16 * MIB;
+
+/// An encrypted volume on a sparse file of `DATA_OFFSET + SIZE` bytes (nothing written).
+fn sparse_volume(path: &Path, allow_discards: bool) -> Arc<Volume> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    f.set_len(DATA_OFFSET + SIZE).unwrap();
+    let mut params = xts_4096_params(DATA_OFFSET);
+    params.allow_discards = allow_discards;
+    let key: Vec<u8> = (0..64u8).collect();
+    Arc::new(volume_from_key(Box::new(FileStorage::new(f).unwrap()), &key, &params).unwrap())
+}
+
+fn serve(vol: Arc<Volume>) -> Serving {
+    Serving::start(
+        NbdServer::builder()
+            .export("disk", vol as Arc<dyn BlockDevice>)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn uri(s: &Serving) -> String {
+    format!("nbd+unix:///disk?socket={}", s.path.display())
+}
+
+/// `nbdinfo --map`: (offset, length, type) runs.
+fn map(s: &Serving) -> Vec<(u64, u64, u64)> {
+    let out = run(Command::new(tool("nbdinfo", "libnbd-bin"))
+        .args(["--map", "--json"])
+        .arg(uri(s)));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    j.as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|e| {
+            (
+                e["offset"].as_u64().unwrap(),
+                e["length"].as_u64().unwrap(),
+                e["type"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Whether the file system under `dir` reports holes (SEEK_HOLE before the end).
+fn reports_holes(dir: &Path) -> bool {
+    let p = dir.join("probe");
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(MIB).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[1; 4096], 0).unwrap();
+    let hole = cryptblk_device::file_seek_hole(&f, 0).unwrap();
+    hole < MIB
+}
+
+#[test]
+fn holes_are_reported_only_with_discards_and_never_as_zeros() {
+    let qemu_io = tool("qemu-io", "qemu-utils");
+    let qemu_img = tool("qemu-img", "qemu-utils");
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        reports_holes(dir.path()),
+        "the temp dir's file system reports no holes (SEEK_HOLE): this test cannot run here; \
+         set TMPDIR to a tmpfs, ext4 or xfs directory"
+    );
+    let img = dir.path().join("vol.img");
+
+    // Discards allowed: write 8 MiB, discard 2 MiB of it.
+    let vol = sparse_volume(&img, true);
+    let srv = serve(vol.clone());
+    run(Command::new(&qemu_io)
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x5a 0 8M",
+            "-c",
+            "discard 2M 2M",
+        ])
+        .arg(uri(&srv)));
+    let runs = map(&srv);
+    assert_eq!(
+        runs,
+        vec![
+            (0, 2 * MIB, 0),
+            (2 * MIB, 2 * MIB, 1),
+            (4 * MIB, 4 * MIB, 0),
+            (8 * MIB, 8 * MIB, 1),
+        ],
+        "hole (type 1) where discarded and never written, data (type 0) elsewhere, never zero (type 2)"
+    );
+    // qemu-img sees the holes as neither data nor zero, and still copies every byte: what
+    // the client reads from a hole is what the volume reads there (not zeros).
+    let out = run(Command::new(&qemu_img)
+        .args(["map", "--output=json", "-f", "raw"])
+        .arg(uri(&srv)));
+    let qmap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for e in qmap.as_array().unwrap() {
+        let (start, len) = (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap());
+        assert_eq!(
+            e["zero"], false,
+            "qemu-img map says zero at {start}+{len}: {qmap}"
+        );
+        let data = (start + len <= 2 * MIB) || (start >= 4 * MIB && start + len <= 8 * MIB);
+        assert_eq!(e["data"], data, "qemu-img map at {start}+{len}: {qmap}");
+    }
+    let copy = dir.path().join("copy.raw");
+    run(Command::new(&qemu_img)
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(uri(&srv))
+        .arg(&copy));
+    let mut want = vec![0u8; SIZE as usize];
+    vol.read_at(&mut want, 0).unwrap();
+    assert!(want[..2 * MIB as usize].iter().all(|&b| b == 0x5a));
+    assert!(
+        want[2 * MIB as usize..4 * MIB as usize]
+            .iter()
+            .any(|&b| b != 0),
+        "a discarded range of an encrypted volume reads as garbage, not zeros"
+    );
+    assert!(
+        std::fs::read(&copy).unwrap() == want,
+        "qemu-img convert copied every byte"
+    );
+    let stats = srv.stop().stats();
+    assert!(stats.block_status >= 2, "{stats:?}");
+    drop(vol);
+
+    // The same image without discards allowed: all data, nothing revealed.
+    let vol = sparse_volume(&img, false);
+    let srv = serve(vol);
+    assert_eq!(map(&srv), vec![(0, SIZE, 0)]);
     srv.stop();
 }

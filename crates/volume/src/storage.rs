@@ -319,4 +319,10 @@ impl Storage for FileStorage {
         )
         .map_err(io::Error::from)
     }
+    fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        cryptblk_device::file_seek_data(&self.file, offset)
+    }
+    fn seek_hole(&self, offset: u64) -> io::Result<u64> {
+        cryptblk_device::file_seek_hole(&self.file, offset)
+    }
 }

@@ -3,7 +3,7 @@
 use crate::storage::{Storage, THREAD_BUFFER_MAX};
 use crate::{Error, Result};
 use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
-use cryptblk_device::{BlockDevice, SplitIo};
+use cryptblk_device::{BlockDevice, Extent, MAX_EXTENTS, SplitIo, storage_extents};
 use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -1127,6 +1127,60 @@ impl BlockDevice for Volume {
             }
         }
         Ok(())
+    }
+    /// Holes in the storage, only where discards are allowed (otherwise which sectors were
+    /// never written stays hidden, as with dm-crypt) and never as zero: a hole decrypts to
+    /// garbage. dm-zero segments read as zeros. While a reencryption step moves ciphertext,
+    /// and where the storage cannot tell: all data.
+    fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        self.check(offset, len)?;
+        let data = |len| Extent {
+            len,
+            hole: false,
+            zero: false,
+        };
+        if !self.allow_discards {
+            return Ok(vec![data(len)]);
+        }
+        let l = self.layout();
+        if l.hot.is_some() {
+            return Ok(vec![data(len)]);
+        }
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        let first = l.segments.partition_point(|s| s.start + s.len <= offset);
+        for s in &l.segments[first..] {
+            if s.start >= end || out.len() >= MAX_EXTENTS {
+                break;
+            }
+            let (lo, hi) = (offset.max(s.start), end.min(s.start + s.len));
+            let runs = if s.zero {
+                vec![Extent {
+                    len: hi - lo,
+                    hole: true,
+                    zero: true,
+                }]
+            } else {
+                let at = s.storage_offset + (lo - s.start);
+                match storage_extents(&*self.storage, at, hi - lo, self.sector, false) {
+                    Ok(r) => r,
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => vec![data(hi - lo)],
+                    Err(e) => return Err(e),
+                }
+            };
+            let full = runs.iter().map(|r| r.len).sum::<u64>() == hi - lo;
+            for r in runs {
+                match out.last_mut() {
+                    Some(p) if p.hole == r.hole && p.zero == r.zero => p.len += r.len,
+                    _ => out.push(r),
+                }
+            }
+            if !full {
+                break; // the storage stopped early: the client asks again from there
+            }
+        }
+        out.truncate(MAX_EXTENTS);
+        Ok(out)
     }
     /// Only for one segment: the split path maps a request to one storage range and one
     /// cipher.
