@@ -11,7 +11,8 @@ mod storage;
 pub use errno::errno_of;
 pub use partition::{Partition, partition_of};
 pub use storage::{
-    MemStorage, MemoryDevice, RawDevice, Storage, file_seek_data, file_seek_hole, storage_extents,
+    MemStorage, MemoryDevice, RawDevice, Storage, file_prefetch, file_seek_data, file_seek_hole,
+    storage_extents,
 };
 
 /// A run of a device's bytes in one allocation state, as [`BlockDevice::block_status`]
@@ -84,7 +85,7 @@ pub trait BlockDevice: Send + Sync {
         }])
     }
     /// The range will be read soon: the device may fetch it ahead (a hint; the default
-    /// does nothing).
+    /// does nothing; devices on files start the kernel's readahead of it).
     fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }

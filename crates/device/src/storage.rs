@@ -53,6 +53,12 @@ pub trait Storage: Send + Sync {
     fn punch_hole(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
+    /// Starts reading `len` bytes at `offset` into the page cache in the background
+    /// (`posix_fadvise(WILLNEED)`), so a read that follows finds them there; a hint, so
+    /// stores without a cache do nothing.
+    fn prefetch(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// The offset of the first byte of data at or after `offset` (`lseek(SEEK_DATA)`), `None`
     /// when only holes follow; `Unsupported` where the store cannot tell.
     fn seek_data(&self, _offset: u64) -> io::Result<Option<u64>> {
@@ -113,6 +119,9 @@ macro_rules! delegate_storage {
             fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
                 (**self).punch_hole(offset, len)
             }
+            fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+                (**self).prefetch(offset, len)
+            }
             fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
                 (**self).seek_data(offset)
             }
@@ -147,6 +156,9 @@ impl Storage for File {
     fn sync(&self) -> io::Result<()> {
         self.sync_data()
     }
+    fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+        file_prefetch(self, offset, len)
+    }
     fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
         file_seek_data(self, offset)
     }
@@ -160,6 +172,15 @@ impl Storage for File {
         use std::os::fd::AsRawFd;
         Some(self.as_raw_fd())
     }
+}
+
+/// `posix_fadvise(WILLNEED)` on a file's range: the kernel reads it ahead in the
+/// background (for an encrypted volume that is ciphertext; it is decrypted when read).
+pub fn file_prefetch(f: &File, offset: u64, len: u64) -> io::Result<()> {
+    let Some(len) = std::num::NonZeroU64::new(len) else {
+        return Ok(());
+    };
+    rustix::fs::fadvise(f, offset, Some(len), rustix::fs::Advice::WillNeed).map_err(Into::into)
 }
 
 /// `lseek(SEEK_DATA)` on a file: `None` past the last data (ENXIO). It moves the file's
@@ -490,6 +511,10 @@ impl<S: Storage> BlockDevice for RawDevice<S> {
         }
         self.check(offset, len)?;
         self.storage.punch_hole(offset, len)
+    }
+    fn cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        self.storage.prefetch(offset, len)
     }
     fn write_zeroes_fast(&self, offset: u64, len: u64, may_unmap: bool) -> io::Result<()> {
         self.check(offset, len)?;

@@ -319,6 +319,13 @@ impl Storage for FileStorage {
         )
         .map_err(io::Error::from)
     }
+    fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+        // O_DIRECT reads never look in the page cache: filling it would only cost memory.
+        if self.is_direct() {
+            return Ok(());
+        }
+        cryptblk_device::file_prefetch(&self.file, offset, len)
+    }
     fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
         cryptblk_device::file_seek_data(&self.file, offset)
     }

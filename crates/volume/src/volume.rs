@@ -1128,6 +1128,20 @@ impl BlockDevice for Volume {
         }
         Ok(())
     }
+    /// Readahead of the ciphertext under the range (decrypted when it is read).
+    fn cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len)?;
+        let l = self.layout();
+        let end = offset + len;
+        for s in &l.segments {
+            let (lo, hi) = (offset.max(s.start), end.min(s.start + s.len));
+            if hi > lo && !s.zero {
+                self.storage
+                    .prefetch(s.storage_offset + (lo - s.start), hi - lo)?;
+            }
+        }
+        Ok(())
+    }
     /// Holes in the storage, only where discards are allowed (otherwise which sectors were
     /// never written stays hidden, as with dm-crypt) and never as zero: a hole decrypts to
     /// garbage. dm-zero segments read as zeros. While a reencryption step moves ciphertext,
