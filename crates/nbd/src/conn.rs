@@ -962,9 +962,16 @@ impl Conn<'_> {
         match req.typ {
             CMD_BLOCK_STATUS => {
                 let descs = self.block_status(req, bs);
-                block_status_chunk(buf, req.cookie, META_ID_BASE_ALLOCATION, &descs);
+                // Built apart and copied in: encoding into `buf` itself would shrink the
+                // thread's data buffer, and the next read would zero it again up to 128 KiB.
+                let mut chunk = Vec::new();
+                block_status_chunk(&mut chunk, req.cookie, META_ID_BASE_ALLOCATION, &descs);
+                if buf.len() < chunk.len() {
+                    buf.resize(chunk.len(), 0);
+                }
+                buf[..chunk.len()].copy_from_slice(&chunk);
                 c.block_status.fetch_add(1, Relaxed);
-                Ok(buf.len())
+                Ok(chunk.len())
             }
             CMD_CACHE => {
                 e.device.cache(req.offset, len).map_err(io_err)?;
