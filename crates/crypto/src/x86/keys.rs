@@ -66,6 +66,25 @@ impl RoundKeys {
     }
 }
 
+/// Data unit `i` (of `unit` bytes) of `src` when out of place, as whole passes of `P`
+/// bytes and the rest. A `match`: `Option::map` was left as a call in the big XTS loop
+/// functions, and around a call every vector register (the unit's first tweaks) went to
+/// the stack and back, on the path from the IV to the first round.
+#[inline(always)]
+pub(super) fn source_unit<const P: usize>(
+    src: Option<&[u8]>,
+    i: usize,
+    unit: usize,
+) -> (Option<&[[u8; P]]>, Option<&[u8]>) {
+    match src {
+        Some(s) => {
+            let (passes, rest) = s[i * unit..(i + 1) * unit].as_chunks::<P>();
+            (Some(passes), Some(rest))
+        }
+        None => (None, None),
+    }
+}
+
 #[inline]
 #[target_feature(enable = "sse2")]
 pub(crate) fn load128(b: &[u8; 16]) -> __m128i {

@@ -130,6 +130,25 @@ mod vaes512;
 #[cfg(target_arch = "x86_64")]
 use keys::RoundKeys;
 
+/// `n` little-endian in the first eight bytes of `block`, zeros after, written as one
+/// 16-byte store: the vector paths load the IV whole right after this, and a load that
+/// spans two stores is not forwarded from them (on AMD Zen 4 the wait cost about 7 % of a
+/// 4 KiB request on the vaes512 path).
+#[inline]
+pub(crate) fn store_u64_le_block(block: &mut [u8; 16], n: u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_cvtsi64_si128, _mm_storeu_si128};
+        // SAFETY: SSE2 is part of the x86_64 baseline; `block` is 16 writable bytes and
+        // the store is unaligned.
+        unsafe { _mm_storeu_si128(block.as_mut_ptr().cast(), _mm_cvtsi64_si128(n as i64)) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        *block = u128::from(n).to_le_bytes();
+    }
+}
+
 /// Round keys of both XTS halves for the vector paths.
 pub(crate) struct XtsKeys {
     #[cfg(target_arch = "x86_64")]

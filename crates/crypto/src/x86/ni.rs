@@ -61,9 +61,32 @@ fn last_round<const NR: usize, const ENC: bool, const W: usize>(
     }
 }
 
+/// Encrypts XTS tweaks (IVs) in place with the tweak key `k`.
+///
+/// Fewer than eight (a 4 KiB request): one at a time, the round keys read from memory.
+/// Loading the schedule into registers first, as for eight, spilled it to the stack, and
+/// the reloads (not forwarded from the wider stores) held up the tweak's dependent rounds,
+/// whose latency nothing else in a one-unit request hides: about 6 % of a 4 KiB request on
+/// the vaes512 path on AMD Zen 4.
+#[inline]
+#[target_feature(enable = "aes,sse2,pclmulqdq")]
+pub(super) fn encrypt_tweaks<const NR: usize>(k: &RoundKeys, ivs: &mut [[u8; 16]]) {
+    if ivs.len() >= 8 {
+        return encrypt_blocks::<NR>(&k.load(true), ivs);
+    }
+    let rk = &k.enc;
+    for iv in ivs.iter_mut() {
+        let mut b = _mm_xor_si128(load128(iv), load128(&rk[0]));
+        for key in &rk[1..NR] {
+            b = _mm_aesenc_si128(b, load128(key));
+        }
+        store128(iv, _mm_aesenclast_si128(b, load128(&rk[NR])));
+    }
+}
+
 /// Encrypts blocks in place (ECB), eight at a time: used for XTS tweaks.
 #[target_feature(enable = "aes,sse2,pclmulqdq")]
-pub(super) fn encrypt_blocks<const NR: usize>(rk: &[__m128i; 15], blocks: &mut [[u8; 16]]) {
+fn encrypt_blocks<const NR: usize>(rk: &[__m128i; 15], blocks: &mut [[u8; 16]]) {
     let (chunks, rest) = blocks.as_chunks_mut::<8>();
     for c in chunks {
         let mut b = [_mm_setzero_si128(); 8];
@@ -338,7 +361,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     data: &mut [u8],
     unit: usize,
 ) {
-    encrypt_blocks::<NR>(&k2.load(true), ivs);
+    encrypt_tweaks::<NR>(k2, ivs);
     for (iv, sector) in ivs.iter().zip(data.chunks_exact_mut(unit)) {
         xts_unit::<NR, ENC>(k1, load128(iv), sector);
     }

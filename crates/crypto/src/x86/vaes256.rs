@@ -12,7 +12,7 @@
 //! CBC decryption: every block is independent given the ciphertext; the previous block of
 //! a register pair is one cross-lane permute of two ciphertext registers.
 
-use super::keys::{RoundKeys, load128};
+use super::keys::{RoundKeys, load128, source_unit};
 use super::ni;
 use core::arch::x86_64::*;
 
@@ -490,7 +490,7 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     data: &mut [u8],
     unit: usize,
 ) {
-    ni::encrypt_blocks::<NR>(&k2.load(true), ivs);
+    ni::encrypt_tweaks::<NR>(k2, ivs);
     let rk = if ENC { &k1.enc_wide } else { &k1.dec_wide };
     let (mut first, mut second, mut scratch) =
         (PassTweaks::new(), PassTweaks::new(), PassTweaks::new());
@@ -510,12 +510,12 @@ fn xts_nr<const NR: usize, const ENC: bool>(
         if let Some(iv) = ivs.get(i + 1) {
             store_pass_tweaks(next, iv);
         }
-        let from = src.map(|s| &s[i * unit..(i + 1) * unit]);
+        let (from, from_rest) = source_unit::<PASS>(src, i, unit);
         let (passes, rest) = sector.as_chunks_mut::<PASS>();
-        xts_passes::<NR, ENC>(rk, tw, &mut scratch, from.map(|f| f.as_chunks().0), passes);
+        xts_passes::<NR, ENC>(rk, tw, &mut scratch, from, passes);
         if !rest.is_empty() {
-            if let Some(f) = from {
-                rest.copy_from_slice(f.as_chunks::<PASS>().1);
+            if let Some(f) = from_rest {
+                rest.copy_from_slice(f);
             }
             // The tweak after the last whole pass: the last pass's first register times
             // α^16 (the loop computes no tweaks in its last pass), its low lane. The buffers

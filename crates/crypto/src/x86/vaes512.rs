@@ -7,7 +7,7 @@
 //! pass loop is one assembly block with every value in a register of its own (see
 //! `xts_passes`).
 
-use super::keys::{RoundKeys, load128};
+use super::keys::{RoundKeys, load128, source_unit};
 use super::ni;
 use core::arch::x86_64::*;
 
@@ -362,25 +362,40 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     data: &mut [u8],
     unit: usize,
 ) {
-    ni::encrypt_blocks::<NR>(&k2.load(true), ivs);
+    ni::encrypt_tweaks::<NR>(k2, ivs);
     let rk = if ENC { &k1.enc } else { &k1.dec };
     for (i, (iv, sector)) in ivs.iter().zip(data.chunks_exact_mut(unit)).enumerate() {
         let z = tweaks_from(first_tweaks(load128(iv)));
-        let from = src.map(|s| &s[i * unit..(i + 1) * unit]);
+        let (from, from_rest) = source_unit::<PASS>(src, i, unit);
         let (passes, rest) = sector.as_chunks_mut::<PASS>();
-        xts_passes::<NR, ENC>(rk, z, from.map(|f| f.as_chunks().0), passes);
+        xts_passes::<NR, ENC>(rk, z, from, passes);
         if !rest.is_empty() {
-            if let Some(f) = from {
-                rest.copy_from_slice(f.as_chunks::<PASS>().1);
+            if let Some(f) = from_rest {
+                rest.copy_from_slice(f);
             }
-            // The tweak after the last whole pass: T · α^(32·passes).
-            let mut t = z[0];
-            for _ in 0..passes.len() {
-                t = mul_x8m::<4, 12>(t);
-            }
-            ni::xts_unit::<NR, ENC>(k1, _mm512_castsi512_si128(t), rest);
+            unit_tail::<NR, ENC>(k1, iv, passes.len(), rest);
         }
     }
+}
+
+/// The blocks of a data unit after its last whole pass (no sector size has any), with
+/// the tweak T · α^(32·passes). Derived again from the IV, in a function of its own:
+/// otherwise the unit's first tweaks stay live across the pass loop, which clobbers every
+/// vector register, and they go to the stack and back before the first round.
+#[cold]
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
+fn unit_tail<const NR: usize, const ENC: bool>(
+    k1: &RoundKeys,
+    iv: &[u8; 16],
+    passes: usize,
+    rest: &mut [u8],
+) {
+    let mut t = first_tweaks(load128(iv));
+    for _ in 0..passes {
+        t = mul_x8m::<4, 12>(t);
+    }
+    ni::xts_unit::<NR, ENC>(k1, _mm512_castsi512_si128(t), rest);
 }
 
 /// XTS over `ivs.len()` data units of `unit` bytes (any multiple of 16); `ivs` is
