@@ -309,3 +309,159 @@ fn memory_backend_serves() {
         &["close", "m", "--run-dir", run_dir.to_str().unwrap()],
     ));
 }
+
+/// A free TCP port on this machine (bound and released: another process could take it in
+/// between, which would fail the test loudly, not pass it).
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port().to_string()
+}
+
+/// A CA, a server certificate for localhost/127.0.0.1 and a client certificate, made with
+/// the openssl tool, in `dir` under the names libnbd expects.
+fn make_pki(dir: &Path) {
+    let openssl = tool("openssl", "openssl");
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut a = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=cryptblk test CA",
+    ];
+    a.extend(ec);
+    let (ca_key, ca_cert) = (p("ca-key.pem"), p("ca-cert.pem"));
+    a.extend(["-keyout", &ca_key, "-out", &ca_cert]);
+    a.extend([
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    ok(run(&openssl, &a));
+    for (who, ext) in [
+        (
+            "server",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        let (key, csr, cert, extf) = (
+            p(&format!("{who}-key.pem")),
+            p(&format!("{who}.csr")),
+            p(&format!("{who}-cert.pem")),
+            p(&format!("{who}.ext")),
+        );
+        std::fs::write(&extf, ext).unwrap();
+        let subj = format!("/CN={who}");
+        let mut a = vec!["req", "-subj", &subj, "-keyout", &key, "-out", &csr];
+        a.extend(ec);
+        ok(run(&openssl, &a));
+        ok(run(
+            &openssl,
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                &csr,
+                "-CA",
+                &ca_cert,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-extfile",
+                &extf,
+                "-out",
+                &cert,
+            ],
+        ));
+    }
+}
+
+#[test]
+fn open_over_tls_on_any_address_and_plaintext_only_on_loopback() {
+    let nbdinfo = tool("nbdinfo", "libnbd-bin");
+    let s = setup("luks2", "aes-xts-plain64", "4096");
+    let pki = s.dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    make_pki(&pki);
+    let pem = |f: &str| pki.join(f).to_str().unwrap().to_string();
+    let port = free_port();
+    let any = format!("tcp:0.0.0.0:{port}");
+    let (img, pw, run_dir) = (s.p("v.img"), s.p("pw"), s.p("run"));
+    let open = |extra: &[&str]| {
+        let mut a = vec![
+            "open",
+            &img,
+            "vol",
+            "--nbd",
+            &any,
+            "--daemon",
+            "--run-dir",
+            &run_dir,
+            "--key-file",
+            &pw,
+        ];
+        a.extend_from_slice(extra);
+        run(bin(), &a)
+    };
+    // Plaintext on every address: refused, saying how to do it right.
+    let o = open(&[]);
+    assert!(!o.status.success(), "plaintext NBD served on 0.0.0.0");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("non-loopback") && err.contains("--tls"),
+        "{err}"
+    );
+    // TLS asked for without a certificate: a clear error.
+    let o = open(&["--tls", "required"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--tls-cert"));
+    // TLS required, clients checked against the CA.
+    let (cert, key, ca) = (
+        pem("server-cert.pem"),
+        pem("server-key.pem"),
+        pem("ca-cert.pem"),
+    );
+    ok(open(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-ca",
+        &ca,
+    ]));
+    let tls_uri = format!(
+        "nbds://127.0.0.1:{port}/vol?tls-certificates={}",
+        pki.display()
+    );
+    let size = ok(run(&nbdinfo, &["--size", &tls_uri]));
+    assert_eq!(size.trim(), (80u64 << 20).to_string());
+    let o = run(
+        &nbdinfo,
+        &["--size", &format!("nbd://127.0.0.1:{port}/vol")],
+    );
+    assert!(
+        !o.status.success(),
+        "a plaintext client was served with TLS required"
+    );
+    s.close();
+    // Plaintext on every address only when asked for explicitly.
+    ok(open(&["--insecure-listen"]));
+    let size = ok(run(
+        &nbdinfo,
+        &["--size", &format!("nbd://127.0.0.1:{port}/vol")],
+    ));
+    assert_eq!(size.trim(), (80u64 << 20).to_string());
+    s.close();
+}

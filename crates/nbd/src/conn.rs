@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::proto::*;
 use crate::shared::{Export, Shared, lock};
+use crate::tls::TlsStream;
 use cryptblk_device::MAX_EXTENTS;
 
 /// A connected client socket (Unix or TCP); all methods take `&self` so the read and write
@@ -16,6 +17,9 @@ use cryptblk_device::MAX_EXTENTS;
 pub(crate) enum AnyStream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    /// Either of the above on a server with TLS configured: plaintext until the client
+    /// sends NBD_OPT_STARTTLS, TLS after.
+    Tls(Box<TlsStream>),
 }
 
 impl AnyStream {
@@ -23,14 +27,29 @@ impl AnyStream {
         Ok(match self {
             AnyStream::Unix(s) => AnyStream::Unix(s.try_clone()?),
             AnyStream::Tcp(s) => AnyStream::Tcp(s.try_clone()?),
+            // Only ever used to shut the socket down.
+            AnyStream::Tls(t) => t.raw().try_clone()?,
         })
     }
 
-    fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// The TLS layer, on a server that has TLS configured.
+    pub(crate) fn tls(&self) -> Option<&TlsStream> {
+        match self {
+            AnyStream::Tls(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn tls_active(&self) -> bool {
+        self.tls().is_some_and(TlsStream::is_active)
+    }
+
+    pub(crate) fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let r = match self {
                 AnyStream::Unix(s) => (&*s).read(buf),
                 AnyStream::Tcp(s) => (&*s).read(buf),
+                AnyStream::Tls(t) => t.read_some(buf),
             };
             match r {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -45,6 +64,8 @@ impl AnyStream {
         let r = match self {
             AnyStream::Unix(s) => recv(s, buf, RecvFlags::DONTWAIT),
             AnyStream::Tcp(s) => recv(s, buf, RecvFlags::DONTWAIT),
+            // Not while TLS is on (see `read_some_polling`).
+            AnyStream::Tls(t) => return t.raw().try_read(buf),
         };
         match r {
             Ok((n, _)) => Ok(Some(n)),
@@ -61,7 +82,9 @@ impl AnyStream {
     /// client and poller shared a core (docs/benchmarks.md). Only a few threads of the
     /// process poll at once (half the CPUs, at least one).
     fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
+        // Under TLS a readable socket may hold only part of a record: no polling.
         if !poll.is_zero()
+            && !self.tls_active()
             && let Some(_slot) = Poller::acquire()
         {
             let start = Instant::now();
@@ -78,10 +101,26 @@ impl AnyStream {
         self.read_some(buf)
     }
 
-    fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         match self {
             AnyStream::Unix(s) => (&*s).write_all(buf),
             AnyStream::Tcp(s) => (&*s).write_all(buf),
+            AnyStream::Tls(t) => t.write_all(buf),
+        }
+    }
+
+    /// One `writev` on the socket (the TLS layer's records); never called through TLS.
+    pub(crate) fn write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        loop {
+            let r = match self {
+                AnyStream::Unix(s) => (&*s).write_vectored(bufs),
+                AnyStream::Tcp(s) => (&*s).write_vectored(bufs),
+                AnyStream::Tls(t) => t.raw().write_vectored(bufs),
+            };
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
         }
     }
 
@@ -89,20 +128,32 @@ impl AnyStream {
         let _ = match self {
             AnyStream::Unix(s) => s.shutdown(how),
             AnyStream::Tcp(s) => s.shutdown(how),
+            AnyStream::Tls(t) => {
+                t.raw().shutdown(how);
+                Ok(())
+            }
         };
     }
 
-    fn set_read_timeout(&self, t: Option<Duration>) {
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) {
         let _ = match self {
             AnyStream::Unix(s) => s.set_read_timeout(t),
             AnyStream::Tcp(s) => s.set_read_timeout(t),
+            AnyStream::Tls(s) => {
+                s.raw().set_read_timeout(t);
+                Ok(())
+            }
         };
     }
 
-    fn set_write_timeout(&self, t: Option<Duration>) {
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) {
         let _ = match self {
             AnyStream::Unix(s) => s.set_write_timeout(t),
             AnyStream::Tcp(s) => s.set_write_timeout(t),
+            AnyStream::Tls(s) => {
+                s.raw().set_write_timeout(t);
+                Ok(())
+            }
         };
     }
 }
@@ -200,6 +251,10 @@ impl ReadBuf {
         Ok(())
     }
 
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
     fn read_u32(&mut self, s: &AnyStream) -> io::Result<u32> {
         let mut b = [0u8; 4];
         self.read_exact(s, &mut b)?;
@@ -244,6 +299,9 @@ pub(crate) fn serve(shared: &Shared, stream: &AnyStream, reject: bool) {
         Err(_) => {
             shared.counters.protocol_errors.fetch_add(1, Relaxed);
         }
+    }
+    if let Some(tls) = stream.tls() {
+        tls.close();
     }
     stream.shutdown(Shutdown::Both);
 }
@@ -359,8 +417,12 @@ fn handshake(
         hs.out.clear();
         let step = if reject || shared.shutting_down.load(Relaxed) {
             hs.refuse(opt, reject)
+        } else if shared.tls_required && !s.tls_active() && opt != OPT_STARTTLS && opt != OPT_ABORT
+        {
+            hs.tls_required(opt)
         } else {
             match opt {
+                OPT_STARTTLS => hs.start_tls(&data, rb)?,
                 OPT_EXPORT_NAME => hs.export_name(&data)?,
                 OPT_ABORT => hs.abort(),
                 OPT_LIST => hs.list(&data),
@@ -409,6 +471,52 @@ impl Handshake<'_> {
                 Step::Reply
             }
         }
+    }
+
+    /// Any option but STARTTLS and ABORT on a server that requires TLS, before TLS.
+    fn tls_required(&mut self, opt: u32) -> Step {
+        if opt == OPT_EXPORT_NAME {
+            // No way to send an error: the only option is to hang up.
+            return Step::Done(Negotiated::Close);
+        }
+        option_reply(
+            &mut self.out,
+            opt,
+            REP_ERR_TLS_REQD,
+            b"this server requires TLS: send NBD_OPT_STARTTLS first",
+        );
+        Step::Reply
+    }
+
+    /// NBD_OPT_STARTTLS: acknowledged, then the TLS handshake, within the handshake's
+    /// deadline; everything after it is encrypted. What was negotiated before is forgotten,
+    /// as the protocol asks (a man in the middle could have chosen it).
+    fn start_tls(&mut self, data: &[u8], rb: &ReadBuf) -> io::Result<Step> {
+        let Some(tls) = self.s.tls() else {
+            return Ok(self.unsupported(OPT_STARTTLS));
+        };
+        if tls.is_active() || !data.is_empty() {
+            let why: &[u8] = if data.is_empty() {
+                b"TLS is already on"
+            } else {
+                b"NBD_OPT_STARTTLS takes no data"
+            };
+            option_reply(&mut self.out, OPT_STARTTLS, REP_ERR_INVALID, why);
+            return Ok(Step::Reply);
+        }
+        option_reply(&mut self.out, OPT_STARTTLS, REP_ACK, &[]);
+        self.s.write_all(&self.out)?;
+        if !rb.is_empty() {
+            // The client may only start its TLS handshake after the reply.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "data after NBD_OPT_STARTTLS before its reply",
+            ));
+        }
+        tls.start(rb.deadline)?;
+        self.structured = false;
+        self.meta_export = None;
+        Ok(Step::Sent)
     }
 
     /// NBD_OPT_EXPORT_NAME: the old way in; an unknown name can only be hung up on.

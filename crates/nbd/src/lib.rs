@@ -51,6 +51,7 @@ mod conn;
 mod pool;
 pub mod proto;
 mod shared;
+mod tls;
 
 use std::collections::HashMap;
 use std::io;
@@ -67,6 +68,7 @@ use cryptblk_device::BlockDevice;
 use pool::BufferPool;
 pub use shared::Stats;
 use shared::{ConnGuard, Counters, Export, Shared, WakeAddr, lock};
+pub use tls::{NbdTls, TlsMode};
 
 /// Default number of threads serving one connection.
 pub const DEFAULT_THREADS_PER_CONNECTION: usize = 4;
@@ -100,6 +102,7 @@ pub struct NbdServerBuilder {
     stall_timeout: Duration,
     busy_poll: Duration,
     max_buffer_bytes: usize,
+    tls: Option<(NbdTls, TlsMode)>,
     misuse: Option<&'static str>,
 }
 
@@ -149,6 +152,14 @@ impl NbdServerBuilder {
     /// here and no encryption: anyone who can connect reads and writes the plaintext).
     pub fn allow_remote(mut self, allow: bool) -> Self {
         self.allow_remote = allow;
+        self
+    }
+
+    /// TLS with this identity (`NBD_OPT_STARTTLS`): `Required` makes every client switch
+    /// to it before anything else, and lets `serve_tcp` listen on any address; `Optional`
+    /// also serves plaintext clients; `Off` is the same as no TLS.
+    pub fn tls(mut self, tls: NbdTls, mode: TlsMode) -> Self {
+        self.tls = Some((tls, mode));
         self
     }
 
@@ -245,6 +256,11 @@ impl NbdServerBuilder {
                 block_size: bs,
             });
         }
+        let (tls, tls_required) = match self.tls {
+            Some((t, TlsMode::Optional)) => (Some(t), false),
+            Some((t, TlsMode::Required)) => (Some(t), true),
+            Some((_, TlsMode::Off)) | None => (None, false),
+        };
         Ok(NbdServer {
             shared: Arc::new(Shared {
                 exports,
@@ -257,6 +273,8 @@ impl NbdServerBuilder {
                 buffers: BufferPool::new(self.max_buffer_bytes),
                 max_connections: self.max_connections,
                 allow_remote: self.allow_remote,
+                tls,
+                tls_required,
                 rejecting: AtomicUsize::new(0),
                 next_id: AtomicU64::new(0),
                 conns: Mutex::new(HashMap::new()),
@@ -308,6 +326,7 @@ impl NbdServer {
             stall_timeout: Duration::from_secs(60),
             busy_poll: DEFAULT_BUSY_POLL,
             max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
+            tls: None,
             misuse: None,
         }
     }
@@ -401,7 +420,7 @@ impl NbdServer {
     /// Serves one already connected client on the calling thread until it disconnects
     /// (counted in the stats; not subject to `max_connections`).
     pub fn serve_unix_stream(&self, stream: UnixStream) {
-        let stream = AnyStream::Unix(stream);
+        let stream = self.wrap(AnyStream::Unix(stream));
         if let Some(id) = self.shared.register(&stream, false) {
             let _guard = ConnGuard {
                 shared: &self.shared,
@@ -412,15 +431,24 @@ impl NbdServer {
     }
 
     fn check_remote(&self, a: &SocketAddr) -> io::Result<()> {
-        if !self.shared.allow_remote && !a.ip().is_loopback() {
+        if !self.shared.allow_remote && !self.shared.tls_required && !a.ip().is_loopback() {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
-                    "refusing to serve NBD on non-loopback address {a} without allow_remote(true)"
+                    "refusing to serve NBD on non-loopback address {a} without TLS required \
+                     or allow_remote(true)"
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// The connection as served: under a TLS layer when the server has TLS.
+    fn wrap(&self, stream: AnyStream) -> AnyStream {
+        match &self.shared.tls {
+            Some(t) => AnyStream::Tls(Box::new(tls::TlsStream::new(stream, t))),
+            None => stream,
+        }
     }
 
     fn serve(
@@ -452,6 +480,7 @@ impl NbdServer {
     }
 
     fn spawn_connection(&self, stream: AnyStream) {
+        let stream = self.wrap(stream);
         let shared = self.shared.clone();
         let builder = std::thread::Builder::new().name("nbd-conn".into());
         if let Some(id) = shared.register(&stream, true) {

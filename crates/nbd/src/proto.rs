@@ -104,6 +104,8 @@ pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 /// Option error `NBD_REP_ERR_INVALID`: the option is known but its data is malformed or
 /// not allowed in this state.
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+/// Option error `NBD_REP_ERR_TLS_REQD`: the server requires TLS before this option.
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// Option error `NBD_REP_ERR_UNKNOWN`: the requested export does not exist.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 /// Option error `NBD_REP_ERR_SHUTDOWN`: the server is shutting down and will not

@@ -122,6 +122,10 @@ pub(crate) struct Shared {
     pub(crate) buffers: BufferPool,
     pub(crate) max_connections: usize,
     pub(crate) allow_remote: bool,
+    /// TLS offered to clients (NBD_OPT_STARTTLS), when configured.
+    pub(crate) tls: Option<crate::tls::NbdTls>,
+    /// Clients must switch to TLS before anything else.
+    pub(crate) tls_required: bool,
     pub(crate) rejecting: AtomicUsize,
     pub(crate) next_id: AtomicU64,
     /// Open connections (a second handle on each socket, to shut it down from outside).

@@ -6,45 +6,18 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{Serving, xts_4096_params};
+use common::{Serving, run, tool, xts_4096_params};
 use cryptblk_device::{BlockDevice, MemoryDevice};
 use cryptblk_nbd::{NbdServer, ShutdownHandle};
 use cryptblk_volume::{FileStorage, Volume, volume_from_key};
 use std::path::Path;
 
 const MIB: u64 = 1 << 20;
-
-fn tool(name: &str, package: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        let p = dir.join(name);
-        if p.is_file() {
-            return p;
-        }
-    }
-    panic!(
-        "`{name}` not found in PATH: install the Debian package `{package}` (apt-get install {package})"
-    );
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 struct Running {
     dir: tempfile::TempDir,

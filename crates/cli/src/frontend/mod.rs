@@ -54,6 +54,24 @@ pub struct OpenArgs {
     /// together with --socket-mode 660.
     #[arg(long = "socket-group", value_name = "GROUP", requires = "nbd")]
     pub socket_group: Option<String>,
+    /// With --nbd: TLS for clients (NBD_OPT_STARTTLS, X.509): `required` (the default when
+    /// --tls-cert is given) serves only clients that switch to TLS, `optional` serves both,
+    /// `off` none.
+    #[arg(long, value_enum, value_name = "MODE", requires = "nbd")]
+    pub tls: Option<nbd::TlsArg>,
+    /// With --nbd: the server's TLS certificate chain (PEM, its own certificate first).
+    #[arg(long = "tls-cert", value_name = "PEM", requires = "nbd")]
+    pub tls_cert: Option<PathBuf>,
+    /// With --tls-cert: the server's private key (PEM; keep it readable by its user only).
+    #[arg(long = "tls-key", value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// With --tls-cert: clients must present a certificate signed by a CA in this file (PEM).
+    #[arg(long = "tls-ca", value_name = "PEM", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// With --nbd tcp:ADDR: allow a non-loopback address without --tls required. Anyone
+    /// who can reach the port then reads and writes the plaintext.
+    #[arg(long = "insecure-listen", requires = "nbd")]
+    pub insecure_listen: bool,
     /// Detach and run in the background once ready.
     #[arg(long)]
     pub daemon: bool,

@@ -1,12 +1,13 @@
 //! `open --nbd unix:PATH | tcp:HOST:PORT`: the NBD server (crates/nbd) on a unix socket
-//! (0600 unless `--socket-mode`/`--socket-group` share it) or a loopback TCP port.
+//! (0600 unless `--socket-mode`/`--socket-group` share it) or a TCP port: loopback, or any
+//! address with `--tls required` (or `--insecure-listen`).
 
 use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult};
 use crate::rundir::{self, SocketAccess};
 use crate::unlock::VolumeInfo;
 use cryptblk_device::BlockDevice;
-use cryptblk_nbd::{NbdServer, ShutdownHandle};
+use cryptblk_nbd::{NbdServer, NbdTls, ShutdownHandle, TlsMode};
 use cryptblk_volume::Volume;
 use serde_json::{Value, json};
 use std::os::unix::net::UnixListener;
@@ -37,8 +38,37 @@ enum Bound {
     Tcp(std::net::TcpListener),
 }
 
-/// Binds the NBD listener.
-fn bind_nbd(listen: &Listen, access: SocketAccess) -> CliResult<Bound> {
+/// `--tls`: whether NBD clients must, may or cannot switch to TLS.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsArg {
+    /// Only clients that switch to TLS (NBD_OPT_STARTTLS) are served.
+    Required,
+    /// Clients may switch to TLS; plaintext clients are served too.
+    Optional,
+    /// No TLS.
+    Off,
+}
+
+/// The TLS identity and mode from `--tls`, `--tls-cert`, `--tls-key`, `--tls-ca`; loaded
+/// before anything is unlocked, so a bad file fails at once.
+fn tls_config(a: &OpenArgs) -> CliResult<Option<(NbdTls, TlsMode)>> {
+    let mode = match (a.tls, &a.tls_cert) {
+        (Some(TlsArg::Off), _) | (None, None) => return Ok(None),
+        (Some(TlsArg::Optional), _) => TlsMode::Optional,
+        (Some(TlsArg::Required), _) | (None, Some(_)) => TlsMode::Required,
+    };
+    let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) else {
+        return Err(CliError::usage(
+            "--tls needs the server's certificate and key: --tls-cert PEM --tls-key PEM",
+        ));
+    };
+    let tls = NbdTls::from_pem_files(cert, key, a.tls_ca.as_deref())
+        .map_err(|e| CliError::usage(format!("TLS: {e}")))?;
+    Ok(Some((tls, mode)))
+}
+
+/// Binds the NBD listener; a non-loopback TCP address only if `remote_ok`.
+fn bind_nbd(listen: &Listen, access: SocketAccess, remote_ok: bool) -> CliResult<Bound> {
     Ok(match listen {
         Listen::Unix(p) => {
             rundir::clear_stale_socket(p)?;
@@ -52,9 +82,10 @@ fn bind_nbd(listen: &Listen, access: SocketAccess) -> CliResult<Bound> {
                 .local_addr()
                 .map_err(|e| CliError::usage(e.to_string()))?
                 .ip();
-            if !ip.is_loopback() {
+            if !ip.is_loopback() && !remote_ok {
                 return Err(CliError::usage(format!(
-                    "refusing to serve on non-loopback address {ip}"
+                    "refusing to serve on non-loopback address {ip} without --tls required \
+                     (or --insecure-listen: anyone who can connect reads the plaintext)"
                 )));
             }
             Bound::Tcp(l)
@@ -66,6 +97,7 @@ fn bind_nbd(listen: &Listen, access: SocketAccess) -> CliResult<Bound> {
 pub(super) struct NbdFrontend {
     listen: Listen,
     access: SocketAccess,
+    tls: Option<(NbdTls, TlsMode)>,
 }
 
 impl NbdFrontend {
@@ -73,6 +105,7 @@ impl NbdFrontend {
         Ok(NbdFrontend {
             listen: parse_nbd(spec)?,
             access: rundir::socket_access(a.socket_mode.as_deref(), a.socket_group.as_deref())?,
+            tls: tls_config(a)?,
         })
     }
 }
@@ -98,19 +131,29 @@ impl Frontend for NbdFrontend {
         vol: Arc<Volume>,
         _info: &VolumeInfo,
     ) -> CliResult<Started> {
-        let server = NbdServer::builder()
+        let mut builder = NbdServer::builder()
             .export(a.name.clone(), vol as Arc<dyn BlockDevice>)
             .read_only(a.vol.read_only)
             .threads_per_connection(a.threads)
             .busy_poll(std::time::Duration::from_micros(a.busy_poll))
-            .build()
-            .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
-        let where_ = match &self.listen {
+            .allow_remote(a.insecure_listen);
+        let mut where_ = match &self.listen {
             Listen::Unix(p) => format!("unix:{}", p.display()),
             Listen::Tcp(t) => format!("tcp:{t}"),
         };
+        let tls_required = matches!(self.tls, Some((_, TlsMode::Required)));
+        if let Some((tls, mode)) = self.tls {
+            where_.push_str(match mode {
+                TlsMode::Required => " (TLS required)",
+                _ => " (TLS optional)",
+            });
+            builder = builder.tls(tls, mode);
+        }
+        let server = builder
+            .build()
+            .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
         // Bound before readiness is announced, so "ready" means clients can connect.
-        let bound = bind_nbd(&self.listen, self.access)?;
+        let bound = bind_nbd(&self.listen, self.access, tls_required || a.insecure_listen)?;
         let control = Arc::new(NbdControl(server.shutdown_handle()));
         let nbd_err = |e: std::io::Error| CliError::usage(format!("NBD server: {e}"));
         Ok(Started {

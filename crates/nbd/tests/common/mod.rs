@@ -6,6 +6,7 @@
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -157,4 +158,33 @@ impl Client {
     pub fn disconnect(mut self) {
         self.send(CMD_DISC, 0, 0, &[]);
     }
+}
+
+/// The path of `name` in PATH; a missing tool fails the test, naming its package.
+pub fn tool(name: &str, package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "`{name}` not found in PATH: install the Debian package `{package}` (apt-get install {package})"
+    );
+}
+
+/// Runs `cmd`, which must succeed (its output is shown when it does not).
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }

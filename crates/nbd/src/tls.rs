@@ -1,0 +1,306 @@
+//! TLS for NBD (`NBD_OPT_STARTTLS`): the server's identity, an optional CA that client
+//! certificates must chain to, and the stream that carries the rest of a connection once
+//! its client has asked for TLS.
+//!
+//! The transmission phase reads on one thread while others write replies (see the crate
+//! docs), so the one TLS session of a connection sits behind a lock that is held only to
+//! feed it ciphertext, take plaintext out of it, or encrypt and send a reply; nobody waits
+//! for the socket to become readable while holding it.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection};
+
+use crate::conn::AnyStream;
+use crate::shared::lock;
+
+/// Whether a server's clients must, may or cannot switch to TLS (`NBD_OPT_STARTTLS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    /// `NBD_OPT_STARTTLS` is refused as unsupported; the default.
+    Off,
+    /// Clients may upgrade; plaintext clients are served too.
+    Optional,
+    /// Every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` is answered with
+    /// `NBD_REP_ERR_TLS_REQD` until the connection is encrypted.
+    Required,
+}
+
+/// A server's TLS identity: certificate chain and key, and optionally the CA that client
+/// certificates must be signed by. Cheap to clone.
+#[derive(Clone)]
+pub struct NbdTls {
+    pub(crate) config: Arc<ServerConfig>,
+    verifies_clients: bool,
+}
+
+impl std::fmt::Debug for NbdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdTls")
+            .field("verifies_clients", &self.verifies_clients)
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(path: &Path, what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {what}", path.display()),
+    )
+}
+
+fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| invalid(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(path, e))?;
+    if certs.is_empty() {
+        return Err(invalid(path, "no PEM certificate in the file"));
+    }
+    Ok(certs)
+}
+
+impl NbdTls {
+    /// From PEM files: `cert` holds the server's certificate chain (its own first), `key`
+    /// its private key (PKCS#8, PKCS#1 or SEC1). With `client_ca`, a client must present a
+    /// certificate signed by one of the CA certificates in that file, or the TLS handshake
+    /// fails.
+    pub fn from_pem_files(cert: &Path, key: &Path, client_ca: Option<&Path>) -> io::Result<Self> {
+        let certs = read_certs(cert)?;
+        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(key, e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for c in read_certs(ca)? {
+                    roots.add(c).map_err(|e| invalid(ca, e))?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| invalid(ca, e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder
+            .with_single_cert(certs, key_der)
+            .map_err(|e| invalid(cert, format!("certificate and key: {e}")))?;
+        Ok(NbdTls {
+            config: Arc::new(config),
+            verifies_clients: client_ca.is_some(),
+        })
+    }
+
+    /// Whether clients must present a certificate signed by the configured CA.
+    pub fn verifies_clients(&self) -> bool {
+        self.verifies_clients
+    }
+}
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+/// The socket itself, as `Read`/`Write` for rustls.
+struct Raw<'a>(&'a AnyStream);
+
+impl Read for Raw<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_some(buf)
+    }
+}
+
+impl Write for Raw<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_all(buf)?;
+        Ok(buf.len())
+    }
+    /// All the records rustls has ready in one system call (a 128 KiB reply is eight).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.0.write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One TLS session.
+struct Session {
+    conn: ServerConnection,
+}
+
+/// Ciphertext read from the socket, `buf[start..end]` not yet fed to the session.
+struct Rx {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Session {
+    /// Sends whatever the session has to say (records, alerts, tickets).
+    fn flush(&mut self, raw: &AnyStream) -> io::Result<()> {
+        while self.conn.wants_write() {
+            self.conn.write_tls(&mut Raw(raw))?;
+        }
+        Ok(())
+    }
+}
+
+/// A connection that may switch to TLS: before [`TlsStream::start`] bytes pass straight
+/// through to the socket, afterwards through the session.
+pub(crate) struct TlsStream {
+    raw: AnyStream,
+    config: Arc<ServerConfig>,
+    active: AtomicBool,
+    session: Mutex<Option<Session>>,
+    /// The reading thread's buffer for ciphertext from the socket (one reader at a time).
+    rx: Mutex<Rx>,
+}
+
+/// Ciphertext read from the socket at once: a 128 KiB write request's records in one
+/// system call.
+const RX_LEN: usize = 128 << 10;
+
+impl TlsStream {
+    pub(crate) fn new(raw: AnyStream, tls: &NbdTls) -> TlsStream {
+        TlsStream {
+            raw,
+            config: tls.config.clone(),
+            active: AtomicBool::new(false),
+            session: Mutex::new(None),
+            rx: Mutex::new(Rx {
+                buf: Vec::new(),
+                start: 0,
+                end: 0,
+            }),
+        }
+    }
+
+    pub(crate) fn raw(&self) -> &AnyStream {
+        &self.raw
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The TLS handshake, finished before `deadline` or failed.
+    pub(crate) fn start(&self, deadline: Option<Instant>) -> io::Result<()> {
+        let mut conn = ServerConnection::new(self.config.clone()).map_err(tls_error)?;
+        let left = || {
+            deadline.map(|d| {
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1))
+            })
+        };
+        while conn.is_handshaking() {
+            if let Some(d) = deadline
+                && Instant::now() >= d
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "TLS handshake too slow",
+                ));
+            }
+            self.raw.set_read_timeout(left());
+            self.raw.set_write_timeout(left());
+            if let Err(e) = conn.complete_io(&mut Raw(&self.raw)) {
+                // Tell the client why, if rustls has an alert for it.
+                let _ = conn.write_tls(&mut Raw(&self.raw));
+                return Err(e);
+            }
+        }
+        let mut s = Session { conn };
+        s.flush(&self.raw)?;
+        *lock(&self.session) = Some(s);
+        self.active.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Plaintext from the session, reading the socket (outside the lock) when the session
+    /// has none. `Ok(0)` at a clean end (the client's close_notify, or EOF).
+    pub(crate) fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.is_active() {
+            return self.raw.read_some(buf);
+        }
+        let mut rx = lock(&self.rx);
+        let rx = &mut *rx;
+        if rx.buf.is_empty() {
+            rx.buf = vec![0u8; RX_LEN];
+        }
+        loop {
+            {
+                let mut g = lock(&self.session);
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| io::Error::other("no TLS session"))?;
+                match s.conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                if rx.start < rx.end {
+                    rx.start += s.conn.read_tls(&mut &rx.buf[rx.start..rx.end])?;
+                    let r = s.conn.process_new_packets();
+                    s.flush(&self.raw)?;
+                    r.map_err(tls_error)?;
+                    continue;
+                }
+            }
+            // Nothing buffered anywhere: wait for the socket without holding the session.
+            let n = self.raw.read_some(&mut rx.buf)?;
+            (rx.start, rx.end) = (0, n);
+            if n == 0 {
+                // EOF: the reader then says whether the client closed properly.
+                let mut g = lock(&self.session);
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| io::Error::other("no TLS session"))?;
+                s.conn.read_tls(&mut io::empty())?;
+                s.conn.process_new_packets().map_err(tls_error)?;
+                return match s.conn.reader().read(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                    r => r,
+                };
+            }
+        }
+    }
+
+    pub(crate) fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        if !self.is_active() {
+            return self.raw.write_all(buf);
+        }
+        let mut g = lock(&self.session);
+        let s = g
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no TLS session"))?;
+        while !buf.is_empty() {
+            let n = s.conn.writer().write(buf)?;
+            buf = &buf[n..];
+            s.flush(&self.raw)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the session politely (close_notify), best effort, before the socket closes.
+    pub(crate) fn close(&self) {
+        if !self.is_active() {
+            return;
+        }
+        if let Some(s) = lock(&self.session).as_mut() {
+            s.conn.send_close_notify();
+            let _ = s.flush(&self.raw);
+        }
+    }
+}
