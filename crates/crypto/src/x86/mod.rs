@@ -130,6 +130,20 @@ mod vaes512;
 #[cfg(target_arch = "x86_64")]
 use keys::RoundKeys;
 
+/// The CPU vendor string of CPUID leaf 0 ("GenuineIntel", "AuthenticAMD"...): where the
+/// same instructions cost differently by vendor, the vector paths pick their schedule by it.
+#[cfg(target_arch = "x86_64")]
+fn cpu_vendor() -> [u8; 12] {
+    // SAFETY: CPUID exists on every x86_64 CPU and leaf 0 is always valid.
+    #[allow(unused_unsafe)]
+    let r = unsafe { core::arch::x86_64::__cpuid(0) };
+    let mut v = [0u8; 12];
+    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    v
+}
+
 /// `n` little-endian in the first eight bytes of `block`, zeros after, written as one
 /// 16-byte store: the vector paths load the IV whole right after this, and a load that
 /// spans two stores is not forwarded from them (on AMD Zen 4 the wait cost about 7 % of a

@@ -353,6 +353,201 @@ fn xts_passes<const NR: usize, const ENC: bool>(
     }
 }
 
+/// Whitening of zmm`$r` with its tweak read from the table at `{t}`.
+#[rustfmt::skip]
+macro_rules! whiten_mem {
+    ($src:tt, $r:literal, $off:literal) => {
+        concat!(
+            "vpxorq zmm", $r, ", zmm25, [{t} + ", $off, "]\n",
+            "vpxorq zmm", $r, ", zmm", $r, ", [{", $src, "} + ", $off, "]\n",
+        )
+    };
+}
+
+/// Last round of zmm`$r` with round key NR ^ its tweak from the table, stored at `{d}`.
+#[rustfmt::skip]
+macro_rules! finish_mem {
+    ($op:literal, $r:literal, $off:literal) => {
+        concat!(
+            "vpxorq zmm28, zmm26, [{t} + ", $off, "]\n",
+            $op, " zmm", $r, ", zmm", $r, ", zmm28\n",
+            "vmovdqu64 [{d} + ", $off, "], zmm", $r, "\n",
+        )
+    };
+}
+
+/// `{n}` passes of one pass per data unit (512-byte sectors), each pass's eight tweak
+/// registers read from the table at `{t}` (512 bytes a pass).
+#[rustfmt::skip]
+macro_rules! single_pass_loop {
+    ($src:tt, $op:literal, $oplast:literal, $last_off:literal, [$($more:literal),*]) => {
+        concat!(
+            "vbroadcasti32x4 zmm25, [{k}]\n",
+            "vbroadcasti32x4 zmm26, [{k} + ", $last_off, "]\n",
+            "2:\n",
+            whiten_mem!($src, "0", "0"), whiten_mem!($src, "1", "64"),
+            whiten_mem!($src, "2", "128"), whiten_mem!($src, "3", "192"),
+            whiten_mem!($src, "4", "256"), whiten_mem!($src, "5", "320"),
+            whiten_mem!($src, "6", "384"), whiten_mem!($src, "7", "448"),
+            first_rounds!(none, a, $op),
+            $(round8!($op, $more),)*
+            finish_mem!($oplast, "0", "0"), finish_mem!($oplast, "1", "64"),
+            finish_mem!($oplast, "2", "128"), finish_mem!($oplast, "3", "192"),
+            finish_mem!($oplast, "4", "256"), finish_mem!($oplast, "5", "320"),
+            finish_mem!($oplast, "6", "384"), finish_mem!($oplast, "7", "448"),
+            advance_src!($src),
+            "add {d}, 512\n",
+            "add {t}, 512\n",
+            "dec {n}\n",
+            "jnz 2b\n",
+        )
+    };
+}
+
+/// Units per tweak table of [`single_pass_units`]: 4 KiB of tweaks on the stack.
+const TABLE_UNITS: usize = 8;
+
+/// XTS over data units of exactly one pass (512-byte sectors), their encrypted IVs in
+/// `ivs`: every unit's tweaks are derived into a table first, then one assembly loop runs
+/// all the passes, reading tweaks from the table. Calling [`xts_passes`] once per unit
+/// put the tweak derivation and the loop's set-up between every two passes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq")]
+fn single_pass_units<const NR: usize, const ENC: bool>(
+    rk: &[[u8; 16]; 15],
+    ivs: &[[u8; 16]],
+    src: Option<&[[u8; PASS]]>,
+    data: &mut [[u8; PASS]],
+) {
+    const { assert!(W == 8 && (NR == 10 || NR == 14)) };
+    debug_assert_eq!(ivs.len(), data.len());
+    debug_assert!(src.is_none_or(|s| s.len() == data.len()));
+    let mut table = [[0u8; PASS]; TABLE_UNITS];
+    for (i, (ivs, data)) in ivs
+        .chunks(TABLE_UNITS)
+        .zip(data.chunks_mut(TABLE_UNITS))
+        .enumerate()
+    {
+        for (iv, row) in ivs.iter().zip(table.iter_mut()) {
+            let z = tweaks_from(first_tweaks(load128(iv)));
+            for (reg, out) in z.iter().zip(row.as_chunks_mut::<64>().0) {
+                store512(out, *reg);
+            }
+        }
+        let (k, t, d, n) = (rk.as_ptr(), table.as_ptr(), data.as_mut_ptr(), data.len());
+        // SAFETY: `{s}` (out of place only) covers `n` passes of 512 bytes, read; `{d}` as
+        // many, read when in place and written (`src` and `data` cannot overlap); `{t}` is
+        // `n` ≤ TABLE_UNITS rows of 512 bytes, read; `{k}` is 15 round keys of 16 bytes,
+        // read; `n` ≥ 1 (chunks are never empty). Every vector register used is declared
+        // clobbered, as are the pointer and counter registers; EVEX memory operands need no
+        // alignment. The caller enables AVX-512F/BW and VAES.
+        unsafe {
+            macro_rules! run {
+                ($text:expr, [$($src:tt)*]) => {
+                    core::arch::asm!(
+                        $text,
+                        k = in(reg) k,
+                        $($src)*
+                        t = inout(reg) t => _,
+                        d = inout(reg) d => _,
+                        n = inout(reg) n => _,
+                        out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                        out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                        out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm28") _,
+                        options(nostack),
+                    )
+                };
+            }
+            macro_rules! by_key_and_direction {
+                ($src:tt, [$($operand:tt)*]) => {
+                    match (NR, ENC) {
+                        (10, true) => run!(
+                            single_pass_loop!($src, "vaesenc", "vaesenclast", "160", ["144"]),
+                            [$($operand)*]
+                        ),
+                        (10, false) => run!(
+                            single_pass_loop!($src, "vaesdec", "vaesdeclast", "160", ["144"]),
+                            [$($operand)*]
+                        ),
+                        (_, true) => run!(
+                            single_pass_loop!(
+                                $src,
+                                "vaesenc",
+                                "vaesenclast",
+                                "224",
+                                ["144", "160", "176", "192", "208"]
+                            ),
+                            [$($operand)*]
+                        ),
+                        (_, false) => run!(
+                            single_pass_loop!(
+                                $src,
+                                "vaesdec",
+                                "vaesdeclast",
+                                "224",
+                                ["144", "160", "176", "192", "208"]
+                            ),
+                            [$($operand)*]
+                        ),
+                    }
+                };
+            }
+            match src {
+                Some(src) => {
+                    let s = src[i * TABLE_UNITS..].as_ptr();
+                    by_key_and_direction!("s", [s = inout(reg) s => _,])
+                }
+                None => by_key_and_direction!("d", []),
+            }
+        }
+    }
+}
+
+/// Encrypts XTS tweaks (IVs) in place with the tweak key `k`, four to a register: the
+/// eight IVs of a 4 KiB request of 512-byte sectors then take 28 AES instructions instead
+/// of 112 one-block ones, which issue on the same port as the 512-bit rounds on Intel
+/// cores. Fewer than four (a request of large sectors) go one at a time (`ni`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,vaes,aes,pclmulqdq,sse2")]
+fn encrypt_tweaks<const NR: usize>(k: &RoundKeys, ivs: &mut [[u8; 16]]) {
+    let (quads, rest) = ivs.as_chunks_mut::<4>();
+    let rk = &k.enc;
+    let key = |i: usize| _mm512_broadcast_i32x4(load128(&rk[i]));
+    for pair in quads.chunks_mut(2) {
+        let mut b = [_mm512_setzero_si512(); 2];
+        for (x, q) in b.iter_mut().zip(pair.iter()) {
+            *x = _mm512_xor_si512(load512(q.as_flattened()), key(0));
+        }
+        for i in 1..NR {
+            let ki = key(i);
+            for x in b.iter_mut() {
+                *x = _mm512_aesenc_epi128(*x, ki);
+            }
+        }
+        let last = key(NR);
+        for (x, q) in b.iter().zip(pair.iter_mut()) {
+            store512(q.as_flattened_mut(), _mm512_aesenclast_epi128(*x, last));
+        }
+    }
+    ni::encrypt_tweaks::<NR>(k, rest);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load512(b: &[u8]) -> __m512i {
+    assert!(b.len() >= 64);
+    // SAFETY: `b` has at least 64 readable bytes (checked); unaligned load.
+    unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store512(b: &mut [u8], v: __m512i) {
+    assert!(b.len() >= 64);
+    // SAFETY: `b` has at least 64 writable bytes (checked); unaligned store.
+    unsafe { _mm512_storeu_si512(b.as_mut_ptr().cast(), v) }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,pclmulqdq,sse2")]
 fn xts_nr<const NR: usize, const ENC: bool>(
     k1: &RoundKeys,
@@ -362,8 +557,12 @@ fn xts_nr<const NR: usize, const ENC: bool>(
     data: &mut [u8],
     unit: usize,
 ) {
-    ni::encrypt_tweaks::<NR>(k2, ivs);
+    encrypt_tweaks::<NR>(k2, ivs);
     let rk = if ENC { &k1.enc } else { &k1.dec };
+    if unit == PASS {
+        let from = src.map(|s| s.as_chunks::<PASS>().0);
+        return single_pass_units::<NR, ENC>(rk, ivs, from, data.as_chunks_mut::<PASS>().0);
+    }
     for (i, (iv, sector)) in ivs.iter().zip(data.chunks_exact_mut(unit)).enumerate() {
         let z = tweaks_from(first_tweaks(load128(iv)));
         let (from, from_rest) = source_unit::<PASS>(src, i, unit);
