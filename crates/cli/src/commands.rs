@@ -8,8 +8,10 @@ use cryptblk_crypto::{CipherSpec, HashAlg, KdfKind, KdfRequest, SecretBytes};
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{FormatOptions, LuksHeader, MemStorage, Storage, load_header};
+use cryptblk_volume::DataDevice;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub struct Ctx {
     pub batch: bool,
@@ -198,8 +200,11 @@ pub(crate) fn header_path<'a>(device: &'a Path, h: &'a HeaderArgs) -> &'a Path {
 
 /// Opens the header device; writers take an exclusive lock so two cryptblk (or a
 /// cryptblk and a running `open`) never change metadata at once.
-pub fn open_header(device: &Path, h: &HeaderArgs, write: bool) -> CliResult<File> {
+pub fn open_header(device: &Path, h: &HeaderArgs, write: bool) -> CliResult<DataDevice> {
     let path = header_path(device, h);
+    if let Some(r) = remote(path, !write)? {
+        return Ok(r);
+    }
     let f = OpenOptions::new()
         .read(true)
         .write(write)
@@ -213,10 +218,16 @@ pub fn open_header(device: &Path, h: &HeaderArgs, write: bool) -> CliResult<File
             )
         })?;
     }
-    Ok(f)
+    Ok(DataDevice::File(Arc::new(f)))
 }
 
-pub fn load(dev: &mut File, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
+/// The remote export `path` names (`nbd://...`), connected read-only or read-write; `None`
+/// for a local path.
+pub fn remote(path: &Path, read_only: bool) -> CliResult<Option<DataDevice>> {
+    cryptblk_volume::open_remote(path, read_only).map_err(|e| crate::unlock::volume_error(path, e))
+}
+
+pub fn load(dev: &mut dyn Storage, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
     load_header(dev).map_err(|e| match e {
         cryptblk_format::Error::NotLuks => CliError::usage(format!(
             "Device {} is not a valid LUKS device.",
@@ -266,9 +277,12 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     };
     let mut opts = format_options(&a, luks1)?;
     // Check the data device exists before asking anything.
-    let data_size = {
-        let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
-        Storage::size(&f).map_err(|e| io_err(&a.device, e))?
+    let data_size = match remote(&a.device, true)? {
+        Some(r) => r.size().map_err(|e| io_err(&a.device, e))?,
+        None => {
+            let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
+            Storage::size(&f).map_err(|e| io_err(&a.device, e))?
+        }
     };
     if a.sector_size.is_none()
         && !luks1
@@ -361,9 +375,12 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
 /// Opens (a detached header: creates, 0600: its keyslots would let another user attack the
 /// passphrase offline) where the header goes, locked against a concurrent format or open
 /// of the same file.
-fn open_header_for_format(a: &FormatArgs) -> CliResult<File> {
+fn open_header_for_format(a: &FormatArgs) -> CliResult<DataDevice> {
     use std::os::unix::fs::OpenOptionsExt;
     let hpath = header_path(&a.device, &a.header);
+    if let Some(r) = remote(hpath, false)? {
+        return Ok(r);
+    }
     let dev = if a.header.header.is_some() {
         OpenOptions::new()
             .read(true)
@@ -382,13 +399,13 @@ fn open_header_for_format(a: &FormatArgs) -> CliResult<File> {
             format!("{} is in use", hpath.display()),
         )
     })?;
-    Ok(dev)
+    Ok(DataDevice::File(Arc::new(dev)))
 }
 
 /// Unlocks with a passphrase from `src`, mapping a failure to cryptsetup's message.
 fn unlock(
     hdr: &dyn LuksHeader,
-    dev: &mut File,
+    dev: &mut dyn Storage,
     src: &KeySource,
     prompt: &str,
     slot: Option<u32>,

@@ -60,6 +60,12 @@ pub fn io_err(path: &std::path::Path, e: std::io::Error) -> CliError {
     let code = match e.kind() {
         std::io::ErrorKind::NotFound => EXIT_NO_DEVICE,
         std::io::ErrorKind::PermissionDenied => EXIT_NO_DEVICE,
+        // Remote storage that cannot be reached is a missing device too.
+        std::io::ErrorKind::ConnectionRefused
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::HostUnreachable
+        | std::io::ErrorKind::NetworkUnreachable
+        | std::io::ErrorKind::TimedOut => EXIT_NO_DEVICE,
         std::io::ErrorKind::ResourceBusy | std::io::ErrorKind::WouldBlock => EXIT_BUSY,
         _ => EXIT_USAGE,
     };

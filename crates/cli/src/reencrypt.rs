@@ -12,6 +12,7 @@ use clap::Args;
 use cryptblk_crypto::{CipherSpec, HashAlg};
 use cryptblk_format::LuksHeader;
 use cryptblk_format::luks2::{Luks2Header, ReencryptOutcome, ReencryptRequest, ResilienceRequest};
+use cryptblk_volume::DataDevice;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -307,7 +308,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     }
     // The data device is locked exclusively: a volume being served is reencrypted by the
     // process serving it, never behind its back.
-    let data = match cryptblk_volume::open_data_file(&a.device, false) {
+    let data = match cryptblk_volume::open_data(&a.device, false) {
         Ok(f) => f,
         Err(cryptblk_volume::Error::Busy(what)) => {
             return match crate::online::served_name(&a.device, &a.run_dir)? {
@@ -324,26 +325,33 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         Err(e) => return Err(CliError::new(crate::error::EXIT_BUSY, e.to_string())),
     };
     let header_path = a.header.header.clone().unwrap_or_else(|| a.device.clone());
-    let new_encryption = a.encrypt && !job.resume_only && !header_path.exists();
+    let new_encryption = a.encrypt
+        && !job.resume_only
+        && !header_path.exists()
+        && !cryptblk_volume::is_remote(&header_path);
     let new_shift = a.encrypt && job.reduce.is_some() && !job.resume_only && !holds_luks(&data)?;
-    let storage =
-        cryptblk_volume::FileStorage::new(data.try_clone().map_err(|e| io_err(&a.device, e))?)
-            .map_err(|e| io_err(&a.device, e))?;
-    let data_size = cryptblk_format::Storage::size(&storage).map_err(|e| io_err(&a.device, e))?;
+    let storage: Box<dyn cryptblk_format::Storage> = match &data {
+        DataDevice::File(f) => Box::new(
+            cryptblk_volume::FileStorage::new(f.try_clone().map_err(|e| io_err(&a.device, e))?)
+                .map_err(|e| io_err(&a.device, e))?,
+        ),
+        DataDevice::Remote(_) => Box::new(data.clone()),
+    };
+    let data_size = storage.size().map_err(|e| io_err(&a.device, e))?;
     let (mut hdev, mut hdr, pass) = if new_shift {
         let pass = get_passphrase(&a.key.source(), "Enter passphrase: ", true)?;
-        let mut f = data.try_clone().map_err(|e| io_err(&a.device, e))?;
+        let mut f = data.clone();
         let reduce = job.reduce.unwrap_or_default();
         let h = Luks2Header::encrypt_shift_init(&mut f, reduce, &pass, &job.req)?;
         (f, h, pass)
     } else if new_encryption {
         let pass = get_passphrase(&a.key.source(), "Enter passphrase: ", true)?;
         let (f, h) = encrypt_init(&header_path, data_size, &pass, &job)?;
-        (f, h, pass)
+        (DataDevice::File(Arc::new(f)), h, pass)
     } else {
         let mut hdev = match &a.header.header {
             Some(_) => open_header(&a.device, &a.header, true)?,
-            None => data.try_clone().map_err(|e| io_err(&a.device, e))?,
+            None => data.clone(),
         };
         let mut hdr = read_luks2(&mut hdev, &header_path)?;
         if (job.resume_only || a.encrypt) && !hdr.in_reencryption() {
@@ -376,7 +384,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     let outcome = hdr
         .reencrypt_run(
             &mut hdev,
-            &storage,
+            &*storage,
             data_size,
             &pass,
             job.slot,
@@ -430,10 +438,8 @@ fn encrypt_init(
 }
 
 /// Whether `data` starts with a LUKS header (either version, either copy).
-fn holds_luks(data: &std::fs::File) -> CliResult<bool> {
-    let mut f = data
-        .try_clone()
-        .map_err(|e| CliError::new(crate::error::EXIT_USAGE, e.to_string()))?;
+fn holds_luks(data: &DataDevice) -> CliResult<bool> {
+    let mut f = data.clone();
     match cryptblk_format::load_header(&mut f) {
         Ok(_) => Ok(true),
         Err(cryptblk_format::Error::NotLuks) => Ok(false),
@@ -443,7 +449,7 @@ fn holds_luks(data: &std::fs::File) -> CliResult<bool> {
 
 /// The header of `path` as LUKS2, or cryptsetup's message.
 pub(crate) fn read_luks2(
-    hdev: &mut std::fs::File,
+    hdev: &mut dyn cryptblk_format::Storage,
     path: &std::path::Path,
 ) -> CliResult<Luks2Header> {
     match Luks2Header::read(hdev) {

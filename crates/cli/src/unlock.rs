@@ -202,10 +202,8 @@ fn tcrypt_secrets(
 /// 512-byte sectors (`test-passphrase`, `dump`).
 pub fn tcrypt_header(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
     let (tc, pass, header) = tcrypt_secrets(device, a)?;
-    let data =
-        cryptblk_volume::open_data_file(device, true).map_err(|e| volume_error(device, e))?;
-    let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))
-        .map_err(|e| io_err(device, e))?;
+    let data = cryptblk_volume::open_data(device, true).map_err(|e| volume_error(device, e))?;
+    let size = cryptblk_volume::Storage::size(&data).map_err(|e| io_err(device, e))?;
     let h = cryptblk_volume::tcrypt_header(&data, header.as_deref(), &tc, &pass)
         .map_err(|e| tcrypt_error(device, e))?;
     let offset = h.data_offset(&tc, size);
@@ -232,7 +230,7 @@ pub struct OpenedVolume {
     pub info: VolumeInfo,
     /// The LUKS header's file, for a reencryption while the volume serves (none for
     /// plain and memory volumes).
-    pub header_file: Option<std::fs::File>,
+    pub header_file: Option<cryptblk_volume::DataDevice>,
 }
 
 /// How a volume was unlocked, as `status` (and `--recover`) report and check it.

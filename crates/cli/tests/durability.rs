@@ -81,13 +81,62 @@ fn pid_of(run_dir: &str) -> i32 {
 #[test]
 fn kill_9_under_write_and_flush_load_loses_nothing_flushed() {
     let dir = tempfile::tempdir().unwrap();
-    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
-    let (img, pw, sock, run_dir) = (p("v.img"), p("pw"), p("s.sock"), p("run"));
-    std::fs::write(&pw, b"durability passphrase").unwrap();
+    let img = dir.path().join("v.img");
     std::fs::File::create(&img)
         .unwrap()
         .set_len(24 << 20)
         .unwrap();
+    kill_9_rounds(dir.path(), img.to_str().unwrap());
+}
+
+/// The same with the volume's ciphertext on a remote NBD export (qemu-nbd serving a file):
+/// what cryptblk acknowledged before a completed flush was flushed on the remote too.
+#[test]
+fn kill_9_over_a_remote_nbd_export_loses_nothing_flushed() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("remote.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(24 << 20)
+        .unwrap();
+    let rsock = dir.path().join("remote.sock");
+    let mut remote = std::process::Command::new(tool("qemu-nbd", "qemu-utils"))
+        .args([
+            "--format",
+            "raw",
+            "--persistent",
+            "--shared",
+            "8",
+            "--socket",
+        ])
+        .arg(&rsock)
+        .arg(&img)
+        // It reports every connection the killed server dropped.
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !rsock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "qemu-nbd did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_9_rounds(
+        dir.path(),
+        &format!("nbd+unix:///?socket={}", rsock.display()),
+    );
+    let _ = remote.kill();
+    let _ = remote.wait();
+}
+
+/// Formats `img` (a file or a remote export) and runs the kill -9 rounds on it.
+fn kill_9_rounds(dir: &Path, img: &str) {
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let (pw, sock, run_dir) = (p("pw"), p("s.sock"), p("run"));
+    std::fs::write(&pw, b"durability passphrase").unwrap();
+    let img = img.to_string();
     ok(&run(&[
         "format",
         "-q",

@@ -1,5 +1,6 @@
 //! An NBD server (fixed newstyle handshake, simple and structured replies) over any
-//! [`cryptblk_device::BlockDevice`].
+//! [`cryptblk_device::BlockDevice`], and an NBD client ([`NbdStorage`]: a remote export as
+//! [`cryptblk_device::Storage`]).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -47,6 +48,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod client;
 mod conn;
 mod pool;
 pub mod proto;
@@ -63,6 +65,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+pub use client::{NbdAddress, NbdClientOptions, NbdStorage, NbdUri};
 use conn::AnyStream;
 use cryptblk_device::BlockDevice;
 use pool::BufferPool;

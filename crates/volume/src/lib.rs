@@ -1,5 +1,6 @@
 //! An unlocked cryptblk volume: plaintext I/O on the encrypted data segment of a LUKS1,
-//! LUKS2 or plain volume, stored in a file, a block device or memory.
+//! LUKS2 or plain volume, stored in a file, a block device, memory or an NBD export on
+//! another host.
 //!
 //! ```no_run
 //! use cryptblk_volume::{OpenOptions, open_luks};
@@ -13,6 +14,7 @@
 // idle-priority threads) need unsafe.
 #![deny(unsafe_code)]
 
+mod device;
 mod error;
 mod mmap;
 mod online;
@@ -23,6 +25,7 @@ mod uring;
 mod volume;
 
 pub use cryptblk_device::{MemStorage, Partition, Storage, partition_of};
+pub use device::{DataDevice, is_remote, open_data, open_remote};
 pub use error::{Error, Result};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{

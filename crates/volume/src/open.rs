@@ -1,6 +1,7 @@
 //! Opening volumes: LUKS, TrueCrypt/VeraCrypt, BitLocker and FileVault 2 (unlock with a passphrase) or a raw key
 //! (plain mode, tests).
 
+use crate::device::{DataDevice, open_data};
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
@@ -38,12 +39,39 @@ pub struct FileIo {
 }
 
 impl FileIo {
-    fn storage(&self, data: File, sector_size: u32) -> Result<FileStorage> {
-        let mut st = FileStorage::new(data)?;
+    /// The data path's storage on `data`: a file with this engine and O_DIRECT choice, or a
+    /// remote export as it is (engines and O_DIRECT are about local files).
+    fn storage(&self, data: DataDevice, sector_size: u32) -> Result<Box<dyn Storage>> {
+        let file = match data {
+            DataDevice::File(f) => f.try_clone()?,
+            DataDevice::Remote(r) => {
+                if self.direct || self.engine != IoEngine::Auto {
+                    return Err(Error::Invalid(format!(
+                        "{}: --io-engine and --direct apply to local files only",
+                        r.describe()
+                    )));
+                }
+                return Ok(Box::new(r));
+            }
+        };
+        let mut st = FileStorage::new(file)?;
         if self.direct {
             st = st.direct(sector_size)?;
         }
-        Ok(st.with_engine(self.engine)?)
+        Ok(Box::new(st.with_engine(self.engine)?))
+    }
+}
+
+/// Opens a detached header (a file, or a remote export), read-write unless `read_only`.
+fn open_header_device(path: &Path, read_only: bool) -> Result<DataDevice> {
+    match crate::device::open_remote(path, read_only)? {
+        Some(r) => Ok(r),
+        None => Ok(DataDevice::File(std::sync::Arc::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .open(path)?,
+        ))),
     }
 }
 
@@ -56,9 +84,9 @@ pub struct UnlockedLuks {
     /// Number of the keyslot the passphrase opened.
     pub keyslot: u32,
     /// Where the header lives, open read-write unless the volume is read-only (the data
-    /// file, under the same lock, or the detached header): for a reencryption run while
+    /// device, under the same lock, or the detached header): for a reencryption run while
     /// the volume serves.
-    pub header_file: File,
+    pub header_file: DataDevice,
 }
 
 /// Opens a file or block device for the data path, locked against a second opener
@@ -98,23 +126,18 @@ pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result
 
 /// Like [`open_luks`], also returning the header and the keyslot that opened it.
 pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<UnlockedLuks> {
-    let data = open_data_file(device, opts.read_only)?;
+    let data = open_data(device, opts.read_only)?;
     let mut hdev = match &opts.header {
         // Read-write only where a crashed reencryption step may have to be recovered.
-        Some(h) => std::fs::OpenOptions::new()
-            .read(true)
-            .write(!opts.read_only)
-            .open(h)?,
-        None => data.try_clone()?,
+        Some(h) => open_header_device(h, opts.read_only)?,
+        None => data.clone(),
     };
     let mut header = load_header(&mut hdev)?;
-    // Files and block devices alike: the end is their size.
-    let data_size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
+    let data_size = data.size()?;
     if !opts.read_only {
         // A reencryption step cut off by a crash is finished first, as cryptsetup does on
         // activation (a read-only open refuses such a volume instead).
-        let raw = FileStorage::new(data.try_clone()?)?;
-        header.recover_interrupted_step(&mut hdev, &raw, passphrase, opts.key_slot, data_size)?;
+        header.recover_interrupted_step(&mut hdev, &data, passphrase, opts.key_slot, data_size)?;
     }
     let (keyslot, mut segments) =
         header.unlock_segments(&mut hdev, passphrase, opts.key_slot, data_size)?;
@@ -135,7 +158,7 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
             allow_discards: opts.allow_discards,
         };
         let storage = opts.io.storage(data, params.sector_size)?;
-        volume_from_key(Box::new(storage), &one.key, &params)?
+        volume_from_key(storage, &one.key, &params)?
     } else {
         // A LUKS2 volume mid-reencryption: one cipher per stretch of the data.
         let largest = segments.iter().map(|s| s.sector_size).max().unwrap_or(512);
@@ -144,12 +167,7 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
             .drain(..)
             .map(data_segment)
             .collect::<Result<Vec<_>>>()?;
-        Volume::with_segments(
-            Box::new(storage),
-            parts,
-            opts.read_only,
-            opts.allow_discards,
-        )?
+        Volume::with_segments(storage, parts, opts.read_only, opts.allow_discards)?
     };
     Ok(UnlockedLuks {
         volume,
@@ -205,9 +223,9 @@ pub fn open_plain_with(
     params: &VolumeParams,
     io: FileIo,
 ) -> Result<Volume> {
-    let data = open_data_file(device, params.read_only)?;
+    let data = open_data(device, params.read_only)?;
     let storage = io.storage(data, params.sector_size)?;
-    volume_from_key(Box::new(storage), key, params)
+    volume_from_key(storage, key, params)
 }
 
 /// An unlocked TrueCrypt/VeraCrypt volume with its decrypted header.
@@ -223,14 +241,14 @@ pub struct UnlockedTcrypt {
 /// Decrypts the TrueCrypt/VeraCrypt header of `data` (or of the header file `header`)
 /// without mapping anything (`test-passphrase`, `tcryptDump`).
 pub fn tcrypt_header(
-    data: &File,
+    data: &DataDevice,
     header: Option<&Path>,
     tc: &TcryptOptions,
     passphrase: &[u8],
 ) -> Result<TcryptHeader> {
     let dev = match header {
-        Some(h) => FileStorage::new(File::open(h)?)?,
-        None => FileStorage::new(data.try_clone()?)?,
+        Some(h) => open_header_device(h, true)?,
+        None => data.clone(),
     };
     let size = dev.size()?;
     Ok(TcryptHeader::open(&dev, size, tc, passphrase)?)
@@ -245,20 +263,15 @@ pub fn open_tcrypt(
     tc: &TcryptOptions,
     passphrase: &[u8],
 ) -> Result<UnlockedTcrypt> {
-    let data = open_data_file(device, opts.read_only)?;
-    let data_size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
+    let data = open_data(device, opts.read_only)?;
+    let data_size = data.size()?;
     let header = match &opts.header {
         Some(h) => {
-            let f = FileStorage::new(File::open(h)?)?;
+            let f = open_header_device(h, true)?;
             let size = f.size()?;
             TcryptHeader::open(&f, size, tc, passphrase)?
         }
-        None => TcryptHeader::open(
-            &FileStorage::new(data.try_clone()?)?,
-            data_size,
-            tc,
-            passphrase,
-        )?,
+        None => TcryptHeader::open(&data, data_size, tc, passphrase)?,
     };
     let offset = header.data_offset(tc, data_size);
     let cipher = header.sector_cipher(header.iv_offset(tc, data_size))?;
@@ -272,7 +285,7 @@ pub fn open_tcrypt(
         allow_discards: opts.allow_discards,
     };
     let storage = opts.io.storage(data, params.sector_size)?;
-    let volume = Volume::new(Box::new(storage), cipher, &params)?;
+    let volume = Volume::new(storage, cipher, &params)?;
     Ok(UnlockedTcrypt {
         volume,
         header,
@@ -290,7 +303,7 @@ pub struct UnlockedBitlk {
 
 /// Reads the BitLocker metadata of `device` without unlocking anything.
 pub fn bitlk_header(device: &Path) -> Result<BitlkHeader> {
-    let dev = FileStorage::new(File::open(device)?)?;
+    let dev = open_header_device(device, true)?;
     Ok(BitlkHeader::read(&dev)?)
 }
 
@@ -316,8 +329,8 @@ pub enum Unlock<'a> {
 /// Unlocks a BitLocker volume (`cryptsetup open --type bitlk`) and maps it as cryptsetup
 /// does: the metadata areas read as zeros, the relocated boot sectors appear at the start.
 pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Result<UnlockedBitlk> {
-    let data = open_data_file(device, opts.read_only)?;
-    let header = BitlkHeader::read(&FileStorage::new(data.try_clone()?)?)?;
+    let data = open_data(device, opts.read_only)?;
+    let header = BitlkHeader::read(&data)?;
     header.check_mappable()?;
     let key = match secret {
         Unlock::Passphrase(s) => header.volume_key(s)?,
@@ -326,7 +339,7 @@ pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Resu
         }
         Unlock::VolumeKey(k) => return Err(wrong_key_len(k, header.encryption.key_bits() / 8)),
     };
-    let size = std::io::Seek::seek(&mut &data, std::io::SeekFrom::End(0))?;
+    let size = data.size()?;
     let zero_spec = cryptblk_crypto::CipherSpec::parse("cipher_null-ecb")?;
     let segments = header
         .segments(size)?
@@ -350,12 +363,7 @@ pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Resu
         })
         .collect::<Result<Vec<_>>>()?;
     let storage = opts.io.storage(data, header.sector_size)?;
-    let volume = Volume::with_segments(
-        Box::new(storage),
-        segments,
-        opts.read_only,
-        opts.allow_discards,
-    )?;
+    let volume = Volume::with_segments(storage, segments, opts.read_only, opts.allow_discards)?;
     Ok(UnlockedBitlk { volume, header })
 }
 
@@ -369,7 +377,7 @@ pub struct UnlockedFvault2 {
 
 /// Reads the FileVault 2 (Core Storage) metadata of `device` without unlocking anything.
 pub fn fvault2_header(device: &Path) -> Result<Fvault2Header> {
-    let dev = FileStorage::new(File::open(device)?)?;
+    let dev = open_header_device(device, true)?;
     Ok(Fvault2Header::read(&dev)?)
 }
 
@@ -380,8 +388,8 @@ pub fn open_fvault2(
     opts: &OpenOptions,
     secret: Unlock<'_>,
 ) -> Result<UnlockedFvault2> {
-    let data = open_data_file(device, opts.read_only)?;
-    let header = Fvault2Header::read(&FileStorage::new(data.try_clone()?)?)?;
+    let data = open_data(device, opts.read_only)?;
+    let header = Fvault2Header::read(&data)?;
     let cipher = match secret {
         Unlock::Passphrase(p) => header.sector_cipher(&header.volume_key(p)?)?,
         Unlock::VolumeKey(k) if k.len() == FVAULT2_KEY_LEN => header.sector_cipher(k)?,
@@ -397,6 +405,6 @@ pub fn open_fvault2(
         allow_discards: opts.allow_discards,
     };
     let storage = opts.io.storage(data, 512)?;
-    let volume = Volume::new(Box::new(storage), cipher, &params)?;
+    let volume = Volume::new(storage, cipher, &params)?;
     Ok(UnlockedFvault2 { volume, header })
 }

@@ -7,9 +7,9 @@
 use crate::error::{CliError, CliResult};
 use crate::reencrypt::{Job, from_wire, read_luks2};
 use cryptblk_format::luks2::{Luks2Header, ReencryptOutcome};
+use cryptblk_volume::DataDevice;
 use cryptblk_volume::Volume;
 use serde_json::{Value, json};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -54,7 +54,7 @@ pub(crate) struct OnlineJobs {
     vol: Arc<Volume>,
     /// The LUKS2 header's file (the data file, or the detached header); `None` for
     /// volumes without one (plain, memory).
-    header: Option<File>,
+    header: Option<DataDevice>,
     device: PathBuf,
     progress: Mutex<Option<Progress>>,
     stop: Arc<AtomicBool>,
@@ -62,7 +62,7 @@ pub(crate) struct OnlineJobs {
 }
 
 impl OnlineJobs {
-    pub(crate) fn new(vol: Arc<Volume>, header: Option<File>, device: &Path) -> Arc<Self> {
+    pub(crate) fn new(vol: Arc<Volume>, header: Option<DataDevice>, device: &Path) -> Arc<Self> {
         Arc::new(OnlineJobs {
             vol,
             header,
@@ -106,9 +106,7 @@ impl OnlineJobs {
         let file = self.header.as_ref().ok_or_else(|| {
             CliError::usage("only LUKS2 volumes can be reencrypted (this one has no LUKS header)")
         })?;
-        let mut hfile = file
-            .try_clone()
-            .map_err(|e| crate::error::io_err(&self.device, e))?;
+        let mut hfile = file.clone();
         self.stop.store(false, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         let me = self.clone();
@@ -121,7 +119,13 @@ impl OnlineJobs {
     }
 
     /// The job thread: init (or take up), tell `started`, then the steps.
-    fn run(&self, hfile: &mut File, job: Job, pass: &[u8], started: mpsc::Sender<CliResult<()>>) {
+    fn run(
+        &self,
+        hfile: &mut DataDevice,
+        job: Job,
+        pass: &[u8],
+        started: mpsc::Sender<CliResult<()>>,
+    ) {
         let mut hdr = match self.init(hfile, &job, pass) {
             Ok(Some(h)) => h,
             Ok(None) => {
@@ -169,7 +173,12 @@ impl OnlineJobs {
     }
 
     /// Checks and writes the job's metadata; `None` when only that was asked.
-    fn init(&self, hfile: &mut File, job: &Job, pass: &[u8]) -> CliResult<Option<Luks2Header>> {
+    fn init(
+        &self,
+        hfile: &mut DataDevice,
+        job: &Job,
+        pass: &[u8],
+    ) -> CliResult<Option<Luks2Header>> {
         let mut hdr = read_luks2(hfile, &self.device)?;
         let block = cryptblk_device::BlockDevice::block_size(&*self.vol);
         if let Some(ss) = job.req.sector_size

@@ -4,15 +4,15 @@
 //! header (nothing to unlock them again with) and while a reencryption runs.
 
 use crate::error::{CliError, CliResult, EXIT_BUSY};
+use cryptblk_volume::DataDevice;
 use cryptblk_volume::{Suspended, Volume};
-use std::fs::File;
 use std::sync::{Arc, Mutex};
 use zeroize::Zeroizing;
 
 pub(crate) struct SuspendControl {
     vol: Arc<Volume>,
     /// The LUKS header's file (none for plain and memory volumes).
-    header: Option<File>,
+    header: Option<DataDevice>,
     state: Mutex<Option<Suspended>>,
 }
 
@@ -27,13 +27,11 @@ impl SuspendControl {
     /// `header`: the LUKS header's file (a handle of its own is kept).
     pub(crate) fn new(
         vol: Arc<Volume>,
-        header: Option<&File>,
+        header: Option<&DataDevice>,
         device: &std::path::Path,
     ) -> CliResult<Arc<Self>> {
-        let header = header
-            .map(File::try_clone)
-            .transpose()
-            .map_err(|e| crate::error::io_err(device, e))?;
+        let _ = device;
+        let header = header.cloned();
         Ok(Arc::new(SuspendControl {
             vol,
             header,
@@ -95,9 +93,7 @@ impl SuspendControl {
                 .header
                 .as_ref()
                 .ok_or_else(|| CliError::usage("no header"))?;
-            let mut f = file
-                .try_clone()
-                .map_err(|e| CliError::usage(e.to_string()))?;
+            let mut f = file.clone();
             let hdr = cryptblk_format::load_header(&mut f)?;
             let size = self
                 .vol

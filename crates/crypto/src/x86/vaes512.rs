@@ -501,6 +501,8 @@ fn single_pass_units<const NR: usize, const ENC: bool>(
             }
         }
     }
+    // Tweaks are derived from the key: leave none on the stack.
+    zeroize::Zeroize::zeroize(table.as_flattened_mut());
 }
 
 /// Encrypts XTS tweaks (IVs) in place with the tweak key `k`, four to a register: the

@@ -1,0 +1,400 @@
+//! A volume whose ciphertext lives on an NBD export elsewhere (`nbd+unix://`,
+//! `nbd://HOST:PORT`): qemu-nbd and nbdkit serve a plain file, cryptblk formats it, opens
+//! it and serves the plaintext over its own NBD frontend; fio verifies through the whole
+//! stack, and the remote file is a LUKS volume that cryptsetup and a local cryptblk open.
+//! Also the bad inputs: nothing listening, an unknown export, a read-only export.
+
+mod common;
+
+use common::{bin, ok, run_at, run_in, serve_nbd_unix, tool};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+fn run(args: &[&str]) -> Output {
+    run_in(bin(), args, b"")
+}
+
+/// A remote NBD server process, killed when dropped.
+struct Remote {
+    child: Child,
+    uri: String,
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(sock: &Path, child: &mut Child) {
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the remote server exited"
+        );
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "the remote server did not come up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn qemu_nbd(file: &Path, sock: &Path, extra: &[&str]) -> Remote {
+    let mut child = Command::new(tool("qemu-nbd", "qemu-utils"))
+        .args(["--format", "raw", "--persistent", "--shared", "8"])
+        .args(extra)
+        .arg("--socket")
+        .arg(sock)
+        .arg(file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    wait_for(sock, &mut child);
+    let export = extra
+        .iter()
+        .position(|a| *a == "--export-name")
+        .map_or("", |i| extra[i + 1]);
+    Remote {
+        child,
+        uri: format!("nbd+unix:///{export}?socket={}", sock.display()),
+    }
+}
+
+fn nbdkit(file: &Path, sock: &Path) -> Remote {
+    let mut child = Command::new(tool("nbdkit", "nbdkit"))
+        .args(["--foreground", "--exit-with-parent", "--unix"])
+        .arg(sock)
+        .arg("file")
+        .arg(format!("file={}", file.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    wait_for(sock, &mut child);
+    Remote {
+        child,
+        uri: format!("nbd+unix:///?socket={}", sock.display()),
+    }
+}
+
+/// A TCP nbdkit on a free loopback port (`nbd://127.0.0.1:PORT/`).
+fn nbdkit_tcp(file: &Path) -> Remote {
+    for _ in 0..20 {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut child = Command::new(tool("nbdkit", "nbdkit"))
+            .args([
+                "--foreground",
+                "--exit-with-parent",
+                "-i",
+                "127.0.0.1",
+                "-p",
+            ])
+            .arg(port.to_string())
+            .arg("file")
+            .arg(format!("file={}", file.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while t0.elapsed().as_secs() < 10 {
+            if child.try_wait().unwrap().is_some() {
+                break; // the port was taken meanwhile: another one
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Remote {
+                    child,
+                    uri: format!("nbd://127.0.0.1:{port}/"),
+                };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("nbdkit did not come up on any loopback port");
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let s = Setup {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        std::fs::write(s.p("pw"), b"remote passphrase").unwrap();
+        std::fs::File::create(s.p("remote.img"))
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        s
+    }
+    fn p(&self, f: &str) -> String {
+        self.dir.path().join(f).to_str().unwrap().to_string()
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.dir.path().join(f)
+    }
+    fn format(&self, device: &str) {
+        ok(&run(&[
+            "format",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &self.p("pw"),
+            device,
+        ]));
+    }
+}
+
+/// fio writes and verifies (crc32c) through cryptblk's NBD frontend, whose volume lives on
+/// the remote export; then the remote file itself is checked: a LUKS2 volume cryptsetup
+/// reads, whose plaintext (exported by a local cryptblk) is what was written through the
+/// stack, and whose stored bytes are not that plaintext.
+fn through_the_stack(s: &Setup, remote: &Remote) {
+    s.format(&remote.uri);
+    let dump = ok(&common::cryptsetup(
+        &tool("cryptsetup", "cryptsetup-bin"),
+        &["luksDump", &s.p("remote.img")],
+    ));
+    assert!(dump.contains("Version:       \t2"), "{dump}");
+    let sock = s.path("front.sock");
+    let mut server = serve_nbd_unix(
+        &[
+            "open",
+            &remote.uri,
+            "vol",
+            "--key-file",
+            &s.p("pw"),
+            "--run-dir",
+            &s.p("run"),
+        ],
+        &sock,
+        b"",
+    );
+    let front = format!("nbd+unix:///vol?socket={}", sock.display());
+    let fio = tool("fio", "fio");
+    for (rw, bs, qd) in [
+        ("randrw", "4k", "32"),
+        ("write", "1m", "4"),
+        ("randwrite", "64k", "8"),
+    ] {
+        let out = ok(&run_at(
+            Some(s.dir.path()),
+            &fio,
+            &[
+                "--name=v",
+                "--ioengine=nbd",
+                &format!("--uri={front}"),
+                &format!("--rw={rw}"),
+                &format!("--bs={bs}"),
+                &format!("--iodepth={qd}"),
+                "--size=8M",
+                "--offset_increment=8M",
+                "--numjobs=2",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--output-format=json",
+            ],
+            b"",
+        ));
+        let j: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+        for job in j["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "{rw} {bs} over {}", remote.uri);
+        }
+    }
+    // Known data through the stack, read back by nbdcopy.
+    let data: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    std::fs::write(s.p("src.raw"), &data).unwrap();
+    ok(&run_in(
+        &tool("qemu-img", "qemu-utils"),
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.p("src.raw"),
+            &front,
+        ],
+        b"",
+    ));
+    let _ = server.kill();
+    let _ = server.wait();
+    // The remote file, opened locally: the same plaintext; its bytes are ciphertext.
+    ok(&run(&[
+        "export",
+        &s.p("remote.img"),
+        &s.p("plain.out"),
+        "--key-file",
+        &s.p("pw"),
+    ]));
+    let plain = std::fs::read(s.p("plain.out")).unwrap();
+    assert!(
+        plain[..data.len()] == data[..],
+        "the remote holds other plaintext"
+    );
+    let raw = std::fs::read(s.p("remote.img")).unwrap();
+    assert!(
+        !raw.windows(4096).step_by(4096).any(|w| data[..4096] == *w),
+        "plaintext reached the remote storage"
+    );
+}
+
+#[test]
+fn volume_on_qemu_nbd_export() {
+    let s = Setup::new();
+    let remote = qemu_nbd(&s.path("remote.img"), &s.path("q.sock"), &[]);
+    through_the_stack(&s, &remote);
+}
+
+#[test]
+fn volume_on_nbdkit_export_over_tcp() {
+    let s = Setup::new();
+    let remote = nbdkit_tcp(&s.path("remote.img"));
+    through_the_stack(&s, &remote);
+}
+
+#[test]
+fn cryptsetup_volume_on_nbdkit_export_opens_and_dumps() {
+    // The other way: cryptsetup formats the file, cryptblk reads it through the export.
+    let s = Setup::new();
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    ok(&common::cryptsetup(
+        &cs,
+        &[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks1",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &s.p("pw"),
+            &s.p("remote.img"),
+        ],
+    ));
+    let remote = nbdkit(&s.path("remote.img"), &s.path("k.sock"));
+    let ours = ok(&run(&["dump", &remote.uri]));
+    let theirs = ok(&common::cryptsetup(&cs, &["luksDump", &s.p("remote.img")]));
+    // cryptsetup names the device in its dump; everything else is the same.
+    let strip = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with("LUKS header information"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&ours), strip(&theirs));
+    ok(&run(&[
+        "test-passphrase",
+        &remote.uri,
+        "--key-file",
+        &s.p("pw"),
+    ]));
+    // A keyslot added through the export is one cryptsetup accepts.
+    std::fs::write(s.p("pw2"), b"second passphrase").unwrap();
+    ok(&run(&[
+        "add-key",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        &s.p("pw"),
+        &remote.uri,
+        &s.p("pw2"),
+    ]));
+    ok(&common::cryptsetup(
+        &cs,
+        &[
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            &s.p("pw2"),
+            &s.p("remote.img"),
+        ],
+    ));
+}
+
+#[test]
+fn unreachable_or_unknown_exports_are_clear_errors() {
+    let s = Setup::new();
+    // Nothing listening: exit 4 (no such device), naming the URI.
+    let uri = format!("nbd+unix:///?socket={}", s.p("none.sock"));
+    let o = run(&["dump", &uri]);
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains(&uri), "{e}");
+    // An export the server does not have: exit 4 as well.
+    let remote = qemu_nbd(
+        &s.path("remote.img"),
+        &s.path("q.sock"),
+        &["--export-name", "disk"],
+    );
+    let wrong = format!("nbd+unix:///other?socket={}", s.p("q.sock"));
+    let o = run(&[
+        "open",
+        &wrong,
+        "v",
+        "--key-file",
+        &s.p("pw"),
+        "--nbd",
+        &format!("unix:{}", s.p("f.sock")),
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no such export"),
+        "{o:?}"
+    );
+    drop(remote);
+    // A read-only export refuses format, with the reason.
+    let ro = qemu_nbd(&s.path("remote.img"), &s.path("r.sock"), &["--read-only"]);
+    let o = run(&["format", "-q", "--key-file", &s.p("pw"), &ro.uri]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("read-only"),
+        "{o:?}"
+    );
+    // A malformed URI is a usage error, never a file name.
+    let o = run(&["dump", "nbd://"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not a usable NBD URI"),
+        "{o:?}"
+    );
+    // Engines are for local files.
+    let kit = nbdkit(&s.path("remote.img"), &s.path("k2.sock"));
+    s.format(&kit.uri);
+    let o = run(&[
+        "open",
+        &kit.uri,
+        "v",
+        "--key-file",
+        &s.p("pw"),
+        "--io-engine",
+        "io_uring",
+        "--nbd",
+        &format!("unix:{}", s.p("g.sock")),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("local files only"),
+        "{o:?}"
+    );
+}

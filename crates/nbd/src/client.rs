@@ -1,0 +1,915 @@
+//! An NBD client: an export on another server (qemu-nbd, nbdkit, another cryptblk) as
+//! [`Storage`], so that a volume's ciphertext can live there and the server only ever sees
+//! ciphertext.
+//!
+//! Requests are pipelined: any number of threads call [`Storage::read_at`] and friends at
+//! once, each sends its request under the connection's write lock, and the replies are
+//! read leader/follower style: whichever waiting thread holds the read lock reads replies
+//! until its own arrives (straight into the caller's buffer), handing other threads'
+//! replies over through the pending table. A lone caller thus reads its own reply with no
+//! thread switch. When the server offers `NBD_FLAG_CAN_MULTI_CONN`, requests are spread over
+//! several connections.
+//!
+//! A connection that breaks (server gone, socket error, protocol violation) fails the
+//! requests in flight on it with `EIO`; the next request connects again, so a server that
+//! comes back is used again (its export must still have the same size).
+//!
+//! Replies are simple replies only (structured replies are not negotiated), which every
+//! server must support.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use cryptblk_device::Storage;
+
+use crate::proto::*;
+
+/// Where an export is: `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdUri {
+    /// The server's address.
+    pub address: NbdAddress,
+    /// The export name (empty: the server's default export).
+    pub export: String,
+}
+
+/// An NBD server's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NbdAddress {
+    /// TCP: host name or address, and port.
+    Tcp(String, u16),
+    /// A unix socket.
+    Unix(PathBuf),
+}
+
+/// The NBD port IANA assigned.
+pub const DEFAULT_PORT: u16 = 10809;
+
+impl NbdUri {
+    /// Whether `s` is meant as an NBD URI (`nbd:`, `nbd+unix:`, `nbds:` ...): such a device
+    /// argument is never taken as a file name.
+    pub fn is_uri(s: &str) -> bool {
+        s.starts_with("nbd://") || s.starts_with("nbd+") || s.starts_with("nbds")
+    }
+
+    /// Parses the URI forms of the NBD URI specification that need no TLS:
+    /// `nbd://HOST[:PORT][/EXPORT]` (IPv6 hosts in brackets) and
+    /// `nbd+unix:///[EXPORT]?socket=PATH`. The export name is percent-decoded.
+    pub fn parse(s: &str) -> io::Result<NbdUri> {
+        let bad = |why: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{s}: not a usable NBD URI ({why})"),
+            )
+        };
+        if s.starts_with("nbds") || s.starts_with("nbd+vsock") {
+            return Err(bad(
+                "only nbd:// and nbd+unix:// are supported; NBD over TLS as a client is not",
+            ));
+        }
+        if let Some(rest) = s.strip_prefix("nbd+unix://") {
+            let (path, query) = rest.split_once('?').ok_or_else(|| bad("no ?socket="))?;
+            let path = path
+                .strip_prefix('/')
+                .ok_or_else(|| bad("nbd+unix:// takes no host"))?;
+            let socket = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("socket="))
+                .ok_or_else(|| bad("no ?socket="))?;
+            if socket.is_empty() {
+                return Err(bad("empty socket path"));
+            }
+            return Ok(NbdUri {
+                address: NbdAddress::Unix(PathBuf::from(percent_decode(socket).map_err(bad)?)),
+                export: percent_decode(path).map_err(bad)?,
+            });
+        }
+        let rest = s
+            .strip_prefix("nbd://")
+            .ok_or_else(|| bad("unknown scheme"))?;
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], &rest[i + 1..]),
+            Some(_) => return Err(bad("no query parameters are supported for nbd://")),
+            None => (rest, ""),
+        };
+        if path.contains('?') {
+            return Err(bad("no query parameters are supported for nbd://"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+            (h, after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        let port = match port {
+            Some(p) => p.parse().map_err(|_| bad("bad port"))?,
+            None => DEFAULT_PORT,
+        };
+        Ok(NbdUri {
+            address: NbdAddress::Tcp(host.to_string(), port),
+            export: percent_decode(path).map_err(bad)?,
+        })
+    }
+}
+
+impl std::fmt::Display for NbdUri {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.address {
+            NbdAddress::Tcp(h, p) if h.contains(':') => {
+                write!(f, "nbd://[{h}]:{p}/{}", self.export)
+            }
+            NbdAddress::Tcp(h, p) => write!(f, "nbd://{h}:{p}/{}", self.export),
+            NbdAddress::Unix(s) => {
+                write!(f, "nbd+unix:///{}?socket={}", self.export, s.display())
+            }
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, &'static str> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).ok_or("bad percent escape")?;
+            let hex = std::str::from_utf8(hex).map_err(|_| "bad percent escape")?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad percent escape")?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "export name is not UTF-8")
+}
+
+/// Options of an [`NbdStorage`].
+#[derive(Debug, Clone)]
+pub struct NbdClientOptions {
+    /// Connections to open when the server offers multi-conn (1 otherwise); default 4.
+    pub connections: usize,
+    /// Refuse to write (and do not ask for write access).
+    pub read_only: bool,
+    /// How long connecting and the handshake may take; default 10 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for NbdClientOptions {
+    fn default() -> Self {
+        NbdClientOptions {
+            connections: 4,
+            read_only: false,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Largest payload of one request: every server takes 32 MiB (qemu-nbd's limit).
+const MAX_CHUNK: usize = 32 << 20;
+
+/// An NBD export as [`Storage`].
+pub struct NbdStorage {
+    uri: NbdUri,
+    options: NbdClientOptions,
+    size: u64,
+    flags: u16,
+    conns: Vec<Slot>,
+    next_conn: AtomicUsize,
+    next_handle: AtomicU64,
+}
+
+/// One connection of an [`NbdStorage`], connected again after it broke.
+struct Slot {
+    conn: Mutex<Option<Arc<Conn>>>,
+}
+
+struct Conn {
+    /// For shutting the socket down without waiting for a writer stuck in `send`.
+    ctl: Stream,
+    send: Mutex<Stream>,
+    recv: Mutex<Stream>,
+    pending: Mutex<Pending>,
+    replied: Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Requests sent and not yet answered, by handle: for a read, the length of its data.
+    waiting: HashMap<u64, usize>,
+    /// Replies read by another thread: the result, and a read's data.
+    done: HashMap<u64, io::Result<Vec<u8>>>,
+    /// The connection broke: every request still waiting fails.
+    broken: bool,
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+        }
+    }
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn protocol(why: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.into())
+}
+
+/// Why a request failed: before anything of it reached the server (it may be sent again on
+/// another connection), or after.
+enum Failure {
+    NotSent(io::Error),
+    Failed(io::Error),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Failure {
+        Failure::Failed(e)
+    }
+}
+
+/// What the handshake learnt about the export.
+struct Negotiated {
+    stream: Stream,
+    size: u64,
+    flags: u16,
+}
+
+fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
+    let timeout = Some(options.connect_timeout);
+    let stream = match &uri.address {
+        NbdAddress::Tcp(host, port) => {
+            use std::net::ToSocketAddrs;
+            let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address"));
+            let mut found = None;
+            for a in (host.as_str(), *port).to_socket_addrs()? {
+                match TcpStream::connect_timeout(&a, options.connect_timeout) {
+                    Ok(s) => {
+                        found = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            let s = found.ok_or(last)?;
+            s.set_nodelay(true)?;
+            Stream::Tcp(s)
+        }
+        NbdAddress::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
+    };
+    stream.set_timeout(timeout)?;
+    let mut s = stream;
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello)?;
+    if u64::from_be_bytes(hello[..8].try_into().expect("8")) != NBDMAGIC {
+        return Err(protocol("not an NBD server (bad magic)"));
+    }
+    if u64::from_be_bytes(hello[8..16].try_into().expect("8")) != IHAVEOPT {
+        return Err(protocol("the server speaks only oldstyle NBD negotiation"));
+    }
+    let hs_flags = u16::from_be_bytes([hello[16], hello[17]]);
+    if hs_flags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(protocol(
+            "the server does not speak fixed newstyle negotiation",
+        ));
+    }
+    let no_zeroes = hs_flags & FLAG_NO_ZEROES != 0;
+    let client_flags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
+    s.write_all(&client_flags.to_be_bytes())?;
+    // NBD_OPT_GO: the export name, no information requests.
+    let name = uri.export.as_bytes();
+    if name.len() > crate::MAX_STRING_LEN {
+        return Err(protocol("export name too long"));
+    }
+    let mut data = Vec::with_capacity(6 + name.len());
+    data.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    data.extend_from_slice(name);
+    data.extend_from_slice(&0u16.to_be_bytes());
+    send_option(&mut s, OPT_GO, &data)?;
+    let mut export: Option<(u64, u16)> = None;
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h)?;
+        if u64::from_be_bytes(h[..8].try_into().expect("8")) != OPT_REPLY_MAGIC {
+            return Err(protocol("bad option reply magic"));
+        }
+        let opt = u32::from_be_bytes(h[8..12].try_into().expect("4"));
+        let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+        let len = u32::from_be_bytes(h[16..20].try_into().expect("4"));
+        if opt != OPT_GO || len > MAX_OPTION_LEN {
+            return Err(protocol("unexpected option reply"));
+        }
+        let mut body = vec![0u8; len as usize];
+        s.read_exact(&mut body)?;
+        match kind {
+            REP_ACK => break,
+            REP_INFO
+                if body.len() >= 12 && u16::from_be_bytes([body[0], body[1]]) == INFO_EXPORT =>
+            {
+                let size = u64::from_be_bytes(body[2..10].try_into().expect("8"));
+                let flags = u16::from_be_bytes([body[10], body[11]]);
+                export = Some((size, flags));
+            }
+            REP_ERR_UNSUP => {
+                // An old server: NBD_OPT_EXPORT_NAME, which has no error reply.
+                return export_name(s, name, no_zeroes);
+            }
+            k if k & (1 << 31) != 0 => {
+                let msg = String::from_utf8_lossy(&body).into_owned();
+                let what = match k {
+                    REP_ERR_UNKNOWN => "no such export",
+                    REP_ERR_POLICY => "refused by the server's policy",
+                    REP_ERR_TLS_REQD => "the server requires TLS",
+                    REP_ERR_SHUTDOWN => "the server is shutting down",
+                    _ => "refused",
+                };
+                let kind = if k == REP_ERR_UNKNOWN {
+                    io::ErrorKind::NotFound
+                } else {
+                    io::ErrorKind::ConnectionRefused
+                };
+                return Err(io::Error::new(
+                    kind,
+                    format!(
+                        "export '{}': {what}{}",
+                        uri.export,
+                        if msg.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {msg}")
+                        }
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let (size, flags) =
+        export.ok_or_else(|| protocol("NBD_OPT_GO answered without the export's size"))?;
+    Ok(Negotiated {
+        stream: s,
+        size,
+        flags,
+    })
+}
+
+fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
+    let mut m = Vec::with_capacity(16 + data.len());
+    m.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    m.extend_from_slice(&opt.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m)
+}
+
+fn export_name(mut s: Stream, name: &[u8], no_zeroes: bool) -> io::Result<Negotiated> {
+    send_option(&mut s, OPT_EXPORT_NAME, name)?;
+    let mut r = [0u8; 10 + 124];
+    let n = if no_zeroes { 10 } else { 134 };
+    s.read_exact(&mut r[..n])
+        .map_err(|e| io::Error::new(e.kind(), format!("export refused or server gone: {e}")))?;
+    Ok(Negotiated {
+        stream: s,
+        size: u64::from_be_bytes(r[..8].try_into().expect("8")),
+        flags: u16::from_be_bytes([r[8], r[9]]),
+    })
+}
+
+impl NbdStorage {
+    /// Connects to the export `uri` (one connection, or `options.connections` when the
+    /// server offers multi-conn).
+    pub fn connect(uri: &NbdUri, options: NbdClientOptions) -> io::Result<NbdStorage> {
+        let first = connect(uri, &options)?;
+        if first.flags & FLAG_HAS_FLAGS == 0 {
+            return Err(protocol("transmission flags without NBD_FLAG_HAS_FLAGS"));
+        }
+        if !options.read_only && first.flags & FLAG_READ_ONLY != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("export '{}' is read-only", uri.export),
+            ));
+        }
+        let n = if first.flags & FLAG_CAN_MULTI_CONN != 0 {
+            options.connections.clamp(1, 16)
+        } else {
+            1
+        };
+        let (size, flags) = (first.size, first.flags);
+        let mut conns = vec![Slot {
+            conn: Mutex::new(Some(Arc::new(Conn::new(first.stream)?))),
+        }];
+        // The others connect on first use (NbdStorage::conn).
+        conns.extend((1..n).map(|_| Slot {
+            conn: Mutex::new(None),
+        }));
+        Ok(NbdStorage {
+            uri: uri.clone(),
+            options,
+            size,
+            flags,
+            conns,
+            next_conn: AtomicUsize::new(0),
+            next_handle: AtomicU64::new(1),
+        })
+    }
+
+    /// The export's transmission flags (`NBD_FLAG_*`).
+    pub fn flags(&self) -> u16 {
+        self.flags
+    }
+
+    /// Connections used (more than one only with multi-conn).
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// A connection for the next request: round robin; one that broke (or was never
+    /// made) connects now.
+    fn conn(&self) -> io::Result<Arc<Conn>> {
+        let i = self.next_conn.fetch_add(1, Relaxed) % self.conns.len();
+        let mut slot = lock(&self.conns[i].conn);
+        if let Some(c) = slot.as_ref()
+            && !lock(&c.pending).broken
+        {
+            return Ok(c.clone());
+        }
+        *slot = None;
+        let n = connect(&self.uri, &self.options)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: reconnecting: {e}", self.uri)))?;
+        if n.size != self.size {
+            return Err(io::Error::other(format!(
+                "{}: the export's size changed from {} to {} bytes",
+                self.uri, self.size, n.size
+            )));
+        }
+        let c = Arc::new(Conn::new(n.stream)?);
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.size)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: {len} bytes at {offset} are past the export's end ({})",
+                    self.uri, self.size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn command(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        out: &[u8],
+        mut into: Option<&mut [u8]>,
+    ) -> io::Result<()> {
+        // A connection that broke while idle (the server restarted) is found out by the
+        // request that tries to send on it; nothing reached the server, so the request goes
+        // out again on a new connection, once.
+        let mut retried = false;
+        loop {
+            let conn = self.conn()?;
+            let handle = self.next_handle.fetch_add(1, Relaxed);
+            match conn.request(handle, cmd, flags, offset, len, out, into.as_deref_mut()) {
+                Err(Failure::NotSent(_)) if !retried => retried = true,
+                Err(Failure::NotSent(e) | Failure::Failed(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn new(stream: Stream) -> io::Result<Conn> {
+        // Transmission: no timeout (a flush may take long); a dead peer is a reset or EOF.
+        stream.set_timeout(None)?;
+        Ok(Conn {
+            ctl: stream.try_clone()?,
+            recv: Mutex::new(stream.try_clone()?),
+            send: Mutex::new(stream),
+            pending: Mutex::new(Pending::default()),
+            replied: Condvar::new(),
+        })
+    }
+
+    /// Marks the connection broken and fails every request waiting on it.
+    fn break_off(&self, p: &mut Pending, why: &io::Error) {
+        if !p.broken {
+            p.broken = true;
+            self.ctl.shutdown();
+        }
+        for (h, _) in p.waiting.drain() {
+            p.done.insert(
+                h,
+                Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    format!("NBD connection lost: {why}"),
+                )),
+            );
+        }
+        self.replied.notify_all();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn request(
+        &self,
+        handle: u64,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        out: &[u8],
+        mut into: Option<&mut [u8]>,
+    ) -> Result<(), Failure> {
+        {
+            let mut p = lock(&self.pending);
+            if p.broken {
+                return Err(Failure::NotSent(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "NBD connection lost",
+                )));
+            }
+            p.waiting
+                .insert(handle, into.as_ref().map_or(0, |b| b.len()));
+        }
+        let mut hdr = [0u8; REQUEST_LEN];
+        hdr[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        hdr[4..6].copy_from_slice(&flags.to_be_bytes());
+        hdr[6..8].copy_from_slice(&cmd.to_be_bytes());
+        hdr[8..16].copy_from_slice(&handle.to_be_bytes());
+        hdr[16..24].copy_from_slice(&offset.to_be_bytes());
+        hdr[24..28].copy_from_slice(&len.to_be_bytes());
+        let sent = {
+            let mut s = lock(&self.send);
+            write_all2(&mut s, &hdr, out)
+        };
+        if let Err(e) = sent {
+            let mut p = lock(&self.pending);
+            self.break_off(&mut p, &e);
+            p.done.remove(&handle);
+            return Err(Failure::NotSent(io::Error::new(
+                e.kind(),
+                format!("NBD request not sent: {e}"),
+            )));
+        }
+        // Wait for the reply: read replies ourselves while nobody else does.
+        let mut p = lock(&self.pending);
+        loop {
+            if let Some(r) = p.done.remove(&handle) {
+                let data = r?;
+                if let Some(b) = into.as_deref_mut() {
+                    b.copy_from_slice(&data);
+                }
+                return Ok(());
+            }
+            if p.broken && !p.waiting.contains_key(&handle) {
+                // Never answered and no longer expected (cannot happen: breaking moves
+                // every waiting request to `done`), but never spin on it.
+                return Err(Failure::Failed(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "NBD connection lost",
+                )));
+            }
+            match self.recv.try_lock() {
+                Ok(mut r) => {
+                    drop(p);
+                    let mine = self.read_replies(&mut r, handle, into.as_deref_mut());
+                    drop(r);
+                    p = lock(&self.pending);
+                    // Let a waiting thread take over reading.
+                    self.replied.notify_all();
+                    match mine {
+                        Some(res) => return Ok(res?),
+                        None => continue,
+                    }
+                }
+                Err(TryLockError::WouldBlock) => {
+                    p = self.replied.wait(p).unwrap_or_else(|e| e.into_inner());
+                }
+                Err(TryLockError::Poisoned(e)) => {
+                    // A reader panicked mid-reply: the stream is out of step.
+                    drop(e);
+                    let err = protocol("NBD reader panicked");
+                    self.break_off(&mut p, &err);
+                }
+            }
+        }
+    }
+
+    /// Reads replies until this thread's own (`handle`) arrives, its data into `into`;
+    /// others' go to the pending table. `None` when the connection broke (the caller then
+    /// finds its error in the table).
+    fn read_replies(
+        &self,
+        r: &mut Stream,
+        handle: u64,
+        mut into: Option<&mut [u8]>,
+    ) -> Option<io::Result<()>> {
+        loop {
+            {
+                let p = lock(&self.pending);
+                if p.broken || p.done.contains_key(&handle) {
+                    return None;
+                }
+            }
+            match self.read_one(r, handle, into.as_deref_mut()) {
+                Ok(Some(res)) => return Some(res),
+                Ok(None) => {}
+                Err(e) => {
+                    let mut p = lock(&self.pending);
+                    self.break_off(&mut p, &e);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// One reply: `Ok(Some(result))` when it was ours, `Ok(None)` when it was another
+    /// request's (handed over), `Err` when the stream is unusable.
+    fn read_one(
+        &self,
+        r: &mut Stream,
+        handle: u64,
+        into: Option<&mut [u8]>,
+    ) -> io::Result<Option<io::Result<()>>> {
+        let mut h = [0u8; SIMPLE_REPLY_LEN];
+        r.read_exact(&mut h)?;
+        if u32::from_be_bytes(h[..4].try_into().expect("4")) != SIMPLE_REPLY_MAGIC {
+            return Err(protocol("bad NBD reply magic"));
+        }
+        let error = u32::from_be_bytes(h[4..8].try_into().expect("4"));
+        let got = u64::from_be_bytes(h[8..16].try_into().expect("8"));
+        let status = || -> io::Result<()> {
+            if error == 0 {
+                Ok(())
+            } else {
+                Err(nbd_error(error))
+            }
+        };
+        if got == handle {
+            // A read's data follows only when it succeeded. Still listed as waiting until
+            // it is in: a connection that breaks now fails this request too.
+            if let (Some(buf), 0) = (into, error) {
+                r.read_exact(buf)?;
+            }
+            lock(&self.pending).waiting.remove(&handle);
+            return Ok(Some(status()));
+        }
+        let len = lock(&self.pending).waiting.get(&got).copied();
+        let Some(len) = len else {
+            return Err(protocol(format!("NBD reply for unknown handle {got}")));
+        };
+        let mut data = Vec::new();
+        if error == 0 && len > 0 {
+            data = vec![0u8; len];
+            r.read_exact(&mut data)?;
+        }
+        let mut p = lock(&self.pending);
+        p.waiting.remove(&got);
+        p.done.insert(got, status().map(|()| data));
+        self.replied.notify_all();
+        Ok(None)
+    }
+}
+
+/// The server's error number as an `io::Error` (the protocol's numbers are Linux's).
+fn nbd_error(e: u32) -> io::Error {
+    let errno = match e {
+        EPERM | EIO | ENOMEM | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | ESHUTDOWN => e as i32,
+        _ => EIO as i32,
+    };
+    io::Error::from_raw_os_error(errno)
+}
+
+/// Writes `a` then `b` with as few system calls as the socket allows.
+fn write_all2(s: &mut Stream, a: &[u8], b: &[u8]) -> io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() {
+        let n = s.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        if n < a.len() {
+            a = &a[n..];
+        } else {
+            b = &b[n - a.len()..];
+            a = &[];
+        }
+    }
+    s.write_all(b)
+}
+
+impl Drop for NbdStorage {
+    fn drop(&mut self) {
+        // NBD_CMD_DISC on each live connection, so the server sees a clean end.
+        for slot in &self.conns {
+            if let Some(c) = lock(&slot.conn).take() {
+                let mut hdr = [0u8; REQUEST_LEN];
+                hdr[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+                hdr[6..8].copy_from_slice(&CMD_DISC.to_be_bytes());
+                let mut s = lock(&c.send);
+                let _ = s.write_all(&hdr);
+                s.shutdown();
+            }
+        }
+    }
+}
+
+impl Storage for NbdStorage {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.size)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len())?;
+        let mut off = offset;
+        for chunk in buf.chunks_mut(MAX_CHUNK) {
+            let len = chunk.len() as u32;
+            self.command(CMD_READ, 0, off, len, &[], Some(chunk))?;
+            off += u64::from(len);
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.options.read_only {
+            return Err(io::Error::from_raw_os_error(EPERM as i32));
+        }
+        self.check(offset, buf.len())?;
+        let mut off = offset;
+        for chunk in buf.chunks(MAX_CHUNK) {
+            let len = chunk.len() as u32;
+            self.command(CMD_WRITE, 0, off, len, chunk, None)?;
+            off += u64::from(len);
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        if self.options.read_only || self.flags & FLAG_SEND_FLUSH == 0 {
+            // Without NBD_FLAG_SEND_FLUSH the server has no write cache to flush.
+            return Ok(());
+        }
+        // With multi-conn a flush on one connection covers writes completed on all of
+        // them; without it there is only one.
+        self.command(CMD_FLUSH, 0, 0, 0, &[], None)
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.options.read_only {
+            return Err(io::Error::from_raw_os_error(EPERM as i32));
+        }
+        // WRITE_ZEROES without NO_HOLE: zeros, deallocated where the server can; TRIM alone
+        // would leave the contents undefined.
+        if self.flags & FLAG_SEND_WRITE_ZEROES == 0 {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        self.check(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
+        let mut off = offset;
+        let end = offset + len;
+        while off < end {
+            let n = (end - off).min(1 << 30) as u32;
+            self.command(CMD_WRITE_ZEROES, 0, off, n, &[], None)?;
+            off += u64::from(n);
+        }
+        Ok(())
+    }
+
+    fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.flags & FLAG_SEND_CACHE == 0 || len == 0 {
+            return Ok(());
+        }
+        let len = len
+            .min(self.size.saturating_sub(offset))
+            .min(u32::MAX as u64) as u32;
+        self.command(CMD_CACHE, 0, offset, len, &[], None)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "nbd, {}, {} connection{}",
+            self.uri,
+            self.conns.len(),
+            if self.conns.len() == 1 { "" } else { "s" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris() {
+        let u = NbdUri::parse("nbd://example.org/disk%20one").unwrap();
+        assert_eq!(
+            u.address,
+            NbdAddress::Tcp("example.org".into(), DEFAULT_PORT)
+        );
+        assert_eq!(u.export, "disk one");
+        let u = NbdUri::parse("nbd://127.0.0.1:10900").unwrap();
+        assert_eq!(u.address, NbdAddress::Tcp("127.0.0.1".into(), 10900));
+        assert_eq!(u.export, "");
+        let u = NbdUri::parse("nbd://[::1]:10901/x").unwrap();
+        assert_eq!(u.address, NbdAddress::Tcp("::1".into(), 10901));
+        assert_eq!(u.to_string(), "nbd://[::1]:10901/x");
+        let u = NbdUri::parse("nbd+unix:///exp?socket=/run/a%20b.sock").unwrap();
+        assert_eq!(u.address, NbdAddress::Unix("/run/a b.sock".into()));
+        assert_eq!(u.export, "exp");
+        let u = NbdUri::parse("nbd+unix:///?socket=/s").unwrap();
+        assert_eq!(u.export, "");
+        for bad in [
+            "nbd://",
+            "nbd://:10809/x",
+            "nbd://h:notaport/x",
+            "nbd://h/x?tls=1",
+            "nbd+unix:///x",
+            "nbd+unix://host/x?socket=/s",
+            "nbd+unix:///x?socket=",
+            "nbds://h/x",
+            "nbd://h/%zz",
+            "nbd://[::1/x",
+        ] {
+            assert!(NbdUri::parse(bad).is_err(), "{bad} parsed");
+            assert!(NbdUri::is_uri(bad) || bad.starts_with("nbd"), "{bad}");
+        }
+        assert!(!NbdUri::is_uri("/dev/sda"));
+        assert!(!NbdUri::is_uri("nbd.img"));
+    }
+}

@@ -1,0 +1,118 @@
+//! What a DEVICE argument names: a local file or block device, or storage on another host
+//! (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), opened the same way for
+//! every command, so the header and the data are read and written through one [`Storage`].
+
+use crate::{Error, Result};
+use cryptblk_device::Storage;
+use cryptblk_nbd::{NbdClientOptions, NbdStorage, NbdUri};
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+/// An opened data (or header) device.
+#[derive(Clone)]
+pub enum DataDevice {
+    /// A local file or block device, locked as [`crate::open_data_file`] locks it.
+    File(Arc<File>),
+    /// An export on another host (the NBD client). Nothing locks it: the server decides
+    /// who may write, so two writers must be kept apart there.
+    Remote(Arc<dyn Storage>),
+}
+
+impl DataDevice {
+    /// The local file, if it is one.
+    pub fn as_file(&self) -> Option<&File> {
+        match self {
+            DataDevice::File(f) => Some(f),
+            DataDevice::Remote(_) => None,
+        }
+    }
+
+    /// Whether the device is on another host.
+    pub fn is_remote(&self) -> bool {
+        matches!(self, DataDevice::Remote(_))
+    }
+}
+
+impl std::fmt::Debug for DataDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// Whether `path` names remote storage rather than a file (an `nbd://`, `nbd+unix://` URI):
+/// such an argument is never looked up in the file system.
+pub fn is_remote(path: &Path) -> bool {
+    path.to_str().is_some_and(NbdUri::is_uri)
+}
+
+/// Opens the device `path` names for the data path: a file or block device exclusively
+/// (shared when `read_only`; see [`crate::open_data_file`]), or a remote export.
+pub fn open_data(path: &Path, read_only: bool) -> Result<DataDevice> {
+    match open_remote(path, read_only)? {
+        Some(r) => Ok(r),
+        None => Ok(DataDevice::File(Arc::new(crate::open_data_file(
+            path, read_only,
+        )?))),
+    }
+}
+
+/// Opens the remote export `path` names, `None` when it names a file.
+pub fn open_remote(path: &Path, read_only: bool) -> Result<Option<DataDevice>> {
+    let Some(s) = path.to_str().filter(|s| NbdUri::is_uri(s)) else {
+        return Ok(None);
+    };
+    let uri = NbdUri::parse(s).map_err(|e| Error::Invalid(e.to_string()))?;
+    let options = NbdClientOptions {
+        read_only,
+        ..NbdClientOptions::default()
+    };
+    let nbd = NbdStorage::connect(&uri, options)?;
+    Ok(Some(DataDevice::Remote(Arc::new(nbd))))
+}
+
+impl DataDevice {
+    fn inner(&self) -> &dyn Storage {
+        match self {
+            DataDevice::File(f) => &**f,
+            DataDevice::Remote(r) => &**r,
+        }
+    }
+}
+
+impl Storage for DataDevice {
+    fn size(&self) -> io::Result<u64> {
+        self.inner().size()
+    }
+    fn refresh_size(&self) -> io::Result<u64> {
+        self.inner().refresh_size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner().read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner().write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner().sync()
+    }
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner().punch_hole(offset, len)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner().prefetch(offset, len)
+    }
+    fn seek_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        self.inner().seek_data(offset)
+    }
+    fn seek_hole(&self, offset: u64) -> io::Result<u64> {
+        self.inner().seek_hole(offset)
+    }
+    fn describe(&self) -> String {
+        self.inner().describe()
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner().raw_fd()
+    }
+}
