@@ -25,6 +25,7 @@ if [ ! -f luks1.img ]; then
 fi
 [ -f raw.img ] || head -c 1024M /dev/zero > raw.img
 
+# NO_BUILTIN_PEERS=1: only the servers given as arguments.
 peers=(
   "nbdkit-raw=nbdkit -f -U $SOCK file raw.img"
   "nbdkit-luks=nbdkit -f -U $SOCK --filter=luks file luks1.img passphrase=pass"
@@ -32,6 +33,7 @@ peers=(
   "qemu-nbd-luks=qemu-nbd -k $SOCK -t --cache=writeback --object secret,id=s0,data=pass --image-opts driver=luks,key-secret=s0,file.filename=luks1.img"
   "$@"
 )
+[ -z "${NO_BUILTIN_PEERS:-}" ] || peers=("$@")
 workloads=(
   "4k-rw-qd1 --rw=readwrite --bs=4k --iodepth=1"
   "4k-randread-qd16 --rw=randread --bs=4k --iodepth=16"

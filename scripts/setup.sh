@@ -17,6 +17,12 @@ have python3 || need+=(python3)
 have strace || need+=(strace)
 have dislocker-file || need+=(dislocker)
 have tcplay || need+=(tcplay)
+# A throwaway Ceph cluster for the RBD tests (tests/ceph/cluster.sh) and librbd's own
+# encryption to check against (python3-rbd, for Debian's system Python).
+have ceph-mon || need+=(ceph-mon)
+have ceph-osd || need+=(ceph-osd)
+have ceph || need+=(ceph-common)
+/usr/bin/python3 -c 'import rbd, rados' 2>/dev/null || need+=(python3-rbd)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

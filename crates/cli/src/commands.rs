@@ -278,7 +278,30 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     let mut opts = format_options(&a, luks1)?;
     // Check the data device exists before asking anything.
     let data_size = match remote(&a.device, true)? {
-        Some(r) => r.size().map_err(|e| io_err(&a.device, e))?,
+        Some(r) => {
+            // On an RBD image the data starts on an object boundary, as librbd's own
+            // encryption formats it (the default offset rounded up to the object size).
+            if let Some(obj) = r
+                .alignment()
+                .filter(|_| a.offset.is_none() && a.header.header.is_none())
+            {
+                let default = if luks1 {
+                    // cryptsetup's LUKS1 layout: eight 4000-stripe keyslots after the
+                    // 4 KiB header, the payload on the next MiB.
+                    let slot = (opts.key_len as u64 * 4000)
+                        .div_ceil(512)
+                        .next_multiple_of(8);
+                    (8 + 8 * slot).next_multiple_of(2048) * 512
+                } else {
+                    16 << 20
+                };
+                let aligned = u64::max(default, obj).next_multiple_of(obj);
+                if aligned != default {
+                    opts.data_offset = Some(aligned);
+                }
+            }
+            r.size().map_err(|e| io_err(&a.device, e))?
+        }
         None => {
             let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
             Storage::size(&f).map_err(|e| io_err(&a.device, e))?

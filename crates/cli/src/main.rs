@@ -42,6 +42,13 @@ struct Cli {
     /// Print more about what is done.
     #[arg(short, long, global = true)]
     verbose: bool,
+    /// Ceph configuration file for `rbd:POOL/IMAGE` devices (default: $CEPH_CONF, then
+    /// /etc/ceph/ceph.conf).
+    #[arg(long = "ceph-conf", global = true, value_name = "FILE")]
+    ceph_conf: Option<PathBuf>,
+    /// Ceph client id for `rbd:` devices (default: admin).
+    #[arg(long = "ceph-id", global = true, value_name = "ID")]
+    ceph_id: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -176,6 +183,7 @@ fn main() {
         batch: cli.batch_mode,
         verbose: cli.verbose,
     };
+    cryptblk_volume::set_rbd_defaults(cli.ceph_conf.as_deref(), cli.ceph_id.as_deref());
     // Every command that can hold a passphrase or a volume key (all but the benchmark
     // harness, which must be able to trace its peers) is neither dumpable nor ptraceable
     // by other processes of the same user. execve resets the flag, so a `--daemon` child

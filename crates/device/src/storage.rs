@@ -73,6 +73,11 @@ pub trait Storage: Send + Sync {
     fn describe(&self) -> String {
         "custom".into()
     }
+    /// The unit a volume's data is best aligned to on this storage, where it has one (an
+    /// RBD image's object size: formats put the data offset on it, as librbd does).
+    fn alignment(&self) -> Option<u64> {
+        None
+    }
     /// The file descriptor offsets refer to, if the storage is one (for frontends doing
     /// their own I/O, e.g. io_uring).
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -130,6 +135,9 @@ macro_rules! delegate_storage {
             }
             fn describe(&self) -> String {
                 (**self).describe()
+            }
+            fn alignment(&self) -> Option<u64> {
+                (**self).alignment()
             }
             fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
                 (**self).raw_fd()

@@ -1,10 +1,12 @@
 //! What a DEVICE argument names: a local file or block device, or storage on another host
-//! (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`), opened the same way for
-//! every command, so the header and the data are read and written through one [`Storage`].
+//! (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`, `rbd:POOL/IMAGE[@SNAP]`),
+//! opened the same way for every command, so the header and the data are read and written
+//! through one [`Storage`].
 
 use crate::{Error, Result};
 use cryptblk_device::Storage;
 use cryptblk_nbd::{NbdClientOptions, NbdStorage, NbdUri};
+use cryptblk_rbd::{RbdSpec, RbdStorage};
 use std::fs::File;
 use std::io;
 use std::path::Path;
@@ -15,8 +17,8 @@ use std::sync::Arc;
 pub enum DataDevice {
     /// A local file or block device, locked as [`crate::open_data_file`] locks it.
     File(Arc<File>),
-    /// An export on another host (the NBD client). Nothing locks it: the server decides
-    /// who may write, so two writers must be kept apart there.
+    /// An export on another host (the NBD client: nothing locks it, the server decides who
+    /// may write) or a Ceph RBD image (read-write under its exclusive lock).
     Remote(Arc<dyn Storage>),
 }
 
@@ -41,10 +43,20 @@ impl std::fmt::Debug for DataDevice {
     }
 }
 
-/// Whether `path` names remote storage rather than a file (an `nbd://`, `nbd+unix://` URI):
-/// such an argument is never looked up in the file system.
+/// Whether `path` names remote storage rather than a file (an `nbd://`, `nbd+unix://` URI,
+/// an `rbd:` image): such an argument is never looked up in the file system.
 pub fn is_remote(path: &Path) -> bool {
-    path.to_str().is_some_and(NbdUri::is_uri)
+    path.to_str()
+        .is_some_and(|s| NbdUri::is_uri(s) || RbdSpec::is_spec(s))
+}
+
+/// The object size of the RBD image `device` names (formats align the data offset to it,
+/// as librbd's own encryption does); `None` for anything else.
+pub fn rbd_object_size(device: &DataDevice) -> Option<u64> {
+    match device {
+        DataDevice::Remote(r) => r.alignment(),
+        DataDevice::File(_) => None,
+    }
 }
 
 /// Opens the device `path` names for the data path: a file or block device exclusively
@@ -60,9 +72,19 @@ pub fn open_data(path: &Path, read_only: bool) -> Result<DataDevice> {
 
 /// Opens the remote export `path` names, `None` when it names a file.
 pub fn open_remote(path: &Path, read_only: bool) -> Result<Option<DataDevice>> {
-    let Some(s) = path.to_str().filter(|s| NbdUri::is_uri(s)) else {
+    let Some(s) = path.to_str().filter(|_| is_remote(path)) else {
         return Ok(None);
     };
+    if RbdSpec::is_spec(s) {
+        let spec = RbdSpec::parse(s).map_err(|e| Error::Invalid(e.to_string()))?;
+        let mut options = cryptblk_rbd::default_options()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        options.read_only = read_only;
+        let rbd = RbdStorage::open(&spec, &options)?;
+        return Ok(Some(DataDevice::Remote(Arc::new(rbd))));
+    }
     let uri = NbdUri::parse(s).map_err(|e| Error::Invalid(e.to_string()))?;
     let options = NbdClientOptions {
         read_only,
@@ -111,6 +133,9 @@ impl Storage for DataDevice {
     }
     fn describe(&self) -> String {
         self.inner().describe()
+    }
+    fn alignment(&self) -> Option<u64> {
+        self.inner().alignment()
     }
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner().raw_fd()

@@ -25,7 +25,8 @@ mod uring;
 mod volume;
 
 pub use cryptblk_device::{MemStorage, Partition, Storage, partition_of};
-pub use device::{DataDevice, is_remote, open_data, open_remote};
+pub use cryptblk_rbd::set_defaults as set_rbd_defaults;
+pub use device::{DataDevice, is_remote, open_data, open_remote, rbd_object_size};
 pub use error::{Error, Result};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{

@@ -1,0 +1,292 @@
+//! Volumes on Ceph RBD images (`rbd:POOL/IMAGE`), against a throwaway single-node cluster
+//! (`tests/ceph/cluster.sh`: ceph-mon and ceph-osd from Debian, memstore, cephx off) and
+//! librbd's own LUKS encryption (python3-rbd): librbd formats and writes, cryptblk reads;
+//! cryptblk formats and writes, librbd reads; a keyslot cryptblk adds opens in librbd; fio
+//! verifies through cryptblk's NBD frontend over RBD; the exclusive lock keeps a second
+//! writer out; a missing pool, a missing image and a cluster that is down are clear errors.
+//! One test runs the scenarios in order on one cluster (it takes about 5 s to start).
+
+mod common;
+
+use common::{bin, ok, run_at, run_in, serve_nbd_unix, tool};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PASS: &[u8] = b"rbd passphrase";
+const MIB: usize = 1 << 20;
+
+struct Cluster {
+    dir: PathBuf,
+    conf: String,
+    script: PathBuf,
+}
+
+impl Cluster {
+    fn start(dir: &Path) -> Cluster {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
+        let dir = dir.join("ceph");
+        let o = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let conf = ok(&o).trim().to_string();
+        Cluster { dir, conf, script }
+    }
+    fn stop(&self) {
+        let _ = Command::new("bash")
+            .arg(&self.script)
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// librbd through python3-rbd (Debian's system Python, where the module lives).
+fn librbd(conf: &str, script: &str, stdin: &[u8]) -> Output {
+    let prog = format!(
+        "import rados, rbd, sys\n\
+         c = rados.Rados(conffile={conf:?}); c.connect(timeout=20)\n\
+         io = c.open_ioctx('rbd')\n\
+         {script}\n\
+         io.close(); c.shutdown()\n"
+    );
+    run_in("/usr/bin/python3", &["-c", &prog], stdin)
+}
+
+fn create(conf: &str, image: &str) {
+    ok(&librbd(
+        conf,
+        &format!("rbd.RBD().create(io, {image:?}, 64 << 20)"),
+        b"",
+    ));
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8)
+        .collect()
+}
+
+#[test]
+fn rbd_images_interoperate_with_librbd_encryption() {
+    let python_ok = Command::new("/usr/bin/python3")
+        .args(["-c", "import rbd, rados"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        python_ok,
+        "python3-rbd missing: install the Debian packages python3-rbd ceph-mon ceph-osd ceph-common (scripts/setup.sh does)"
+    );
+    tool("ceph-mon", "ceph-mon");
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |f: &str| tmp.path().join(f).to_str().unwrap().to_string();
+    std::fs::write(p("pw"), PASS).unwrap();
+    let cluster = Cluster::start(tmp.path());
+    let conf = cluster.conf.clone();
+    let cb = |args: &[&str]| -> Output {
+        let mut a = args.to_vec();
+        a.extend(["--ceph-conf", &conf]);
+        run_in(bin(), &a, b"")
+    };
+
+    // librbd formats (LUKS2, its own defaults) and writes; cryptblk reads the plaintext.
+    create(&conf, "a");
+    let data = pattern(1, MIB);
+    std::fs::write(p("data"), &data).unwrap();
+    ok(&librbd(
+        &conf,
+        "with rbd.Image(io, 'a') as img:\n    \
+           img.encryption_format(rbd.RBD_ENCRYPTION_FORMAT_LUKS2, sys.stdin.buffer.read())\n",
+        PASS,
+    ));
+    ok(&librbd(
+        &conf,
+        &format!(
+            "with rbd.Image(io, 'a') as img:\n    \
+               img.encryption_load(rbd.RBD_ENCRYPTION_FORMAT_LUKS2, sys.stdin.buffer.read())\n    \
+               img.write(open({:?}, 'rb').read(), 0)\n",
+            p("data")
+        ),
+        PASS,
+    ));
+    let dump = ok(&cb(&["dump", "rbd:rbd/a"]));
+    assert!(dump.contains("Version:       \t2"), "{dump}");
+    ok(&cb(&[
+        "export",
+        "rbd:rbd/a",
+        &p("a.out"),
+        "--key-file",
+        &p("pw"),
+    ]));
+    assert!(
+        std::fs::read(p("a.out")).unwrap()[..MIB] == data[..],
+        "cryptblk read other plaintext than librbd wrote"
+    );
+
+    // cryptblk formats (LUKS2 and LUKS1) and writes; librbd reads; a keyslot cryptblk adds
+    // opens in librbd.
+    std::fs::write(p("pw2"), b"second rbd passphrase").unwrap();
+    for (image, kind, fmt, offset_line) in [
+        ("b", "luks2", "LUKS2", "offset: 16777216 [bytes]"),
+        ("c", "luks1", "LUKS1", "Payload offset:\t8192"),
+    ] {
+        create(&conf, image);
+        let dev = format!("rbd:rbd/{image}");
+        ok(&cb(&[
+            "format",
+            "-q",
+            "--type",
+            kind,
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &p("pw"),
+            &dev,
+        ]));
+        let dump = ok(&cb(&["dump", &dev]));
+        assert!(
+            dump.contains(offset_line),
+            "{kind}: data not on an object boundary:\n{dump}"
+        );
+        let data = pattern(2, 3 * MIB);
+        std::fs::write(p("in"), &data).unwrap();
+        ok(&cb(&["import", &dev, &p("in"), "--key-file", &p("pw")]));
+        let read = format!(
+            "with rbd.Image(io, {image:?}) as img:\n    \
+               img.encryption_load(rbd.RBD_ENCRYPTION_FORMAT_{fmt}, sys.stdin.buffer.read())\n    \
+               sys.stdout.buffer.write(img.read(0, {}))\n",
+            3 * MIB
+        );
+        let out = librbd(&conf, &read, PASS);
+        assert!(
+            out.status.success(),
+            "{kind}: librbd could not load: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout == data,
+            "{kind}: librbd read other plaintext than cryptblk wrote"
+        );
+        ok(&cb(&[
+            "add-key",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &p("pw"),
+            &dev,
+            &p("pw2"),
+        ]));
+        let out = librbd(&conf, &read, b"second rbd passphrase");
+        assert!(
+            out.status.success() && out.stdout == data,
+            "{kind}: librbd refused the keyslot cryptblk added: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // fio through cryptblk's NBD frontend over RBD; meanwhile a second writer is refused.
+    let sock = tmp.path().join("front.sock");
+    let mut server = serve_nbd_unix(
+        &[
+            "open",
+            "rbd:rbd/b",
+            "vol",
+            "--key-file",
+            &p("pw"),
+            "--run-dir",
+            &p("run"),
+            "--ceph-conf",
+            &conf,
+        ],
+        &sock,
+        b"",
+    );
+    let o = cb(&[
+        "open",
+        "rbd:rbd/b",
+        "vol2",
+        "--key-file",
+        &p("pw"),
+        "--run-dir",
+        &p("run"),
+        "--nbd",
+        &format!("unix:{}", p("other.sock")),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(5),
+        "a second writer must be refused: {o:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("locked by another client"),
+        "{o:?}"
+    );
+    let front = format!("nbd+unix:///vol?socket={}", sock.display());
+    for (rw, bs, qd) in [("randrw", "4k", "16"), ("write", "1m", "4")] {
+        let out = ok(&run_at(
+            Some(tmp.path()),
+            &tool("fio", "fio"),
+            &[
+                "--name=v",
+                "--ioengine=nbd",
+                &format!("--uri={front}"),
+                &format!("--rw={rw}"),
+                &format!("--bs={bs}"),
+                &format!("--iodepth={qd}"),
+                "--size=8M",
+                "--offset_increment=8M",
+                "--numjobs=2",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--output-format=json",
+            ],
+            b"",
+        ));
+        let j: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+        for job in j["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "fio {rw} {bs} over RBD");
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // Bad input: no such pool, no such image (exit 4, named); a malformed name (exit 1).
+    let o = cb(&["dump", "rbd:nopool/x"]);
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("pool nopool"),
+        "{o:?}"
+    );
+    let o = cb(&["dump", "rbd:rbd/nosuchimage"]);
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    let o = cb(&["dump", "rbd:rbd"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    // The cluster down: an error within the connect timeout, exit 4.
+    std::fs::copy(&conf, p("down.conf")).unwrap();
+    cluster.stop();
+    let t0 = std::time::Instant::now();
+    let o = run_in(
+        bin(),
+        &["dump", "rbd:rbd/b", "--ceph-conf", &p("down.conf")],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    assert!(t0.elapsed().as_secs() < 60, "took {:?}", t0.elapsed());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Ceph cluster"),
+        "{o:?}"
+    );
+}

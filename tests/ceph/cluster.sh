@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A throwaway single-node Ceph cluster for the RBD tests and benchmarks, from Debian's
+# packages (ceph-mon, ceph-osd, ceph-common): no systemd, no containers, cephx off, one
+# monitor on 127.0.0.1, one OSD keeping its objects in memory (memstore), pools of size 1.
+#
+#   tests/ceph/cluster.sh start DIR   # prints the ceph.conf path; pids in DIR/*.pid
+#   tests/ceph/cluster.sh stop DIR    # stops the daemons by pid, removes DIR
+#
+# Everything (config, monitor store, logs, sockets) lives in DIR; nothing is written
+# elsewhere. Clients use it with CEPH_CONF=DIR/ceph.conf (or --ceph-conf).
+set -euo pipefail
+cmd=${1:?usage: cluster.sh start|stop DIR}
+DIR=${2:?usage: cluster.sh start|stop DIR}
+
+stop() {
+  for f in "$DIR"/osd.pid "$DIR"/mon.pid; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  rm -rf "$DIR"
+}
+
+if [ "$cmd" = stop ]; then stop; exit 0; fi
+[ "$cmd" = start ] || { echo "usage: cluster.sh start|stop DIR" >&2; exit 2; }
+for t in ceph-mon ceph-osd ceph monmaptool ceph-authtool; do
+  command -v "$t" >/dev/null || { echo "$t not found: install ceph-mon ceph-osd ceph-common (scripts/setup.sh does)" >&2; exit 1; }
+done
+mkdir -p "$DIR"
+chmod 700 "$DIR"
+DIR=$(cd "$DIR" && pwd)
+# A free loopback port for the monitor (v1 protocol only: one address, no msgr2 dance).
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+fsid=$(python3 -c 'import uuid; print(uuid.uuid4())')
+conf=$DIR/ceph.conf
+cat > "$conf" <<CONF
+[global]
+fsid = $fsid
+mon host = v1:127.0.0.1:$port
+mon initial members = a
+auth cluster required = none
+auth service required = none
+auth client required = none
+auth allow insecure global id reclaim = false
+ms bind msgr2 = false
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg num = 8
+osd pool default pgp num = 8
+mon allow pool size one = true
+mon allow pool delete = true
+mon warn on pool no redundancy = false
+osd objectstore = memstore
+memstore device bytes = 2147483648
+osd max object name len = 256
+osd max object namespace len = 64
+osd crush chooseleaf type = 0
+run dir = $DIR/run
+keyring = $DIR/keyring
+# Clients (librbd in the tests, the rbd and rados tools) keep no admin socket or log file.
+admin socket =
+log file = /dev/null
+mon data avail warn = 1
+[mon.a]
+mon data = $DIR/mon
+admin socket = $DIR/run/mon.a.asok
+log file = $DIR/log/mon.a.log
+pid file = $DIR/mon.pid
+[osd.0]
+osd data = $DIR/osd0
+admin socket = $DIR/run/osd.0.asok
+log file = $DIR/log/osd.0.log
+pid file = $DIR/osd.pid
+CONF
+mkdir -p "$DIR/run" "$DIR/log" "$DIR/mon" "$DIR/osd0"
+ceph-authtool --create-keyring "$DIR/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
+monmaptool --create --add a "v1:127.0.0.1:$port" --fsid "$fsid" "$DIR/monmap" >/dev/null
+ceph-mon -c "$conf" --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/keyring"
+ceph-mon -c "$conf" -i a
+C="ceph -c $conf --connect-timeout 20"
+$C osd create >/dev/null
+ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$(python3 -c 'import uuid; print(uuid.uuid4())')" 2>/dev/null
+ceph-osd -c "$conf" -i 0 2>/dev/null
+$C osd pool create rbd 8 >/dev/null 2>&1
+$C osd pool application enable rbd rbd >/dev/null 2>&1
+# Ready when an object can be written (no manager runs, so no placement-group stats).
+for _ in $(seq 150); do
+  if timeout 10 rados -c "$conf" -p rbd put cluster-ready /dev/null 2>/dev/null; then
+    rados -c "$conf" -p rbd rm cluster-ready 2>/dev/null
+    echo "$conf"
+    exit 0
+  fi
+  sleep 0.2
+done
+echo "the test cluster did not come up (logs in $DIR/log)" >&2
+exit 1
