@@ -220,7 +220,11 @@ impl Lib {
             rbd_stat: sym!(rbd, "rbd_stat", RbdStat),
             rbd_get_features: sym!(rbd, "rbd_get_features", RbdGetFeatures),
             rbd_lock_acquire: sym!(rbd, "rbd_lock_acquire", RbdLockAcquire),
-            rbd_aio_create_completion: sym!(rbd, "rbd_aio_create_completion", RbdAioCreateCompletion),
+            rbd_aio_create_completion: sym!(
+                rbd,
+                "rbd_aio_create_completion",
+                RbdAioCreateCompletion
+            ),
             rbd_aio_read: sym!(rbd, "rbd_aio_read", RbdAioRead),
             rbd_aio_write: sym!(rbd, "rbd_aio_write", RbdAioWrite),
             rbd_aio_write_zeroes: sym!(rbd, "rbd_aio_write_zeroes", RbdAioWriteZeroes),
