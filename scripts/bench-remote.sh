@@ -3,6 +3,7 @@
 # directly (qemu-nbd or nbdkit serving the image file) and against cryptblk serving the
 # volume whose ciphertext is that same export (cryptblk open nbd+unix:///?socket=REMOTE),
 # the peer benchmark's five workloads, alternating, ROUNDS times; medians and ratios.
+# The direct runs serve raw.img (fio writes over it), the cryptblk runs luks1.img.
 # usage: [ROUNDS=3] scripts/bench-remote.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,10 +19,10 @@ KIT="nbdkit -f file"
 for r in $(seq "$ROUNDS"); do
   echo "== round $r of $ROUNDS (${RT}s per figure, MB/s)"
   NO_BUILTIN_PEERS=1 bash scripts/peer-bench.sh "$RT" \
-    "qemu-nbd-direct=$QEMU -k $P/nbd.sock luks1.img" \
-    "cryptblk/qemu-nbd=bash $PWD/scripts/serve-over-remote.sh $R $QEMU -k $R luks1.img" \
-    "nbdkit-direct=$KIT -U $P/nbd.sock luks1.img" \
-    "cryptblk/nbdkit=bash $PWD/scripts/serve-over-remote.sh $R $KIT -U $R luks1.img" \
+    "qemu-nbd-direct=$QEMU -k $P/nbd.sock raw.img" \
+    "cryptblk-over-qemu-nbd=bash $PWD/scripts/serve-over-remote.sh $R $QEMU -k $R luks1.img" \
+    "nbdkit-direct=$KIT -U $P/nbd.sock raw.img" \
+    "cryptblk-over-nbdkit=bash $PWD/scripts/serve-over-remote.sh $R $KIT -U $R luks1.img" \
     | tee -a "$OUT"
 done
 python3 - "$OUT" <<'PY'
@@ -40,7 +41,7 @@ for k, v in rows.items():
 print("\n| remote | " + " | ".join(wl) + " |  (cryptblk over the export ÷ the export directly, bar ≥ 0.9)")
 print("|---" * (len(wl) + 1) + "|")
 for remote in ("qemu-nbd", "nbdkit"):
-    a, b = rows.get(f"cryptblk/{remote}"), rows.get(f"{remote}-direct")
+    a, b = rows.get(f"cryptblk-over-{remote}"), rows.get(f"{remote}-direct")
     if a and b:
         print(f"| {remote} | " + " | ".join(f"{x / y:.2f}" if y else "-" for x, y in zip(a, b)) + " |")
 PY

@@ -6,6 +6,8 @@
 #   tests/ceph/cluster.sh start DIR   # prints the ceph.conf path; pids in DIR/*.pid
 #   tests/ceph/cluster.sh stop DIR    # stops the daemons by pid, removes DIR
 #
+# The OSD holds at most CEPH_MEMSTORE_BYTES (default 2 GiB) of objects, in memory.
+#
 # Everything (config, monitor store, logs, sockets) lives in DIR; nothing is written
 # elsewhere. Clients use it with CEPH_CONF=DIR/ceph.conf (or --ceph-conf).
 set -euo pipefail
@@ -53,7 +55,7 @@ mon allow pool size one = true
 mon allow pool delete = true
 mon warn on pool no redundancy = false
 osd objectstore = memstore
-memstore device bytes = 2147483648
+memstore device bytes = ${CEPH_MEMSTORE_BYTES:-2147483648}
 osd max object name len = 256
 osd max object namespace len = 64
 osd crush chooseleaf type = 0

@@ -6,7 +6,8 @@
 //! once, each sends its request under the connection's write lock, and the replies are
 //! read leader/follower style: whichever waiting thread holds the read lock reads replies
 //! until its own arrives (straight into the caller's buffer), handing other threads'
-//! replies over through the pending table. A lone caller thus reads its own reply with no
+//! replies over through the pending table and waking just their threads; when it is done
+//! it wakes one waiting thread to read next. A lone caller thus reads its own reply with no
 //! thread switch. When the server offers `NBD_FLAG_CAN_MULTI_CONN`, requests are spread over
 //! several connections.
 //!
@@ -23,7 +24,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use cryptblk_device::Storage;
@@ -202,13 +203,20 @@ struct Conn {
     send: Mutex<Stream>,
     recv: Mutex<Stream>,
     pending: Mutex<Pending>,
-    replied: Condvar,
+}
+
+/// A thread waiting for its reply: woken (unparked) only when its reply is in, or to take
+/// over reading replies; a condition variable woke every waiter for every reply.
+struct Waiter {
+    /// For a read, the length of its data.
+    len: usize,
+    thread: std::thread::Thread,
 }
 
 #[derive(Default)]
 struct Pending {
-    /// Requests sent and not yet answered, by handle: for a read, the length of its data.
-    waiting: HashMap<u64, usize>,
+    /// Requests sent and not yet answered, by handle.
+    waiting: HashMap<u64, Waiter>,
     /// Replies read by another thread: the result, and a read's data.
     done: HashMap<u64, io::Result<Vec<u8>>>,
     /// The connection broke: every request still waiting fails.
@@ -564,7 +572,6 @@ impl Conn {
             recv: Mutex::new(stream.try_clone()?),
             send: Mutex::new(stream),
             pending: Mutex::new(Pending::default()),
-            replied: Condvar::new(),
         })
     }
 
@@ -574,7 +581,8 @@ impl Conn {
             p.broken = true;
             self.ctl.shutdown();
         }
-        for (h, _) in p.waiting.drain() {
+        let waiting: Vec<(u64, Waiter)> = p.waiting.drain().collect();
+        for (h, w) in waiting {
             p.done.insert(
                 h,
                 Err(io::Error::new(
@@ -582,8 +590,16 @@ impl Conn {
                     format!("NBD connection lost: {why}"),
                 )),
             );
+            w.thread.unpark();
         }
-        self.replied.notify_all();
+    }
+
+    /// Wakes one thread still waiting for its reply to take over reading (the reader is
+    /// done); every waiter waits either for the read lock or to be woken.
+    fn hand_over(p: &Pending) {
+        if let Some(w) = p.waiting.values().next() {
+            w.thread.unpark();
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -605,8 +621,9 @@ impl Conn {
                     "NBD connection lost",
                 )));
             }
-            p.waiting
-                .insert(handle, into.as_ref().map_or(0, |b| b.len()));
+            let len = into.as_ref().map_or(0, |b| b.len());
+            let thread = std::thread::current();
+            p.waiting.insert(handle, Waiter { len, thread });
         }
         let mut hdr = [0u8; REQUEST_LEN];
         hdr[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -653,14 +670,18 @@ impl Conn {
                     drop(r);
                     p = lock(&self.pending);
                     // Let a waiting thread take over reading.
-                    self.replied.notify_all();
+                    Self::hand_over(&p);
                     match mine {
                         Some(res) => return Ok(res?),
                         None => continue,
                     }
                 }
                 Err(TryLockError::WouldBlock) => {
-                    p = self.replied.wait(p).unwrap_or_else(|e| e.into_inner());
+                    // Whoever holds the read lock wakes this thread when its reply is in
+                    // or when it lets go (an unpark before the park is not lost).
+                    drop(p);
+                    std::thread::park();
+                    p = lock(&self.pending);
                 }
                 Err(TryLockError::Poisoned(e)) => {
                     // A reader panicked mid-reply: the stream is out of step.
@@ -731,7 +752,7 @@ impl Conn {
             lock(&self.pending).waiting.remove(&handle);
             return Ok(Some(status()));
         }
-        let len = lock(&self.pending).waiting.get(&got).copied();
+        let len = lock(&self.pending).waiting.get(&got).map(|w| w.len);
         let Some(len) = len else {
             return Err(protocol(format!("NBD reply for unknown handle {got}")));
         };
@@ -741,9 +762,10 @@ impl Conn {
             r.read_exact(&mut data)?;
         }
         let mut p = lock(&self.pending);
-        p.waiting.remove(&got);
         p.done.insert(got, status().map(|()| data));
-        self.replied.notify_all();
+        if let Some(w) = p.waiting.remove(&got) {
+            w.thread.unpark();
+        }
         Ok(None)
     }
 }

@@ -51,7 +51,7 @@ impl Frontend for FuseFrontend {
         std::fs::create_dir_all(&mnt).map_err(|e| io_err(&mnt, e))?;
         let mut mount = FuseExport::builder(&mnt, vol as Arc<dyn BlockDevice>)
             .file_name(a.name.clone())
-            .threads(a.threads)
+            .threads(a.threads())
             .read_only(a.vol.read_only)
             .allow_other(a.allow_other)
             .mount()

@@ -80,8 +80,10 @@ pub struct OpenArgs {
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
     /// NBD: threads per connection (requests in flight per client); FUSE: worker threads.
-    #[arg(long, default_value_t = 4)]
-    pub threads: usize,
+    /// Default 4, or 16 when the DEVICE is remote (an NBD export, an RBD image), whose
+    /// latency takes more requests in flight to hide.
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// NBD: microseconds a connection polls for its next request before sleeping
     /// (0 = never poll; polling saves a wake-up per request at low queue depth).
     #[arg(long = "busy-poll", value_name = "MICROS", default_value_t = 50)]
@@ -93,6 +95,18 @@ pub struct OpenArgs {
     pub daemon_child: bool,
     #[command(flatten)]
     pub vol: VolumeArgs,
+}
+
+impl OpenArgs {
+    /// Threads per NBD connection or FUSE workers: `--threads`, else by where the data is.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or(if cryptblk_volume::is_remote(&self.device) {
+                16
+            } else {
+                4
+            })
+    }
 }
 
 /// A way to serve a volume. `prepare` runs before anything is unlocked or the process

@@ -134,7 +134,7 @@ impl Frontend for NbdFrontend {
         let mut builder = NbdServer::builder()
             .export(a.name.clone(), vol as Arc<dyn BlockDevice>)
             .read_only(a.vol.read_only)
-            .threads_per_connection(a.threads)
+            .threads_per_connection(a.threads())
             .busy_poll(std::time::Duration::from_micros(a.busy_poll))
             .allow_remote(a.insecure_listen);
         let mut where_ = match &self.listen {
