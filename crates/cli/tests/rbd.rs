@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{bin, ok, run_at, run_in, serve_nbd_unix, tool};
+use common::{bin, ok, run_in, serve_nbd_unix, tool};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -234,32 +234,11 @@ fn rbd_images_interoperate_with_librbd_encryption() {
         "{o:?}"
     );
     let front = format!("nbd+unix:///vol?socket={}", sock.display());
-    for (rw, bs, qd) in [("randrw", "4k", "16"), ("write", "1m", "4")] {
-        let out = ok(&run_at(
-            Some(tmp.path()),
-            &tool("fio", "fio"),
-            &[
-                "--name=v",
-                "--ioengine=nbd",
-                &format!("--uri={front}"),
-                &format!("--rw={rw}"),
-                &format!("--bs={bs}"),
-                &format!("--iodepth={qd}"),
-                "--size=8M",
-                "--offset_increment=8M",
-                "--numjobs=2",
-                "--verify=crc32c",
-                "--do_verify=1",
-                "--verify_fatal=1",
-                "--output-format=json",
-            ],
-            b"",
-        ));
-        let j: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
-        for job in j["jobs"].as_array().unwrap() {
-            assert_eq!(job["error"], 0, "fio {rw} {bs} over RBD");
-        }
-    }
+    common::fio_verify(
+        tmp.path(),
+        &front,
+        &[("randrw", "4k", "16"), ("write", "1m", "4")],
+    );
     let _ = server.kill();
     let _ = server.wait();
 

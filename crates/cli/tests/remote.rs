@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, ok, run_at, run_in, serve_nbd_unix, tool};
+use common::{bin, ok, run_in, serve_nbd_unix, tool};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -187,37 +187,15 @@ fn through_the_stack(s: &Setup, remote: &Remote) {
         b"",
     );
     let front = format!("nbd+unix:///vol?socket={}", sock.display());
-    let fio = tool("fio", "fio");
-    for (rw, bs, qd) in [
-        ("randrw", "4k", "32"),
-        ("write", "1m", "4"),
-        ("randwrite", "64k", "8"),
-    ] {
-        let out = ok(&run_at(
-            Some(s.dir.path()),
-            &fio,
-            &[
-                "--name=v",
-                "--ioengine=nbd",
-                &format!("--uri={front}"),
-                &format!("--rw={rw}"),
-                &format!("--bs={bs}"),
-                &format!("--iodepth={qd}"),
-                "--size=8M",
-                "--offset_increment=8M",
-                "--numjobs=2",
-                "--verify=crc32c",
-                "--do_verify=1",
-                "--verify_fatal=1",
-                "--output-format=json",
-            ],
-            b"",
-        ));
-        let j: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
-        for job in j["jobs"].as_array().unwrap() {
-            assert_eq!(job["error"], 0, "{rw} {bs} over {}", remote.uri);
-        }
-    }
+    common::fio_verify(
+        s.dir.path(),
+        &front,
+        &[
+            ("randrw", "4k", "32"),
+            ("write", "1m", "4"),
+            ("randwrite", "64k", "8"),
+        ],
+    );
     // Known data through the stack, read back by nbdcopy.
     let data: Vec<u8> = (0..4u32 << 20)
         .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)

@@ -259,3 +259,35 @@ pub fn serve_nbd_unix(args: &[&str], sock: &Path, stdin: &[u8]) -> std::process:
     }
     child
 }
+
+/// fio's nbd engine against `uri`: each `(rw, bs, iodepth)` writes 8 MiB per job (two jobs,
+/// apart) and verifies it (`verify=crc32c`, fatal); state files go to `cwd`.
+pub fn fio_verify(cwd: &Path, uri: &str, runs: &[(&str, &str, &str)]) {
+    let fio = tool("fio", "fio");
+    for (rw, bs, qd) in runs {
+        let out = ok(&run_at(
+            Some(cwd),
+            &fio,
+            &[
+                "--name=v",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                &format!("--rw={rw}"),
+                &format!("--bs={bs}"),
+                &format!("--iodepth={qd}"),
+                "--size=8M",
+                "--offset_increment=8M",
+                "--numjobs=2",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--output-format=json",
+            ],
+            b"",
+        ));
+        let j: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+        for job in j["jobs"].as_array().unwrap() {
+            assert_eq!(job["error"], 0, "fio {rw} {bs} QD{qd} on {uri}");
+        }
+    }
+}

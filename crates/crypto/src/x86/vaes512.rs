@@ -250,6 +250,32 @@ macro_rules! xts_loop {
     };
 }
 
+/// The four loops of a pass-loop text macro (`xts_loop`, `single_pass_loop`): AES-128/256,
+/// encrypt/decrypt, reading at `$src` (`"s"` or `"d"`), each passed to the caller's `$run`
+/// (its `asm!` with the operands) with `$operand` (the source register, if any).
+macro_rules! by_key_and_direction {
+    ($run:ident, $loop:ident, $src:tt, [$($operand:tt)*]) => {
+        match (NR, ENC) {
+            (10, true) => $run!(
+                $loop!($src, "vaesenc", "vaesenclast", "160", ["144"]),
+                [$($operand)*]
+            ),
+            (10, false) => $run!(
+                $loop!($src, "vaesdec", "vaesdeclast", "160", ["144"]),
+                [$($operand)*]
+            ),
+            (_, true) => $run!(
+                $loop!($src, "vaesenc", "vaesenclast", "224", ["144", "160", "176", "192", "208"]),
+                [$($operand)*]
+            ),
+            (_, false) => $run!(
+                $loop!($src, "vaesdec", "vaesdeclast", "224", ["144", "160", "176", "192", "208"]),
+                [$($operand)*]
+            ),
+        }
+    };
+}
+
 /// 0x87 in the low qword of each 128-bit lane: the reduction constant of the tweak step.
 #[repr(C, align(64))]
 struct Reduction([u64; 8]);
@@ -308,47 +334,12 @@ fn xts_passes<const NR: usize, const ENC: bool>(
                 )
             };
         }
-        // The four loops (AES-128/256, encrypt/decrypt) reading at `$src` (`"s"` or `"d"`).
-        macro_rules! by_key_and_direction {
-            ($src:tt, [$($operand:tt)*]) => {
-                match (NR, ENC) {
-                    (10, true) => run!(
-                        xts_loop!($src, "vaesenc", "vaesenclast", "160", ["144"]),
-                        [$($operand)*]
-                    ),
-                    (10, false) => run!(
-                        xts_loop!($src, "vaesdec", "vaesdeclast", "160", ["144"]),
-                        [$($operand)*]
-                    ),
-                    (_, true) => run!(
-                        xts_loop!(
-                            $src,
-                            "vaesenc",
-                            "vaesenclast",
-                            "224",
-                            ["144", "160", "176", "192", "208"]
-                        ),
-                        [$($operand)*]
-                    ),
-                    (_, false) => run!(
-                        xts_loop!(
-                            $src,
-                            "vaesdec",
-                            "vaesdeclast",
-                            "224",
-                            ["144", "160", "176", "192", "208"]
-                        ),
-                        [$($operand)*]
-                    ),
-                }
-            };
-        }
         match src {
             Some(src) => {
                 let s = src.as_ptr();
-                by_key_and_direction!("s", [s = inout(reg) s => _,])
+                by_key_and_direction!(run, xts_loop, "s", [s = inout(reg) s => _,])
             }
-            None => by_key_and_direction!("d", []),
+            None => by_key_and_direction!(run, xts_loop, "d", []),
         }
     }
 }
@@ -458,46 +449,12 @@ fn single_pass_units<const NR: usize, const ENC: bool>(
                     )
                 };
             }
-            macro_rules! by_key_and_direction {
-                ($src:tt, [$($operand:tt)*]) => {
-                    match (NR, ENC) {
-                        (10, true) => run!(
-                            single_pass_loop!($src, "vaesenc", "vaesenclast", "160", ["144"]),
-                            [$($operand)*]
-                        ),
-                        (10, false) => run!(
-                            single_pass_loop!($src, "vaesdec", "vaesdeclast", "160", ["144"]),
-                            [$($operand)*]
-                        ),
-                        (_, true) => run!(
-                            single_pass_loop!(
-                                $src,
-                                "vaesenc",
-                                "vaesenclast",
-                                "224",
-                                ["144", "160", "176", "192", "208"]
-                            ),
-                            [$($operand)*]
-                        ),
-                        (_, false) => run!(
-                            single_pass_loop!(
-                                $src,
-                                "vaesdec",
-                                "vaesdeclast",
-                                "224",
-                                ["144", "160", "176", "192", "208"]
-                            ),
-                            [$($operand)*]
-                        ),
-                    }
-                };
-            }
             match src {
                 Some(src) => {
                     let s = src[i * TABLE_UNITS..].as_ptr();
-                    by_key_and_direction!("s", [s = inout(reg) s => _,])
+                    by_key_and_direction!(run, single_pass_loop, "s", [s = inout(reg) s => _,])
                 }
-                None => by_key_and_direction!("d", []),
+                None => by_key_and_direction!(run, single_pass_loop, "d", []),
             }
         }
     }
