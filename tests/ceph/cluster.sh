@@ -82,9 +82,21 @@ monmaptool --create --add a "v1:127.0.0.1:$port" --fsid "$fsid" "$DIR/monmap" >/
 ceph-mon -c "$conf" --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/keyring"
 ceph-mon -c "$conf" -i a
 C="ceph -c $conf --connect-timeout 20"
-$C osd create >/dev/null
-ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$(python3 -c 'import uuid; print(uuid.uuid4())')" 2>/dev/null
-ceph-osd -c "$conf" -i 0 2>/dev/null
+# The OSD is made with the uuid the monitor has for osd.0: one it had made up on its own
+# ("osd create" without one) made the OSD's boot fail now and then with "wrong fsid".
+osd_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
+$C osd create "$osd_uuid" 0 >/dev/null
+ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>/dev/null
+# It daemonizes; its complaints are in DIR/log/osd.0.log. Now and then its first command
+# to the monitor goes out before it has the monitor map ("handle_command on fsid 0000...":
+# "wrong fsid") and it exits: started again, it gets through.
+started=
+for _ in 1 2 3 4 5; do
+  if ceph-osd -c "$conf" -i 0 2>/dev/null; then started=1; break; fi
+  sleep 0.5
+done
+[ -n "$started" ] ||
+  { echo "ceph-osd did not start:" >&2; tail -n 20 "$DIR/log/osd.0.log" >&2; exit 1; }
 $C osd pool create rbd 8 >/dev/null 2>&1
 $C osd pool application enable rbd rbd >/dev/null 2>&1
 # Ready when an object can be written (no manager runs, so no placement-group stats).
@@ -96,5 +108,6 @@ for _ in $(seq 150); do
   fi
   sleep 0.2
 done
-echo "the test cluster did not come up (logs in $DIR/log)" >&2
+echo "the test cluster did not come up (logs in $DIR/log):" >&2
+tail -n 20 "$DIR/log/osd.0.log" >&2
 exit 1
