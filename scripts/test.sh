@@ -8,18 +8,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export CARGO_TERM_COLOR=never
-echo "== nothing outside the repository"
+# Each stage's wall time, printed as it ends, so a slow CI run says where the time went.
+stage_start=$SECONDS; stage_name=setup
+stage() {
+  echo "== ($stage_name took $((SECONDS - stage_start)) s; $SECONDS s in all)"
+  stage_start=$SECONDS; stage_name=$1; echo "== $1"
+}
+stage "nothing outside the repository"
 bash scripts/check-standalone.sh
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
-echo "== cargo test (workspace)"
+stage "cargo test (workspace)"
 cargo build --release --workspace --bins --examples
 CRYPTBLK_BIN="$PWD/target/release/cryptblk" cargo test --release --workspace
-echo "== crypto tests on the portable constant-time AES (aes_backend=soft)"
+stage "crypto tests on the portable constant-time AES (aes_backend=soft)"
 RUSTFLAGS='--cfg aes_backend="soft"' cargo test --release -p cryptblk-crypto --target-dir target/soft-aes
-echo "== fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"
+stage "fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-20} bash scripts/fuzz.sh
-echo "== kernel tests in a VM (tests/vm/vm.sh)"
+stage "kernel tests in a VM (tests/vm/vm.sh)"
 bash tests/vm/run.sh
+stage done

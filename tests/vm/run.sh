@@ -27,11 +27,13 @@ rc=0
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
   echo "== VM: kernel dm-crypt interop, then NBD (nbd-client) and FUSE (loop) against dm-crypt"
   bash "$VM" run -r "$xfer" "bash /results/dmcrypt-interop.sh /results/cryptblk && bash /results/frontends.sh /results/cryptblk" || rc=1
+  echo "== VM: first boot done at $SECONDS s"
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
   # A second boot, so each suite starts from a clean kernel (no leftover ublk devices).
   echo "== VM: ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery"
   bash "$VM" run -r "$xfer" "bash /results/ublk.sh /results/cryptblk" || rc=1
+  echo "== VM: second boot done at $SECONDS s"
 fi
 [ "$rc" -eq 0 ] || echo "tests/vm: FAILED (see above)" >&2
 exit "$rc"
