@@ -2,11 +2,13 @@
 //! `nbd://HOST:PORT`): qemu-nbd and nbdkit serve a plain file, cryptblk formats it, opens
 //! it and serves the plaintext over its own NBD frontend; fio verifies through the whole
 //! stack, and the remote file is a LUKS volume that cryptsetup and a local cryptblk open.
-//! Also the bad inputs: nothing listening, an unknown export, a read-only export.
+//! The same over TLS (`nbds://`) with another cryptblk as the remote server, checking
+//! client certificates. Also the bad inputs: nothing listening, an unknown export, a
+//! read-only export, the wrong CA.
 
 mod common;
 
-use common::{bin, ok, run_in, serve_nbd_unix, tool};
+use common::{bin, free_port, make_pki, ok, run_in, serve_nbd_unix, tool};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -165,11 +167,12 @@ impl Setup {
 /// the remote export; then the remote file itself is checked: a LUKS2 volume cryptsetup
 /// reads, whose plaintext (exported by a local cryptblk) is what was written through the
 /// stack, and whose stored bytes are not that plaintext.
-fn through_the_stack(s: &Setup, remote: &Remote) {
+fn through_the_stack(s: &Setup, remote: Remote) {
     s.format(&remote.uri);
     let dump = ok(&common::cryptsetup(
         &tool("cryptsetup", "cryptsetup-bin"),
-        &["luksDump", &s.p("remote.img")],
+        // A cryptblk remote holds the image's lock while it serves it; a dump needs none.
+        &["luksDump", "--disable-locks", &s.p("remote.img")],
     ));
     assert!(dump.contains("Version:       \t2"), "{dump}");
     let sock = s.path("front.sock");
@@ -217,6 +220,7 @@ fn through_the_stack(s: &Setup, remote: &Remote) {
     ));
     let _ = server.kill();
     let _ = server.wait();
+    drop(remote);
     // The remote file, opened locally: the same plaintext; its bytes are ciphertext.
     ok(&run(&[
         "export",
@@ -241,14 +245,108 @@ fn through_the_stack(s: &Setup, remote: &Remote) {
 fn volume_on_qemu_nbd_export() {
     let s = Setup::new();
     let remote = qemu_nbd(&s.path("remote.img"), &s.path("q.sock"), &[]);
-    through_the_stack(&s, &remote);
+    through_the_stack(&s, remote);
 }
 
 #[test]
 fn volume_on_nbdkit_export_over_tcp() {
     let s = Setup::new();
     let remote = nbdkit_tcp(&s.path("remote.img"));
-    through_the_stack(&s, &remote);
+    through_the_stack(&s, remote);
+}
+
+/// Another cryptblk serving the raw file (cipher_null: the bytes as they are) over TCP with
+/// TLS required and client certificates checked, as `nbds://127.0.0.1:PORT/raw`.
+fn cryptblk_tls_remote(s: &Setup, pki: &Path) -> Remote {
+    std::fs::write(s.p("null.key"), [0u8; 32]).unwrap();
+    let port = free_port();
+    let pem = |f: &str| pki.join(f).to_str().unwrap().to_string();
+    let mut child = Command::new(bin())
+        .args(["open", &s.p("remote.img"), "raw", "--type", "plain"])
+        .args(["--cipher", "cipher_null-ecb", "--key-size", "256"])
+        .args([
+            "--key-file",
+            &s.p("null.key"),
+            "--run-dir",
+            &s.p("remote-run"),
+        ])
+        .args([
+            "--nbd",
+            &format!("tcp:127.0.0.1:{port}"),
+            "--tls",
+            "required",
+        ])
+        .args([
+            "--tls-cert",
+            &pem("server-cert.pem"),
+            "--tls-key",
+            &pem("server-key.pem"),
+        ])
+        .args(["--tls-ca", &pem("ca-cert.pem")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the remote cryptblk exited"
+        );
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "the remote cryptblk did not come up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Remote {
+        child,
+        uri: format!(
+            "nbds://127.0.0.1:{port}/raw?tls-certificates={}",
+            pki.display()
+        ),
+    }
+}
+
+#[test]
+fn volume_on_another_cryptblk_over_tls() {
+    let s = Setup::new();
+    let pki = s.path("pki");
+    std::fs::create_dir(&pki).unwrap();
+    make_pki(&pki);
+    let remote = cryptblk_tls_remote(&s, &pki);
+    // Bad input first: the wrong CA, no client certificate, plaintext. Exit 4, and the
+    // error says what is wrong.
+    let other = s.path("other-pki");
+    std::fs::create_dir(&other).unwrap();
+    make_pki(&other);
+    let wrong_ca = s.path("wrong-ca");
+    std::fs::create_dir(&wrong_ca).unwrap();
+    for f in ["client-cert.pem", "client-key.pem"] {
+        std::fs::copy(pki.join(f), wrong_ca.join(f)).unwrap();
+    }
+    std::fs::copy(other.join("ca-cert.pem"), wrong_ca.join("ca-cert.pem")).unwrap();
+    let no_cert = s.path("no-cert");
+    std::fs::create_dir(&no_cert).unwrap();
+    std::fs::copy(pki.join("ca-cert.pem"), no_cert.join("ca-cert.pem")).unwrap();
+    let port_uri = remote.uri.split('?').next().unwrap().to_string();
+    for (uri, says) in [
+        (
+            format!("{port_uri}?tls-certificates={}", wrong_ca.display()),
+            "certificate",
+        ),
+        (
+            format!("{port_uri}?tls-certificates={}", no_cert.display()),
+            "TLS",
+        ),
+        (port_uri.replacen("nbds://", "nbd://", 1), "requires TLS"),
+    ] {
+        let o = run(&["dump", &uri]);
+        assert_eq!(o.status.code(), Some(4), "{uri}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{uri}: {err}");
+    }
+    through_the_stack(&s, remote);
 }
 
 #[test]

@@ -25,19 +25,36 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cryptblk_device::Storage;
 
+use crate::conn::AnyStream;
 use crate::proto::*;
+use crate::tls::{NbdClientTls, TlsStream};
 
-/// Where an export is: `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`.
+/// Where an export is, and how to reach it: `nbd://HOST[:PORT]/EXPORT`,
+/// `nbd+unix:///EXPORT?socket=PATH`, or either over TLS (`nbds://`, `nbds+unix://`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NbdUri {
     /// The server's address.
     pub address: NbdAddress,
     /// The export name (empty: the server's default export).
     pub export: String,
+    /// TLS (`nbds` schemes): the connection is refused unless the server switches to TLS
+    /// and proves its identity.
+    pub tls: Option<NbdUriTls>,
+}
+
+/// The TLS parameters of an `nbds://` or `nbds+unix://` URI (libnbd's query parameters).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NbdUriTls {
+    /// `tls-certificates=DIR`: `ca-cert.pem` to trust, and `client-cert.pem` with
+    /// `client-key.pem` to present if there; without it, the system's CA bundle.
+    pub certificates: Option<PathBuf>,
+    /// `tls-hostname=NAME`: the name the server's certificate must carry; by default the
+    /// URI's host, or `localhost` over a unix socket.
+    pub hostname: Option<String>,
 }
 
 /// An NBD server's address.
@@ -59,9 +76,11 @@ impl NbdUri {
         s.starts_with("nbd://") || s.starts_with("nbd+") || s.starts_with("nbds")
     }
 
-    /// Parses the URI forms of the NBD URI specification that need no TLS:
-    /// `nbd://HOST[:PORT][/EXPORT]` (IPv6 hosts in brackets) and
-    /// `nbd+unix:///[EXPORT]?socket=PATH`. The export name is percent-decoded.
+    /// Parses the NBD URI specification's TCP and unix forms, with or without TLS:
+    /// `nbd[s]://HOST[:PORT][/EXPORT]` (IPv6 hosts in brackets) and
+    /// `nbd[s]+unix:///[EXPORT]?socket=PATH`. Over TLS the query may add
+    /// `tls-certificates=DIR` and `tls-hostname=NAME`. The export name and query values are
+    /// percent-decoded.
     pub fn parse(s: &str) -> io::Result<NbdUri> {
         let bad = |why: &str| {
             io::Error::new(
@@ -69,38 +88,55 @@ impl NbdUri {
                 format!("{s}: not a usable NBD URI ({why})"),
             )
         };
-        if s.starts_with("nbds") || s.starts_with("nbd+vsock") {
-            return Err(bad(
-                "only nbd:// and nbd+unix:// are supported; NBD over TLS as a client is not",
-            ));
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| bad("no '://'"))?;
+        let (tls, unix) = match scheme {
+            "nbd" => (false, false),
+            "nbds" => (true, false),
+            "nbd+unix" => (false, true),
+            "nbds+unix" => (true, true),
+            _ => {
+                return Err(bad(
+                    "the scheme must be nbd, nbds, nbd+unix or nbds+unix (vsock is not supported)",
+                ));
+            }
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.split_once('/') {
+            Some((a, p)) => (a, p),
+            None => (rest, ""),
+        };
+        let mut socket = None;
+        let mut uri_tls = tls.then(NbdUriTls::default);
+        for kv in query.into_iter().flat_map(|q| q.split('&')) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let v = percent_decode(v).map_err(bad)?;
+            match (k, uri_tls.as_mut()) {
+                ("socket", _) if unix => socket = Some(v),
+                ("tls-certificates", Some(t)) => t.certificates = Some(PathBuf::from(v)),
+                ("tls-hostname", Some(t)) => t.hostname = Some(v),
+                _ => {
+                    return Err(bad(&format!(
+                        "unsupported query parameter '{k}' for {scheme}://"
+                    )));
+                }
+            }
         }
-        if let Some(rest) = s.strip_prefix("nbd+unix://") {
-            let (path, query) = rest.split_once('?').ok_or_else(|| bad("no ?socket="))?;
-            let path = path
-                .strip_prefix('/')
-                .ok_or_else(|| bad("nbd+unix:// takes no host"))?;
-            let socket = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("socket="))
-                .ok_or_else(|| bad("no ?socket="))?;
+        if unix {
+            if !authority.is_empty() {
+                return Err(bad("a unix socket URI takes no host"));
+            }
+            let socket = socket.ok_or_else(|| bad("no ?socket="))?;
             if socket.is_empty() {
                 return Err(bad("empty socket path"));
             }
             return Ok(NbdUri {
-                address: NbdAddress::Unix(PathBuf::from(percent_decode(socket).map_err(bad)?)),
+                address: NbdAddress::Unix(PathBuf::from(socket)),
                 export: percent_decode(path).map_err(bad)?,
+                tls: uri_tls,
             });
-        }
-        let rest = s
-            .strip_prefix("nbd://")
-            .ok_or_else(|| bad("unknown scheme"))?;
-        let (authority, path) = match rest.find(['/', '?']) {
-            Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], &rest[i + 1..]),
-            Some(_) => return Err(bad("no query parameters are supported for nbd://")),
-            None => (rest, ""),
-        };
-        if path.contains('?') {
-            return Err(bad("no query parameters are supported for nbd://"));
         }
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
@@ -121,19 +157,37 @@ impl NbdUri {
         Ok(NbdUri {
             address: NbdAddress::Tcp(host.to_string(), port),
             export: percent_decode(path).map_err(bad)?,
+            tls: uri_tls,
         })
+    }
+
+    /// This URI's TLS configuration (certificates read now), if it asks for TLS.
+    fn client_tls(&self) -> io::Result<Option<NbdClientTls>> {
+        let Some(t) = &self.tls else { return Ok(None) };
+        let name = match (&t.hostname, &self.address) {
+            (Some(h), _) => h.as_str(),
+            (None, NbdAddress::Tcp(h, _)) => h.as_str(),
+            (None, NbdAddress::Unix(_)) => "localhost",
+        };
+        NbdClientTls::from_dir(t.certificates.as_deref(), name).map(Some)
     }
 }
 
 impl std::fmt::Display for NbdUri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.tls.is_some() { "s" } else { "" };
         match &self.address {
             NbdAddress::Tcp(h, p) if h.contains(':') => {
-                write!(f, "nbd://[{h}]:{p}/{}", self.export)
+                write!(f, "nbd{s}://[{h}]:{p}/{}", self.export)
             }
-            NbdAddress::Tcp(h, p) => write!(f, "nbd://{h}:{p}/{}", self.export),
-            NbdAddress::Unix(s) => {
-                write!(f, "nbd+unix:///{}?socket={}", self.export, s.display())
+            NbdAddress::Tcp(h, p) => write!(f, "nbd{s}://{h}:{p}/{}", self.export),
+            NbdAddress::Unix(sock) => {
+                write!(
+                    f,
+                    "nbd{s}+unix:///{}?socket={}",
+                    self.export,
+                    sock.display()
+                )
             }
         }
     }
@@ -226,6 +280,9 @@ struct Pending {
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// Either of the above after `NBD_OPT_STARTTLS`: one session shared by the sending
+    /// and the reading side.
+    Tls(Arc<TlsStream>),
 }
 
 impl Stream {
@@ -233,6 +290,7 @@ impl Stream {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tls(t) => Stream::Tls(t.clone()),
         })
     }
     fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
@@ -245,13 +303,61 @@ impl Stream {
                 s.set_read_timeout(t)?;
                 s.set_write_timeout(t)
             }
+            Stream::Tls(s) => {
+                s.raw().set_read_timeout(t);
+                s.raw().set_write_timeout(t);
+                Ok(())
+            }
         }
     }
     fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Tls(s) => {
+                s.raw().shutdown(Shutdown::Both);
+                Ok(())
+            }
         };
+    }
+    /// The TLS handshake on this (plaintext) stream, before `deadline`.
+    fn start_tls(self, tls: &NbdClientTls, deadline: Instant) -> io::Result<Stream> {
+        let raw = match self {
+            Stream::Tcp(s) => AnyStream::Tcp(s),
+            Stream::Unix(s) => AnyStream::Unix(s),
+            Stream::Tls(t) => return Ok(Stream::Tls(t)),
+        };
+        let t = TlsStream::new(raw, tls.into());
+        t.start(Some(deadline)).map_err(|e| {
+            // A server that cannot prove who it is (or refuses this client) is one that
+            // cannot be used: refused, unless it was only slow.
+            let kind = match e.kind() {
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => io::ErrorKind::TimedOut,
+                _ => io::ErrorKind::ConnectionRefused,
+            };
+            io::Error::new(kind, format!("TLS handshake: {e}"))
+        })?;
+        Ok(Stream::Tls(Arc::new(t)))
+    }
+    /// Writes `a` then `b` with as few system calls (or TLS records) as the stream allows.
+    fn write_all2(&mut self, a: &[u8], b: &[u8]) -> io::Result<()> {
+        if let Stream::Tls(t) = self {
+            return t.write_all2(a, b);
+        }
+        let (mut a, mut b) = (a, b);
+        while !a.is_empty() {
+            let n = self.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            if n < a.len() {
+                a = &a[n..];
+            } else {
+                b = &b[n - a.len()..];
+                a = &[];
+            }
+        }
+        self.write_all(b)
     }
 }
 
@@ -260,6 +366,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(t) => t.read_some(buf),
         }
     }
 }
@@ -269,12 +376,17 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Tls(t) => t.write_all(buf).map(|()| buf.len()),
         }
     }
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tls(_) => {
+                let b = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| b);
+                self.write(b)
+            }
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -312,6 +424,9 @@ struct Negotiated {
 
 fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
     let timeout = Some(options.connect_timeout);
+    let deadline = Instant::now() + options.connect_timeout;
+    // Certificates first: a bad directory is the user's error, whatever the server.
+    let options_tls = uri.client_tls()?;
     let stream = match &uri.address {
         NbdAddress::Tcp(host, port) => {
             use std::net::ToSocketAddrs;
@@ -351,6 +466,9 @@ fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
     let no_zeroes = hs_flags & FLAG_NO_ZEROES != 0;
     let client_flags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
     s.write_all(&client_flags.to_be_bytes())?;
+    if let Some(tls) = &options_tls {
+        s = starttls(s, tls, deadline)?;
+    }
     // NBD_OPT_GO: the export name, no information requests.
     let name = uri.export.as_bytes();
     if name.len() > crate::MAX_STRING_LEN {
@@ -394,7 +512,7 @@ fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
                 let what = match k {
                     REP_ERR_UNKNOWN => "no such export",
                     REP_ERR_POLICY => "refused by the server's policy",
-                    REP_ERR_TLS_REQD => "the server requires TLS",
+                    REP_ERR_TLS_REQD => "the server requires TLS (use nbds://)",
                     REP_ERR_SHUTDOWN => "the server is shutting down",
                     _ => "refused",
                 };
@@ -426,6 +544,36 @@ fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
         size,
         flags,
     })
+}
+
+/// `NBD_OPT_STARTTLS`, then the handshake: the rest of the negotiation and every request
+/// go through TLS. A server that will not switch is an error, never a plaintext fallback.
+fn starttls(mut s: Stream, tls: &NbdClientTls, deadline: Instant) -> io::Result<Stream> {
+    send_option(&mut s, OPT_STARTTLS, &[])?;
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h)?;
+    let opt = u32::from_be_bytes(h[8..12].try_into().expect("4"));
+    let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+    let len = u32::from_be_bytes(h[16..20].try_into().expect("4"));
+    if u64::from_be_bytes(h[..8].try_into().expect("8")) != OPT_REPLY_MAGIC
+        || opt != OPT_STARTTLS
+        || len > MAX_OPTION_LEN
+    {
+        return Err(protocol("bad reply to NBD_OPT_STARTTLS"));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body)?;
+    if kind != REP_ACK {
+        let msg = String::from_utf8_lossy(&body);
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!(
+                "the server does not offer TLS (NBD_OPT_STARTTLS refused{}{msg})",
+                if msg.is_empty() { "" } else { ": " }
+            ),
+        ));
+    }
+    s.start_tls(tls, deadline)
 }
 
 fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {
@@ -634,7 +782,7 @@ impl Conn {
         hdr[24..28].copy_from_slice(&len.to_be_bytes());
         let sent = {
             let mut s = lock(&self.send);
-            write_all2(&mut s, &hdr, out)
+            s.write_all2(&hdr, out)
         };
         if let Err(e) = sent {
             let mut p = lock(&self.pending);
@@ -779,24 +927,6 @@ fn nbd_error(e: u32) -> io::Error {
     io::Error::from_raw_os_error(errno)
 }
 
-/// Writes `a` then `b` with as few system calls as the socket allows.
-fn write_all2(s: &mut Stream, a: &[u8], b: &[u8]) -> io::Result<()> {
-    let (mut a, mut b) = (a, b);
-    while !a.is_empty() {
-        let n = s.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        if n < a.len() {
-            a = &a[n..];
-        } else {
-            b = &b[n - a.len()..];
-            a = &[];
-        }
-    }
-    s.write_all(b)
-}
-
 impl Drop for NbdStorage {
     fn drop(&mut self) {
         // NBD_CMD_DISC on each live connection, so the server sees a clean end.
@@ -807,6 +937,9 @@ impl Drop for NbdStorage {
                 hdr[6..8].copy_from_slice(&CMD_DISC.to_be_bytes());
                 let mut s = lock(&c.send);
                 let _ = s.write_all(&hdr);
+                if let Stream::Tls(t) = &*s {
+                    t.close();
+                }
                 s.shutdown();
             }
         }
@@ -896,6 +1029,7 @@ impl Storage for NbdStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn uris() {
@@ -921,16 +1055,34 @@ mod tests {
             "nbd://:10809/x",
             "nbd://h:notaport/x",
             "nbd://h/x?tls=1",
+            "nbd://h/x?tls-certificates=/d",
+            "nbds://h/x?socket=/s",
+            "nbds+unix:///x",
+            "nbd+vsock:///x",
             "nbd+unix:///x",
             "nbd+unix://host/x?socket=/s",
             "nbd+unix:///x?socket=",
-            "nbds://h/x",
             "nbd://h/%zz",
             "nbd://[::1/x",
         ] {
             assert!(NbdUri::parse(bad).is_err(), "{bad} parsed");
             assert!(NbdUri::is_uri(bad) || bad.starts_with("nbd"), "{bad}");
         }
+        let u =
+            NbdUri::parse("nbds://h:99/e?tls-certificates=/etc/pki%20x&tls-hostname=srv").unwrap();
+        assert_eq!(u.address, NbdAddress::Tcp("h".into(), 99));
+        let t = u.tls.as_ref().unwrap();
+        assert_eq!(t.certificates.as_deref(), Some(Path::new("/etc/pki x")));
+        assert_eq!(t.hostname.as_deref(), Some("srv"));
+        assert_eq!(u.to_string(), "nbds://h:99/e");
+        let u = NbdUri::parse("nbds+unix:///e?socket=/s&tls-certificates=/d").unwrap();
+        assert_eq!(u.address, NbdAddress::Unix("/s".into()));
+        assert_eq!(u.tls.unwrap().hostname, None);
+        assert_eq!(
+            NbdUri::parse("nbds://h").unwrap().tls,
+            Some(NbdUriTls::default())
+        );
+        assert_eq!(NbdUri::parse("nbd://h").unwrap().tls, None);
         assert!(!NbdUri::is_uri("/dev/sda"));
         assert!(!NbdUri::is_uri("nbd.img"));
     }

@@ -71,7 +71,7 @@ use cryptblk_device::BlockDevice;
 use pool::BufferPool;
 pub use shared::Stats;
 use shared::{ConnGuard, Counters, Export, Shared, WakeAddr, lock};
-pub use tls::{NbdTls, TlsMode};
+pub use tls::{NbdClientTls, NbdTls, SYSTEM_CA_BUNDLE, TlsMode};
 
 /// Default number of threads serving one connection.
 pub const DEFAULT_THREADS_PER_CONNECTION: usize = 4;
@@ -449,7 +449,7 @@ impl NbdServer {
     /// The connection as served: under a TLS layer when the server has TLS.
     fn wrap(&self, stream: AnyStream) -> AnyStream {
         match &self.shared.tls {
-            Some(t) => AnyStream::Tls(Box::new(tls::TlsStream::new(stream, t))),
+            Some(t) => AnyStream::Tls(Box::new(tls::TlsStream::new(stream, t.into()))),
             None => stream,
         }
     }

@@ -1,6 +1,6 @@
 //! TLS for NBD (`NBD_OPT_STARTTLS`): the server's identity, an optional CA that client
-//! certificates must chain to, and the stream that carries the rest of a connection once
-//! its client has asked for TLS.
+//! certificates must chain to, a client's trust and identity ([`NbdClientTls`]), and the
+//! stream that carries the rest of a connection, on either side, once TLS has started.
 //!
 //! The transmission phase reads on one thread while others write replies (see the crate
 //! docs), so the one TLS session of a connection sits behind a lock that is held only to
@@ -13,10 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig, ServerConnection};
+use rustls::{
+    ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig, ServerConnection,
+};
 
 use crate::conn::AnyStream;
 use crate::shared::lock;
@@ -67,6 +70,18 @@ fn read_certs(path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
+fn read_roots(path: &Path) -> io::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for c in read_certs(path)? {
+        roots.add(c).map_err(|e| invalid(path, e))?;
+    }
+    Ok(roots)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
 impl NbdTls {
     /// From PEM files: `cert` holds the server's certificate chain (its own first), `key`
     /// its private key (PKCS#8, PKCS#1 or SEC1). With `client_ca`, a client must present a
@@ -75,20 +90,18 @@ impl NbdTls {
     pub fn from_pem_files(cert: &Path, key: &Path, client_ca: Option<&Path>) -> io::Result<Self> {
         let certs = read_certs(cert)?;
         let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(key, e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = provider();
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| io::Error::other(e.to_string()))?;
         let builder = match client_ca {
             Some(ca) => {
-                let mut roots = RootCertStore::empty();
-                for c in read_certs(ca)? {
-                    roots.add(c).map_err(|e| invalid(ca, e))?;
-                }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .build()
-                        .map_err(|e| invalid(ca, e))?;
+                let verifier = WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(read_roots(ca)?),
+                    provider,
+                )
+                .build()
+                .map_err(|e| invalid(ca, e))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
@@ -108,8 +121,94 @@ impl NbdTls {
     }
 }
 
+/// The system's CA bundle (Debian's ca-certificates), trusted when an `nbds://` URI names
+/// no certificate directory.
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// What an NBD client trusts and presents over TLS, read from a directory laid out as
+/// libnbd and qemu expect: `ca-cert.pem` (the CA the server's certificate must chain to)
+/// and, optionally, `client-cert.pem` with `client-key.pem` (this client's identity, for
+/// servers that check client certificates). Cheap to clone.
+#[derive(Clone)]
+pub struct NbdClientTls {
+    config: Arc<ClientConfig>,
+    server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for NbdClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdClientTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NbdClientTls {
+    /// Trusts the CA certificates in `dir/ca-cert.pem` (or, with no `dir`, the system's
+    /// bundle) and presents `dir/client-cert.pem` when it exists. The server's certificate
+    /// must name `server_name` (a DNS name or an IP address).
+    pub fn from_dir(dir: Option<&Path>, server_name: &str) -> io::Result<NbdClientTls> {
+        let ca = match dir {
+            Some(d) => d.join("ca-cert.pem"),
+            None => Path::new(SYSTEM_CA_BUNDLE).to_path_buf(),
+        };
+        let name = ServerName::try_from(server_name.to_string()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("TLS server name '{server_name}': {e}"),
+            )
+        })?;
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .with_root_certificates(read_roots(&ca)?);
+        let cert = dir.map(|d| d.join("client-cert.pem"));
+        let config = match cert.filter(|c| c.exists()) {
+            Some(cert) => {
+                let key = cert.with_file_name("client-key.pem");
+                let key_der = PrivateKeyDer::from_pem_file(&key).map_err(|e| invalid(&key, e))?;
+                builder
+                    .with_client_auth_cert(read_certs(&cert)?, key_der)
+                    .map_err(|e| invalid(&cert, format!("certificate and key: {e}")))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        Ok(NbdClientTls {
+            config: Arc::new(config),
+            server_name: name,
+        })
+    }
+}
+
+/// Which side of the handshake a [`TlsStream`] takes.
+pub(crate) enum TlsSide {
+    Server(Arc<ServerConfig>),
+    Client(Arc<ClientConfig>, ServerName<'static>),
+}
+
+impl From<&NbdTls> for TlsSide {
+    fn from(t: &NbdTls) -> TlsSide {
+        TlsSide::Server(t.config.clone())
+    }
+}
+
+impl From<&NbdClientTls> for TlsSide {
+    fn from(t: &NbdClientTls) -> TlsSide {
+        TlsSide::Client(t.config.clone(), t.server_name.clone())
+    }
+}
+
+/// A TLS failure as an I/O error: the peer refusing us or failing to prove who it is is
+/// a refused connection (so a client reports an unusable server, not bad input); anything
+/// else is bad data on the wire.
 fn tls_error(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+    let kind = match e {
+        rustls::Error::AlertReceived(_)
+        | rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented => io::ErrorKind::ConnectionRefused,
+        _ => io::ErrorKind::InvalidData,
+    };
+    io::Error::new(kind, format!("TLS: {e}"))
 }
 
 /// The socket itself, as `Read`/`Write` for rustls.
@@ -137,7 +236,7 @@ impl Write for Raw<'_> {
 
 /// One TLS session.
 struct Session {
-    conn: ServerConnection,
+    conn: Connection,
 }
 
 /// Ciphertext read from the socket, `buf[start..end]` not yet fed to the session.
@@ -161,7 +260,7 @@ impl Session {
 /// through to the socket, afterwards through the session.
 pub(crate) struct TlsStream {
     raw: AnyStream,
-    config: Arc<ServerConfig>,
+    side: TlsSide,
     active: AtomicBool,
     session: Mutex<Option<Session>>,
     /// The reading thread's buffer for ciphertext from the socket (one reader at a time).
@@ -173,10 +272,10 @@ pub(crate) struct TlsStream {
 const RX_LEN: usize = 128 << 10;
 
 impl TlsStream {
-    pub(crate) fn new(raw: AnyStream, tls: &NbdTls) -> TlsStream {
+    pub(crate) fn new(raw: AnyStream, side: TlsSide) -> TlsStream {
         TlsStream {
             raw,
-            config: tls.config.clone(),
+            side,
             active: AtomicBool::new(false),
             session: Mutex::new(None),
             rx: Mutex::new(Rx {
@@ -197,7 +296,12 @@ impl TlsStream {
 
     /// The TLS handshake, finished before `deadline` or failed.
     pub(crate) fn start(&self, deadline: Option<Instant>) -> io::Result<()> {
-        let mut conn = ServerConnection::new(self.config.clone()).map_err(tls_error)?;
+        let mut conn: Connection = match &self.side {
+            TlsSide::Server(c) => ServerConnection::new(c.clone()).map_err(tls_error)?.into(),
+            TlsSide::Client(c, name) => ClientConnection::new(c.clone(), name.clone())
+                .map_err(tls_error)?
+                .into(),
+        };
         let left = || {
             deadline.map(|d| {
                 d.saturating_duration_since(Instant::now())
@@ -277,17 +381,33 @@ impl TlsStream {
         }
     }
 
-    pub(crate) fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         if !self.is_active() {
             return self.raw.write_all(buf);
         }
+        self.write_all2(buf, &[])
+    }
+
+    /// `a` then `b` through the session, in shared records (a request header and its
+    /// payload need not take a record of their own each).
+    pub(crate) fn write_all2(&self, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
         let mut g = lock(&self.session);
         let s = g
             .as_mut()
             .ok_or_else(|| io::Error::other("no TLS session"))?;
-        while !buf.is_empty() {
-            let n = s.conn.writer().write(buf)?;
-            buf = &buf[n..];
+        while !a.is_empty() || !b.is_empty() {
+            let n = s
+                .conn
+                .writer()
+                .write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])?;
+            if n == 0 {
+                // The session's send buffer is full: empty it onto the socket.
+                s.flush(&self.raw)?;
+                continue;
+            }
+            let from_a = n.min(a.len());
+            a = &a[from_a..];
+            b = &b[n - from_a..];
             s.flush(&self.raw)?;
         }
         Ok(())

@@ -7,11 +7,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Serving, tool, wait_for_socket};
+use common::{Serving, nbdkit, qemu_nbd};
 use cryptblk_device::{MemoryDevice, Storage};
 use cryptblk_nbd::{NbdClientOptions, NbdServer, NbdStorage, NbdUri};
 
@@ -145,54 +144,6 @@ fn unknown_export_and_read_only_are_clear_errors() {
     .expect("no server: an error");
     assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
     serving.stop();
-}
-
-/// A server process on a unix socket, killed when dropped.
-struct External {
-    child: Child,
-}
-
-impl Drop for External {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn qemu_nbd(file: &Path, sock: &Path) -> External {
-    let child = Command::new(tool("qemu-nbd", "qemu-utils"))
-        .args([
-            "--format",
-            "raw",
-            "--persistent",
-            "--shared",
-            "8",
-            "--cache",
-            "writeback",
-        ])
-        .arg("--socket")
-        .arg(sock)
-        .arg(file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    wait_for_socket(sock);
-    External { child }
-}
-
-fn nbdkit(file: &Path, sock: &Path) -> External {
-    let child = Command::new(tool("nbdkit", "nbdkit"))
-        .args(["--foreground", "--exit-with-parent", "--unix"])
-        .arg(sock)
-        .arg("file")
-        .arg(format!("file={}", file.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    wait_for_socket(sock);
-    External { child }
 }
 
 fn sparse_file(dir: &Path, size: usize) -> PathBuf {

@@ -1,5 +1,6 @@
 //! NBD over TLS (NBD_OPT_STARTTLS): a scripted rustls client for the protocol rules and the
-//! certificate checks, then real clients (nbdinfo and nbdcopy from libnbd, qemu-img), all
+//! certificate checks, then real clients (nbdinfo and nbdcopy from libnbd, qemu-img); then
+//! this crate's client (`nbds://`) against this crate's server, nbdkit and qemu-nbd. All
 //! with certificates made here by a throwaway CA.
 
 mod common;
@@ -12,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Serving, run, tool};
-use cryptblk_device::{BlockDevice, MemoryDevice};
+use cryptblk_device::{BlockDevice, MemoryDevice, Storage};
 use cryptblk_nbd::proto::*;
-use cryptblk_nbd::{NbdServer, NbdTls, TlsMode};
+use cryptblk_nbd::{NbdClientOptions, NbdServer, NbdStorage, NbdTls, NbdUri, TlsMode};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose, SanType,
@@ -517,4 +518,215 @@ fn qemu_img_over_tls_and_refused_without_the_ca() {
     let out = Command::new(&qemu_img).args(&args).output().unwrap();
     assert!(!out.status.success(), "qemu-img got in with the wrong CA");
     s.stop();
+}
+
+// ---- cryptblk as the TLS client (nbds://, nbds+unix://) ----
+
+fn client_uri(sock: &Path, certs: &Path) -> NbdUri {
+    NbdUri::parse(&format!(
+        "nbds+unix:///disk?socket={}&tls-certificates={}",
+        sock.display(),
+        certs.display()
+    ))
+    .unwrap()
+}
+
+/// A certificate directory holding `files` of the Pki, under their libnbd names.
+fn cert_dir(pki: &Pki, files: &[(&str, &str)]) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for (from, to) in files {
+        std::fs::copy(pki.path(from), d.path().join(to)).unwrap();
+    }
+    d
+}
+
+/// Writes, reads back from 4 threads at once, and compares.
+fn round_trip(st: &Arc<NbdStorage>) {
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let st = st.clone();
+            std::thread::spawn(move || {
+                for i in 0..16u64 {
+                    let len = [512usize, 4096, 65536, 200_000][(i % 4) as usize] & !511;
+                    let off = (u64::from(t) * 16 + i) * 256 * 1024;
+                    let data: Vec<u8> = (0..len).map(|j| (j as u8) ^ t ^ (i as u8)).collect();
+                    st.write_at(&data, off).unwrap();
+                    let mut back = vec![0u8; len];
+                    st.read_at(&mut back, off).unwrap();
+                    assert!(back == data, "thread {t} request {i}: read back differs");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    st.sync().unwrap();
+}
+
+fn connect_err(uri: &NbdUri) -> std::io::Error {
+    NbdStorage::connect(uri, NbdClientOptions::default())
+        .err()
+        .expect("connected where it must not")
+}
+
+#[test]
+fn our_client_over_tls_to_our_server_and_refusals() {
+    let (pki, s) = serving(true);
+    let st = Arc::new(
+        NbdStorage::connect(
+            &client_uri(&s.path, pki.dir.path()),
+            NbdClientOptions::default(),
+        )
+        .unwrap(),
+    );
+    assert_eq!(st.size().unwrap(), 16 * MIB);
+    round_trip(&st);
+    drop(st);
+    // Plaintext against TLS required: the error says to use TLS.
+    let plain = NbdUri::parse(&format!("nbd+unix:///disk?socket={}", s.path.display())).unwrap();
+    let e = connect_err(&plain);
+    assert!(e.to_string().contains("requires TLS"), "{e}");
+    // No client certificate, but the server checks them.
+    let d = cert_dir(&pki, &[("ca-cert.pem", "ca-cert.pem")]);
+    let e = connect_err(&client_uri(&s.path, d.path()));
+    assert!(e.to_string().contains("TLS"), "{e}");
+    // A CA that did not sign the server's certificate.
+    let d = cert_dir(
+        &pki,
+        &[
+            ("other-ca-cert.pem", "ca-cert.pem"),
+            ("client-cert.pem", "client-cert.pem"),
+            ("client-key.pem", "client-key.pem"),
+        ],
+    );
+    let e = connect_err(&client_uri(&s.path, d.path()));
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+    // The right CA, but the server's certificate does not name this host.
+    let mut u = client_uri(&s.path, pki.dir.path());
+    u.tls.as_mut().unwrap().hostname = Some("elsewhere.example".into());
+    let e = connect_err(&u);
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+    // A certificate directory without the CA file: a clear error naming it.
+    let empty = tempfile::tempdir().unwrap();
+    let e = connect_err(&client_uri(&s.path, empty.path()));
+    assert!(e.to_string().contains("ca-cert.pem"), "{e}");
+    let h = s.stop();
+    assert_eq!(h.stats().connections_active, 0);
+}
+
+#[test]
+fn nbds_to_a_server_without_tls_is_refused() {
+    let dev = Arc::new(MemoryDevice::new(MIB, 512));
+    let s = Serving::start(NbdServer::builder().export("disk", dev).build().unwrap());
+    let pki = Pki::new();
+    let e = connect_err(&client_uri(&s.path, pki.dir.path()));
+    assert!(e.to_string().contains("does not offer TLS"), "{e}");
+    s.stop();
+}
+
+/// A sparse file for an external server.
+fn backing(dir: &Path) -> std::path::PathBuf {
+    let f = dir.join("remote.img");
+    std::fs::File::create(&f)
+        .unwrap()
+        .set_len(16 * MIB)
+        .unwrap();
+    f
+}
+
+/// What the client wrote is in the server's file.
+fn round_trip_into(st: Arc<NbdStorage>, file: &Path) {
+    let data: Vec<u8> = (0..MIB as usize).map(|i| (i / 512) as u8 ^ 0x5a).collect();
+    st.write_at(&data, 3 * MIB).unwrap();
+    st.sync().unwrap();
+    round_trip(&st);
+    st.write_at(&data, 3 * MIB).unwrap();
+    st.sync().unwrap();
+    drop(st);
+    let f = std::fs::read(file).unwrap();
+    assert!(
+        f[3 * MIB as usize..4 * MIB as usize] == data[..],
+        "the server's file lacks what went over TLS"
+    );
+}
+
+#[test]
+fn our_client_over_tls_to_nbdkit_with_a_client_certificate() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing(dir.path());
+    let sock = dir.path().join("k.sock");
+    let _k = common::nbdkit_with(
+        &file,
+        &sock,
+        &[
+            "--tls=require".into(),
+            format!("--tls-certificates={}", pki.dir.path().display()),
+            "--tls-verify-peer".into(),
+        ],
+    );
+    let st = NbdStorage::connect(
+        &client_uri(&sock, pki.dir.path()),
+        NbdClientOptions::default(),
+    )
+    .unwrap();
+    round_trip_into(Arc::new(st), &file);
+    // nbdkit checks client certificates here: without one, refused.
+    let d = cert_dir(&pki, &[("ca-cert.pem", "ca-cert.pem")]);
+    connect_err(&client_uri(&sock, d.path()));
+}
+
+#[test]
+fn our_client_over_tls_to_qemu_nbd_on_tcp() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = backing(dir.path());
+    // qemu-nbd on TCP 127.0.0.1 (the server certificate's IP address), checking clients.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = Command::new(common::tool("qemu-nbd", "qemu-utils"));
+    cmd.args([
+        "--format",
+        "raw",
+        "--persistent",
+        "--shared",
+        "4",
+        "--bind",
+        "127.0.0.1",
+    ])
+    .args(["--port", &port.to_string(), "--export-name", "disk"])
+    .arg("--object")
+    .arg(format!(
+        "tls-creds-x509,id=tls0,endpoint=server,verify-peer=on,dir={}",
+        pki.dir.path().display()
+    ))
+    .args(["--tls-creds", "tls0"])
+    .arg(&file)
+    .stdout(std::process::Stdio::null());
+    let _q = common::External {
+        child: cmd.spawn().unwrap(),
+    };
+    let uri = NbdUri::parse(&format!(
+        "nbds://127.0.0.1:{port}/disk?tls-certificates={}",
+        pki.dir.path().display()
+    ))
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        match NbdStorage::connect(&uri, NbdClientOptions::default()) {
+            Ok(st) => break st,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{uri}: {e}"),
+        }
+    };
+    round_trip_into(Arc::new(st), &file);
 }

@@ -291,3 +291,82 @@ pub fn fio_verify(cwd: &Path, uri: &str, runs: &[(&str, &str, &str)]) {
         }
     }
 }
+
+/// A free TCP port on this machine (bound and released: another process could take it in
+/// between, which would fail the test loudly, not pass it).
+pub fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port().to_string()
+}
+
+/// A CA, a server certificate for localhost/127.0.0.1 and a client certificate, made with
+/// the openssl tool, in `dir` under the names libnbd expects.
+pub fn make_pki(dir: &Path) {
+    let openssl = tool("openssl", "openssl");
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut a = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=cryptblk test CA",
+    ];
+    a.extend(ec);
+    let (ca_key, ca_cert) = (p("ca-key.pem"), p("ca-cert.pem"));
+    a.extend(["-keyout", &ca_key, "-out", &ca_cert]);
+    a.extend([
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    ok(&run_in(&openssl, &a, b""));
+    for (who, ext) in [
+        (
+            "server",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        let (key, csr, cert, extf) = (
+            p(&format!("{who}-key.pem")),
+            p(&format!("{who}.csr")),
+            p(&format!("{who}-cert.pem")),
+            p(&format!("{who}.ext")),
+        );
+        std::fs::write(&extf, ext).unwrap();
+        let subj = format!("/CN={who}");
+        let mut a = vec!["req", "-subj", &subj, "-keyout", &key, "-out", &csr];
+        a.extend(ec);
+        ok(&run_in(&openssl, &a, b""));
+        ok(&run_in(
+            &openssl,
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                &csr,
+                "-CA",
+                &ca_cert,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-extfile",
+                &extf,
+                "-out",
+                &cert,
+            ],
+            b"",
+        ));
+    }
+}

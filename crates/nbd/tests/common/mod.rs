@@ -6,7 +6,7 @@
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -187,4 +187,74 @@ pub fn run(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// A server process (qemu-nbd, nbdkit), killed when dropped.
+pub struct External {
+    pub child: Child,
+}
+
+impl Drop for External {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cmd` (a server that creates the unix socket `sock`) and waits for the socket.
+pub fn spawn_on_socket(cmd: &mut Command, sock: &Path) -> External {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut ext = External { child };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sock.exists() {
+        if let Ok(Some(st)) = ext.child.try_wait() {
+            panic!("{cmd:?} exited ({st}) before creating {}", sock.display());
+        }
+        assert!(Instant::now() < deadline, "{cmd:?}: no socket after 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ext
+}
+
+/// qemu-nbd serving the raw `file` on `sock` (8 clients, write-back cache), with `extra`
+/// arguments (TLS objects) before the file.
+pub fn qemu_nbd_with(file: &Path, sock: &Path, extra: &[String]) -> External {
+    let mut cmd = Command::new(tool("qemu-nbd", "qemu-utils"));
+    cmd.args([
+        "--format",
+        "raw",
+        "--persistent",
+        "--shared",
+        "8",
+        "--cache",
+        "writeback",
+    ])
+    .arg("--socket")
+    .arg(sock)
+    .args(extra)
+    .arg(file);
+    spawn_on_socket(&mut cmd, sock)
+}
+
+pub fn qemu_nbd(file: &Path, sock: &Path) -> External {
+    qemu_nbd_with(file, sock, &[])
+}
+
+/// nbdkit's file plugin serving `file` on `sock`, with `extra` arguments (`--tls=...`).
+pub fn nbdkit_with(file: &Path, sock: &Path, extra: &[String]) -> External {
+    let mut cmd = Command::new(tool("nbdkit", "nbdkit"));
+    cmd.args(["--foreground", "--exit-with-parent", "--unix"])
+        .arg(sock)
+        .args(extra)
+        .arg("file")
+        .arg(format!("file={}", file.display()));
+    spawn_on_socket(&mut cmd, sock)
+}
+
+pub fn nbdkit(file: &Path, sock: &Path) -> External {
+    nbdkit_with(file, sock, &[])
 }
