@@ -21,12 +21,13 @@ cargo fmt --all -- --check
 stage "cargo clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 stage "cargo test (workspace)"
-cargo build --release --workspace --bins --examples
-CRYPTBLK_BIN="$PWD/target/release/cryptblk" cargo test --release --workspace
+# The `ci` profile (Cargo.toml): release code, no LTO, no debug info; into target/ci/.
+cargo build --profile ci --workspace --bins --examples
+cargo test --profile ci --workspace
 stage "crypto tests on the portable constant-time AES (aes_backend=soft)"
-RUSTFLAGS='--cfg aes_backend="soft"' cargo test --release -p cryptblk-crypto --target-dir target/soft-aes
+RUSTFLAGS='--cfg aes_backend="soft"' cargo test --profile ci -p cryptblk-crypto --target-dir target/soft-aes
 stage "fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-20} bash scripts/fuzz.sh
 stage "kernel tests in a VM (tests/vm/vm.sh)"
-bash tests/vm/run.sh
+CRYPTBLK_BIN="$PWD/target/ci/cryptblk" bash tests/vm/run.sh
 stage done

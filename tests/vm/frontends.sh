@@ -3,7 +3,7 @@
 # through each cryptblk frontend (kernel nbd-client over NBD, a loop device on the FUSE
 # file) must be what dm-crypt reads from the image, and the reverse; a filesystem made
 # through a frontend must mount and check clean through dm-crypt.
-# usage: frontends.sh /path/to/cryptblk
+# usage: [SECTIONS="nbd fuse tls"] frontends.sh /path/to/cryptblk
 set -uo pipefail
 CB=$1
 modprobe loop 2>/dev/null; modprobe nbd nbds_max=4 2>/dev/null; modprobe fuse 2>/dev/null
@@ -91,14 +91,58 @@ fs() { # frontend: mkfs.ext4 through the frontend, fsck and compare through dm-c
   check "$name: tree reads back through dm-crypt" bash -c 'mountpoint -q /tmp/fs && cd /tmp/fs && sha256sum --quiet -c /tmp/sums'
   umount /tmp/fs 2>/dev/null; dmclose
 }
+# NBD over TLS with the kernel's own client: nbd-client's -certfile/-keyfile/-cacertfile
+# against --tls required with client certificates checked (--tls-ca); a client without a
+# certificate is refused, and nothing reaches the device.
+tls() {
+  local name="nbd over TLS (nbd-client -certfile, client certificate checked)" P=/tmp/pki
+  KEY=pw
+  rm -rf $P img; mkdir -p $P; truncate -s 40M img
+  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+  openssl req -x509 -days 2 -subj "/CN=vm test CA" "${ec[@]}" -keyout $P/ca-key.pem -out $P/ca-cert.pem \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+  for who in server client; do
+    if [ $who = server ]; then printf 'subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n'
+    else printf 'extendedKeyUsage=clientAuth\n'; fi > $P/$who.ext
+    openssl req -subj "/CN=$who" "${ec[@]}" -keyout $P/$who-key.pem -out $P/$who.csr 2>/dev/null
+    openssl x509 -req -days 2 -in $P/$who.csr -CA $P/ca-cert.pem -CAkey $P/ca-key.pem -CAcreateserial \
+      -extfile $P/$who.ext -out $P/$who-cert.pem 2>/dev/null
+  done
+  "$CB" format -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw img
+  head -c $SZ /dev/urandom > a.bin
+  "$CB" open img v --nbd unix:/tmp/t.sock --run-dir $RUN --daemon --key-file pw --tls required \
+    --tls-cert $P/server-cert.pem --tls-key $P/server-key.pem --tls-ca $P/ca-cert.pem >/dev/null \
+    || { fail=$((fail+1)); echo "FAIL $name: serve"; return; }
+  check "$name: a client without a certificate is refused" bash -c \
+    "! timeout 60 nbd-client -unix /tmp/t.sock /dev/nbd1 -N v -cacertfile $P/ca-cert.pem -tlshostname localhost >/dev/null 2>&1"
+  nbd-client -d /dev/nbd1 >/dev/null 2>&1
+  check "$name: connects" bash -c "timeout 60 nbd-client -unix /tmp/t.sock /dev/nbd1 -N v -certfile $P/client-cert.pem \
+    -keyfile $P/client-key.pem -cacertfile $P/ca-cert.pem -tlshostname localhost >/dev/null"
+  dd if=a.bin of=/dev/nbd1 bs=64k oflag=direct conv=fsync status=none
+  check "$name: reads back what it wrote" cmp -n $SZ a.bin /dev/nbd1
+  nbd-client -d /dev/nbd1 >/dev/null 2>&1
+  "$CB" close v --run-dir $RUN
+  dmopen img
+  check "$name: frontend writes, dm-crypt reads" cmp -n $SZ a.bin /dev/mapper/t
+  dmclose
+}
 # Each cipher/sector combination is covered both ways by dmcrypt-interop.sh (through the
 # same Volume code); here each frontend gets a spread of them, kept short for the emulator.
-one nbd luks1 aes-xts-plain64 512 512
-one nbd luks2 aes-xts-plain64 512 4096
-one nbd plain aes-xts-plain64 256 512
-fs nbd
-one fuse luks2 aes-cbc-essiv:sha256 256 512
-one fuse luks2 aes-xts-plain64 512 4096
-fs fuse
-echo "frontends: $pass passed, $fail failed"
-[ $fail -eq 0 ] && [ $pass -gt 0 ]
+# Sections: nbd fuse tls (default: all).
+for section in ${SECTIONS:-nbd fuse tls}; do
+  echo "== frontends: $section (at ${SECONDS}s)"
+  case $section in
+    nbd)
+      one nbd luks1 aes-xts-plain64 512 512
+      one nbd luks2 aes-xts-plain64 512 4096
+      one nbd plain aes-xts-plain64 256 512
+      fs nbd ;;
+    fuse)
+      one fuse luks2 aes-cbc-essiv:sha256 256 512
+      one fuse luks2 aes-xts-plain64 512 4096
+      fs fuse ;;
+    tls) tls ;;
+  esac
+done
+echo "frontends: $pass passed, $fail failed (${SECONDS}s)"
+[ "$fail" -eq 0 ]

@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 VM=tests/vm/vm.sh
 bash "$VM" setup
-BIN=$PWD/target/release/cryptblk
+# The binary under test: $CRYPTBLK_BIN (scripts/test.sh passes its target/ci/ build), else
+# target/release/cryptblk, built if missing.
+BIN=${CRYPTBLK_BIN:-$PWD/target/release/cryptblk}
 [ -x "$BIN" ] || cargo build --release -p cryptblk
 # The guest sees the host's / read-only but has its own /tmp, so hand the scripts and the
 # binary over through the results directory (mounted at /results in the guest).
