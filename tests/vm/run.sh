@@ -8,8 +8,13 @@ VM=tests/vm/vm.sh
 bash "$VM" setup
 # The binary under test: $CRYPTBLK_BIN (scripts/test.sh passes its target/ci/ build), else
 # target/release/cryptblk, built if missing.
-BIN=${CRYPTBLK_BIN:-$PWD/target/release/cryptblk}
-[ -x "$BIN" ] || cargo build --release -p cryptblk
+if [ -n "${CRYPTBLK_BIN:-}" ]; then
+  BIN=$CRYPTBLK_BIN
+  [ -x "$BIN" ] || { echo "tests/vm: CRYPTBLK_BIN=$BIN is not an executable" >&2; exit 1; }
+else
+  BIN=$PWD/target/release/cryptblk
+  [ -x "$BIN" ] || cargo build --release -p cryptblk
+fi
 # The guest sees the host's / read-only but has its own /tmp, so hand the scripts and the
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)

@@ -63,6 +63,7 @@ pub fn io_err(path: &std::path::Path, e: std::io::Error) -> CliError {
         // Remote storage that cannot be reached is a missing device too.
         std::io::ErrorKind::ConnectionRefused
         | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::ConnectionAborted
         | std::io::ErrorKind::HostUnreachable
         | std::io::ErrorKind::NetworkUnreachable
         | std::io::ErrorKind::TimedOut => EXIT_NO_DEVICE,

@@ -90,7 +90,6 @@ fn setup(kind: &str, cipher: &str, ss: &str) -> Served {
 
 #[test]
 fn fio_verify_over_nbd_every_cipher_and_sector_size() {
-    let fio = tool("fio", "fio");
     for (kind, cipher, ss) in [
         ("luks2", "aes-xts-plain64", "4096"),
         ("luks2", "aes-xts-plain64", "512"),
@@ -118,40 +117,17 @@ fn fio_verify_over_nbd_every_cipher_and_sector_size() {
         let uri = s.uri();
         // The smallest block the volume takes (512 B or 4 KiB) at queue depth 64.
         let small = if ss == "512" { "512" } else { "4k" };
-        for (rw, bs, qd) in [
-            ("randrw", small, "64"),
-            ("randrw", "4k", "32"),
-            ("write", "1m", "4"),
-            ("randwrite", "64k", "8"),
-            ("readwrite", "16k", "1"),
-        ] {
-            let out = ok(common::run_at(
-                Some(s.dir.path()),
-                &fio,
-                &[
-                    "--name=v",
-                    "--ioengine=nbd",
-                    &format!("--uri={uri}"),
-                    &format!("--rw={rw}"),
-                    &format!("--bs={bs}"),
-                    &format!("--iodepth={qd}"),
-                    "--size=8M",
-                    "--offset_increment=8M",
-                    "--numjobs=2",
-                    "--verify=crc32c",
-                    "--do_verify=1",
-                    "--verify_fatal=1",
-                    "--output-format=json",
-                    &format!("--directory={}", s.p("")),
-                ],
-                b"",
-            ));
-            let j: serde_json::Value =
-                serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
-            for job in j["jobs"].as_array().unwrap() {
-                assert_eq!(job["error"], 0, "{kind} {cipher} {ss} {rw} {bs}");
-            }
-        }
+        common::fio_verify(
+            s.dir.path(),
+            &uri,
+            &[
+                ("randrw", small, "64"),
+                ("randrw", "4k", "32"),
+                ("write", "1m", "4"),
+                ("randwrite", "64k", "8"),
+                ("readwrite", "16k", "1"),
+            ],
+        );
         s.close();
     }
 }

@@ -73,7 +73,10 @@ impl NbdUri {
     /// Whether `s` is meant as an NBD URI (`nbd:`, `nbd+unix:`, `nbds:` ...): such a device
     /// argument is never taken as a file name.
     pub fn is_uri(s: &str) -> bool {
-        s.starts_with("nbd://") || s.starts_with("nbd+") || s.starts_with("nbds")
+        s.starts_with("nbd://")
+            || s.starts_with("nbd+")
+            || s.starts_with("nbds://")
+            || s.starts_with("nbds+")
     }
 
     /// Parses the NBD URI specification's TCP and unix forms, with or without TLS:
@@ -423,6 +426,25 @@ struct Negotiated {
 }
 
 fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
+    negotiate(uri, options).map_err(|e| match e.kind() {
+        // A socket read timeout surfaces as EAGAIN: say what it is.
+        io::ErrorKind::WouldBlock => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "no answer from the server within {} s",
+                options.connect_timeout.as_secs()
+            ),
+        ),
+        // The server hung up mid-negotiation (a refused client certificate can look so).
+        io::ErrorKind::UnexpectedEof => io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            format!("the server closed the connection during negotiation: {e}"),
+        ),
+        _ => e,
+    })
+}
+
+fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
     let timeout = Some(options.connect_timeout);
     let deadline = Instant::now() + options.connect_timeout;
     // Certificates first: a bad directory is the user's error, whatever the server.
@@ -1085,5 +1107,7 @@ mod tests {
         assert_eq!(NbdUri::parse("nbd://h").unwrap().tls, None);
         assert!(!NbdUri::is_uri("/dev/sda"));
         assert!(!NbdUri::is_uri("nbd.img"));
+        assert!(!NbdUri::is_uri("nbds.img"));
+        assert!(NbdUri::is_uri("nbds+unix:///x?socket=/s"));
     }
 }

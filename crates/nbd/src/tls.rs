@@ -2,10 +2,13 @@
 //! certificates must chain to, a client's trust and identity ([`NbdClientTls`]), and the
 //! stream that carries the rest of a connection, on either side, once TLS has started.
 //!
-//! The transmission phase reads on one thread while others write replies (see the crate
-//! docs), so the one TLS session of a connection sits behind a lock that is held only to
-//! feed it ciphertext, take plaintext out of it, or encrypt and send a reply; nobody waits
-//! for the socket to become readable while holding it.
+//! The transmission phase reads on one thread while others write (see the crate docs), so
+//! the one TLS session of a connection sits behind a lock that is held only to feed it
+//! ciphertext, take plaintext out, or seal records; never across socket I/O. Records leave
+//! under a second lock (`tx`), taken before the session's, so they reach the socket in the
+//! order they were sealed. Holding the session while blocked in `send` deadlocked two
+//! cryptblk ends: each one's writer waited for the other to read, and each one's reader
+//! waited for its own writer's session lock to decrypt what it had read.
 
 use std::io::{self, Read, Write};
 use std::path::Path;
@@ -247,10 +250,19 @@ struct Rx {
 }
 
 impl Session {
-    /// Sends whatever the session has to say (records, alerts, tickets).
+    /// Sends whatever the session has to say (records, alerts, tickets) straight to the
+    /// socket: only while nobody else uses the connection (the handshake).
     fn flush(&mut self, raw: &AnyStream) -> io::Result<()> {
         while self.conn.wants_write() {
             self.conn.write_tls(&mut Raw(raw))?;
+        }
+        Ok(())
+    }
+
+    /// Moves every record the session has ready into `out`, in order.
+    fn take_records(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        while self.conn.wants_write() {
+            self.conn.write_tls(out)?;
         }
         Ok(())
     }
@@ -265,6 +277,9 @@ pub(crate) struct TlsStream {
     session: Mutex<Option<Session>>,
     /// The reading thread's buffer for ciphertext from the socket (one reader at a time).
     rx: Mutex<Rx>,
+    /// Held while sealed records go to the socket (taken before `session`); its buffer
+    /// carries them from the session to the socket.
+    tx: Mutex<Vec<u8>>,
 }
 
 /// Ciphertext read from the socket at once: a 128 KiB write request's records in one
@@ -283,6 +298,7 @@ impl TlsStream {
                 start: 0,
                 end: 0,
             }),
+            tx: Mutex::new(Vec::new()),
         }
     }
 
@@ -357,7 +373,16 @@ impl TlsStream {
                 if rx.start < rx.end {
                     rx.start += s.conn.read_tls(&mut &rx.buf[rx.start..rx.end])?;
                     let r = s.conn.process_new_packets();
-                    s.flush(&self.raw)?;
+                    let reply = s.conn.wants_write();
+                    drop(g);
+                    if reply {
+                        // An alert or a key update to answer. Only if no writer is sending
+                        // (waiting here for one could close the deadlock circle again);
+                        // otherwise that writer, or the next, sends it with its own records.
+                        if let Ok(mut tx) = self.tx.try_lock() {
+                            self.send_pending(&mut tx)?;
+                        }
+                    }
                     r.map_err(tls_error)?;
                     continue;
                 }
@@ -391,26 +416,46 @@ impl TlsStream {
     /// `a` then `b` through the session, in shared records (a request header and its
     /// payload need not take a record of their own each).
     pub(crate) fn write_all2(&self, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
-        let mut g = lock(&self.session);
-        let s = g
-            .as_mut()
-            .ok_or_else(|| io::Error::other("no TLS session"))?;
+        let mut tx = lock(&self.tx);
         while !a.is_empty() || !b.is_empty() {
-            let n = s
-                .conn
-                .writer()
-                .write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])?;
-            if n == 0 {
-                // The session's send buffer is full: empty it onto the socket.
-                s.flush(&self.raw)?;
-                continue;
+            {
+                let mut g = lock(&self.session);
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| io::Error::other("no TLS session"))?;
+                // As much as the session takes at once (its send buffer limit, 64 KiB).
+                let n = s
+                    .conn
+                    .writer()
+                    .write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])?;
+                let from_a = n.min(a.len());
+                a = &a[from_a..];
+                b = &b[n - from_a..];
+                s.take_records(&mut tx)?;
+                if n == 0 && tx.is_empty() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "TLS session takes no more data",
+                    ));
+                }
             }
-            let from_a = n.min(a.len());
-            a = &a[from_a..];
-            b = &b[n - from_a..];
-            s.flush(&self.raw)?;
+            self.raw.write_all(&tx)?;
+            tx.clear();
         }
         Ok(())
+    }
+
+    /// Sends the records the session has ready, under `tx` (held by the caller).
+    fn send_pending(&self, tx: &mut Vec<u8>) -> io::Result<()> {
+        {
+            let mut g = lock(&self.session);
+            if let Some(s) = g.as_mut() {
+                s.take_records(tx)?;
+            }
+        }
+        let r = self.raw.write_all(tx);
+        tx.clear();
+        r
     }
 
     /// Ends the session politely (close_notify), best effort, before the socket closes.
@@ -418,9 +463,10 @@ impl TlsStream {
         if !self.is_active() {
             return;
         }
+        let mut tx = lock(&self.tx);
         if let Some(s) = lock(&self.session).as_mut() {
             s.conn.send_close_notify();
-            let _ = s.flush(&self.raw);
         }
+        let _ = self.send_pending(&mut tx);
     }
 }

@@ -730,3 +730,49 @@ fn our_client_over_tls_to_qemu_nbd_on_tcp() {
     };
     round_trip_into(Arc::new(st), &file);
 }
+
+#[test]
+fn big_reads_and_writes_at_once_over_tls_do_not_deadlock() {
+    // Both directions full at once: 8 threads with 1 MiB requests, half writing while the
+    // others read, far more than the socket buffers hold each way. Two TLS ends that held
+    // their session lock while blocked in send deadlocked here.
+    let (pki, s) = serving(false);
+    let st = Arc::new(
+        NbdStorage::connect(
+            &client_uri(&s.path, pki.dir.path()),
+            NbdClientOptions::default(),
+        )
+        .unwrap(),
+    );
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let workers: Vec<_> = (0..8u8)
+        .map(|t| {
+            let (st, done_tx) = (st.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                let off = u64::from(t) * 2 * MIB;
+                let data = vec![t.wrapping_mul(37) ^ 0x5c; MIB as usize];
+                let mut back = vec![0u8; MIB as usize];
+                for i in 0..12 {
+                    if (i + u32::from(t)) % 2 == 0 {
+                        st.write_at(&data, off).unwrap();
+                    } else {
+                        st.read_at(&mut back, off + MIB).unwrap();
+                    }
+                }
+                st.read_at(&mut back, off).unwrap();
+                assert!(back == data, "thread {t}: read back differs");
+                done_tx.send(()).unwrap();
+            })
+        })
+        .collect();
+    for _ in 0..8 {
+        done_rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("TLS client and server deadlocked (no progress in 120 s)");
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    drop(st);
+    s.stop();
+}
