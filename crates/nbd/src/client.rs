@@ -431,8 +431,8 @@ fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
         io::ErrorKind::WouldBlock => io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
-                "no answer from the server within {} s",
-                options.connect_timeout.as_secs()
+                "no answer from the server within {:.1} s",
+                options.connect_timeout.as_secs_f64()
             ),
         ),
         // The server hung up mid-negotiation (a refused client certificate can look so).

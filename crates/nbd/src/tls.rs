@@ -375,15 +375,18 @@ impl TlsStream {
                     let r = s.conn.process_new_packets();
                     let reply = s.conn.wants_write();
                     drop(g);
+                    let mut sent = Ok(());
                     if reply {
                         // An alert or a key update to answer. Only if no writer is sending
                         // (waiting here for one could close the deadlock circle again);
                         // otherwise that writer, or the next, sends it with its own records.
                         if let Ok(mut tx) = self.tx.try_lock() {
-                            self.send_pending(&mut tx)?;
+                            sent = self.send_pending(&mut tx);
                         }
                     }
+                    // The TLS error, if any, says more than a failed send of its alert.
                     r.map_err(tls_error)?;
+                    sent?;
                     continue;
                 }
             }
@@ -439,8 +442,11 @@ impl TlsStream {
                     ));
                 }
             }
-            self.raw.write_all(&tx)?;
+            // Cleared whatever happens: bytes once handed to the socket are never sent again
+            // (after a failed write the connection is done; a close_notify may still follow).
+            let sent = self.raw.write_all(&tx);
             tx.clear();
+            sent?;
         }
         Ok(())
     }
