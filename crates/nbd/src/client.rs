@@ -503,19 +503,7 @@ fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated>
     send_option(&mut s, OPT_GO, &data)?;
     let mut export: Option<(u64, u16)> = None;
     loop {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h)?;
-        if u64::from_be_bytes(h[..8].try_into().expect("8")) != OPT_REPLY_MAGIC {
-            return Err(protocol("bad option reply magic"));
-        }
-        let opt = u32::from_be_bytes(h[8..12].try_into().expect("4"));
-        let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
-        let len = u32::from_be_bytes(h[16..20].try_into().expect("4"));
-        if opt != OPT_GO || len > MAX_OPTION_LEN {
-            return Err(protocol("unexpected option reply"));
-        }
-        let mut body = vec![0u8; len as usize];
-        s.read_exact(&mut body)?;
+        let (kind, body) = read_option_reply(&mut s, OPT_GO)?;
         match kind {
             REP_ACK => break,
             REP_INFO
@@ -572,19 +560,7 @@ fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated>
 /// go through TLS. A server that will not switch is an error, never a plaintext fallback.
 fn starttls(mut s: Stream, tls: &NbdClientTls, deadline: Instant) -> io::Result<Stream> {
     send_option(&mut s, OPT_STARTTLS, &[])?;
-    let mut h = [0u8; 20];
-    s.read_exact(&mut h)?;
-    let opt = u32::from_be_bytes(h[8..12].try_into().expect("4"));
-    let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
-    let len = u32::from_be_bytes(h[16..20].try_into().expect("4"));
-    if u64::from_be_bytes(h[..8].try_into().expect("8")) != OPT_REPLY_MAGIC
-        || opt != OPT_STARTTLS
-        || len > MAX_OPTION_LEN
-    {
-        return Err(protocol("bad reply to NBD_OPT_STARTTLS"));
-    }
-    let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body)?;
+    let (kind, body) = read_option_reply(&mut s, OPT_STARTTLS)?;
     if kind != REP_ACK {
         let msg = String::from_utf8_lossy(&body);
         return Err(io::Error::new(
@@ -596,6 +572,24 @@ fn starttls(mut s: Stream, tls: &NbdClientTls, deadline: Instant) -> io::Result<
         ));
     }
     s.start_tls(tls, deadline)
+}
+
+/// One option reply to `opt`: its type (`NBD_REP_*`) and data.
+fn read_option_reply(s: &mut Stream, opt: u32) -> io::Result<(u32, Vec<u8>)> {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h)?;
+    if u64::from_be_bytes(h[..8].try_into().expect("8")) != OPT_REPLY_MAGIC {
+        return Err(protocol("bad option reply magic"));
+    }
+    let got = u32::from_be_bytes(h[8..12].try_into().expect("4"));
+    let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+    let len = u32::from_be_bytes(h[16..20].try_into().expect("4"));
+    if got != opt || len > MAX_OPTION_LEN {
+        return Err(protocol(format!("unexpected reply to option {opt}")));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body)?;
+    Ok((kind, body))
 }
 
 fn send_option(s: &mut Stream, opt: u32, data: &[u8]) -> io::Result<()> {

@@ -442,13 +442,18 @@ impl TlsStream {
                     ));
                 }
             }
-            // Cleared whatever happens: bytes once handed to the socket are never sent again
-            // (after a failed write the connection is done; a close_notify may still follow).
-            let sent = self.raw.write_all(&tx);
-            tx.clear();
-            sent?;
+            self.write_out(&mut tx)?;
         }
         Ok(())
+    }
+
+    /// Writes the records in `tx` to the socket and empties it whatever happens: bytes once
+    /// handed to the socket are never sent again (after a failed write the connection is
+    /// done; a close_notify may still follow).
+    fn write_out(&self, tx: &mut Vec<u8>) -> io::Result<()> {
+        let r = self.raw.write_all(tx);
+        tx.clear();
+        r
     }
 
     /// Sends the records the session has ready, under `tx` (held by the caller).
@@ -459,9 +464,7 @@ impl TlsStream {
                 s.take_records(tx)?;
             }
         }
-        let r = self.raw.write_all(tx);
-        tx.clear();
-        r
+        self.write_out(tx)
     }
 
     /// Ends the session politely (close_notify), best effort, before the socket closes.
