@@ -472,6 +472,7 @@ fn tcplay_made_volumes() {
             "tcplay {args:?}: {}",
             String::from_utf8_lossy(&made.stdout)
         );
+        assert!(info.status.success(), "tcplay -i: {outer_info}");
 
         let check = |pass: &str, extra: &[&str], prf: &str, chain: &str, info: Option<&str>| {
             let mut a = vec!["dump", "--type", "tcrypt"];

@@ -2,8 +2,12 @@
 """Runs tcplay on a terminal of its own (it reads passphrases only from /dev/tty) and
 answers its prompts. usage: tcplay-create.py PASSPHRASE HIDDEN_PASSPHRASE HIDDEN_SIZE --
 TCPLAY_ARGS...  Exits with tcplay's status (124 if it is still waiting after 120 s); its
-output goes to stdout."""
-import os, pty, re, signal, sys, termios, time
+output goes to stdout.
+
+tcplay's stdout and stderr are a pipe, not the terminal: when a session leader exits, the
+kernel hangs its terminal up and may drop output still queued there (an `--info` lost its
+last lines that way). The terminal is only tcplay's /dev/tty, where it reads passphrases."""
+import os, pty, re, select, signal, sys, termios, time
 
 TIMEOUT = 120
 
@@ -20,9 +24,15 @@ def main():
         (rb"size[^\n]*:\s*$", hidden_size),
         (rb"\(y/n\)\s*$", "y"),
     ]
+    out_r, out_w = os.pipe()
     pid, fd = pty.fork()
     if pid == 0:
+        os.close(out_r)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.close(out_w)
         os.execvp(args[0], args)
+    os.close(out_w)
     deadline = time.monotonic() + TIMEOUT
 
     def expired(*_):
@@ -34,13 +44,23 @@ def main():
     signal.alarm(TIMEOUT)
     seen = b""
     answered = 0
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
+    # The terminal echoes what we type; the pipe carries tcplay's output and prompts,
+    # and its end of file (every copy of the write end closed) is tcplay's end.
+    open_fds = [out_r, fd]
+    while out_r in open_fds:
+        ready, _, _ = select.select(open_fds, [], [])
+        chunk = b""
+        for r in ready:
+            try:
+                data = os.read(r, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                open_fds.remove(r)
+            elif r == out_r:
+                chunk += data
         if not chunk:
-            break
+            continue
         sys.stdout.buffer.write(chunk)
         seen += chunk
         tail = seen[answered:]
