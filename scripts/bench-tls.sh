@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # NBD over TLS against plaintext NBD, 128 KiB sequential, one cryptblk server answering
 # both (`--tls optional`) on TCP loopback, the LUKS1 image of scripts/peer-bench.sh in
-# tmpfs. The client is nbdcopy (libnbd; GnuTLS for nbds://): it reads the whole export to
-# null: and writes it from a tmpfs file, --request-size=131072, one connection, 8 requests
-# in flight. Plaintext and TLS alternate, ROUNDS rounds; printed: every figure, then the
-# medians, the TLS ÷ plaintext ratios, and the CPU seconds per GB of the server and of the
-# client (so what TLS costs each side shows even where both share the CPUs).
-# usage: [ROUNDS=3] scripts/bench-tls.sh
+# tmpfs. Two clients, each reading the whole export and writing it from a tmpfs file:
+# - nbdcopy (libnbd; GnuTLS for nbds://): --request-size=131072, one connection, 8 requests
+#   in flight, reading to null:;
+# - cryptblk itself (rustls, its own record layer): `cryptblk export` / `import` of the
+#   export as a cipher_null plain volume (1 MiB at a time, one request in flight).
+# Plaintext and TLS alternate, ROUNDS rounds; printed: every figure, then the medians, the
+# TLS ÷ plaintext ratios, and the CPU seconds per GB of the server and of the client (so
+# what TLS costs each side shows even where both share the CPUs).
+# usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] scripts/bench-tls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -38,33 +41,49 @@ head -c "$SIZE" /dev/urandom > "$W/src"
 plain="nbd://127.0.0.1:$PORT/tl"
 tls="nbds://127.0.0.1:$PORT/tl?tls-certificates=$W"
 cpu() { awk '{print $14 + $15}' "/proc/$SRV/stat"; }
-# One copy: prints "name dir MB/s server_cpu_s client_cpu_s".
+head -c 32 /dev/zero > "$W/null.key"
+NULLVOL=(--type plain --cipher cipher_null-ecb --key-size 256 --key-file "$W/null.key")
+# One copy: prints "client name dir MB/s server_cpu_s client_cpu_s".
 copy() {
-  local name=$1 dir=$2 uri=$3 from to s0 s1 t0 t1 c
-  if [ "$dir" = read ]; then from=$uri; to=null:; else from=$W/src; to=$uri; fi
+  local client=$1 name=$2 dir=$3 uri=$4 from to s0 s1 t0 t1 c
+  local cmd
+  if [ "$client" = nbdcopy ]; then
+    if [ "$dir" = read ]; then from=$uri; to=null:; else from=$W/src; to=$uri; fi
+    cmd=(nbdcopy --request-size=131072 -C 1 -R 8 "$from" "$to")
+  elif [ "$dir" = read ]; then
+    cmd=("$B" export -r -q "${NULLVOL[@]}" "$uri" /dev/null)
+  else
+    cmd=("$B" import -q "${NULLVOL[@]}" "$uri" "$W/src")
+  fi
   s0=$(cpu); t0=$(date +%s.%N)
-  c=$( { /usr/bin/time -f '%U %S' nbdcopy --request-size=131072 -C 1 -R 8 "$from" "$to" >/dev/null; } 2>&1 | tail -n1)
+  c=$( { /usr/bin/time -f '%U %S' "${cmd[@]}" >/dev/null; } 2>&1 | tail -n1)
   t1=$(date +%s.%N); s1=$(cpu)
-  python3 -c "import os,sys; t=os.sysconf('SC_CLK_TCK'); u,s=map(float,'$c'.split()); print('$name $dir', round($SIZE/($t1-$t0)/1e6), ($s1-$s0)/t, round(u+s,2))"
+  python3 -c "import os,sys; t=os.sysconf('SC_CLK_TCK'); u,s=map(float,'$c'.split()); print('$client $name $dir', round($SIZE/($t1-$t0)/1e6), ($s1-$s0)/t, round(u+s,2))"
 }
 for r in $(seq "$ROUNDS"); do
-  for d in read write; do
-    copy plaintext "$d" "$plain" | tee -a "$OUT"
-    copy tls "$d" "$tls" | tee -a "$OUT"
+  for client in ${CLIENTS:-nbdcopy cryptblk}; do
+    for d in read write; do
+      copy "$client" plaintext "$d" "$plain" | tee -a "$OUT"
+      copy "$client" tls "$d" "$tls" | tee -a "$OUT"
+    done
   done
 done
 python3 - "$OUT" "$SIZE" <<'PY'
 import collections, statistics, sys
 size_gb = int(sys.argv[2]) / 1e9
 d = collections.defaultdict(list)
+clients = []
 for line in open(sys.argv[1]):
-    name, rw, mbs, srv, cli = line.split()
-    d[(name, rw)].append((float(mbs), float(srv), float(cli)))
-print("\n| 128 KiB sequential | plaintext MB/s | TLS MB/s | TLS ÷ plaintext | server CPU s/GB, plain → TLS | client CPU s/GB, plain → TLS |")
-print("|---|---|---|---|---|---|")
-for rw in ("read", "write"):
-    p, t = d[("plaintext", rw)], d[("tls", rw)]
-    med = lambda v, i: statistics.median(x[i] for x in v)
-    print(f"| {rw} | {med(p,0):.0f} | {med(t,0):.0f} | **{med(t,0)/med(p,0):.2f}** "
-          f"| {med(p,1)/size_gb:.2f} → {med(t,1)/size_gb:.2f} | {med(p,2)/size_gb:.2f} → {med(t,2)/size_gb:.2f} |")
+    client, name, rw, mbs, srv, cli = line.split()
+    d[(client, name, rw)].append((float(mbs), float(srv), float(cli)))
+    if client not in clients:
+        clients.append(client)
+print("\n| client | sequential | plaintext MB/s | TLS MB/s | TLS ÷ plaintext | server CPU s/GB, plain → TLS | client CPU s/GB, plain → TLS |")
+print("|---|---|---|---|---|---|---|")
+for c in clients:
+    for rw in ("read", "write"):
+        p, t = d[(c, "plaintext", rw)], d[(c, "tls", rw)]
+        med = lambda v, i: statistics.median(x[i] for x in v)
+        print(f"| {c} | {rw} | {med(p,0):.0f} | {med(t,0):.0f} | **{med(t,0)/med(p,0):.2f}** "
+              f"| {med(p,1)/size_gb:.2f} → {med(t,1)/size_gb:.2f} | {med(p,2)/size_gb:.2f} → {med(t,2)/size_gb:.2f} |")
 PY

@@ -55,6 +55,10 @@ pub struct NbdUriTls {
     /// `tls-hostname=NAME`: the name the server's certificate must carry; by default the
     /// URI's host, or `localhost` over a unix socket.
     pub hostname: Option<String>,
+    /// Update the send key every this many records instead of only near the cipher's
+    /// limit (tests; see [`NbdClientTls::with_key_update_after`]).
+    #[doc(hidden)]
+    pub key_update_after: Option<u64>,
 }
 
 /// An NBD server's address.
@@ -172,7 +176,11 @@ impl NbdUri {
             (None, NbdAddress::Tcp(h, _)) => h.as_str(),
             (None, NbdAddress::Unix(_)) => "localhost",
         };
-        NbdClientTls::from_dir(t.certificates.as_deref(), name).map(Some)
+        let tls = NbdClientTls::from_dir(t.certificates.as_deref(), name)?;
+        Ok(Some(match t.key_update_after {
+            Some(n) => tls.with_key_update_after(n),
+            None => tls,
+        }))
     }
 }
 

@@ -109,21 +109,6 @@ impl AnyStream {
         }
     }
 
-    /// One `writev` on the socket (the TLS layer's records); never called through TLS.
-    pub(crate) fn write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        loop {
-            let r = match self {
-                AnyStream::Unix(s) => (&*s).write_vectored(bufs),
-                AnyStream::Tcp(s) => (&*s).write_vectored(bufs),
-                AnyStream::Tls(t) => t.raw().write_vectored(bufs),
-            };
-            match r {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => return r,
-            }
-        }
-    }
-
     pub(crate) fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             AnyStream::Unix(s) => s.shutdown(how),
