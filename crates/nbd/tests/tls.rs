@@ -651,21 +651,26 @@ fn round_trip_into(st: Arc<NbdStorage>, file: &Path) {
     );
 }
 
+/// nbdkit serving `file` on `sock` with TLS required, the Pki's certificates, and client
+/// certificates checked if `verify_peer`.
+fn nbdkit_tls(pki: &Pki, file: &Path, sock: &Path, verify_peer: bool) -> common::External {
+    let mut args = vec![
+        "--tls=require".to_string(),
+        format!("--tls-certificates={}", pki.dir.path().display()),
+    ];
+    if verify_peer {
+        args.push("--tls-verify-peer".into());
+    }
+    common::nbdkit_with(file, sock, &args)
+}
+
 #[test]
 fn our_client_over_tls_to_nbdkit_with_a_client_certificate() {
     let pki = Pki::new();
     let dir = tempfile::tempdir().unwrap();
     let file = backing(dir.path());
     let sock = dir.path().join("k.sock");
-    let _k = common::nbdkit_with(
-        &file,
-        &sock,
-        &[
-            "--tls=require".into(),
-            format!("--tls-certificates={}", pki.dir.path().display()),
-            "--tls-verify-peer".into(),
-        ],
-    );
+    let _k = nbdkit_tls(&pki, &file, &sock, true);
     let st = NbdStorage::connect(
         &client_uri(&sock, pki.dir.path()),
         NbdClientOptions::default(),
@@ -781,14 +786,7 @@ fn key_updates_both_ways() {
     // nbdkit (GnuTLS) as the server, receiving this client's key updates.
     let file = backing(dir.path());
     let sock = dir.path().join("k.sock");
-    let _k = common::nbdkit_with(
-        &file,
-        &sock,
-        &[
-            "--tls=require".into(),
-            format!("--tls-certificates={}", pki.dir.path().display()),
-        ],
-    );
+    let _k = nbdkit_tls(&pki, &file, &sock, false);
     let mut uri = client_uri(&sock, pki.dir.path());
     uri.tls.as_mut().unwrap().key_update_after = Some(100);
     let st = NbdStorage::connect(&uri, NbdClientOptions::default()).unwrap();

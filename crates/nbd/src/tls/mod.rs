@@ -307,35 +307,42 @@ trait Handshake: Sized {
     fn finish(self) -> Result<(ExtractedSecrets, KeySchedule), rustls::Error>;
 }
 
-impl Handshake for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn finish(self) -> Result<(ExtractedSecrets, KeySchedule), rustls::Error> {
-        let (secrets, k) = self.dangerous_into_kernel_connection()?;
-        Ok((secrets, KeySchedule::Server(k)))
-    }
+/// `Handshake` for rustls' unbuffered connection of one side.
+macro_rules! handshake_side {
+    ($conn:ty, $data:ty, $side:ident) => {
+        impl Handshake for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(
+                &'c mut self,
+                incoming: &'i mut [u8],
+            ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn finish(self) -> Result<(ExtractedSecrets, KeySchedule), rustls::Error> {
+                let (secrets, k) = self.dangerous_into_kernel_connection()?;
+                Ok((secrets, KeySchedule::$side(k)))
+            }
+        }
+    };
 }
 
-impl Handshake for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
+handshake_side!(UnbufferedServerConnection, ServerConnectionData, Server);
+handshake_side!(UnbufferedClientConnection, ClientConnectionData, Client);
+
+/// Where the record starting `buf` ends, if all of it is there.
+fn record_end(buf: &[u8]) -> Option<usize> {
+    let len = u16::from_be_bytes([*buf.get(3)?, *buf.get(4)?]) as usize;
+    if len > MAX_CIPHERTEXT {
+        // rustls says what is wrong with it.
+        return Some(buf.len());
     }
-    fn finish(self) -> Result<(ExtractedSecrets, KeySchedule), rustls::Error> {
-        let (secrets, k) = self.dangerous_into_kernel_connection()?;
-        Ok((secrets, KeySchedule::Client(k)))
-    }
+    (buf.len() >= HEADER_LEN + len).then_some(HEADER_LEN + len)
 }
 
 /// Runs `conn`'s handshake on `raw` until application data may flow, before `deadline`.
+/// rustls gets one record more only when it asks for more: records after the handshake's
+/// last one stay for the record layer (rustls would otherwise open them, or act on a key
+/// update in them, and keep its answer to itself).
 fn handshake<H: Handshake>(
     mut conn: H,
     raw: &AnyStream,
@@ -343,6 +350,8 @@ fn handshake<H: Handshake>(
 ) -> io::Result<Handshaken> {
     let mut incoming = vec![0u8; 2 * (HEADER_LEN + MAX_CIPHERTEXT)];
     let mut used = 0;
+    // incoming[..fed] is what rustls has been given.
+    let mut fed = 0;
     let mut outgoing: Vec<u8> = Vec::new();
     let mut plaintext = Vec::new();
     let io_deadline = || -> io::Result<()> {
@@ -364,14 +373,15 @@ fn handshake<H: Handshake>(
         Ok(())
     };
     loop {
-        let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..used]);
+        let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..fed]);
         let mut more = false;
+        let mut done = false;
         match state {
             Err(e) => {
                 // rustls queues an alert that says why: send it, best effort. (The buffer
                 // goes with it: rustls may still hold places in it.)
                 incoming.copy_within(discard..used, 0);
-                let _ = send_alerts(&mut conn, &mut incoming[..used - discard], raw);
+                let _ = send_alerts(&mut conn, &mut incoming[..fed - discard], raw);
                 return Err(tls_error(e));
             }
             Ok(ConnectionState::EncodeTlsData(mut enc)) => {
@@ -405,7 +415,7 @@ fn handshake<H: Handshake>(
                     plaintext.extend_from_slice(rec.payload);
                 }
             }
-            Ok(ConnectionState::WriteTraffic(_)) => break,
+            Ok(ConnectionState::WriteTraffic(_)) => done = true,
             Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionAborted,
@@ -416,7 +426,15 @@ fn handshake<H: Handshake>(
         }
         incoming.copy_within(discard..used, 0);
         used -= discard;
+        fed -= discard;
+        if done {
+            break;
+        }
         if more {
+            if let Some(n) = record_end(&incoming[fed..used]) {
+                fed += n;
+                continue;
+            }
             if used == incoming.len() {
                 // A flight larger than two records (long certificate chains): rustls needs
                 // all of a handshake message in the buffer at once.
@@ -444,6 +462,11 @@ fn handshake<H: Handshake>(
             }
             used += n;
         }
+    }
+    if fed != 0 {
+        return Err(io::Error::other(
+            "TLS: rustls kept handshake records it had processed",
+        ));
     }
     let (secrets, schedule) = conn.finish().map_err(tls_error)?;
     incoming.truncate(used);
@@ -497,6 +520,9 @@ struct Tx {
     buf: Vec<u8>,
     /// Records after which the key is updated (well below the cipher's limit).
     update_at: u64,
+    /// A write failed (the peer may hold part of a record) or a fatal alert or
+    /// close_notify went out: nothing more may be sent.
+    failed: bool,
 }
 
 /// A connection that may switch to TLS: before [`TlsStream::start`] bytes pass straight
@@ -594,6 +620,7 @@ impl TlsStream {
             key: RecordKey::new(secrets.tx.0, secrets.tx.1)?,
             buf: Vec::new(),
             update_at,
+            failed: false,
         });
         *lock(&self.schedule) = Some(schedule);
         self.active.store(true, Ordering::Release);
@@ -677,6 +704,9 @@ impl TlsStream {
                     .key
                     .open(header, &mut rx.buf[body..body + len])
                     .map_err(|e| (e, Some(AlertDescription::BadRecordMac)))?;
+                if n > MAX_PLAINTEXT {
+                    return Err(fatal("record too long", AlertDescription::RecordOverflow));
+                }
                 if typ != HANDSHAKE && !rx.handshake.is_empty() {
                     return Err(fatal(
                         "handshake message split by other records",
@@ -686,6 +716,12 @@ impl TlsStream {
                 match typ {
                     APPLICATION_DATA => rx.plain = body..body + n,
                     ALERT => self.alert(rx, body, n)?,
+                    HANDSHAKE if n == 0 => {
+                        return Err(fatal(
+                            "empty handshake record",
+                            AlertDescription::UnexpectedMessage,
+                        ));
+                    }
                     HANDSHAKE => {
                         rx.handshake.extend_from_slice(&rx.buf[body..body + n]);
                         self.handshake_messages(rx)?;
@@ -777,6 +813,12 @@ impl TlsStream {
                 (KEY_UPDATE, _) => {
                     let request = match body[..] {
                         [r @ (0 | 1)] => r == 1,
+                        [_] => {
+                            return Err(fatal(
+                                "key update with an unknown request value".into(),
+                                AlertDescription::IllegalParameter,
+                            ));
+                        }
                         _ => {
                             return Err(fatal(
                                 "malformed key update".into(),
@@ -794,6 +836,9 @@ impl TlsStream {
                     let (seq, secrets) = schedule.next_rx().map_err(|e| (tls_error(e), None))?;
                     rx.key = RecordKey::new(seq, secrets).map_err(|e| (e, None))?;
                     if request {
+                        // Answered before our next record (RFC 8446 §4.6.3), by whichever
+                        // writer sends it: the reader never writes to the socket, so it
+                        // never waits for the peer to read.
                         self.update_requested.store(true, Ordering::Release);
                     }
                 }
@@ -807,16 +852,6 @@ impl TlsStream {
                         AlertDescription::UnexpectedMessage,
                     ));
                 }
-            }
-        }
-        if self.update_requested.load(Ordering::Acquire) {
-            // Answer now if no writer is sending (waiting for one here could deadlock
-            // with a peer doing the same); otherwise the writer answers before its records.
-            if let Ok(mut tx) = self.tx.try_lock()
-                && let Some(tx) = tx.as_mut()
-            {
-                let r = self.update_if_due(tx).and_then(|()| self.write_out(tx));
-                r.map_err(|e| (e, None))?;
             }
         }
         Ok(())
@@ -844,14 +879,16 @@ impl TlsStream {
         if let Ok(mut tx) = self.tx.try_lock()
             && let Some(tx) = tx.as_mut()
         {
-            if tx
-                .key
-                .seal(ALERT, &[&[2, u8::from(alert)]], &mut tx.buf)
-                .is_ok()
+            if !tx.failed
+                && tx
+                    .key
+                    .seal(ALERT, &[&[2, u8::from(alert)]], &mut tx.buf)
+                    .is_ok()
             {
                 let _ = self.write_out(tx);
             }
             tx.buf.clear();
+            tx.failed = true;
         }
     }
 
@@ -864,9 +901,25 @@ impl TlsStream {
 
     /// `a` then `b`, in shared records (a request header and its payload need not take a
     /// record of their own each).
-    pub(crate) fn write_all2(&self, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_all2(&self, a: &[u8], b: &[u8]) -> io::Result<()> {
         let mut g = lock(&self.tx);
         let tx = g.as_mut().ok_or_else(no_session)?;
+        if tx.failed {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS: the session failed earlier",
+            ));
+        }
+        let r = self.seal_and_send(tx, a, b);
+        if r.is_err() {
+            // Records of a message only partly sealed or sent must never follow.
+            tx.buf.clear();
+            tx.failed = true;
+        }
+        r
+    }
+
+    fn seal_and_send(&self, tx: &mut Tx, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
         loop {
             self.update_if_due(tx)?;
             let from_a = a.len().min(MAX_PLAINTEXT);
@@ -903,9 +956,11 @@ impl TlsStream {
         }
         let mut g = lock(&self.tx);
         if let Some(tx) = g.as_mut()
+            && !tx.failed
             && tx.key.seal(ALERT, &[&[1, 0]], &mut tx.buf).is_ok()
         {
             let _ = self.write_out(tx);
+            tx.failed = true;
         }
     }
 }

@@ -86,6 +86,7 @@ impl RecordKey {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         debug_assert!(len <= MAX_PLAINTEXT);
         let body = len + 1 + TAG_LEN;
+        let nonce = self.next_nonce()?;
         let start = out.len();
         out.reserve(len + OVERHEAD);
         // The outer type of every protected record is application_data, version 1.2.
@@ -95,17 +96,22 @@ impl RecordKey {
             out.extend_from_slice(p);
         }
         out.push(typ);
-        let nonce = self.next_nonce()?;
-        let tag = self
-            .key
-            .seal_in_place_separate_tag(
-                nonce,
-                aead::Aad::from(header),
-                &mut out[start + HEADER_LEN..],
-            )
-            .map_err(|_| io::Error::other("TLS: sealing a record failed"))?;
-        out.extend_from_slice(tag.as_ref());
-        Ok(())
+        let sealed = self.key.seal_in_place_separate_tag(
+            nonce,
+            aead::Aad::from(header),
+            &mut out[start + HEADER_LEN..],
+        );
+        match sealed {
+            Ok(tag) => {
+                out.extend_from_slice(tag.as_ref());
+                Ok(())
+            }
+            Err(_) => {
+                // Never leave the plaintext in what goes to the socket.
+                out.truncate(start);
+                Err(io::Error::other("TLS: sealing a record failed"))
+            }
+        }
     }
 
     /// Opens a record in place: `header` is its first five bytes, `body` the rest. Returns
