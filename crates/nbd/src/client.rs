@@ -243,6 +243,10 @@ impl Default for NbdClientOptions {
     }
 }
 
+/// How often a request waiting for a TLS key update (or the update waiting for the
+/// requests in flight) looks again: it happens once per 64 GiB.
+const QUIESCE_POLL: Duration = Duration::from_micros(200);
+
 /// Largest payload of one request: every server takes 32 MiB (qemu-nbd's limit).
 const MAX_CHUNK: usize = 32 << 20;
 
@@ -286,6 +290,8 @@ struct Pending {
     done: HashMap<u64, io::Result<Vec<u8>>>,
     /// The connection broke: every request still waiting fails.
     broken: bool,
+    /// A TLS key update waits for the requests in flight to finish; new ones wait for it.
+    quiescing: bool,
 }
 
 enum Stream {
@@ -499,6 +505,26 @@ fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated>
     if let Some(tls) = &options_tls {
         s = starttls(s, tls, deadline)?;
     }
+    let tls = match &s {
+        Stream::Tls(t) => Some(t.clone()),
+        _ => None,
+    };
+    opt_go(s, uri, no_zeroes).map_err(|e| match (tls, e.kind()) {
+        // A server that refused our certificate after the handshake (TLS 1.3 lets the
+        // client finish first) may have hung up before our first option reached it: its
+        // alert, if it sent one, says why better than EPIPE.
+        (Some(t), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
+            match t.read_some(&mut [0u8; 256]) {
+                Err(alert) if alert.kind() == io::ErrorKind::ConnectionRefused => alert,
+                _ => e,
+            }
+        }
+        _ => e,
+    })
+}
+
+/// NBD_OPT_GO for the URI's export, on a negotiated (and maybe encrypted) stream.
+fn opt_go(mut s: Stream, uri: &NbdUri, no_zeroes: bool) -> io::Result<Negotiated> {
     // NBD_OPT_GO: the export name, no information requests.
     let name = uri.export.as_bytes();
     if name.len() > crate::MAX_STRING_LEN {
@@ -774,6 +800,46 @@ impl Conn {
         }
     }
 
+    /// Sends the TLS key update the stream wants (every 2^22 records) with no request in
+    /// flight on this connection: the threads already waiting read their replies, new
+    /// requests wait meanwhile. Once per 64 GiB sent, and nbdkit's GnuTLS loses a
+    /// connection that takes the update while it is sending a reply.
+    fn key_update_when_quiet(&self) -> io::Result<()> {
+        let Stream::Tls(t) = &self.ctl else {
+            return Ok(());
+        };
+        if !t.key_update_wanted() {
+            return Ok(());
+        }
+        let mut p = lock(&self.pending);
+        if p.quiescing || p.broken {
+            // Another thread is on it (request() waits), or requests fail anyway.
+            return Ok(());
+        }
+        p.quiescing = true;
+        while !p.waiting.is_empty() && !p.broken {
+            drop(p);
+            std::thread::sleep(QUIESCE_POLL);
+            p = lock(&self.pending);
+        }
+        let r = if p.broken {
+            Ok(())
+        } else {
+            drop(p);
+            let r = {
+                let _send = lock(&self.send);
+                t.update_key_now()
+            };
+            p = lock(&self.pending);
+            r
+        };
+        p.quiescing = false;
+        if let Err(e) = &r {
+            self.break_off(&mut p, e);
+        }
+        r
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn request(
         &self,
@@ -785,8 +851,14 @@ impl Conn {
         out: &[u8],
         mut into: Option<&mut [u8]>,
     ) -> Result<(), Failure> {
+        self.key_update_when_quiet().map_err(Failure::NotSent)?;
         {
             let mut p = lock(&self.pending);
+            while p.quiescing && !p.broken {
+                drop(p);
+                std::thread::sleep(QUIESCE_POLL);
+                p = lock(&self.pending);
+            }
             if p.broken {
                 return Err(Failure::NotSent(io::Error::new(
                     io::ErrorKind::BrokenPipe,

@@ -329,12 +329,16 @@ macro_rules! handshake_side {
 handshake_side!(UnbufferedServerConnection, ServerConnectionData, Server);
 handshake_side!(UnbufferedClientConnection, ClientConnectionData, Client);
 
-/// Where the record starting `buf` ends, if all of it is there.
+/// How much of `buf` to give rustls next: the record starting it, once all of it is there,
+/// or just the header where that header cannot start a TLS record (not a record type and
+/// version 3.x, or longer than any record rustls takes), so that rustls refuses it now.
 fn record_end(buf: &[u8]) -> Option<usize> {
-    let len = u16::from_be_bytes([*buf.get(3)?, *buf.get(4)?]) as usize;
-    if len > MAX_CIPHERTEXT {
-        // rustls says what is wrong with it.
-        return Some(buf.len());
+    /// rustls refuses any record header announcing this much or more (2^14 + 2048).
+    const RUSTLS_MAX_RECORD: usize = (1 << 14) + 2048;
+    let header = buf.get(..HEADER_LEN)?;
+    let len = u16::from_be_bytes([header[3], header[4]]) as usize;
+    if !(20..=23).contains(&header[0]) || header[1] != 3 || len >= RUSTLS_MAX_RECORD {
+        return Some(HEADER_LEN);
     }
     (buf.len() >= HEADER_LEN + len).then_some(HEADER_LEN + len)
 }
@@ -478,20 +482,17 @@ fn handshake<H: Handshake>(
     })
 }
 
-/// Sends the alert rustls queued after a failed handshake step, with what it had encoded
-/// before; `incoming` is the handshake's unprocessed input, as rustls last saw it.
+/// Sends the alert rustls queued after a failed handshake step; `incoming` is the
+/// handshake's unprocessed input, as rustls last saw it. One call only: after some
+/// errors rustls has not discarded the bad record, and a second call would process it
+/// (and try to alert) again.
 fn send_alerts<H: Handshake>(conn: &mut H, incoming: &mut [u8], raw: &AnyStream) -> io::Result<()> {
     let mut out = vec![0u8; 512];
     let mut len = 0;
-    for _ in 0..8 {
-        match conn.process(incoming).state {
-            Ok(ConnectionState::EncodeTlsData(mut enc)) => {
-                if let Ok(n) = enc.encode(&mut out[len..]) {
-                    len += n;
-                }
-            }
-            _ => break,
-        }
+    if let Ok(ConnectionState::EncodeTlsData(mut enc)) = conn.process(incoming).state
+        && let Ok(n) = enc.encode(&mut out)
+    {
+        len = n;
     }
     raw.write_all(&out[..len])
 }
@@ -518,8 +519,11 @@ struct Rx {
 struct Tx {
     key: RecordKey,
     buf: Vec<u8>,
-    /// Records after which the key is updated (well below the cipher's limit).
+    /// Records after which the key is updated (well below the cipher's limit). A client
+    /// defers it to [`TlsStream::update_key_now`], called with nothing in flight, up to
+    /// `update_by`, where it updates anyway.
     update_at: u64,
+    update_by: u64,
     /// A write failed (the peer may hold part of a record) or a fatal alert or
     /// close_notify went out: nothing more may be sent.
     failed: bool,
@@ -537,6 +541,8 @@ pub(crate) struct TlsStream {
     schedule: Mutex<Option<KeySchedule>>,
     /// The peer asked for a key update: the next sender updates its key first.
     update_requested: AtomicBool,
+    /// Our send key is due for an update, which waits for [`TlsStream::update_key_now`].
+    update_wanted: AtomicBool,
 }
 
 /// Ciphertext read from the socket at once: a 128 KiB write request's records in one
@@ -566,6 +572,7 @@ impl TlsStream {
             tx: Mutex::new(None),
             schedule: Mutex::new(None),
             update_requested: AtomicBool::new(false),
+            update_wanted: AtomicBool::new(false),
         }
     }
 
@@ -603,6 +610,13 @@ impl TlsStream {
             .key_update_after
             .unwrap_or(limit / 2)
             .min(limit / 2);
+        // A server updates on time; a client lets its caller pick a quiet moment first
+        // (see `update_key_now`), for up to half as many records again (still under 3/4
+        // of the limit).
+        let update_by = match self.side.role {
+            Role::Server(_) => update_at,
+            Role::Client(..) => update_at.saturating_add(update_at / 2).min(limit / 4 * 3),
+        };
         let end = leftover.len();
         leftover.resize(RX_LEN.max(end), 0);
         *lock(&self.rx) = Some(Rx {
@@ -620,6 +634,7 @@ impl TlsStream {
             key: RecordKey::new(secrets.tx.0, secrets.tx.1)?,
             buf: Vec::new(),
             update_at,
+            update_by,
             failed: false,
         });
         *lock(&self.schedule) = Some(schedule);
@@ -861,9 +876,18 @@ impl TlsStream {
     /// a KeyUpdate record under the old key, everything after under the new one.
     fn update_if_due(&self, tx: &mut Tx) -> io::Result<()> {
         let requested = self.update_requested.swap(false, Ordering::AcqRel);
-        if !requested && tx.key.seq() < tx.update_at {
+        if !requested && tx.key.seq() < tx.update_by {
+            if tx.key.seq() >= tx.update_at {
+                self.update_wanted.store(true, Ordering::Release);
+            }
             return Ok(());
         }
+        self.update_key(tx)
+    }
+
+    /// Sends a KeyUpdate under the current key and switches to the next one.
+    fn update_key(&self, tx: &mut Tx) -> io::Result<()> {
+        self.update_wanted.store(false, Ordering::Release);
         // update_not_requested: our own update does not ask for the peer's.
         tx.key
             .seal(HANDSHAKE, &[&[KEY_UPDATE, 0, 0, 1, 0]], &mut tx.buf)?;
@@ -890,6 +914,34 @@ impl TlsStream {
             tx.buf.clear();
             tx.failed = true;
         }
+    }
+
+    /// Whether the send key is due for an update that waits for [`update_key_now`]
+    /// (clients only).
+    ///
+    /// [`update_key_now`]: TlsStream::update_key_now
+    pub(crate) fn key_update_wanted(&self) -> bool {
+        self.update_wanted.load(Ordering::Acquire)
+    }
+
+    /// Updates the send key now. An NBD client calls this with no request in flight: a
+    /// server built on GnuTLS with threads (nbdkit) mis-numbers a reply it is sending
+    /// while another of its threads takes the update, and the connection fails.
+    pub(crate) fn update_key_now(&self) -> io::Result<()> {
+        let mut g = lock(&self.tx);
+        let tx = g.as_mut().ok_or_else(no_session)?;
+        if tx.failed {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS: the session failed earlier",
+            ));
+        }
+        let r = self.update_key(tx).and_then(|()| self.write_out(tx));
+        if r.is_err() {
+            tx.buf.clear();
+            tx.failed = true;
+        }
+        r
     }
 
     pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
@@ -1078,6 +1130,22 @@ mod tests {
         let mut buf = [0u8; 16];
         let e = c.read(&mut buf).unwrap_err();
         assert!(e.to_string().contains("BadRecordMac"), "{e}");
+    }
+
+    #[test]
+    fn a_client_speaking_plain_nbd_instead_of_tls_is_refused_at_once() {
+        let (tls, _) = identity(&[&rustls::version::TLS13]);
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let server = TlsStream::new(AnyStream::Unix(b), (&tls).into());
+        // Not a TLS record: "IHAVEOPT" would announce a 0x5645-byte record.
+        a.write_all(b"IHAVEOPT\0\0\0\x01\0\0\0\0").unwrap();
+        let t0 = Instant::now();
+        let e = server
+            .start(Some(Instant::now() + Duration::from_secs(30)))
+            .unwrap_err();
+        assert_ne!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{e}");
+        assert!(e.to_string().contains("TLS"), "{e}");
     }
 
     #[test]

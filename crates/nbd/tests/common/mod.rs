@@ -210,11 +210,19 @@ pub fn spawn_on_socket(cmd: &mut Command, sock: &Path) -> External {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     let mut ext = External { child };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !sock.exists() {
+    // The socket file appears before the server listens on it: wait until it answers
+    // (the servers here take a client that leaves at once).
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
         if let Ok(Some(st)) = ext.child.try_wait() {
-            panic!("{cmd:?} exited ({st}) before creating {}", sock.display());
+            panic!(
+                "{cmd:?} exited ({st}) before listening on {}",
+                sock.display()
+            );
         }
-        assert!(Instant::now() < deadline, "{cmd:?}: no socket after 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "{cmd:?}: not listening after 10 s"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     ext
