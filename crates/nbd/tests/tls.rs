@@ -520,6 +520,43 @@ fn qemu_img_over_tls_and_refused_without_the_ca() {
     s.stop();
 }
 
+/// A GnuTLS client held to TLS 1.2, as the kernel's nbd-client is (its default priority
+/// has no TLS 1.3): qemu-img with `priority=NORMAL:-VERS-ALL:+VERS-TLS1.2` writes 4 MiB
+/// through the server's TLS 1.2 record layer and reads them back.
+#[test]
+fn a_tls_1_2_only_gnutls_client_writes_and_reads_back() {
+    let qemu_img = tool("qemu-img", "qemu-utils");
+    let (pki, s) = serving(true);
+    let object = format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={},priority=NORMAL:-VERS-ALL:+VERS-TLS1.2",
+        pki.dir.path().display()
+    );
+    let target = format!(
+        "driver=nbd,server.type=unix,server.path={},export=disk,tls-creds=tls0,tls-hostname=localhost",
+        s.path.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (src, back) = (dir.path().join("src"), dir.path().join("back"));
+    let data: Vec<u8> = (0..4 * MIB as usize)
+        .map(|i| (i.wrapping_mul(40_503) >> 7) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    run(Command::new(&qemu_img)
+        .args(["convert", "-n", "-f", "raw", "--object", &object])
+        .arg(&src)
+        .args(["--target-image-opts", &target]));
+    run(Command::new(&qemu_img)
+        .args(["convert", "--object", &object, "--image-opts", &target])
+        .args(["-O", "raw"])
+        .arg(&back));
+    let got = std::fs::read(&back).unwrap();
+    assert!(
+        got[..data.len()] == data[..],
+        "TLS 1.2 round trip through qemu-img differs"
+    );
+    s.stop();
+}
+
 // ---- cryptblk as the TLS client (nbds://, nbds+unix://) ----
 
 fn client_uri(sock: &Path, certs: &Path) -> NbdUri {

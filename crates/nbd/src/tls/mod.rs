@@ -2,7 +2,8 @@
 //! certificates must chain to, a client's trust and identity ([`NbdClientTls`]), and the
 //! stream that carries the rest of a connection, on either side, once TLS has started.
 //!
-//! rustls runs the handshake (TLS 1.3 only); the transmission phase then protects its
+//! rustls runs the handshake (TLS 1.3, or 1.2 for clients without it: the kernel's
+//! nbd-client); the transmission phase then protects its
 //! records itself ([`record`]), one key per direction: the thread that reads opens records
 //! under the receive lock, writers seal under the send lock, and neither ever waits for the
 //! other. (One rustls session shared by both directions had to be locked for either, and
@@ -105,7 +106,7 @@ impl NbdTls {
         let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(key, e))?;
         let provider = provider();
         let builder = ServerConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13])
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| io::Error::other(e.to_string()))?;
         let builder = match client_ca {
             Some(ca) => {
@@ -184,7 +185,7 @@ impl NbdClientTls {
             )
         })?;
         let builder = ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| io::Error::other(e.to_string()))?
             .with_root_certificates(read_roots(&ca)?);
         let cert = dir.map(|d| d.join("client-cert.pem"));
@@ -282,9 +283,17 @@ impl KeySchedule {
             KeySchedule::Server(k) => k.negotiated_cipher_suite(),
             KeySchedule::Client(k) => k.negotiated_cipher_suite(),
         };
-        suite
-            .tls13()
-            .map_or(1 << 23, |s| s.common.confidentiality_limit)
+        match suite {
+            rustls::SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
+            rustls::SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
+        }
+    }
+    fn is_tls12(&self) -> bool {
+        let version = match self {
+            KeySchedule::Server(k) => k.protocol_version(),
+            KeySchedule::Client(k) => k.protocol_version(),
+        };
+        version == rustls::ProtocolVersion::TLSv1_2
     }
 }
 
@@ -555,6 +564,7 @@ const MAX_HANDSHAKE_MESSAGE: usize = 64 << 10;
 /// The most handshake data buffered at once during the handshake.
 const MAX_HANDSHAKE_FLIGHT: usize = 1 << 20;
 /// TLS handshake message types after the handshake (RFC 8446 §4).
+const HELLO_REQUEST: u8 = 0;
 const NEW_SESSION_TICKET: u8 = 4;
 const KEY_UPDATE: u8 = 24;
 
@@ -605,6 +615,7 @@ impl TlsStream {
             plaintext,
         } = hs;
         let limit = schedule.record_limit();
+        let tls12 = schedule.is_tls12();
         let update_at = self
             .side
             .key_update_after
@@ -614,13 +625,15 @@ impl TlsStream {
         // (see `update_key_now`), for up to half as many records again (still under 3/4
         // of the limit).
         let update_by = match self.side.role {
+            // TLS 1.2 has no key updates: the session ends at the limit, as rustls ends it.
+            _ if tls12 => limit,
             Role::Server(_) => update_at,
             Role::Client(..) => update_at.saturating_add(update_at / 2).min(limit / 4 * 3),
         };
         let end = leftover.len();
         leftover.resize(RX_LEN.max(end), 0);
         *lock(&self.rx) = Some(Rx {
-            key: RecordKey::new(secrets.rx.0, secrets.rx.1)?,
+            key: RecordKey::new(secrets.rx.0, secrets.rx.1, tls12)?,
             buf: leftover,
             start: 0,
             end,
@@ -631,7 +644,7 @@ impl TlsStream {
             failed: false,
         });
         *lock(&self.tx) = Some(Tx {
-            key: RecordKey::new(secrets.tx.0, secrets.tx.1)?,
+            key: RecordKey::new(secrets.tx.0, secrets.tx.1, tls12)?,
             buf: Vec::new(),
             update_at,
             update_by,
@@ -703,7 +716,7 @@ impl TlsStream {
                 .try_into()
                 .expect("five bytes");
             let len = u16::from_be_bytes([header[3], header[4]]) as usize;
-            if header[0] != APPLICATION_DATA {
+            if !rx.key.takes_outer_type(header[0]) {
                 return Err(fatal(
                     "unprotected record after the handshake",
                     AlertDescription::UnexpectedMessage,
@@ -713,12 +726,13 @@ impl TlsStream {
                 return Err(fatal("record too long", AlertDescription::RecordOverflow));
             }
             if avail >= HEADER_LEN + len {
-                let body = rx.start + HEADER_LEN;
-                rx.start = body + len;
-                let (typ, n) = rx
+                let record = rx.start + HEADER_LEN;
+                rx.start = record + len;
+                let (typ, content) = rx
                     .key
-                    .open(header, &mut rx.buf[body..body + len])
+                    .open(header, &mut rx.buf[record..record + len])
                     .map_err(|e| (e, Some(AlertDescription::BadRecordMac)))?;
+                let (body, n) = (record + content.start, content.len());
                 if n > MAX_PLAINTEXT {
                     return Err(fatal("record too long", AlertDescription::RecordOverflow));
                 }
@@ -824,8 +838,11 @@ impl TlsStream {
             rx.handshake.drain(..4 + len);
             let mut schedule = lock(&self.schedule);
             let schedule = schedule.as_mut().ok_or_else(|| (no_session(), None))?;
+            let tls12 = rx.key.is_tls12();
             match (typ, &mut *schedule) {
-                (KEY_UPDATE, _) => {
+                // TLS 1.2: a server asking to renegotiate, which a client may ignore.
+                (HELLO_REQUEST, KeySchedule::Client(_)) if tls12 && body.is_empty() => {}
+                (KEY_UPDATE, _) if !tls12 => {
                     let request = match body[..] {
                         [r @ (0 | 1)] => r == 1,
                         [_] => {
@@ -849,7 +866,7 @@ impl TlsStream {
                         ));
                     }
                     let (seq, secrets) = schedule.next_rx().map_err(|e| (tls_error(e), None))?;
-                    rx.key = RecordKey::new(seq, secrets).map_err(|e| (e, None))?;
+                    rx.key = RecordKey::new(seq, secrets, false).map_err(|e| (e, None))?;
                     if request {
                         // Answered before our next record (RFC 8446 §4.6.3), by whichever
                         // writer sends it: the reader never writes to the socket, so it
@@ -857,7 +874,7 @@ impl TlsStream {
                         self.update_requested.store(true, Ordering::Release);
                     }
                 }
-                (NEW_SESSION_TICKET, KeySchedule::Client(k)) => {
+                (NEW_SESSION_TICKET, KeySchedule::Client(k)) if !tls12 => {
                     // Kept for resuming later connections; a bad one only costs that.
                     let _ = k.handle_new_session_ticket(&body);
                 }
@@ -875,6 +892,17 @@ impl TlsStream {
     /// Updates the send key first if the peer asked for it or the key is near its limit:
     /// a KeyUpdate record under the old key, everything after under the new one.
     fn update_if_due(&self, tx: &mut Tx) -> io::Result<()> {
+        if tx.key.is_tls12() {
+            // No key updates in TLS 1.2: at the limit (none for rustls' 1.2 suites) the
+            // session ends, as rustls ends it.
+            if tx.key.seq() >= tx.update_by {
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "TLS 1.2: the session's key has protected all it may: reconnect",
+                ));
+            }
+            return Ok(());
+        }
         let requested = self.update_requested.swap(false, Ordering::AcqRel);
         if !requested && tx.key.seq() < tx.update_by {
             if tx.key.seq() >= tx.update_at {
@@ -894,7 +922,7 @@ impl TlsStream {
         let mut schedule = lock(&self.schedule);
         let schedule = schedule.as_mut().ok_or_else(no_session)?;
         let (seq, secrets) = schedule.next_tx().map_err(tls_error)?;
-        tx.key = RecordKey::new(seq, secrets)?;
+        tx.key = RecordKey::new(seq, secrets, false)?;
         Ok(())
     }
 
@@ -1030,6 +1058,7 @@ mod tests {
     /// trusting it.
     fn identity(
         versions: &[&'static rustls::SupportedProtocolVersion],
+        suites: &[rustls::SupportedCipherSuite],
     ) -> (NbdTls, Arc<ClientConfig>) {
         let dir = tempfile::tempdir().unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
@@ -1043,7 +1072,11 @@ mod tests {
         let tls = NbdTls::from_pem_files(&c, &k, None).unwrap();
         let mut roots = RootCertStore::empty();
         roots.add(cert.der().clone()).unwrap();
-        let config = ClientConfig::builder_with_provider(provider())
+        let mut client_provider = rustls::crypto::ring::default_provider();
+        if !suites.is_empty() {
+            client_provider.cipher_suites = suites.to_vec();
+        }
+        let config = ClientConfig::builder_with_provider(Arc::new(client_provider))
             .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots)
@@ -1055,12 +1088,13 @@ mod tests {
     /// client on the other end.
     fn echo_server(
         versions: &[&'static rustls::SupportedProtocolVersion],
+        suites: &[rustls::SupportedCipherSuite],
     ) -> (
         Arc<TlsStream>,
         std::thread::JoinHandle<io::Result<()>>,
         StreamOwned<ClientConnection, UnixStream>,
     ) {
-        let (tls, config) = identity(versions);
+        let (tls, config) = identity(versions, suites);
         let (a, b) = UnixStream::pair().unwrap();
         a.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let server = Arc::new(TlsStream::new(AnyStream::Unix(b), (&tls).into()));
@@ -1096,7 +1130,7 @@ mod tests {
 
     #[test]
     fn a_key_update_the_peer_asks_for_is_answered() {
-        let (server, echo, mut c) = echo_server(&[&rustls::version::TLS13]);
+        let (server, echo, mut c) = echo_server(&[&rustls::version::TLS13], &[]);
         echo_round(&mut c, 1);
         let before = tx_seq(&server);
         assert!(before >= 3, "{before}");
@@ -1119,7 +1153,7 @@ mod tests {
 
     #[test]
     fn a_tampered_record_fails_the_session_and_the_peer_hears_why() {
-        let (_server, echo, mut c) = echo_server(&[&rustls::version::TLS13]);
+        let (_server, echo, mut c) = echo_server(&[&rustls::version::TLS13], &[]);
         echo_round(&mut c, 1);
         // An application-data record that does not decrypt.
         let mut bogus = vec![APPLICATION_DATA, 3, 3, 0, 40];
@@ -1134,7 +1168,7 @@ mod tests {
 
     #[test]
     fn a_client_speaking_plain_nbd_instead_of_tls_is_refused_at_once() {
-        let (tls, _) = identity(&[&rustls::version::TLS13]);
+        let (tls, _) = identity(&[&rustls::version::TLS13], &[]);
         let (mut a, b) = UnixStream::pair().unwrap();
         let server = TlsStream::new(AnyStream::Unix(b), (&tls).into());
         // Not a TLS record: "IHAVEOPT" would announce a 0x5645-byte record.
@@ -1149,17 +1183,31 @@ mod tests {
     }
 
     #[test]
-    fn tls_1_2_clients_are_refused_with_a_protocol_version_alert() {
-        let (_server, echo, mut c) = echo_server(&[&rustls::version::TLS12]);
-        let e = c.write_all(b"hello").and_then(|()| c.flush()).unwrap_err();
-        assert!(e.to_string().contains("ProtocolVersion"), "client: {e}");
-        let e = echo.join().unwrap().unwrap_err();
-        assert!(e.to_string().contains("TLS"), "server: {e}");
+    fn tls_1_2_clients_are_served_with_aes_gcm_and_chacha20() {
+        use rustls::crypto::ring::cipher_suite as cs;
+        for suite in [
+            cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        ] {
+            let (server, echo, mut c) = echo_server(&[&rustls::version::TLS12], &[suite]);
+            for round in 1..4 {
+                echo_round(&mut c, round);
+            }
+            assert_eq!(c.conn.negotiated_cipher_suite(), Some(suite));
+            assert!(lock(&server.tx).as_ref().unwrap().key.is_tls12());
+            c.conn.send_close_notify();
+            c.flush().unwrap();
+            echo.join().unwrap().unwrap();
+            let mut rest = Vec::new();
+            c.read_to_end(&mut rest).unwrap();
+            assert!(rest.is_empty(), "{suite:?}");
+        }
     }
 
     #[test]
     fn a_peer_hanging_up_without_close_notify_is_an_error_not_an_end() {
-        let (_server, echo, mut c) = echo_server(&[&rustls::version::TLS13]);
+        let (_server, echo, mut c) = echo_server(&[&rustls::version::TLS13], &[]);
         echo_round(&mut c, 1);
         c.sock.shutdown(std::net::Shutdown::Both).unwrap();
         let e = echo.join().unwrap().unwrap_err();
