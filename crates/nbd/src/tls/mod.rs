@@ -96,6 +96,22 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The server's suites in its order of preference, which it applies: TLS 1.3's as rustls
+/// lists them (AES-GCM first), then TLS 1.2's with ChaCha20-Poly1305 first. rustls caps
+/// a TLS 1.2 AES-GCM key at 2^24 records, one per 4 KiB reply, so a TLS 1.2 client (the
+/// kernel's nbd-client) would be cut off after minutes of small I/O; ChaCha20's key has
+/// no such limit.
+fn server_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = rustls::crypto::ring::default_provider();
+    let rank = |s: &rustls::SupportedCipherSuite| match s {
+        rustls::SupportedCipherSuite::Tls13(_) => 0,
+        rustls::SupportedCipherSuite::Tls12(t) if t.common.confidentiality_limit == u64::MAX => 1,
+        rustls::SupportedCipherSuite::Tls12(_) => 2,
+    };
+    p.cipher_suites.sort_by_key(rank);
+    Arc::new(p)
+}
+
 impl NbdTls {
     /// From PEM files: `cert` holds the server's certificate chain (its own first), `key`
     /// its private key (PKCS#8, PKCS#1 or SEC1). With `client_ca`, a client must present a
@@ -104,7 +120,7 @@ impl NbdTls {
     pub fn from_pem_files(cert: &Path, key: &Path, client_ca: Option<&Path>) -> io::Result<Self> {
         let certs = read_certs(cert)?;
         let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(key, e))?;
-        let provider = provider();
+        let provider = server_provider();
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| io::Error::other(e.to_string()))?;
@@ -125,6 +141,7 @@ impl NbdTls {
             .map_err(|e| invalid(cert, format!("certificate and key: {e}")))?;
         // The record layer after the handshake is ours (see the module docs).
         config.enable_secret_extraction = true;
+        config.ignore_client_order = true;
         Ok(NbdTls {
             config: Arc::new(config),
             verifies_clients: client_ca.is_some(),
@@ -277,7 +294,8 @@ impl KeySchedule {
             KeySchedule::Client(k) => k.update_rx_secret(),
         }
     }
-    /// Records one key may protect (the suite's confidentiality limit: 2^23 for AES-GCM).
+    /// Records one key may protect: the suite's confidentiality limit (rustls': 2^23 or
+    /// 2^24 for AES-GCM, none for ChaCha20-Poly1305).
     fn record_limit(&self) -> u64 {
         let suite = match self {
             KeySchedule::Server(k) => k.negotiated_cipher_suite(),
@@ -804,9 +822,12 @@ impl TlsStream {
                 Some(AlertDescription::DecodeError),
             ));
         }
-        match AlertDescription::from(rx.buf[body + 1]) {
+        let (level, alert) = (rx.buf[body], AlertDescription::from(rx.buf[body + 1]));
+        match alert {
             AlertDescription::CloseNotify => rx.closed = true,
             AlertDescription::UserCanceled => {}
+            // TLS 1.2 warnings (no_renegotiation...) leave the session up.
+            _ if level == 1 && rx.key.is_tls12() => {}
             a => return Err((tls_error(rustls::Error::AlertReceived(a)), None)),
         }
         Ok(())
@@ -893,9 +914,13 @@ impl TlsStream {
     /// a KeyUpdate record under the old key, everything after under the new one.
     fn update_if_due(&self, tx: &mut Tx) -> io::Result<()> {
         if tx.key.is_tls12() {
-            // No key updates in TLS 1.2: at the limit (none for rustls' 1.2 suites) the
-            // session ends, as rustls ends it.
+            // No key updates in TLS 1.2: at the limit (2^24 records for AES-GCM, none for
+            // ChaCha20, which the server prefers) the session ends with a close_notify,
+            // as rustls ends it.
             if tx.key.seq() >= tx.update_by {
+                if tx.key.seal(ALERT, &[&[1, 0]], &mut tx.buf).is_ok() {
+                    let _ = self.write_out(tx);
+                }
                 return Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
                     "TLS 1.2: the session's key has protected all it may: reconnect",
@@ -1180,6 +1205,26 @@ mod tests {
         assert_ne!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         assert!(t0.elapsed() < Duration::from_secs(10), "{e}");
         assert!(e.to_string().contains("TLS"), "{e}");
+    }
+
+    #[test]
+    fn the_server_picks_aes_gcm_for_tls_1_3_and_chacha20_for_tls_1_2() {
+        use rustls::crypto::ring::cipher_suite as cs;
+        for (version, want) in [
+            (&rustls::version::TLS13, cs::TLS13_AES_256_GCM_SHA384),
+            (
+                &rustls::version::TLS12,
+                cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            ),
+        ] {
+            // The client offers everything, AES-GCM first.
+            let (_server, echo, mut c) = echo_server(&[version], &[]);
+            echo_round(&mut c, 1);
+            assert_eq!(c.conn.negotiated_cipher_suite(), Some(want));
+            c.conn.send_close_notify();
+            c.flush().unwrap();
+            echo.join().unwrap().unwrap();
+        }
     }
 
     #[test]
