@@ -452,10 +452,23 @@ fn tls_uri(pki: &Pki, s: &Serving) -> String {
     )
 }
 
+/// nbdcopy writes `data` to `uri` and reads it back: the same bytes.
+fn nbdcopy_round_trip(uri: &str, data: &[u8]) {
+    let nbdcopy = tool("nbdcopy", "libnbd-bin");
+    let dir = tempfile::tempdir().unwrap();
+    let (src, back) = (dir.path().join("src"), dir.path().join("back"));
+    std::fs::write(&src, data).unwrap();
+    run(Command::new(&nbdcopy).args([src.to_str().unwrap(), uri]));
+    run(Command::new(&nbdcopy).args([uri, back.to_str().unwrap()]));
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "nbdcopy's round trip over TLS differs"
+    );
+}
+
 #[test]
 fn nbdinfo_and_nbdcopy_over_tls_with_a_client_certificate() {
     let nbdinfo = tool("nbdinfo", "libnbd-bin");
-    let nbdcopy = tool("nbdcopy", "libnbd-bin");
     let (pki, s) = serving(true);
     let out = run(Command::new(&nbdinfo).args(["--json", &tls_uri(&pki, &s)]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -465,18 +478,10 @@ fn nbdinfo_and_nbdcopy_over_tls_with_a_client_certificate() {
     let out = Command::new(&nbdinfo).arg(&plain).output().unwrap();
     assert!(!out.status.success(), "a plaintext client was served");
     // Data in and out through TLS.
-    let dir = tempfile::tempdir().unwrap();
-    let (src, back) = (dir.path().join("src"), dir.path().join("back"));
     let data: Vec<u8> = (0..16 * MIB as usize)
         .map(|i| (i * 131 / 4096) as u8)
         .collect();
-    std::fs::write(&src, &data).unwrap();
-    run(Command::new(&nbdcopy).args([src.to_str().unwrap(), &tls_uri(&pki, &s)]));
-    run(Command::new(&nbdcopy).args([&tls_uri(&pki, &s), back.to_str().unwrap()]));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "nbdcopy round trip over TLS differs"
-    );
+    nbdcopy_round_trip(&tls_uri(&pki, &s), &data);
     let h = s.stop();
     assert_eq!(h.stats().connections_active, 0);
 }
@@ -798,18 +803,10 @@ fn key_updates_both_ways() {
     let dir = tempfile::tempdir().unwrap();
     // 16 MiB each way with nbdcopy: a thousand records read, a key update every 300.
     let s = serving_with_key_updates(&pki, 300);
-    let nbdcopy = tool("nbdcopy", "libnbd-bin");
-    let (src, back) = (dir.path().join("src"), dir.path().join("back"));
     let data: Vec<u8> = (0..16 * MIB as usize)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    std::fs::write(&src, &data).unwrap();
-    run(Command::new(&nbdcopy).args([src.to_str().unwrap(), &tls_uri(&pki, &s)]));
-    run(Command::new(&nbdcopy).args([&tls_uri(&pki, &s), back.to_str().unwrap()]));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "nbdcopy's round trip through key updates differs"
-    );
+    nbdcopy_round_trip(&tls_uri(&pki, &s), &data);
     s.stop();
     // This crate at both ends, the server updating every third record, the client every
     // other one.
