@@ -928,7 +928,9 @@ impl TlsStream {
             }
             return Ok(());
         }
-        let requested = self.update_requested.swap(false, Ordering::AcqRel);
+        // Checked before every record: a plain load, the swap only when it is set.
+        let requested = self.update_requested.load(Ordering::Acquire)
+            && self.update_requested.swap(false, Ordering::AcqRel);
         if !requested && tx.key.seq() < tx.update_by {
             if tx.key.seq() >= tx.update_at {
                 self.update_wanted.store(true, Ordering::Release);
