@@ -4,6 +4,8 @@
 # volume whose ciphertext is that same export (cryptblk open nbd+unix:///?socket=REMOTE),
 # the peer benchmark's five workloads, alternating, ROUNDS times; medians and ratios.
 # The direct runs serve raw.img (fio writes over it), the cryptblk runs luks1.img.
+# With cores to spare, REMOTE_CPUS (the remote server, direct or under cryptblk), SERVER_CPUS
+# (cryptblk) and CLIENT_CPUS (fio), taskset lists, put each on CPUs of its own, as on two hosts.
 # usage: [ROUNDS=3] scripts/bench-remote.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,14 +16,15 @@ P=${PEER_DIR:-/dev/shm/cryptblk-peer}; export PEER_DIR=$P
 mkdir -p "$P"
 R=$P/remote.sock
 OUT=$(mktemp); trap 'rm -f "$OUT"' EXIT
+PIN_REMOTE=${REMOTE_CPUS:+taskset -c $REMOTE_CPUS}
 QEMU="qemu-nbd -f raw -t --shared=8 --cache=none --aio=threads"
 KIT="nbdkit -f file"
 for r in $(seq "$ROUNDS"); do
   echo "== round $r of $ROUNDS (${RT}s per figure, MB/s)"
   NO_BUILTIN_PEERS=1 bash scripts/peer-bench.sh "$RT" \
-    "qemu-nbd-direct=$QEMU -k $P/nbd.sock raw.img" \
+    "qemu-nbd-direct=$PIN_REMOTE $QEMU -k $P/nbd.sock raw.img" \
     "cryptblk-over-qemu-nbd=bash $PWD/scripts/serve-over-remote.sh $R $QEMU -k $R luks1.img" \
-    "nbdkit-direct=$KIT -U $P/nbd.sock raw.img" \
+    "nbdkit-direct=$PIN_REMOTE $KIT -U $P/nbd.sock raw.img" \
     "cryptblk-over-nbdkit=bash $PWD/scripts/serve-over-remote.sh $R $KIT -U $R luks1.img" \
     | tee -a "$OUT"
 done

@@ -9,6 +9,7 @@
 # Plaintext and TLS alternate, ROUNDS rounds; printed: every figure, then the medians, the
 # TLS ÷ plaintext ratios, and the CPU seconds per GB of the server and of the client (so
 # what TLS costs each side shows even where both share the CPUs).
+# With cores to spare, SERVER_CPUS and CLIENT_CPUS (taskset lists) keep the two apart.
 # usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] scripts/bench-tls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,7 @@ printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n
 openssl x509 -req -days 1 -in "$W/server.csr" -CA "$W/ca-cert.pem" -CAkey "$W/ca-key.pem" \
   -CAcreateserial -extfile "$W/ext" -out "$W/server-cert.pem" 2>/dev/null
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$B" open "$P/luks1.img" tl --key-file "$P/pw" --run-dir "$W/run" --nbd "tcp:127.0.0.1:$PORT" \
+${SERVER_CPUS:+taskset -c $SERVER_CPUS} "$B" open "$P/luks1.img" tl --key-file "$P/pw" --run-dir "$W/run" --nbd "tcp:127.0.0.1:$PORT" \
   --tls optional --tls-cert "$W/server-cert.pem" --tls-key "$W/server-key.pem" >/dev/null 2>&1 &
 SRV=$!
 for _ in $(seq 100); do nbdinfo --size "nbd://127.0.0.1:$PORT/tl" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -56,7 +57,7 @@ copy() {
     cmd=("$B" import -q "${NULLVOL[@]}" "$uri" "$W/src")
   fi
   s0=$(cpu); t0=$(date +%s.%N)
-  c=$( { /usr/bin/time -f '%U %S' "${cmd[@]}" >/dev/null; } 2>&1 | tail -n1)
+  c=$( { ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} "${GNU_TIME:-/usr/bin/time}" -f '%U %S' "${cmd[@]}" >/dev/null; } 2>&1 | tail -n1)
   t1=$(date +%s.%N); s1=$(cpu)
   python3 -c "import os,sys; t=os.sysconf('SC_CLK_TCK'); u,s=map(float,'$c'.split()); print('$client $name $dir', round($SIZE/($t1-$t0)/1e6), ($s1-$s0)/t, round(u+s,2))"
 }

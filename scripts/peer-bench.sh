@@ -7,7 +7,9 @@
 # Every server command must serve on the socket $PEER_DIR/nbd.sock; the extra servers
 # given here run after the built-in peers (nbdkit file and luks filter, qemu-nbd raw and
 # LUKS). PEER_DIR (default /dev/shm/cryptblk-peer) holds luks1.img (passphrase file pw)
-# and raw.img, made on first use.
+# and raw.img, made on first use. On a machine with cores to spare, SERVER_CPUS and
+# CLIENT_CPUS (taskset lists, e.g. 4-9 and 0-3) keep the server and fio apart, so neither
+# measures the other's CPU.
 set -uo pipefail
 SECONDS_PER=${1:-8}
 shift || true
@@ -25,7 +27,7 @@ if [ ! -f luks1.img ]; then
 fi
 [ -f raw.img ] || head -c 1024M /dev/zero > raw.img
 
-# NO_BUILTIN_PEERS=1: only the servers given as arguments.
+# NO_BUILTIN_PEERS=1: only the servers given as arguments. ONLY="NAME...": only those.
 peers=(
   "nbdkit-raw=nbdkit -f -U $SOCK file raw.img"
   "nbdkit-luks=nbdkit -f -U $SOCK --filter=luks file luks1.img passphrase=pass"
@@ -57,15 +59,16 @@ echo
 for entry in "${peers[@]}"; do
   [ -n "$entry" ] || continue
   name=${entry%%=*}
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || continue
   rm -f "$SOCK"
   # The command is a word list on purpose (options with spaces are not needed).
-  ${entry#*=} > /dev/null 2> "$DIR/$name.err" &
+  ${SERVER_CPUS:+taskset -c $SERVER_CPUS} ${entry#*=} > /dev/null 2> "$DIR/$name.err" &
   server=$!
   for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
   printf '%-16s' "$name"
   for w in "${workloads[@]}"; do
     read -r -a opts <<< "${w#* }"
-    fio --name=peer --ioengine=nbd --uri="nbd+unix:///?socket=$SOCK" "${opts[@]}" \
+    ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} fio --name=peer --ioengine=nbd --uri="nbd+unix:///?socket=$SOCK" "${opts[@]}" \
       --size=1000M --time_based --runtime="$SECONDS_PER" --output-format=json 2> /dev/null |
       mbps | xargs printf '%20s'
   done
