@@ -6,6 +6,8 @@
 # all in one run, repeated ROUNDS times (machines are noisy: single runs of these short
 # workloads vary by ±25 %). Prints every round, then the median of each cell and the ratios
 # the issue asks for, computed on the medians.
+# ONLY="NAME..." runs only those servers (ratios of the others print as nan);
+# SERVER_CPUS/CLIENT_CPUS pin the servers and fio apart (scripts/peer-bench.sh).
 # usage: [ROUNDS=3] scripts/bench-nbd.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +40,7 @@ for k, v in rows.items():
     print(f"| {k} | " + " | ".join(f"{x:.0f}" for x in v) + " |")
 wl = ["4k-rw-qd1", "4k-randread-qd16", "4k-randwrite-qd16", "128k-read-qd8", "128k-write-qd8"]
 def ratio(a, b, i):
-    return rows[a][i] / rows[b][i] if rows.get(b) and rows[b][i] else float("nan")
+    return rows[a][i] / rows[b][i] if rows.get(a) and rows.get(b) and rows[b][i] else float("nan")
 print("\n| workload | ÷ nbdkit luks (≥1.5) | ÷ qemu-nbd LUKS (≥2) | aes ÷ cipher_null (≥0.9) | cipher_null ÷ nbdkit file (≥0.9) | aes ÷ nbdkit file, unencrypted (≥1.0) |")
 print("|---|---|---|---|---|---|")
 for i, w in enumerate(wl):

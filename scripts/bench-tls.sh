@@ -10,7 +10,9 @@
 # TLS ÷ plaintext ratios, and the CPU seconds per GB of the server and of the client (so
 # what TLS costs each side shows even where both share the CPUs).
 # With cores to spare, SERVER_CPUS and CLIENT_CPUS (taskset lists) keep the two apart.
-# usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] scripts/bench-tls.sh
+# CONNECTIONS: nbdcopy's connections (default 1; nbdcopy alone would open 4 where the server
+# offers multi-conn, as cryptblk's does, each with its own TLS session).
+# usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] [CONNECTIONS=1] scripts/bench-tls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -50,7 +52,7 @@ copy() {
   local cmd
   if [ "$client" = nbdcopy ]; then
     if [ "$dir" = read ]; then from=$uri; to=null:; else from=$W/src; to=$uri; fi
-    cmd=(nbdcopy --request-size=131072 -C 1 -R 8 "$from" "$to")
+    cmd=(nbdcopy --request-size=131072 -C "${CONNECTIONS:-1}" -R 8 "$from" "$to")
   elif [ "$dir" = read ]; then
     cmd=("$B" export -r -q "${NULLVOL[@]}" "$uri" /dev/null)
   else
