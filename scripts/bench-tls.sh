@@ -5,7 +5,8 @@
 # - nbdcopy (libnbd; GnuTLS for nbds://): --request-size=131072, one connection, 8 requests
 #   in flight, reading to null:;
 # - cryptblk itself (rustls, its own record layer): `cryptblk export` / `import` of the
-#   export as a cipher_null plain volume (1 MiB at a time, one request in flight).
+#   export as a cipher_null plain volume (1 MiB requests, four in flight since session 19;
+#   one before).
 # Plaintext and TLS alternate, ROUNDS rounds; printed: every figure, then the medians, the
 # TLS ÷ plaintext ratios, and the CPU seconds per GB of the server and of the client (so
 # what TLS costs each side shows even where both share the CPUs).

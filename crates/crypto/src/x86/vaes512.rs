@@ -418,7 +418,8 @@ fn single_pass_units<const NR: usize, const ENC: bool>(
     table: &mut TweakTable,
 ) {
     const { assert!(W == 8 && (NR == 10 || NR == 14)) };
-    debug_assert_eq!(ivs.len(), data.len());
+    // Rows set (one per IV) must be the rows the loop reads and zeroes (one per unit).
+    assert_eq!(ivs.len(), data.len());
     debug_assert!(src.is_none_or(|s| s.len() == data.len()));
     for (i, (ivs, data)) in ivs
         .chunks(TABLE_UNITS)
@@ -428,13 +429,21 @@ fn single_pass_units<const NR: usize, const ENC: bool>(
         for (row, iv) in ivs.iter().enumerate() {
             table.set_row(row, tweaks_from(first_tweaks(load128(iv))));
         }
-        let (k, t, d, n) = (rk.as_ptr(), table.as_ptr(), data.as_mut_ptr(), data.len());
+        let (k, t, d, n) = (
+            rk.as_ptr(),
+            table.as_mut_ptr(),
+            data.as_mut_ptr(),
+            data.len(),
+        );
         // SAFETY: `{s}` (out of place only) covers `n` passes of 512 bytes, read; `{d}` as
         // many, read when in place and written (`src` and `data` cannot overlap); `{t}` is
-        // `n` ≤ TABLE_UNITS rows of 512 bytes, all just set, read; `{k}` is 15 round keys of 16 bytes,
-        // read; `n` ≥ 1 (chunks are never empty). Every vector register used is declared
-        // clobbered, as are the pointer and counter registers; EVEX memory operands need no
-        // alignment. The caller enables AVX-512F/BW and VAES.
+        // `n` ≤ TABLE_UNITS rows of 512 bytes, all just set (one per IV, as many IVs as
+        // units), read and then zeroed, from a pointer of the `&mut` table; its aligned
+        // stores (`vmovdqa64`) are 64-aligned: the table is `align(64)`, `{t}` advances by
+        // 512 a pass and the offsets are multiples of 64; other EVEX memory operands need
+        // no alignment. `{k}` is 15 round keys of 16 bytes, read; `n` ≥ 1 (chunks are never
+        // empty). Every vector register used is declared clobbered, as are the pointer and
+        // counter registers. The caller enables AVX-512F/BW and VAES.
         unsafe {
             macro_rules! run {
                 ($text:expr, [$($src:tt)*]) => {
@@ -477,8 +486,8 @@ impl TweakTable {
         Self(core::mem::MaybeUninit::uninit())
     }
 
-    fn as_ptr(&self) -> *const u8 {
-        self.0.as_ptr().cast()
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr().cast()
     }
 
     /// Row `row`'s eight registers.
@@ -678,19 +687,25 @@ mod tests {
         for (i, r) in rk.iter_mut().enumerate() {
             *r = [i as u8 * 17 + 1; 16];
         }
-        for units in [1usize, 3, 8, 11] {
+        // In place (AES-256, encrypt) and out of place (AES-128, decrypt).
+        for (units, out_of_place) in [(1usize, false), (3, true), (8, false), (11, true)] {
             let mut t = TweakTable::new();
             let mut data = vec![[7u8; PASS]; units];
+            let src = vec![[8u8; PASS]; units];
             let ivs: Vec<[u8; 16]> = (0..units as u8).map(|n| [n + 1; 16]).collect();
             // SAFETY: the CPU has AVX-512F/BW, VAES and VPCLMULQDQ (checked above).
             unsafe {
                 for row in 0..TABLE_UNITS {
                     t.set_row(row, [_mm512_set1_epi8(0x5a); W]);
                 }
-                single_pass_units::<14, true>(&rk, &ivs, None, &mut data, &mut t);
+                if out_of_place {
+                    single_pass_units::<10, false>(&rk, &ivs, Some(&src), &mut data, &mut t);
+                } else {
+                    single_pass_units::<14, true>(&rk, &ivs, None, &mut data, &mut t);
+                }
             }
             // SAFETY: every row was set above, so the whole table is initialised.
-            let bytes = unsafe { core::slice::from_raw_parts(t.as_ptr(), TABLE_UNITS * PASS) };
+            let bytes = unsafe { core::slice::from_raw_parts(t.as_mut_ptr(), TABLE_UNITS * PASS) };
             let used = units.min(TABLE_UNITS) * PASS;
             assert!(
                 bytes[..used].iter().all(|&b| b == 0),
