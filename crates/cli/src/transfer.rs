@@ -64,7 +64,8 @@ pub fn export(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
                 .filter(|&e| e <= vol.size())
                 .ok_or_else(|| CliError::usage("range past the end of the volume"))?
         }
-        None => vol.size(),
+        None if a.at <= vol.size() => vol.size(),
+        None => return Err(CliError::usage("--at is past the end of the volume")),
     };
     let mut out: Box<dyn Write> = if a.file.as_os_str() == "-" {
         Box::new(std::io::stdout().lock())
@@ -120,26 +121,40 @@ fn read_in_order(
                     }
                     let pos = start + i * CHUNK as u64;
                     let n = (end - pos).min(CHUNK as u64) as usize;
-                    let r = vol.read_at(&mut buf[..n], pos);
-                    if done_tx.send((i, buf, r)).is_err() {
+                    // A panic must still answer for the chunk claimed: this thread waits
+                    // for it, and the other workers for buffers it would hand back.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        vol.read_at(&mut buf[..n], pos)
+                    }));
+                    let (r, panic) = match r {
+                        Ok(r) => (r, None),
+                        Err(p) => (Err(std::io::Error::other("read failed (panic)")), Some(p)),
+                    };
+                    let sent = done_tx.send((i, buf, r));
+                    if let Some(p) = panic {
+                        // Re-raised when the scope ends.
+                        std::panic::resume_unwind(p);
+                    }
+                    if sent.is_err() {
                         return;
                     }
                 }
             });
         }
         drop(done_tx);
-        // Chunks that came back before the one to write next.
-        let mut early = BTreeMap::new();
+        // Chunks that came back before the one to write next, with their results: an
+        // error stops the export only in its turn, after every good chunk before it is out.
+        let mut early: BTreeMap<u64, (Vec<u8>, std::io::Result<()>)> = BTreeMap::new();
         for want in 0..count {
             let buf = loop {
-                if let Some(buf) = early.remove(&want) {
+                if let Some((buf, r)) = early.remove(&want) {
+                    r.map_err(Failure::Device)?;
                     break buf;
                 }
                 let (i, buf, r) = done_rx
                     .recv()
                     .expect("a worker stops before chunk `count` only when told to");
-                r.map_err(Failure::Device)?;
-                early.insert(i, buf);
+                early.insert(i, (buf, r));
             };
             let n = (end - start - want * CHUNK as u64).min(CHUNK as u64) as usize;
             sink(&buf[..n]).map_err(Failure::Sink)?;
@@ -172,8 +187,12 @@ pub fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
         for _ in 0..DEPTH {
             let (free_tx, work_rx, vol) = (free_tx.clone(), &work_rx, &vol);
             s.spawn(move || {
-                // Ends when this thread has no more to write (it dropped the sender).
-                while let Ok((pos, mut buf, n)) = lock(work_rx).recv() {
+                loop {
+                    // The lock only for the receive (a `while let` would hold it through
+                    // the write). Ends when this thread has no more to write.
+                    let Ok((pos, mut buf, n)) = lock(work_rx).recv() else {
+                        return;
+                    };
                     let r = vol.write_at_mut(&mut buf[..n], pos, false);
                     if free_tx.send(r.map(|()| buf)).is_err() {
                         return;

@@ -496,6 +496,29 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
         raw[..at].iter().all(|&b| b == 0),
         "import wrote before --at"
     );
+    assert!(
+        raw[at + len..].iter().all(|&b| b == 0),
+        "import wrote past its input"
+    );
+    // At an offset inside a sector: neighbouring chunks share a sector at every boundary
+    // and are written at the same time (read-modify-write).
+    let before = raw.clone();
+    let odd = &payload[..(3 << 20) + 5];
+    let odd_src = env.file("odd", odd);
+    let mut args = vec!["import", "--at", "1000"];
+    args.extend_from_slice(&vol);
+    args.extend([img.as_str(), odd_src.as_str()]);
+    ok(&cb(&args));
+    let raw = std::fs::read(&img).unwrap();
+    assert!(
+        raw[1000..1000 + odd.len()] == odd[..],
+        "import at an odd offset"
+    );
+    assert!(raw[..1000] == before[..1000], "bytes before the odd offset");
+    assert!(
+        raw[1000 + odd.len()..] == before[1000 + odd.len()..],
+        "bytes after it"
+    );
     // From stdin too.
     let mut args = vec!["import", "--at", "0"];
     args.extend_from_slice(&vol);
@@ -529,6 +552,20 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
         std::fs::read(&out).unwrap() == pattern,
         "export of the whole volume"
     );
+    // Nothing to export is no error; a start past the end is one.
+    let mut args = vec!["export", "--at", "8192", "--length", "0"];
+    args.extend_from_slice(&vol);
+    args.extend([img.as_str(), "-"]);
+    let o = cb(&args);
+    ok(&o);
+    assert!(o.stdout.is_empty());
+    let past = ((12u64 << 20) + 512).to_string();
+    let mut args = vec!["export", "--at", &past];
+    args.extend_from_slice(&vol);
+    args.extend([img.as_str(), "-"]);
+    let o = cb(&args);
+    assert!(!o.status.success(), "--at past the end must fail");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("past the end"));
     // And a LUKS2 volume (AES) round trip over the same sizes.
     let luks = env.image("luks.img", 32);
     let pw = format(&env, &luks, "luks2", &[]);
