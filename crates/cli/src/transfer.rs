@@ -226,7 +226,7 @@ pub fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
             if n == 0 {
                 break;
             }
-            if pos + n as u64 > vol.size() {
+            if pos.checked_add(n as u64).is_none_or(|e| e > vol.size()) {
                 return Err(CliError::usage(format!(
                     "input does not fit: the volume has {} bytes",
                     vol.size()

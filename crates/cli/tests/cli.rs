@@ -566,6 +566,13 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
     let o = cb(&args);
     assert!(!o.status.success(), "--at past the end must fail");
     assert!(String::from_utf8_lossy(&o.stderr).contains("past the end"));
+    // An import that starts near 2^64 does not fit either (no overflow).
+    let mut args = vec!["import", "--at", "18446744073709551000"];
+    args.extend_from_slice(&vol);
+    args.extend([img.as_str(), odd_src.as_str()]);
+    let o = cb(&args);
+    assert!(!o.status.success(), "import at 2^64 - 616 must fail");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not fit"));
     // And a LUKS2 volume (AES) round trip over the same sizes.
     let luks = env.image("luks.img", 32);
     let pw = format(&env, &luks, "luks2", &[]);
