@@ -482,11 +482,15 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     let src = env.file("payload", &payload);
+    // cryptblk COMMAND... [the cipher_null volume options] img FILE
+    let on_vol = |cmd: &[&str], file: &str, stdin: &[u8]| {
+        let mut args = cmd.to_vec();
+        args.extend_from_slice(&vol);
+        args.extend([img.as_str(), file]);
+        run(bin(), &args, stdin)
+    };
     let at = 3 * 4096;
-    let mut args = vec!["import", "--at", "12288"];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), src.as_str()]);
-    ok(&cb(&args));
+    ok(&on_vol(&["import", "--at", &at.to_string()], &src, b""));
     let raw = std::fs::read(&img).unwrap();
     assert!(
         raw[at..at + len] == payload[..],
@@ -505,10 +509,7 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
     let before = raw.clone();
     let odd = &payload[..(3 << 20) + 5];
     let odd_src = env.file("odd", odd);
-    let mut args = vec!["import", "--at", "1000"];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), odd_src.as_str()]);
-    ok(&cb(&args));
+    ok(&on_vol(&["import", "--at", "1000"], &odd_src, b""));
     let raw = std::fs::read(&img).unwrap();
     assert!(
         raw[1000..1000 + odd.len()] == odd[..],
@@ -520,10 +521,11 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
         "bytes after it"
     );
     // From stdin too.
-    let mut args = vec!["import", "--at", "0"];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), "-"]);
-    ok(&run(bin(), &args, &payload[..len - 5000]));
+    ok(&on_vol(
+        &["import", "--at", "0"],
+        "-",
+        &payload[..len - 5000],
+    ));
     let raw = std::fs::read(&img).unwrap();
     assert!(
         raw[..len - 5000] == payload[..len - 5000],
@@ -534,43 +536,28 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
     std::fs::write(&img, &pattern).unwrap();
     let n = (7usize << 20) + 777;
     let n_s = n.to_string();
-    let mut args = vec!["export", "--at", "4096", "--length", &n_s];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), "-"]);
-    let o = cb(&args);
+    let o = on_vol(&["export", "--at", "4096", "--length", &n_s], "-", b"");
     ok(&o);
     assert!(
         o.stdout == pattern[4096..4096 + n],
         "export to stdout out of order"
     );
     let out = env.s("out");
-    let mut args = vec!["export"];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), out.as_str()]);
-    ok(&cb(&args));
+    ok(&on_vol(&["export"], &out, b""));
     assert!(
         std::fs::read(&out).unwrap() == pattern,
         "export of the whole volume"
     );
     // Nothing to export is no error; a start past the end is one.
-    let mut args = vec!["export", "--at", "8192", "--length", "0"];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), "-"]);
-    let o = cb(&args);
+    let o = on_vol(&["export", "--at", "8192", "--length", "0"], "-", b"");
     ok(&o);
     assert!(o.stdout.is_empty());
     let past = ((12u64 << 20) + 512).to_string();
-    let mut args = vec!["export", "--at", &past];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), "-"]);
-    let o = cb(&args);
+    let o = on_vol(&["export", "--at", &past], "-", b"");
     assert!(!o.status.success(), "--at past the end must fail");
     assert!(String::from_utf8_lossy(&o.stderr).contains("past the end"));
     // An import that starts near 2^64 does not fit either (no overflow).
-    let mut args = vec!["import", "--at", "18446744073709551000"];
-    args.extend_from_slice(&vol);
-    args.extend([img.as_str(), odd_src.as_str()]);
-    let o = cb(&args);
+    let o = on_vol(&["import", "--at", "18446744073709551000"], &odd_src, b"");
     assert!(!o.status.success(), "import at 2^64 - 616 must fail");
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not fit"));
     // And a LUKS2 volume (AES) round trip over the same sizes.

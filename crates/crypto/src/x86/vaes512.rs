@@ -719,8 +719,8 @@ mod tests {
         // And through the public path, the same bytes as AES-NI.
         let mut a = vec![9u8; 5 * PASS];
         let mut b = a.clone();
-        let (mut ia, mut ib): (Vec<_>, Vec<_>) = ((0..5u8).map(|n| [n; 16]).collect(), vec![]);
-        ib.clone_from(&ia);
+        let mut ia: Vec<[u8; 16]> = (0..5u8).map(|n| [n; 16]).collect();
+        let mut ib = ia.clone();
         keys.xts(crate::Backend::Vaes512, &mut ia, &mut a, PASS, true);
         keys.xts(crate::Backend::AesNi, &mut ib, &mut b, PASS, true);
         assert_eq!(a, b);
