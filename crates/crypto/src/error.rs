@@ -32,6 +32,8 @@ pub enum Error {
     BackendUnavailable(String),
     /// AES-CCM: bad sizes, or the authentication tag does not match (wrong key or damaged data).
     Ccm(String),
+    /// AES-GCM: the authentication tag does not match (wrong key or damaged data).
+    Gcm(String),
     /// AES key wrap (RFC 3394): bad sizes or a failed integrity check.
     KeyWrap(String),
     /// Anti-forensic splitter input of the wrong size: `af_merge` got less material than
@@ -69,6 +71,7 @@ impl fmt::Display for Error {
             Error::Random(s) => write!(f, "random number generator failed: {s}"),
             Error::BackendUnavailable(s) => write!(f, "crypto backend unavailable: {s}"),
             Error::Ccm(s) => write!(f, "AES-CCM: {s}"),
+            Error::Gcm(s) => write!(f, "AES-GCM: {s}"),
             Error::KeyWrap(s) => write!(f, "AES key wrap: {s}"),
             Error::AfLength { expected, got } => {
                 write!(

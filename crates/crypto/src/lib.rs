@@ -1,5 +1,5 @@
 //! The crypto layer of cryptblk: dm-crypt compatible sector ciphers with runtime CPU dispatch,
-//! the KDFs LUKS uses, and the LUKS anti-forensic splitter.
+//! the KDFs LUKS uses, the LUKS anti-forensic splitter, and AES-GCM for NBD's TLS records.
 //!
 //! `unsafe` is confined to `x86` (CPU intrinsics) and `secret` (mlock).
 
@@ -11,6 +11,7 @@ mod block;
 mod ccm;
 mod elephant;
 mod error;
+mod gcm;
 mod hash;
 pub mod kdf;
 mod keywrap;
@@ -28,6 +29,7 @@ pub use af::{af_merge, af_split};
 pub use backend::{BACKEND_ENV, Backend};
 pub use ccm::{aes_ccm_decrypt, aes_ccm_encrypt};
 pub use error::{Error, Result};
+pub use gcm::{AesGcm, GcmMessage};
 pub use hash::HashAlg;
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
 pub use keywrap::{aes_key_unwrap, aes_key_wrap};

@@ -119,6 +119,8 @@ macro_rules! tweak_lane {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod gcm512;
+#[cfg(target_arch = "x86_64")]
 mod keys;
 #[cfg(target_arch = "x86_64")]
 mod ni;
@@ -127,6 +129,8 @@ mod vaes256;
 #[cfg(target_arch = "x86_64")]
 mod vaes512;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use gcm512::GcmKeys;
 #[cfg(target_arch = "x86_64")]
 use keys::RoundKeys;
 
@@ -309,6 +313,107 @@ impl AesKeys {
         None
     }
     pub(crate) fn cbc(&self, _: Backend, _: &[[u8; 16]], _: &mut [u8], _: usize, _: bool) {
+        unreachable!("never constructed off x86_64")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl GcmKeys {
+    /// `None` unless the CPU runs the vaes512 path (the only GCM code here) and the key
+    /// is 16 or 32 bytes. Expanded in place on locked pages of their own.
+    pub(crate) fn new(key: &[u8]) -> Option<LockedBox<Self>> {
+        if !Backend::Vaes512.is_supported() {
+            return None;
+        }
+        let blank = GcmKeys {
+            aes: RoundKeys::blank(),
+            powers: [[0; 16]; 32],
+        };
+        LockedBox::new_with(blank, |k| {
+            k.aes.expand(key)?;
+            // SAFETY: the vaes512 features were checked above.
+            unsafe { gcm512::init(k) };
+            Ok::<(), ()>(())
+        })
+        .ok()
+    }
+
+    /// E(K, block) in place.
+    pub(crate) fn encrypt_block(&self, block: &mut [u8; 16]) {
+        // SAFETY: GcmKeys exist only on CPUs with the vaes512 features (`new`).
+        unsafe { gcm512::encrypt_block(&self.aes, block) }
+    }
+
+    /// Hashes `data`, zero-padded to whole blocks, into the GHASH state `y`.
+    pub(crate) fn ghash(&self, y: &mut [u8; 16], data: &[u8]) {
+        // SAFETY: as in `encrypt_block`.
+        unsafe { gcm512::ghash(self, y, data) }
+    }
+
+    /// The hash after the length block, in the normal byte order.
+    pub(crate) fn ghash_finish(&self, y: &[u8; 16], aad_bits: u64, text_bits: u64) -> [u8; 16] {
+        // SAFETY: as in `encrypt_block`.
+        unsafe { gcm512::ghash_finish(self, y, aad_bits, text_bits) }
+    }
+
+    /// Counter mode from `src` to `dst` (same length, or `src` = None: in place), hashing
+    /// the ciphertext: the output when encrypting, the input when decrypting.
+    pub(crate) fn crypt(
+        &self,
+        enc: bool,
+        ctr: &mut [u8; 16],
+        y: &mut [u8; 16],
+        src: Option<&[u8]>,
+        dst: &mut [u8],
+    ) {
+        let len = dst.len();
+        let from = match src {
+            Some(s) => {
+                assert_eq!(s.len(), len, "GCM input and output differ in length");
+                s.as_ptr()
+            }
+            None => dst.as_ptr(),
+        };
+        let to = dst.as_mut_ptr();
+        // SAFETY: `from` is readable and `to` writable for `len` bytes; they are one
+        // buffer or two that a shared and an exclusive borrow keep apart; the CPU has the
+        // vaes512 features (`new`).
+        unsafe {
+            match (self.aes.rounds, enc) {
+                (10, true) => gcm512::crypt::<10, true>(self, ctr, y, from, to, len),
+                (10, false) => gcm512::crypt::<10, false>(self, ctr, y, from, to, len),
+                (_, true) => gcm512::crypt::<14, true>(self, ctr, y, from, to, len),
+                (_, false) => gcm512::crypt::<14, false>(self, ctr, y, from, to, len),
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) struct GcmKeys;
+
+#[cfg(not(target_arch = "x86_64"))]
+impl GcmKeys {
+    pub(crate) fn new(_key: &[u8]) -> Option<LockedBox<Self>> {
+        None
+    }
+    pub(crate) fn encrypt_block(&self, _: &mut [u8; 16]) {
+        unreachable!("never constructed off x86_64")
+    }
+    pub(crate) fn ghash(&self, _: &mut [u8; 16], _: &[u8]) {
+        unreachable!("never constructed off x86_64")
+    }
+    pub(crate) fn ghash_finish(&self, _: &[u8; 16], _: u64, _: u64) -> [u8; 16] {
+        unreachable!("never constructed off x86_64")
+    }
+    pub(crate) fn crypt(
+        &self,
+        _: bool,
+        _: &mut [u8; 16],
+        _: &mut [u8; 16],
+        _: Option<&[u8]>,
+        _: &mut [u8],
+    ) {
         unreachable!("never constructed off x86_64")
     }
 }

@@ -34,7 +34,9 @@ use crate::conn::AnyStream;
 use crate::shared::lock;
 
 mod record;
-use record::{ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, MAX_CIPHERTEXT, MAX_PLAINTEXT};
+use record::{
+    ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, MAX_CIPHERTEXT, MAX_PLAINTEXT, Outbox,
+};
 use record::{OVERHEAD, RecordKey};
 
 /// Whether a server's clients must, may or cannot switch to TLS (`NBD_OPT_STARTTLS`).
@@ -545,7 +547,7 @@ struct Rx {
 /// The sending direction: its key, and the records sealed but not yet written.
 struct Tx {
     key: RecordKey,
-    buf: Vec<u8>,
+    buf: Outbox,
     /// Records after which the key is updated (well below the cipher's limit). A client
     /// defers it to [`TlsStream::update_key_now`], called with nothing in flight, up to
     /// `update_by`, where it updates anyway.
@@ -663,7 +665,7 @@ impl TlsStream {
         });
         *lock(&self.tx) = Some(Tx {
             key: RecordKey::new(secrets.tx.0, secrets.tx.1, tls12)?,
-            buf: Vec::new(),
+            buf: Outbox::new(),
             update_at,
             update_by,
             failed: false,
@@ -703,25 +705,36 @@ impl TlsStream {
             if rx.closed || buf.is_empty() {
                 return Ok(0);
             }
-            if let Err((e, alert)) = self.next_record(rx) {
-                // A socket timeout leaves the stream where it was; anything else ends it.
-                rx.failed = !matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                );
-                if let Some(alert) = alert {
-                    self.try_send_alert(alert);
+            match self.next_record(rx, &mut *buf) {
+                Ok(Some(n)) => return Ok(n),
+                Ok(None) => {}
+                Err((e, alert)) => {
+                    // A socket timeout leaves the stream where it was; anything else ends it.
+                    rx.failed = !matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    );
+                    if let Some(alert) = alert {
+                        self.try_send_alert(alert);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
     }
 
-    /// Opens the next record in `rx`, reading the socket for it if needed. A failure says
-    /// which alert, if any, the peer should get.
-    fn next_record(&self, rx: &mut Rx) -> Result<(), (io::Error, Option<AlertDescription>)> {
+    /// Opens the next record in `rx`, reading the socket for it if needed. Application
+    /// data goes straight to `to` where the whole record's plaintext fits there and the
+    /// AEAD can put it there (`Some(bytes)`: `Some(0)` never, an empty record is `None`);
+    /// otherwise it stays in `rx` for the reader to copy. A failure says which alert, if
+    /// any, the peer should get.
+    fn next_record(
+        &self,
+        rx: &mut Rx,
+        to: &mut [u8],
+    ) -> Result<Option<usize>, (io::Error, Option<AlertDescription>)> {
         let fatal = |what: &str, alert| {
             (
                 io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {what}")),
@@ -746,11 +759,19 @@ impl TlsStream {
             if avail >= HEADER_LEN + len {
                 let record = rx.start + HEADER_LEN;
                 rx.start = record + len;
+                // Straight to `to` only where the whole plaintext fits: a record holds
+                // no more than 2^14 bytes of content, but a peer may pad it out to 2^14
+                // + 256.
+                let direct = rx
+                    .key
+                    .opens_out_of_place(len)
+                    .is_some_and(|n| n <= to.len());
+                let body = &mut rx.buf[record..record + len];
                 let (typ, content) = rx
                     .key
-                    .open(header, &mut rx.buf[record..record + len])
+                    .open(header, body, direct.then_some(&mut *to))
                     .map_err(|e| (e, Some(AlertDescription::BadRecordMac)))?;
-                let (body, n) = (record + content.start, content.len());
+                let n = content.len();
                 if n > MAX_PLAINTEXT {
                     return Err(fatal("record too long", AlertDescription::RecordOverflow));
                 }
@@ -760,9 +781,21 @@ impl TlsStream {
                         AlertDescription::UnexpectedMessage,
                     ));
                 }
+                let bytes = if direct {
+                    &to[content.clone()]
+                } else {
+                    &rx.buf[record + content.start..record + content.end]
+                };
                 match typ {
-                    APPLICATION_DATA => rx.plain = body..body + n,
-                    ALERT => self.alert(rx, body, n)?,
+                    APPLICATION_DATA if direct => return Ok((n > 0).then_some(n)),
+                    APPLICATION_DATA => {
+                        rx.plain = record + content.start..record + content.end;
+                    }
+                    ALERT => {
+                        let alert = <[u8; 2]>::try_from(bytes)
+                            .map_err(|_| fatal("malformed alert", AlertDescription::DecodeError))?;
+                        self.alert(rx, alert)?;
+                    }
                     HANDSHAKE if n == 0 => {
                         return Err(fatal(
                             "empty handshake record",
@@ -770,7 +803,7 @@ impl TlsStream {
                         ));
                     }
                     HANDSHAKE => {
-                        rx.handshake.extend_from_slice(&rx.buf[body..body + n]);
+                        rx.handshake.extend_from_slice(bytes);
                         self.handshake_messages(rx)?;
                     }
                     _ => {
@@ -780,7 +813,7 @@ impl TlsStream {
                         ));
                     }
                 }
-                return Ok(());
+                return Ok(None);
             }
         }
         // Not a whole record yet: make room for one, then read.
@@ -806,24 +839,17 @@ impl TlsStream {
             ));
         }
         rx.end += n;
-        Ok(())
+        Ok(None)
     }
 
-    /// An alert from the peer: close_notify ends the stream, anything else fails it.
+    /// An alert from the peer (level, description): close_notify ends the stream,
+    /// anything else fails it.
     fn alert(
         &self,
         rx: &mut Rx,
-        body: usize,
-        n: usize,
+        [level, description]: [u8; 2],
     ) -> Result<(), (io::Error, Option<AlertDescription>)> {
-        if n != 2 {
-            return Err((
-                io::Error::new(io::ErrorKind::InvalidData, "TLS: malformed alert"),
-                Some(AlertDescription::DecodeError),
-            ));
-        }
-        let (level, alert) = (rx.buf[body], AlertDescription::from(rx.buf[body + 1]));
-        match alert {
+        match AlertDescription::from(description) {
             AlertDescription::CloseNotify => rx.closed = true,
             AlertDescription::UserCanceled => {}
             // TLS 1.2 warnings (no_renegotiation...) leave the session up.
@@ -1051,7 +1077,7 @@ impl TlsStream {
     /// once handed to the socket are never sent again (after a failed write the
     /// connection is done; a close_notify may still follow).
     fn write_out(&self, tx: &mut Tx) -> io::Result<()> {
-        let r = self.raw.write_all(&tx.buf);
+        let r = self.raw.write_all(tx.buf.filled());
         tx.buf.clear();
         r
     }
