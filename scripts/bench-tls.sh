@@ -4,16 +4,16 @@
 # tmpfs. Two clients, each reading the whole export and writing it from a tmpfs file:
 # - nbdcopy (libnbd; GnuTLS for nbds://): --request-size=131072, one connection, 8 requests
 #   in flight, reading to null:;
-# - cryptblk itself (rustls, its own record layer): `cryptblk export` / `import` of the
-#   export as a cipher_null plain volume (1 MiB requests, four in flight since session 19;
-#   one before).
+# - cryptblk itself (rustls for the handshake, its own record layer): `cryptblk export` /
+#   `import` of the export as a cipher_null plain volume, REQUEST_SIZE requests (default
+#   128K, as nbdcopy's; 1M before session 20), four in flight (one before session 19).
 # Plaintext and TLS alternate, ROUNDS rounds; printed: every figure, then the medians, the
 # TLS ÷ plaintext ratios, and the CPU seconds per GB of the server and of the client (so
 # what TLS costs each side shows even where both share the CPUs).
 # With cores to spare, SERVER_CPUS and CLIENT_CPUS (taskset lists) keep the two apart.
 # CONNECTIONS: nbdcopy's connections (default 1; nbdcopy alone would open 4 where the server
 # offers multi-conn, as cryptblk's does, each with its own TLS session).
-# usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] [CONNECTIONS=1] scripts/bench-tls.sh
+# usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] [CONNECTIONS=1] [REQUEST_SIZE=128K] scripts/bench-tls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -55,9 +55,9 @@ copy() {
     if [ "$dir" = read ]; then from=$uri; to=null:; else from=$W/src; to=$uri; fi
     cmd=(nbdcopy --request-size=131072 -C "${CONNECTIONS:-1}" -R 8 "$from" "$to")
   elif [ "$dir" = read ]; then
-    cmd=("$B" export -r -q "${NULLVOL[@]}" "$uri" /dev/null)
+    cmd=("$B" export -r -q --request-size "${REQUEST_SIZE:-128K}" "${NULLVOL[@]}" "$uri" /dev/null)
   else
-    cmd=("$B" import -q "${NULLVOL[@]}" "$uri" "$W/src")
+    cmd=("$B" import -q --request-size "${REQUEST_SIZE:-128K}" "${NULLVOL[@]}" "$uri" "$W/src")
   fi
   s0=$(cpu); t0=$(date +%s.%N)
   c=$( { ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} "${GNU_TIME:-/usr/bin/time}" -f '%U %S' "${cmd[@]}" >/dev/null; } 2>&1 | tail -n1)

@@ -26,6 +26,19 @@ pub struct TransferArgs {
     /// Bytes to export (default: to the end of the volume).
     #[arg(long)]
     pub length: Option<u64>,
+    /// Bytes per request to the volume, four requests in flight: 4K to 64M, K/M suffixes
+    /// (what a remote NBD server or RBD sees; their largest request may be smaller).
+    #[arg(long = "request-size", default_value = "1M", value_parser = parse_request_size)]
+    pub request_size: usize,
+}
+
+/// `--request-size`: a size from 4 KiB to 64 MiB.
+fn parse_request_size(s: &str) -> Result<usize, String> {
+    let n = crate::units::parse_size(s)?;
+    if !(MIN_REQUEST..=MAX_REQUEST).contains(&n) {
+        return Err(format!("request size {n} is outside 4K..64M"));
+    }
+    Ok(n as usize)
 }
 
 fn open(ctx: &Ctx, a: &TransferArgs, read_only: bool) -> CliResult<Volume> {
@@ -49,8 +62,9 @@ fn open(ctx: &Ctx, a: &TransferArgs, read_only: bool) -> CliResult<Volume> {
     Ok(o.volume)
 }
 
-/// Bytes per request.
-const CHUNK: usize = 1 << 20;
+/// Bounds of `--request-size` (default 1 MiB).
+const MIN_REQUEST: u64 = 4 << 10;
+const MAX_REQUEST: u64 = 64 << 20;
 /// Requests in flight at once, each on a thread of its own. On a volume over NBD or RBD one
 /// request at a time waits a round trip per MiB (and uses one of the connections
 /// multi-conn gives); on a local one the cipher then runs on several cores.
@@ -72,7 +86,7 @@ pub fn export(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
     } else {
         Box::new(std::fs::File::create(&a.file).map_err(|e| io_err(&a.file, e))?)
     };
-    read_in_order(&vol, a.at, end, |bytes| {
+    read_in_order(&vol, a.at, end, a.request_size, |bytes| {
         out.write_all(bytes).map_err(|e| io_err(&a.file, e))
     })
     .map_err(|e| match e {
@@ -88,15 +102,16 @@ enum Failure {
     Sink(CliError),
 }
 
-/// Reads `[start, end)` of `vol` in `CHUNK`s, up to `DEPTH` at once on worker threads, and
-/// hands each to `sink` in order, on this thread.
+/// Reads `[start, end)` of `vol` in chunks of `chunk` bytes, up to `DEPTH` at once on
+/// worker threads, and hands each to `sink` in order, on this thread.
 fn read_in_order(
     vol: &Volume,
     start: u64,
     end: u64,
+    chunk: usize,
     mut sink: impl FnMut(&[u8]) -> CliResult<()>,
 ) -> Result<(), Failure> {
-    let count = (end - start).div_ceil(CHUNK as u64);
+    let count = (end - start).div_ceil(chunk as u64);
     let next = AtomicU64::new(0);
     // Filled buffers (chunk number, buffer, result) to this thread; empty ones back.
     let (done_tx, done_rx) = mpsc::sync_channel::<(u64, Vec<u8>, std::io::Result<()>)>(DEPTH);
@@ -107,7 +122,7 @@ fn read_in_order(
         let (done_tx, done_rx, free_tx) = (done_tx, done_rx, free_tx);
         let workers = DEPTH.min(count as usize);
         for _ in 0..workers {
-            free_tx.send(vec![0u8; CHUNK]).expect("receiver alive");
+            free_tx.send(vec![0u8; chunk]).expect("receiver alive");
             let (done_tx, free_rx, next) = (done_tx.clone(), &free_rx, &next);
             s.spawn(move || {
                 loop {
@@ -119,8 +134,8 @@ fn read_in_order(
                     if i >= count {
                         return;
                     }
-                    let pos = start + i * CHUNK as u64;
-                    let n = (end - pos).min(CHUNK as u64) as usize;
+                    let pos = start + i * chunk as u64;
+                    let n = (end - pos).min(chunk as u64) as usize;
                     // A panic must still answer for the chunk claimed: this thread waits
                     // for it, and the other workers for buffers it would hand back.
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -156,7 +171,7 @@ fn read_in_order(
                     .expect("a worker stops before chunk `count` only when told to");
                 early.insert(i, (buf, r));
             };
-            let n = (end - start - want * CHUNK as u64).min(CHUNK as u64) as usize;
+            let n = (end - start - want * chunk as u64).min(chunk as u64) as usize;
             sink(&buf[..n]).map_err(Failure::Sink)?;
             // The worker that gets it may find nothing left to read: then it stops.
             let _ = free_tx.send(buf);
@@ -172,6 +187,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 pub fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
     let vol = open(ctx, &a, false)?;
+    let chunk = a.request_size;
     let mut input: Box<dyn Read> = if a.file.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -207,7 +223,7 @@ pub fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
         loop {
             let mut buf = if unallocated > 0 {
                 unallocated -= 1;
-                vec![0u8; CHUNK]
+                vec![0u8; chunk]
             } else {
                 free_rx
                     .recv()
@@ -215,7 +231,7 @@ pub fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
                     .map_err(device_err)?
             };
             let mut n = 0;
-            while n < CHUNK {
+            while n < chunk {
                 match input.read(&mut buf[n..]) {
                     Ok(0) => break,
                     Ok(k) => n += k,

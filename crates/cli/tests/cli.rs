@@ -457,7 +457,8 @@ fn benchmark_json_has_the_documented_fields() {
     }
 }
 
-/// `import` and `export` keep several 1 MiB requests in flight on worker threads; the bytes
+/// `import` and `export` keep several requests (1 MiB, or `--request-size`) in flight on
+/// worker threads; the bytes
 /// must still land and leave in order. With cipher_null the image holds the plaintext at the
 /// same offsets, so the image file itself checks both directions (a round trip alone would
 /// pass if both sides permuted chunks alike).
@@ -548,6 +549,47 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
         std::fs::read(&out).unwrap() == pattern,
         "export of the whole volume"
     );
+    // Smaller requests: many more chunks in flight and reordered, both directions, at
+    // odd offsets; sizes out of bounds are refused by name.
+    let o = on_vol(
+        &[
+            "export",
+            "--request-size",
+            "4K",
+            "--at",
+            "1000",
+            "--length",
+            &n_s,
+        ],
+        "-",
+        b"",
+    );
+    ok(&o);
+    assert!(
+        o.stdout == pattern[1000..1000 + n],
+        "export in 4 KiB requests"
+    );
+    ok(&on_vol(
+        &["import", "--request-size", "12K", "--at", "777"],
+        &odd_src,
+        b"",
+    ));
+    let raw = std::fs::read(&img).unwrap();
+    assert!(
+        raw[777..777 + odd.len()] == odd[..],
+        "import in 12 KiB requests"
+    );
+    assert!(raw[..777] == pattern[..777] && raw[777 + odd.len()..] == pattern[777 + odd.len()..]);
+    std::fs::write(&img, &pattern).unwrap();
+    for bad in ["1K", "65M", "4X"] {
+        let o = on_vol(&["export", "--request-size", bad], "-", b"");
+        assert!(!o.status.success(), "--request-size {bad} must fail");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("request-size"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     // Nothing to export is no error; a start past the end is one.
     let o = on_vol(&["export", "--at", "8192", "--length", "0"], "-", b"");
     ok(&o);
