@@ -13,12 +13,15 @@
 # With cores to spare, SERVER_CPUS and CLIENT_CPUS (taskset lists) keep the two apart.
 # CONNECTIONS: nbdcopy's connections (default 1; nbdcopy alone would open 4 where the server
 # offers multi-conn, as cryptblk's does, each with its own TLS session).
+# CRYPTBLK_BIN: the cryptblk binary, server and client (default target/release/cryptblk).
 # usage: [ROUNDS=3] [CLIENTS="nbdcopy cryptblk"] [CONNECTIONS=1] [REQUEST_SIZE=128K] scripts/bench-tls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
-B=$PWD/target/release/cryptblk
+B=${CRYPTBLK_BIN:-$PWD/target/release/cryptblk}
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
+# Empty: no --request-size (the binary's default, 1M; binaries before session 20 lack it).
+REQ=${REQUEST_SIZE-128K}
 P=${PEER_DIR:-/dev/shm/cryptblk-peer}; export PEER_DIR=$P
 # The image (and raw.img) are made by peer-bench.sh on first use; make them the same way.
 [ -f "$P/luks1.img" ] || NO_BUILTIN_PEERS=1 bash scripts/peer-bench.sh 1 >/dev/null 2>&1 || true
@@ -55,9 +58,9 @@ copy() {
     if [ "$dir" = read ]; then from=$uri; to=null:; else from=$W/src; to=$uri; fi
     cmd=(nbdcopy --request-size=131072 -C "${CONNECTIONS:-1}" -R 8 "$from" "$to")
   elif [ "$dir" = read ]; then
-    cmd=("$B" export -r -q --request-size "${REQUEST_SIZE:-128K}" "${NULLVOL[@]}" "$uri" /dev/null)
+    cmd=("$B" export -r -q ${REQ:+--request-size "$REQ"} "${NULLVOL[@]}" "$uri" /dev/null)
   else
-    cmd=("$B" import -q --request-size "${REQUEST_SIZE:-128K}" "${NULLVOL[@]}" "$uri" "$W/src")
+    cmd=("$B" import -q ${REQ:+--request-size "$REQ"} "${NULLVOL[@]}" "$uri" "$W/src")
   fi
   s0=$(cpu); t0=$(date +%s.%N)
   c=$( { ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} "${GNU_TIME:-/usr/bin/time}" -f '%U %S' "${cmd[@]}" >/dev/null; } 2>&1 | tail -n1)

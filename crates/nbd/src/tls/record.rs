@@ -2,10 +2,12 @@
 //! TLS 1.2's AEAD suites (AES-GCM, RFC 5288; ChaCha20-Poly1305, RFC 7905) for clients
 //! that offer nothing newer (the kernel's nbd-client). rustls runs
 //! the handshake, then hands over each direction's traffic secret (its kernel-TLS
-//! interface, `rustls::kernel`); from then on the reading side opens records in place in
-//! its own buffer and the writing side seals them straight into the bytes it sends, each
-//! with its own key and sequence number, so neither waits for the other and the payload is
-//! copied once per side.
+//! interface, `rustls::kernel`); from then on each direction has its own key and sequence
+//! number, so neither waits for the other. With AES-GCM on the vaes512 path the writing
+//! side encrypts the caller's bytes straight into the records it sends and the reading
+//! side decrypts records straight into the caller's buffer: the cipher is the only pass
+//! over the payload besides the socket's own copy. ring's AEADs (other CPUs, ChaCha20)
+//! work in place: one more copy per side.
 
 use std::io;
 use std::ops::Range;
