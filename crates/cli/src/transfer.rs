@@ -26,17 +26,22 @@ pub struct TransferArgs {
     /// Bytes to export (default: to the end of the volume).
     #[arg(long)]
     pub length: Option<u64>,
-    /// Bytes per request to the volume, four requests in flight: 4K to 64M, K/M suffixes
-    /// (what a remote NBD server or RBD sees; their largest request may be smaller).
+    /// Bytes per request to the volume, four requests in flight: a multiple of 4K from 4K
+    /// to 64M, K/M suffixes (what a remote NBD server or RBD sees; their largest request
+    /// may be smaller).
     #[arg(long = "request-size", default_value = "1M", value_parser = parse_request_size)]
     pub request_size: usize,
 }
 
-/// `--request-size`: a size from 4 KiB to 64 MiB.
+/// `--request-size`: a multiple of 4 KiB from 4 KiB to 64 MiB (so that, from an aligned
+/// `--at`, requests meet at sector boundaries: neighbours sharing a sector would make each
+/// boundary a read-modify-write under the volume's lock).
 fn parse_request_size(s: &str) -> Result<usize, String> {
     let n = crate::units::parse_size(s)?;
-    if !(MIN_REQUEST..=MAX_REQUEST).contains(&n) {
-        return Err(format!("request size {n} is outside 4K..64M"));
+    if !(MIN_REQUEST..=MAX_REQUEST).contains(&n) || !n.is_multiple_of(MIN_REQUEST) {
+        return Err(format!(
+            "request size {n} is not a multiple of 4K from 4K to 64M"
+        ));
     }
     Ok(n as usize)
 }

@@ -581,7 +581,7 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
     );
     assert!(raw[..777] == pattern[..777] && raw[777 + odd.len()..] == pattern[777 + odd.len()..]);
     std::fs::write(&img, &pattern).unwrap();
-    for bad in ["1K", "65M", "4X"] {
+    for bad in ["1K", "65M", "4X", "5000"] {
         let o = on_vol(&["export", "--request-size", bad], "-", b"");
         assert!(!o.status.success(), "--request-size {bad} must fail");
         assert!(

@@ -43,14 +43,20 @@ impl AesGcm {
                 "AES-GCM has code for the vaes512 backend only".into(),
             ));
         }
-        let keys = GcmKeys::new(key)
-            .ok_or_else(|| Error::BackendUnavailable("AES-GCM: vaes512 unavailable".into()))?;
+        let keys = GcmKeys::new(key);
+        // Key expansion and the hash key's powers left copies in dead stack frames.
+        crate::secret::scrub_stack();
+        let keys =
+            keys.ok_or_else(|| Error::BackendUnavailable("AES-GCM: vaes512 unavailable".into()))?;
         Ok(AesGcm { keys })
     }
 
     /// Starts a message under `nonce` with the additional data `aad`. The caller never
     /// uses a nonce twice with one key.
     pub fn begin(&self, nonce: &[u8; 12], aad: &[u8]) -> GcmMessage<'_> {
+        // Round keys spill to this thread's stack: keep it out of swap, as every cipher
+        // thread's.
+        crate::secret::guard_stack();
         let mut j0 = [0u8; 16];
         j0[..12].copy_from_slice(nonce);
         j0[15] = 1;
@@ -126,13 +132,15 @@ impl GcmMessage<'_> {
 
     /// The tag of the message encrypted.
     pub fn tag(self) -> [u8; 16] {
-        let s = self
+        let mut s = self
             .keys
             .ghash_finish(&self.blocks[0], self.aad_len * 8, self.text_len * 8);
         let mut t = [0u8; 16];
         for ((t, s), e) in t.iter_mut().zip(s).zip(self.blocks[2]) {
             *t = s ^ e;
         }
+        // The bare hash, with known text, tells of the hash key.
+        wipe_blocks(std::slice::from_mut(&mut s));
         t
     }
 

@@ -3,26 +3,14 @@
 //! Each case encrypts to the expected ciphertext and tag, decrypts back, and a flipped
 //! bit in the ciphertext or the tag is refused.
 
-use cryptblk_crypto::{aes_ccm_decrypt, aes_ccm_encrypt};
+mod common;
 
-fn hex(s: &str) -> Vec<u8> {
-    if s == "-" {
-        Vec::new()
-    } else {
-        hex::decode(s).expect("hex")
-    }
-}
+use cryptblk_crypto::{aes_ccm_decrypt, aes_ccm_encrypt};
 
 #[test]
 fn ccm_known_answers() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ccm.txt"))
-        .expect("tests/data/ccm.txt");
     let mut n = 0;
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-    {
-        let f: Vec<Vec<u8>> = line.split_whitespace().map(hex).collect();
+    for (line, f) in common::load_lines("ccm.txt") {
         let [key, nonce, plain, cipher, tag] = &f[..] else {
             panic!("bad line {line}")
         };

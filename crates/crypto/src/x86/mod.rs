@@ -367,17 +367,16 @@ impl GcmKeys {
         dst: &mut [u8],
     ) {
         let len = dst.len();
-        let from = match src {
-            Some(s) => {
-                assert_eq!(s.len(), len, "GCM input and output differ in length");
-                s.as_ptr()
-            }
-            None => dst.as_ptr(),
-        };
+        if let Some(s) = src {
+            assert_eq!(s.len(), len, "GCM input and output differ in length");
+        }
+        // In place, both pointers come from the one exclusive borrow (a shared reborrow
+        // taken first would be invalidated by the exclusive one).
         let to = dst.as_mut_ptr();
-        // SAFETY: `from` is readable and `to` writable for `len` bytes; they are one
-        // buffer or two that a shared and an exclusive borrow keep apart; the CPU has the
-        // vaes512 features (`new`).
+        let from = src.map_or(to.cast_const(), <[u8]>::as_ptr);
+        // SAFETY: `from` is readable and `to` writable for `len` bytes: the same exclusive
+        // buffer (in place), or two that a shared and an exclusive borrow keep apart; the
+        // CPU has the vaes512 features (`new`).
         unsafe {
             match (self.aes.rounds, enc) {
                 (10, true) => gcm512::crypt::<10, true>(self, ctr, y, from, to, len),

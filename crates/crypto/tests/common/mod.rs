@@ -125,6 +125,27 @@ pub fn load(name: &str) -> Vec<Record> {
     recs
 }
 
+/// The lines of `tests/data/<name>` in the one-case-per-line format (whitespace-separated
+/// hex fields, `-` for an empty one; `#` comments and blank lines skipped): each line with
+/// its fields decoded.
+pub fn load_lines(name: &str) -> Vec<(String, Vec<Vec<u8>>)> {
+    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let fields = l
+                .split_whitespace()
+                .map(|f| match f {
+                    "-" => Vec::new(),
+                    _ => hex::decode(f).unwrap_or_else(|e| panic!("{path}: {f}: {e}")),
+                })
+                .collect();
+            (l.to_string(), fields)
+        })
+        .collect()
+}
+
 /// Every backend this CPU runs; the generic one is always among them.
 pub fn backends() -> Vec<Backend> {
     static WARN: std::sync::Once = std::sync::Once::new();

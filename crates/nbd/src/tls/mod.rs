@@ -677,6 +677,9 @@ impl TlsStream {
 
     /// Plaintext from the peer, reading the socket when no opened record has any left.
     /// `Ok(0)` at a clean end (the peer's close_notify); EOF without one is an error.
+    /// `buf` past the bytes returned may be overwritten too: records are opened straight
+    /// into it where they fit (a TLS 1.3 record's type byte and padding, an alert or a
+    /// handshake message, or zeros where a record failed to open, land there).
     pub(crate) fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
         if !self.is_active() {
             return self.raw.read_some(buf);

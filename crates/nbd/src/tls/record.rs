@@ -155,8 +155,7 @@ fn encrypt_gather<'p>(
     }
     m.encrypt(&stage[..staged], &mut dst[at..at + staged]);
     // The stage held plaintext.
-    stage.fill(0);
-    std::hint::black_box(&stage);
+    zeroize::Zeroize::zeroize(&mut stage);
 }
 
 impl RecordKey {
@@ -598,6 +597,32 @@ mod tests {
                     (APPLICATION_DATA, &content[..MAX_PLAINTEXT]),
                     "{what}"
                 );
+                // Not application data, or padded: the type and the content's range
+                // come out the same opened straight into a buffer.
+                let mut out = Outbox::new();
+                tx.seal(ALERT, &[&[1, 0]], &mut out).unwrap();
+                if !tls12 {
+                    // Content "x", type application_data, padding (sealed by hand).
+                    tx.seal(0, &[b"x\x17\0\0"], &mut out).unwrap();
+                }
+                let mut more = out.filled().to_vec();
+                let first = HEADER_LEN
+                    + usize::from(tls12) * EXPLICIT_NONCE_LEN
+                    + 2
+                    + usize::from(!tls12)
+                    + TAG_LEN;
+                let (alert, padded) = more.split_at_mut(first);
+                let mut to = [0u8; 64];
+                let (h, b) = split(alert);
+                let (typ, at) = rx.open(h, b, direct.then_some(&mut to[..])).unwrap();
+                let got = if direct { &to[at] } else { &b[at] };
+                assert_eq!((typ, got), (ALERT, &[1u8, 0][..]), "{what}");
+                if !tls12 {
+                    let (h, b) = split(padded);
+                    let (typ, at) = rx.open(h, b, direct.then_some(&mut to[..])).unwrap();
+                    let got = if direct { &to[at] } else { &b[at] };
+                    assert_eq!((typ, got), (APPLICATION_DATA, &b"x"[..]), "{what}");
+                }
                 let n = bad.len();
                 bad[n - 1] ^= 0x40;
                 let (h, b) = split(&mut bad);
