@@ -218,13 +218,20 @@ struct StackGuard;
 
 impl StackGuard {
     fn new() -> StackGuard {
+        // The main thread's stack grows on demand: a range below it not yet touched is
+        // not mapped, and mlock of it failed whole (a key copy then landed in swappable
+        // stack, by the stack's random start about one run in two). Touch it first.
+        grow_stack();
         let marker = 0u8;
         let here = std::hint::black_box(&marker) as *const u8 as usize;
-        let top = (here + PAGE) & !(PAGE - 1);
+        // Up to the stack's top too: the thread may use keys later in shallower frames
+        // than this one (the main thread unlocks deep in a call chain, then serves from
+        // near the top; a round key spilled there was in swappable stack).
+        let top = stack_top().unwrap_or(here + PAGE).next_multiple_of(PAGE);
         let bottom = here.saturating_sub(STACK_GUARD) & !(PAGE - 1);
         // SAFETY: mlock only changes page attributes of the range, which is this thread's
-        // stack (below the current frame, where deeper calls run); if part of it is not
-        // mapped (a main thread stack not grown that far) it fails and nothing happens.
+        // stack: from the top down to below the current frame, where deeper calls run,
+        // mapped by `grow_stack` (should it still fail, nothing happens).
         unsafe {
             libc::mlock(bottom as *const libc::c_void, top - bottom);
         }
@@ -258,6 +265,32 @@ pub(crate) fn wipe_blocks(blocks: &mut [[u8; 16]]) {
         // store is never elided.
         unsafe { core::ptr::write_volatile(b, [0u8; 16]) };
     }
+}
+
+/// The highest address of this thread's stack, from pthread (for the main thread it reads
+/// /proc/self/maps); `None` if it cannot tell.
+fn stack_top() -> Option<usize> {
+    // SAFETY: `attr` is filled by pthread_getattr_np for the calling thread before it is
+    // read, and destroyed once; the out-pointers are valid locals.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        (r == 0 && !addr.is_null()).then(|| addr as usize + size)
+    }
+}
+
+/// Writes zeros over a page more than [`STACK_GUARD`] of stack below the caller, so that
+/// all of it is mapped.
+#[inline(never)]
+fn grow_stack() {
+    let mut z = [0u8; STACK_GUARD + 2 * PAGE];
+    std::hint::black_box(&mut z);
 }
 
 /// Overwrites the stack below the caller with zeros: key setup (key expansion into values

@@ -18,6 +18,7 @@ use core::arch::x86_64::*;
 
 use super::RoundKeys;
 use super::keys::load128;
+use super::vaes512::xor3;
 
 /// Blocks a step: four registers of four.
 const STEP: usize = 16;
@@ -50,12 +51,6 @@ fn gf_poly() -> __m512i {
     _mm512_broadcast_i32x4(_mm_set_epi64x(0xc200_0000_0000_0000_u64 as i64, 1))
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn xor3(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
-    _mm512_ternarylogic_epi64(a, b, c, 0x96)
-}
-
 /// The unreduced 256-bit products of each lane of `a` and `b`: low, middle, high.
 #[inline]
 #[target_feature(enable = "avx512f,vpclmulqdq")]
@@ -72,7 +67,7 @@ fn products(a: __m512i, b: __m512i) -> [__m512i; 3] {
 /// Each lane's 256-bit product (low, middle, high) reduced to 128 bits: the low half folded
 /// into the middle, then the middle into the high.
 #[inline]
-#[target_feature(enable = "avx512f,vpclmulqdq")]
+#[target_feature(enable = "avx512f,avx512bw,vpclmulqdq")]
 fn reduce([lo, mi, hi]: [__m512i; 3]) -> __m512i {
     let poly = gf_poly();
     let mi = xor3(
@@ -97,7 +92,7 @@ fn fold_lanes(v: __m512i) -> __m128i {
 
 /// `x` (reflected) times `h` (a power row: times x^-1, reflected), reduced.
 #[inline]
-#[target_feature(enable = "avx512f,vpclmulqdq")]
+#[target_feature(enable = "avx512f,avx512bw,vpclmulqdq")]
 fn mul1(x: __m128i, h: __m128i) -> __m128i {
     let p = reduce(products(
         _mm512_zextsi128_si512(x),

@@ -11,9 +11,10 @@ use super::keys::{RoundKeys, load128, source_unit};
 use super::ni;
 use core::arch::x86_64::*;
 
+/// a ^ b ^ c in one instruction.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn xor3(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+pub(super) fn xor3(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
     _mm512_ternarylogic_epi64(a, b, c, 0x96)
 }
 
