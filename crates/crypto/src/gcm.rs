@@ -43,9 +43,8 @@ impl AesGcm {
                 "AES-GCM has code for the vaes512 backend only".into(),
             ));
         }
-        let keys = GcmKeys::new(key);
-        // Key expansion and the hash key's powers left copies in dead stack frames.
-        crate::secret::scrub_stack();
+        // Key expansion and the hash key's powers leave copies in the frames they use.
+        let keys = crate::secret::scrubbed(|| GcmKeys::new(key));
         let keys =
             keys.ok_or_else(|| Error::BackendUnavailable("AES-GCM: vaes512 unavailable".into()))?;
         Ok(AesGcm { keys })

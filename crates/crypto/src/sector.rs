@@ -180,10 +180,9 @@ impl SectorCipher {
         if matches!(spec.iv, IvMode::Tcw | IvMode::Lmk) && sector_size != 512 {
             return Err(Error::InvalidSectorSize(sector_size));
         }
-        let c = Self::build(spec, key, layout, sector_size, iv, backend);
-        // Key schedules were built on this thread's stack before moving into locked memory.
-        crate::secret::scrub_stack();
-        c
+        // Key schedules are built on this thread's stack before moving into locked memory:
+        // in frames of their own, wiped after.
+        crate::secret::scrubbed(|| Self::build(spec, key, layout, sector_size, iv, backend))
     }
 
     fn build(

@@ -29,6 +29,12 @@ impl UnitCipher {
     /// `alg` in `mode` with `key`: for XTS two cipher keys (data, tweak), for LRW the
     /// cipher key then 16 bytes of tweak key, otherwise the cipher key.
     pub fn new(alg: BlockCipherAlg, mode: ChainMode, key: &[u8]) -> Result<Self> {
+        // Key schedules are built on this thread's stack: in frames of their own, wiped
+        // after.
+        crate::secret::scrubbed(|| Self::build(alg, mode, key))
+    }
+
+    fn build(alg: BlockCipherAlg, mode: ChainMode, key: &[u8]) -> Result<Self> {
         let bad = || Error::InvalidKeyLength {
             cipher: format!("{}-{mode:?}", alg.name()),
             len: key.len(),
@@ -65,18 +71,18 @@ impl UnitCipher {
                 lrw: None,
             },
         };
-        crate::secret::scrub_stack();
         Ok(c)
     }
 
     /// CBC over a chain of ciphers applied to each block in turn (TrueCrypt's "inner"
     /// cascades): `layers[0]` encrypts first.
     pub fn cbc_chain(layers: &[(BlockCipherAlg, &[u8])]) -> Result<Self> {
-        let keys = layers
-            .iter()
-            .map(|(alg, k)| BlockKey::new(*alg, k))
-            .collect::<Result<Vec<_>>>()?;
-        crate::secret::scrub_stack();
+        let keys = crate::secret::scrubbed(|| {
+            layers
+                .iter()
+                .map(|(alg, k)| BlockKey::new(*alg, k))
+                .collect::<Result<Vec<_>>>()
+        })?;
         Ok(UnitCipher {
             mode: ChainMode::Cbc,
             key: BlockKey::Chain(keys),
