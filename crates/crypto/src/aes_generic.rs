@@ -15,8 +15,8 @@ pub(crate) enum AesKey {
 }
 
 /// `C` keyed with `key`, built over a blank (all-zero key) instance already in locked memory.
-/// The keyed value passes through the stack on its way in: `SectorCipher` scrubs the stack
-/// once all its keys are set up.
+/// The keyed value passes through the stack on its way in: every key setup runs inside
+/// `secret::scrubbed`, which wipes those frames after.
 pub(crate) fn locked<C: KeyInit>(key: &[u8]) -> std::result::Result<LockedBox<C>, ()> {
     LockedBox::new_with(C::new(&Default::default()), |c| {
         *c = C::new_from_slice(key).map_err(|_| ())?;

@@ -61,8 +61,9 @@ fn mac(key: &BlockKey, nonce: &[u8], l: usize, tag_len: usize, plain: &[u8]) -> 
     x
 }
 
+/// The AES key, expanded in frames of its own that are wiped after.
 fn aes(key: &[u8]) -> Result<BlockKey> {
-    BlockKey::new(BlockCipherAlg::Aes, key)
+    crate::secret::scrubbed(|| BlockKey::new(BlockCipherAlg::Aes, key))
 }
 
 /// Encrypts `data` in place under AES `key` and returns the tag in `tag` (its length

@@ -210,7 +210,8 @@ impl<T> fmt::Debug for LockedBox<T> {
     }
 }
 
-/// How much of a thread's stack below the first cipher call is locked and wiped.
+/// How much of a thread's stack below the first cipher call is locked (with everything
+/// above it), and how much a scrub wipes.
 const STACK_GUARD: usize = 64 << 10;
 
 /// Locks the stack region the ciphers use on this thread, and wipes it when the thread ends.
@@ -255,7 +256,8 @@ thread_local! {
     static STACK_GUARD_TLS: StackGuard = StackGuard::new();
 }
 
-/// Called before cipher work on a thread: the first call locks the stack below it.
+/// Called before cipher work on a thread: the first call locks the thread's stack from
+/// [`STACK_GUARD`] below it up to the top.
 pub(crate) fn guard_stack() {
     STACK_GUARD_TLS.with(|_| {});
 }
@@ -289,7 +291,7 @@ fn stack_top() -> Option<usize> {
     }
 }
 
-/// Writes zeros over a page more than [`STACK_GUARD`] of stack below the caller, so that
+/// Writes zeros over two pages more than [`STACK_GUARD`] of stack below the caller, so that
 /// all of it is mapped.
 #[inline(never)]
 fn grow_stack() {
@@ -302,6 +304,8 @@ fn grow_stack() {
 /// reach (the key_hygiene and suspend tests found it once other code moved the inlining).
 #[inline(never)]
 pub(crate) fn scrubbed<T>(f: impl FnOnce() -> T) -> T {
+    // The stack it runs on locked first (so nothing of it is swapped out meanwhile).
+    guard_stack();
     let r = below(f);
     scrub_stack();
     r
