@@ -177,19 +177,12 @@ pub(super) fn init(k: &mut GcmKeys) {
     crate::secret::wipe_blocks(std::slice::from_mut(&mut h));
 }
 
-/// GHASH state in the reflected form, kept between calls.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn load_state(y: &[u8; 16]) -> __m128i {
-    load128(y)
-}
-
 /// Hashes `data` (zero-padded to whole blocks) into the state `y` (reflected).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vpclmulqdq")]
 pub(super) fn ghash(k: &GcmKeys, y: &mut [u8; 16], data: &[u8]) {
     let h1 = load128(&k.powers[STEP - 1]);
     let mask = _mm512_castsi512_si128(reflect_mask());
-    let mut s = load_state(y);
+    let mut s = load128(y);
     for chunk in data.chunks(16) {
         let mut b = [0u8; 16];
         b[..chunk.len()].copy_from_slice(chunk);
@@ -204,7 +197,7 @@ pub(super) fn ghash(k: &GcmKeys, y: &mut [u8; 16], data: &[u8]) {
 pub(super) fn ghash_finish(k: &GcmKeys, y: &[u8; 16], aad_bits: u64, text_bits: u64) -> [u8; 16] {
     let h1 = load128(&k.powers[STEP - 1]);
     let len = _mm_set_epi64x(aad_bits as i64, text_bits as i64);
-    let s = mul1(_mm_xor_si128(load_state(y), len), h1);
+    let s = mul1(_mm_xor_si128(load128(y), len), h1);
     let mut out = [0u8; 16];
     super::keys::store128(
         &mut out,
@@ -279,7 +272,7 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
         c,
         _mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
     );
-    let mut s = load_state(y);
+    let mut s = load128(y);
     // Encrypting: the previous step's ciphertext (reflected) and its block count.
     let mut pending: Option<([__m512i; 4], usize)> = None;
     let mut done = 0;

@@ -378,12 +378,8 @@ impl GcmKeys {
         // buffer (in place), or two that a shared and an exclusive borrow keep apart; the
         // CPU has the vaes512 features (`new`).
         unsafe {
-            match (self.aes.rounds, enc) {
-                (10, true) => gcm512::crypt::<10, true>(self, ctr, y, from, to, len),
-                (10, false) => gcm512::crypt::<10, false>(self, ctr, y, from, to, len),
-                (_, true) => gcm512::crypt::<14, true>(self, ctr, y, from, to, len),
-                (_, false) => gcm512::crypt::<14, false>(self, ctr, y, from, to, len),
-            }
+            use gcm512::crypt;
+            by_rounds_and_direction!(self.aes, enc, crypt(self, ctr, y, from, to, len))
         }
     }
 }
