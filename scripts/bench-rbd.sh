@@ -9,6 +9,8 @@
 #   py-librbd-luks2 the same client on an image librbd formatted and loads with its own
 #                   LUKS2 encryption (fio's rbd engine cannot load encryption, and this
 #                   Ceph's `rbd bench` has no --encryption-format)
+# CLUSTER_CPUS and CLIENT_CPUS (taskset lists) put the cluster (monitor and OSD) and the
+# clients (fio, cryptblk, python3-rbd) on CPUs of their own, as if on two hosts.
 # usage: [ROUNDS=3] scripts/bench-rbd.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,13 +18,17 @@ RT=${1:-5}; ROUNDS=${ROUNDS:-3}
 B=$PWD/target/release/cryptblk
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
 W=$(mktemp -d /dev/shm/cryptblk-rbd.XXXXXX)
-CONF=$(CEPH_MEMSTORE_BYTES=$((8 << 30)) bash tests/ceph/cluster.sh start "$W/ceph")
+CONF=$(CEPH_MEMSTORE_BYTES=$((8 << 30)) ${CLUSTER_CPUS:+taskset -c $CLUSTER_CPUS} \
+  bash tests/ceph/cluster.sh start "$W/ceph")
 export CEPH_CONF=$CONF
 cleanup() { kill "${SERVER:-}" 2>/dev/null || true; bash tests/ceph/cluster.sh stop "$W/ceph"; rm -rf "$W"; }
 trap cleanup EXIT
 printf 'rbd bench pass' > "$W/pw"
 SIZE=1024
-PY=/usr/bin/python3
+PIN=${CLIENT_CPUS:+taskset -c $CLIENT_CPUS}
+PY="$PIN /usr/bin/python3"
+FIO_BIN=$(command -v fio)
+fio() { $PIN "$FIO_BIN" "$@"; }
 $PY - "$CONF" "$W/pw" "$SIZE" <<'PY'
 import rados, rbd, sys
 conf, pw, size = sys.argv[1], open(sys.argv[2], 'rb').read(), int(sys.argv[3]) << 20
@@ -38,7 +44,7 @@ PY
 # Every image written in full first (reads of never-written objects cost nothing).
 fio --name=fill --ioengine=rbd --pool=rbd --rbdname=raw --clientname=admin --rw=write --bs=4M \
   --iodepth=16 --size=${SIZE}M > /dev/null
-"$B" open rbd:rbd/enc pb --nbd "unix:$W/nbd.sock" --run-dir "$W/run" --key-file "$W/pw" > /dev/null 2>&1 &
+$PIN "$B" open rbd:rbd/enc pb --nbd "unix:$W/nbd.sock" --run-dir "$W/run" --key-file "$W/pw" > /dev/null 2>&1 &
 SERVER=$!
 for _ in $(seq 100); do [ -S "$W/nbd.sock" ] && break; sleep 0.1; done
 fio --name=fill --ioengine=nbd --uri="nbd+unix:///pb?socket=$W/nbd.sock" --rw=write --bs=4M \

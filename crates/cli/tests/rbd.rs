@@ -239,8 +239,27 @@ fn rbd_images_interoperate_with_librbd_encryption() {
         &front,
         &[("randrw", "4k", "16"), ("write", "1m", "4")],
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    // SIGTERM: the server closes the image on its way out, so no lock and no watch is
+    // left for the next client to wait out (about 30 s: it did, the process exiting
+    // without closing it).
+    ok(&run_in(
+        "/bin/kill",
+        &["-TERM", &server.id().to_string()],
+        b"",
+    ));
+    let st = server.wait().unwrap();
+    assert!(st.success(), "SIGTERM ends the server cleanly: {st:?}");
+    let left = ok(&librbd(
+        &conf,
+        "with rbd.Image(io, 'b', read_only=True) as img:\n    \
+           print('lockers', img.list_lockers())\n    \
+           print('watchers', list(img.watchers_list()))\n",
+        b"",
+    ));
+    assert!(
+        left.contains("lockers []") && left.contains("watchers []"),
+        "the closed server left its lock or watch on the image: {left}"
+    );
 
     // Bad input: no such pool, no such image (exit 4, named); a malformed name (exit 1).
     let o = cb(&["dump", "rbd:nopool/x"]);

@@ -83,6 +83,14 @@ pub trait Storage: Send + Sync {
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// Lets go, once nothing will use the store again, of what it holds on other hosts:
+    /// an RBD image's exclusive lock and watch (left behind, they make the next client
+    /// wait for them to time out), an NBD export's connections. For a process that exits
+    /// while threads still hold the store, so it is never dropped. Calls after it fail;
+    /// stores with nothing to let go do nothing.
+    fn close(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Storage behind a shared reference or an `Arc` is storage too: one store can then be the
@@ -141,6 +149,9 @@ macro_rules! delegate_storage {
             }
             fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
                 (**self).raw_fd()
+            }
+            fn close(&self) -> io::Result<()> {
+                (**self).close()
             }
         }
     )*};

@@ -23,7 +23,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -259,6 +259,8 @@ pub struct NbdStorage {
     conns: Vec<Slot>,
     next_conn: AtomicUsize,
     next_handle: AtomicU64,
+    /// Set by [`Storage::close`]: no connection is made again.
+    closed: AtomicBool,
 }
 
 /// One connection of an [`NbdStorage`], connected again after it broke.
@@ -683,6 +685,7 @@ impl NbdStorage {
             conns,
             next_conn: AtomicUsize::new(0),
             next_handle: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -701,6 +704,12 @@ impl NbdStorage {
     fn conn(&self) -> io::Result<Arc<Conn>> {
         let i = self.next_conn.fetch_add(1, Relaxed) % self.conns.len();
         let mut slot = lock(&self.conns[i].conn);
+        if self.closed.load(Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("{}: request after the export was closed", self.uri),
+            ));
+        }
         if let Some(c) = slot.as_ref()
             && !lock(&c.pending).broken
         {
@@ -792,12 +801,11 @@ impl Conn {
         }
     }
 
-    /// Wakes one thread still waiting for its reply to take over reading (the reader is
-    /// done); every waiter waits either for the read lock or to be woken.
-    fn hand_over(p: &Pending) {
-        if let Some(w) = p.waiting.values().next() {
-            w.thread.unpark();
-        }
+    /// One thread still waiting for its reply, to wake (once the pending lock is let go)
+    /// so that it takes over reading now that the reader is done; every waiter waits
+    /// either for the read lock or to be woken.
+    fn next_reader(p: &Pending) -> Option<std::thread::Thread> {
+        p.waiting.values().next().map(|w| w.thread.clone())
     }
 
     /// Sends the TLS key update the stream wants (every 2^22 records) with no request in
@@ -912,13 +920,17 @@ impl Conn {
                     drop(p);
                     let mine = self.read_replies(&mut r, handle, into.as_deref_mut());
                     drop(r);
-                    p = lock(&self.pending);
-                    // Let a waiting thread take over reading.
-                    Self::hand_over(&p);
-                    match mine {
-                        Some(res) => return Ok(res?),
-                        None => continue,
+                    // Let a waiting thread take over reading. It is woken with the pending
+                    // lock let go: on a busy CPU it may run at once, and would only block
+                    // on that lock again (two more switches per hand-over).
+                    let next = Self::next_reader(&lock(&self.pending));
+                    if let Some(t) = next {
+                        t.unpark();
                     }
+                    if let Some(res) = mine {
+                        return Ok(res?);
+                    }
+                    p = lock(&self.pending);
                 }
                 Err(TryLockError::WouldBlock) => {
                     // Whoever holds the read lock wakes this thread when its reply is in
@@ -1005,9 +1017,13 @@ impl Conn {
             data = vec![0u8; len];
             r.read_exact(&mut data)?;
         }
-        let mut p = lock(&self.pending);
-        p.done.insert(got, status().map(|()| data));
-        if let Some(w) = p.waiting.remove(&got) {
+        let owner = {
+            let mut p = lock(&self.pending);
+            p.done.insert(got, status().map(|()| data));
+            p.waiting.remove(&got)
+        };
+        // Woken with the pending lock let go (see `request`).
+        if let Some(w) = owner {
             w.thread.unpark();
         }
         Ok(None)
@@ -1025,7 +1041,15 @@ fn nbd_error(e: u32) -> io::Error {
 
 impl Drop for NbdStorage {
     fn drop(&mut self) {
-        // NBD_CMD_DISC on each live connection, so the server sees a clean end.
+        self.disconnect();
+    }
+}
+
+impl NbdStorage {
+    /// NBD_CMD_DISC on each live connection, so the server sees a clean end; none is
+    /// made again.
+    fn disconnect(&self) {
+        self.closed.store(true, Relaxed);
         for slot in &self.conns {
             if let Some(c) = lock(&slot.conn).take() {
                 let mut hdr = [0u8; REQUEST_LEN];
@@ -1110,6 +1134,11 @@ impl Storage for NbdStorage {
             .min(self.size.saturating_sub(offset))
             .min(u32::MAX as u64) as u32;
         self.command(CMD_CACHE, 0, offset, len, &[], None)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        self.disconnect();
+        Ok(())
     }
 
     fn describe(&self) -> String {

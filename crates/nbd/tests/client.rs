@@ -101,6 +101,26 @@ fn against_this_crates_server_with_multi_conn() {
     let mut b = [0u8; 512];
     let e = st.read_at(&mut b, size as u64 - 256).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    // Closed (a server exiting while its threads still hold the store): every connection
+    // ends, and a request after it fails instead of connecting again.
+    assert_eq!(serving.handle.stats().connections_active, 4);
+    st.close().unwrap();
+    let t0 = Instant::now();
+    while serving.handle.stats().connections_active > 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        serving.handle.stats().connections_active,
+        0,
+        "close ends every connection"
+    );
+    let e = st.read_at(&mut b, 0).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotConnected, "{e}");
+    assert_eq!(
+        serving.handle.stats().connections_total,
+        4,
+        "nothing connected again"
+    );
     drop(st);
     serving.stop();
 }

@@ -17,7 +17,7 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 
 use cryptblk_device::Storage;
 
@@ -263,11 +263,15 @@ pub struct RbdStorage {
     size: u64,
     object_size: u64,
     read_only: bool,
+    /// True until [`Storage::close`] closes the handles: each operation holds it shared
+    /// while it uses them, so they are never closed under one.
+    live: RwLock<bool>,
 }
 
 // SAFETY: librados cluster and io-context handles and librbd image handles may be used from
 // any thread, and concurrently (librbd serialises what needs it internally); the handles
-// are only closed in Drop, when no other reference exists.
+// are closed once, by `close` (or Drop), with `live` held alone: no operation uses them then
+// or after.
 unsafe impl Send for RbdStorage {}
 // SAFETY: as above: every method takes &self and calls librbd's thread-safe entry points.
 unsafe impl Sync for RbdStorage {}
@@ -423,6 +427,7 @@ impl RbdStorage {
             size: info.size,
             object_size: info.obj_size.max(512),
             read_only,
+            live: RwLock::new(true),
         };
         // Owned by `st` now.
         std::mem::forget(p);
@@ -443,6 +448,14 @@ impl RbdStorage {
         offset: u64,
         submit: impl FnOnce(*mut c_void) -> c_int,
     ) -> io::Result<isize> {
+        // Held until librbd is done: `close` waits for it.
+        let live = self.live.read().unwrap_or_else(|e| e.into_inner());
+        if !*live {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("{}: {what} after the image was closed", self.spec),
+            ));
+        }
         let mut c: *mut c_void = std::ptr::null_mut();
         // SAFETY: no argument and no callback; `c` is written on success.
         let r = unsafe { (self.lib.rbd_aio_create_completion)(std::ptr::null_mut(), None, &mut c) };
@@ -494,13 +507,7 @@ impl RbdStorage {
 
 impl Drop for RbdStorage {
     fn drop(&mut self) {
-        // Closing the image releases its lock; the handles go in the reverse order.
-        drop(Partial {
-            lib: self.lib,
-            cluster: self.cluster,
-            ioctx: self.ioctx,
-            image: self.image,
-        });
+        let _ = self.close();
     }
 }
 
@@ -566,6 +573,22 @@ impl Storage for RbdStorage {
 
     fn alignment(&self) -> Option<u64> {
         Some(self.object_size)
+    }
+
+    fn close(&self) -> io::Result<()> {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        if std::mem::replace(&mut *live, false) {
+            // Closing the image flushes it and releases its lock and watch; the handles go
+            // in the reverse order. No operation runs (each holds `live` shared) and none
+            // starts after this (each checks it), so they are closed once, unused.
+            drop(Partial {
+                lib: self.lib,
+                cluster: self.cluster,
+                ioctx: self.ioctx,
+                image: self.image,
+            });
+        }
+        Ok(())
     }
 
     fn describe(&self) -> String {

@@ -140,4 +140,7 @@ impl Storage for DataDevice {
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner().raw_fd()
     }
+    fn close(&self) -> io::Result<()> {
+        self.inner().close()
+    }
 }

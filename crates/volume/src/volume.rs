@@ -274,6 +274,14 @@ impl Volume {
         self.storage.describe()
     }
 
+    /// Flushes, then lets the storage go ([`Storage::close`]): the last call on a volume
+    /// put away while other threads still hold it (a server about to exit). Requests
+    /// after it fail.
+    pub fn close(&self) -> io::Result<()> {
+        BlockDevice::flush(self)?;
+        self.storage.close()
+    }
+
     /// Binds a cipher (already keyed) to storage. Fails if the storage cannot hold the segment.
     pub fn new(
         storage: Box<dyn Storage>,

@@ -280,7 +280,9 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     jobs.stop_and_wait();
     let _ = std::fs::remove_file(&ctl_path);
     let _ = std::fs::remove_file(&pid_path);
-    vol.flush().map_err(|e| io_err(&a.device, e))?;
+    // Other threads still hold the volume, so it is never dropped: its storage lets go
+    // of what it holds elsewhere (an RBD image's lock) here.
+    vol.close().map_err(|e| io_err(&a.device, e))?;
     result
 }
 
