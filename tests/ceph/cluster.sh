@@ -65,6 +65,9 @@ keyring = $DIR/keyring
 admin socket =
 log file = /dev/null
 mon data avail warn = 1
+# A client killed with its image's exclusive lock held keeps the next one out until its
+# watch expires (30 s by default); clients renew theirs every 5 s.
+osd client watch timeout = 10
 [mon.a]
 mon data = $DIR/mon
 admin socket = $DIR/run/mon.a.asok

@@ -8,46 +8,12 @@
 
 mod common;
 
+use common::ceph::Cluster;
 use common::{bin, ok, run_in, serve_nbd_unix, tool};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const PASS: &[u8] = b"rbd passphrase";
 const MIB: usize = 1 << 20;
-
-struct Cluster {
-    dir: PathBuf,
-    conf: String,
-    script: PathBuf,
-}
-
-impl Cluster {
-    fn start(dir: &Path) -> Cluster {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
-        let dir = dir.join("ceph");
-        let o = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(&dir)
-            .output()
-            .unwrap();
-        let conf = ok(&o).trim().to_string();
-        Cluster { dir, conf, script }
-    }
-    fn stop(&self) {
-        let _ = Command::new("bash")
-            .arg(&self.script)
-            .arg("stop")
-            .arg(&self.dir)
-            .output();
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 /// librbd through python3-rbd (Debian's system Python, where the module lives).
 fn librbd(conf: &str, script: &str, stdin: &[u8]) -> Output {

@@ -58,6 +58,7 @@ pub fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+pub mod ceph;
 pub mod nbd;
 
 /// Whether the tests run as root (needed to create users, loop devices, mounts).
