@@ -21,7 +21,11 @@ W=$(mktemp -d /dev/shm/cryptblk-rbd.XXXXXX)
 CONF=$(CEPH_MEMSTORE_BYTES=$((8 << 30)) ${CLUSTER_CPUS:+taskset -c $CLUSTER_CPUS} \
   bash tests/ceph/cluster.sh start "$W/ceph")
 export CEPH_CONF=$CONF
-cleanup() { kill "${SERVER:-}" 2>/dev/null || true; bash tests/ceph/cluster.sh stop "$W/ceph"; rm -rf "$W"; }
+# The server closes its image (and lock) on the way out: stop it before the cluster.
+cleanup() {
+  [ -z "${SERVER:-}" ] || { kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; }
+  bash tests/ceph/cluster.sh stop "$W/ceph"; rm -rf "$W"
+}
 trap cleanup EXIT
 printf 'rbd bench pass' > "$W/pw"
 SIZE=1024

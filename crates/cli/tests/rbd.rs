@@ -41,6 +41,33 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// SIGTERM to a server, which must end cleanly having closed `images`: librbd lists no
+/// lock and no watch on them.
+fn stop_and_check_released(mut server: std::process::Child, conf: &str, images: &[&str]) {
+    ok(&run_in(
+        &tool("kill", "procps"),
+        &["-TERM", &server.id().to_string()],
+        b"",
+    ));
+    let st = server.wait().unwrap();
+    assert!(st.success(), "SIGTERM ends the server cleanly: {st:?}");
+    for image in images {
+        let left = ok(&librbd(
+            conf,
+            &format!(
+                "with rbd.Image(io, {image:?}, read_only=True) as img:\n    \
+                   print('lockers', img.list_lockers())\n    \
+                   print('watchers', list(img.watchers_list()))\n"
+            ),
+            b"",
+        ));
+        assert!(
+            left.contains("lockers []") && left.contains("watchers []"),
+            "the closed server left its lock or watch on {image}: {left}"
+        );
+    }
+}
+
 #[test]
 fn rbd_images_interoperate_with_librbd_encryption() {
     let python_ok = Command::new("/usr/bin/python3")
@@ -164,7 +191,7 @@ fn rbd_images_interoperate_with_librbd_encryption() {
 
     // fio through cryptblk's NBD frontend over RBD; meanwhile a second writer is refused.
     let sock = tmp.path().join("front.sock");
-    let mut server = serve_nbd_unix(
+    let server = serve_nbd_unix(
         &[
             "open",
             "rbd:rbd/b",
@@ -208,24 +235,48 @@ fn rbd_images_interoperate_with_librbd_encryption() {
     // SIGTERM: the server closes the image on its way out, so no lock and no watch is
     // left for the next client to wait out (about 30 s: it did, the process exiting
     // without closing it).
-    ok(&run_in(
-        "/bin/kill",
-        &["-TERM", &server.id().to_string()],
+    stop_and_check_released(server, &conf, &["b"]);
+
+    // The same with a detached header on an image of its own (which the server also opens
+    // read-write, under its own lock).
+    create(&conf, "hd");
+    create(&conf, "dd");
+    ok(&cb(&[
+        "format",
+        "-q",
+        "--type",
+        "luks2",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        &p("pw"),
+        "--header",
+        "rbd:rbd/hd",
+        "rbd:rbd/dd",
+    ]));
+    let sock = tmp.path().join("detached.sock");
+    let server = serve_nbd_unix(
+        &[
+            "open",
+            "rbd:rbd/dd",
+            "det",
+            "--header",
+            "rbd:rbd/hd",
+            "--key-file",
+            &p("pw"),
+            "--run-dir",
+            &p("run"),
+            "--ceph-conf",
+            &conf,
+        ],
+        &sock,
         b"",
-    ));
-    let st = server.wait().unwrap();
-    assert!(st.success(), "SIGTERM ends the server cleanly: {st:?}");
-    let left = ok(&librbd(
-        &conf,
-        "with rbd.Image(io, 'b', read_only=True) as img:\n    \
-           print('lockers', img.list_lockers())\n    \
-           print('watchers', list(img.watchers_list()))\n",
-        b"",
-    ));
-    assert!(
-        left.contains("lockers []") && left.contains("watchers []"),
-        "the closed server left its lock or watch on the image: {left}"
     );
+    let front = format!("nbd+unix:///det?socket={}", sock.display());
+    common::fio_verify(tmp.path(), &front, &[("write", "1m", "4")]);
+    stop_and_check_released(server, &conf, &["hd", "dd"]);
 
     // Bad input: no such pool, no such image (exit 4, named); a malformed name (exit 1).
     let o = cb(&["dump", "rbd:nopool/x"]);

@@ -577,16 +577,22 @@ impl Storage for RbdStorage {
 
     fn close(&self) -> io::Result<()> {
         let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
-        if std::mem::replace(&mut *live, false) {
-            // Closing the image flushes it and releases its lock and watch; the handles go
-            // in the reverse order. No operation runs (each holds `live` shared) and none
-            // starts after this (each checks it), so they are closed once, unused.
-            drop(Partial {
-                lib: self.lib,
-                cluster: self.cluster,
-                ioctx: self.ioctx,
-                image: self.image,
-            });
+        if !std::mem::replace(&mut *live, false) {
+            return Ok(());
+        }
+        // Closing the image flushes it and releases its lock and watch; then the io context
+        // and the cluster handle go. No operation runs (each holds `live` shared) and none
+        // starts after this (each checks it), so each handle is closed once, unused.
+        // SAFETY: an open image handle, closed here only.
+        let r = unsafe { (self.lib.rbd_close)(self.image) };
+        drop(Partial {
+            lib: self.lib,
+            cluster: self.cluster,
+            ioctx: self.ioctx,
+            image: std::ptr::null_mut(),
+        });
+        if r < 0 {
+            return Err(errno(r, format_args!("closing {}", self.spec)));
         }
         Ok(())
     }

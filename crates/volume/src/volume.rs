@@ -274,12 +274,14 @@ impl Volume {
         self.storage.describe()
     }
 
-    /// Flushes, then lets the storage go ([`Storage::close`]): the last call on a volume
-    /// put away while other threads still hold it (a server about to exit). Requests
-    /// after it fail.
+    /// Flushes, then lets the storage go ([`Storage::close`]) even if the flush failed:
+    /// the last call on a volume put away while other threads still hold it (a server
+    /// about to exit). The first error is returned. On storage that holds something
+    /// elsewhere (an RBD image, an NBD export), requests after it fail.
     pub fn close(&self) -> io::Result<()> {
-        BlockDevice::flush(self)?;
-        self.storage.close()
+        let flushed = BlockDevice::flush(self);
+        let closed = self.storage.close();
+        flushed.and(closed)
     }
 
     /// Binds a cipher (already keyed) to storage. Fails if the storage cannot hold the segment.

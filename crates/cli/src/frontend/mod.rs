@@ -25,6 +25,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct OpenArgs {
@@ -217,6 +218,9 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     } = open_volume(&a.device, &a.vol)?;
     let vol = Arc::new(volume);
     let suspension = suspend::SuspendControl::new(vol.clone(), header_file.as_ref(), &a.device)?;
+    // A detached header on a remote store (its own RBD image, with its own lock) is
+    // closed at exit too; an attached one is the volume's own storage.
+    let header_store = header_file.clone();
     let jobs = online::OnlineJobs::new(vol.clone(), header_file, &a.device);
     let started = fe.start(&a, &dir, vol.clone(), &info)?;
     let served = Arc::new(Served {
@@ -279,11 +283,42 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     let result = (started.run)();
     jobs.stop_and_wait();
     let _ = std::fs::remove_file(&ctl_path);
-    let _ = std::fs::remove_file(&pid_path);
+    let flushed = vol.flush();
     // Other threads still hold the volume, so it is never dropped: its storage lets go
-    // of what it holds elsewhere (an RBD image's lock) here.
-    vol.close().map_err(|e| io_err(&a.device, e))?;
+    // of what it holds elsewhere (an RBD image's lock and watch) here, before the pid
+    // file goes (`close` waits for that). Bounded: with the cluster gone, librbd would
+    // wait for it forever, and the process exits without (the lock then expires).
+    let closed = close_within(vol, header_store, CLOSE_TIMEOUT);
+    let _ = std::fs::remove_file(&pid_path);
+    flushed.and(closed).map_err(|e| io_err(&a.device, e))?;
     result
+}
+
+/// How long an exiting server waits for its storage to close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`Volume::close`], and the detached header's store, on
+/// a thread of their own; an error if they take longer than `limit`.
+fn close_within(
+    vol: Arc<Volume>,
+    header: Option<cryptblk_volume::DataDevice>,
+    limit: Duration,
+) -> std::io::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let closed = vol.close();
+        let header = header.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
+        let _ = tx.send(closed.and(header));
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the storage did not close within {} s; exiting without (an RBD image's lock is held until the cluster expires its watch)",
+                limit.as_secs()
+            ),
+        ))
+    })
 }
 
 /// Everything `status` reports, fixed at open time.
@@ -421,7 +456,7 @@ fn control_loop(
     for conn in ctl.incoming() {
         let Ok(mut conn) = conn else { continue };
         let mut line = zeroize::Zeroizing::new(String::new());
-        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
         if BufReader::new(&mut conn)
             .take(LINE_MAX)
             .read_line(&mut line)
