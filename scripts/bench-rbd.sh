@@ -23,7 +23,7 @@ CONF=$(CEPH_MEMSTORE_BYTES=$((8 << 30)) ${CLUSTER_CPUS:+taskset -c $CLUSTER_CPUS
 export CEPH_CONF=$CONF
 # The server closes its image (and lock) on the way out: stop it before the cluster.
 cleanup() {
-  [ -z "${SERVER:-}" ] || { kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; }
+  [ -z "${SERVER:-}" ] || { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
   bash tests/ceph/cluster.sh stop "$W/ceph"; rm -rf "$W"
 }
 trap cleanup EXIT

@@ -49,8 +49,22 @@ fn stop_and_check_released(mut server: std::process::Child, conf: &str, images: 
         &["-TERM", &server.id().to_string()],
         b"",
     ));
-    let st = server.wait().unwrap();
-    assert!(st.success(), "SIGTERM ends the server cleanly: {st:?}");
+    let t0 = std::time::Instant::now();
+    while server.try_wait().unwrap().is_none() {
+        if t0.elapsed().as_secs() > 120 {
+            let _ = server.kill();
+            panic!(
+                "SIGTERM did not end the server: {:?}",
+                server.wait_with_output()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = server.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "SIGTERM ends the server cleanly: {out:?}"
+    );
     for image in images {
         let left = ok(&librbd(
             conf,

@@ -283,42 +283,45 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     let result = (started.run)();
     jobs.stop_and_wait();
     let _ = std::fs::remove_file(&ctl_path);
-    let flushed = vol.flush();
-    // Other threads still hold the volume, so it is never dropped: its storage lets go
-    // of what it holds elsewhere (an RBD image's lock and watch) here, before the pid
-    // file goes (`close` waits for that). Bounded: with the cluster gone, librbd would
-    // wait for it forever, and the process exits without (the lock then expires).
-    let closed = close_within(vol, header_store, CLOSE_TIMEOUT);
+    // The last flush, then the storage lets go of what it holds elsewhere (an RBD image's
+    // lock and watch): other threads still hold the volume, so it is never dropped. Before
+    // the pid file goes (`close` waits for that), and bounded: with the cluster gone,
+    // librbd would wait for it forever; the process then exits without (the lock expires).
+    let closed = within(CLOSE_TIMEOUT, move || {
+        let closed = vol.close();
+        let header = header_store.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
+        closed.and(header)
+    });
     let _ = std::fs::remove_file(&pid_path);
-    flushed.and(closed).map_err(|e| io_err(&a.device, e))?;
+    closed.map_err(|e| io_err(&a.device, e))?;
     result
 }
 
 /// How long an exiting server waits for its storage to close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// [`Volume::close`], and the detached header's store, on
-/// a thread of their own; an error if they take longer than `limit`.
-fn close_within(
-    vol: Arc<Volume>,
-    header: Option<cryptblk_volume::DataDevice>,
+/// Closes (runs `close`) on a thread of its own; an error if that takes longer than
+/// `limit` (the thread is then left to the process's exit).
+fn within(
     limit: Duration,
+    close: impl FnOnce() -> std::io::Result<()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let closed = vol.close();
-        let header = header.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
-        let _ = tx.send(closed.and(header));
+        let _ = tx.send(close());
     });
-    rx.recv_timeout(limit).unwrap_or_else(|_| {
-        Err(std::io::Error::new(
+    match rx.recv_timeout(limit) {
+        Ok(r) => r,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             format!(
-                "the storage did not close within {} s; exiting without (an RBD image's lock is held until the cluster expires its watch)",
-                limit.as_secs()
+                "the storage did not close within {limit:?}; exiting without (an RBD image's lock is held until the cluster expires its watch)"
             ),
-        ))
-    })
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(std::io::Error::other(
+            "closing the storage failed (panicked)",
+        )),
+    }
 }
 
 /// Everything `status` reports, fixed at open time.
@@ -583,4 +586,32 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
         status.code().unwrap_or(1).max(1),
         log.trim_end().to_string(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_close_that_hangs_is_given_up_after_the_limit() {
+        let t0 = Instant::now();
+        let e = within(Duration::from_millis(200), || {
+            std::thread::sleep(Duration::from_secs(600));
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("did not close within"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+        // A close that ends in time gives its own result.
+        let e = within(Duration::from_secs(60), || {
+            Err(std::io::Error::other("rbd_close failed"))
+        })
+        .unwrap_err();
+        assert_eq!(e.to_string(), "rbd_close failed");
+        within(Duration::from_secs(60), || Ok(())).unwrap();
+        let e = within(Duration::from_secs(60), || panic!("close panicked")).unwrap_err();
+        assert!(e.to_string().contains("panicked"), "{e}");
+    }
 }
