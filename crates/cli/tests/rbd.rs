@@ -103,6 +103,26 @@ fn rbd_images_interoperate_with_librbd_encryption() {
         a.extend(["--ceph-conf", &conf]);
         run_in(bin(), &a, b"")
     };
+    // `format` with a fast PBKDF and the passphrase file; `args`: the type, the device...
+    let format = |args: &[&str]| {
+        let mut a = vec![
+            "format",
+            "-q",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+        ];
+        a.extend(args);
+        ok(&cb(&a));
+    };
+    // Serves `args` (`open DEVICE NAME ...`) on the unix socket `sock` over NBD.
+    let serve = |args: &[&str], sock: &std::path::Path| {
+        let run_dir = p("run");
+        let mut a = args.to_vec();
+        a.extend(["--run-dir", &run_dir, "--ceph-conf", &conf]);
+        serve_nbd_unix(&a, sock, b"")
+    };
 
     // librbd formats (LUKS2, its own defaults) and writes; cryptblk reads the plaintext.
     create(&conf, "a");
@@ -147,19 +167,7 @@ fn rbd_images_interoperate_with_librbd_encryption() {
     ] {
         create(&conf, image);
         let dev = format!("rbd:rbd/{image}");
-        ok(&cb(&[
-            "format",
-            "-q",
-            "--type",
-            kind,
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            &p("pw"),
-            &dev,
-        ]));
+        format(&["--type", kind, "--key-file", &p("pw"), &dev]);
         let dump = ok(&cb(&["dump", &dev]));
         assert!(
             dump.contains(offset_line),
@@ -205,21 +213,7 @@ fn rbd_images_interoperate_with_librbd_encryption() {
 
     // fio through cryptblk's NBD frontend over RBD; meanwhile a second writer is refused.
     let sock = tmp.path().join("front.sock");
-    let server = serve_nbd_unix(
-        &[
-            "open",
-            "rbd:rbd/b",
-            "vol",
-            "--key-file",
-            &p("pw"),
-            "--run-dir",
-            &p("run"),
-            "--ceph-conf",
-            &conf,
-        ],
-        &sock,
-        b"",
-    );
+    let server = serve(&["open", "rbd:rbd/b", "vol", "--key-file", &p("pw")], &sock);
     let o = cb(&[
         "open",
         "rbd:rbd/b",
@@ -255,23 +249,17 @@ fn rbd_images_interoperate_with_librbd_encryption() {
     // read-write, under its own lock).
     create(&conf, "hd");
     create(&conf, "dd");
-    ok(&cb(&[
-        "format",
-        "-q",
+    format(&[
         "--type",
         "luks2",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
         "--key-file",
         &p("pw"),
         "--header",
         "rbd:rbd/hd",
         "rbd:rbd/dd",
-    ]));
+    ]);
     let sock = tmp.path().join("detached.sock");
-    let server = serve_nbd_unix(
+    let server = serve(
         &[
             "open",
             "rbd:rbd/dd",
@@ -280,13 +268,8 @@ fn rbd_images_interoperate_with_librbd_encryption() {
             "rbd:rbd/hd",
             "--key-file",
             &p("pw"),
-            "--run-dir",
-            &p("run"),
-            "--ceph-conf",
-            &conf,
         ],
         &sock,
-        b"",
     );
     let front = format!("nbd+unix:///det?socket={}", sock.display());
     common::fio_verify(tmp.path(), &front, &[("write", "1m", "4")]);
