@@ -103,7 +103,7 @@ fn rbd_images_interoperate_with_librbd_encryption() {
         a.extend(["--ceph-conf", &conf]);
         run_in(bin(), &a, b"")
     };
-    // `format` with a fast PBKDF and the passphrase file; `args`: the type, the device...
+    // `format -q` with a fast PBKDF; `args`: the type, the key file, the device.
     let format = |args: &[&str]| {
         let mut a = vec![
             "format",

@@ -86,8 +86,8 @@ pub trait Storage: Send + Sync {
     /// Lets go, once nothing will use the store again, of what it holds on other hosts:
     /// an RBD image's exclusive lock and watch (left behind, they make the next client
     /// wait for them to time out), an NBD export's connections. For a process that exits
-    /// while threads still hold the store, so it is never dropped. Calls after it fail;
-    /// stores with nothing to let go do nothing.
+    /// while threads still hold the store, so it is never dropped. Such stores fail calls
+    /// made after it; stores with nothing to let go do nothing.
     fn close(&self) -> io::Result<()> {
         Ok(())
     }
