@@ -75,6 +75,12 @@ macro_rules! dispatch {
 }
 
 impl BlockKey {
+    /// AES keyed with `key` on its own (AES-CCM, AES key wrap): the expansion runs in
+    /// frames of its own, wiped after ([`crate::secret::scrubbed`]).
+    pub(crate) fn aes_scrubbed(key: &[u8]) -> Result<Self> {
+        crate::secret::scrubbed(|| Self::new(BlockCipherAlg::Aes, key))
+    }
+
     /// `alg` keyed with `key`; the length must be one the cipher takes.
     pub(crate) fn new(alg: BlockCipherAlg, key: &[u8]) -> Result<Self> {
         let bad = || Error::InvalidKeyLength {

@@ -2,7 +2,6 @@
 //! with it (12-byte nonce, 16-byte tag).
 
 use crate::block::BlockKey;
-use crate::spec::BlockCipherAlg;
 use crate::{Error, Result};
 use zeroize::Zeroize;
 
@@ -61,16 +60,11 @@ fn mac(key: &BlockKey, nonce: &[u8], l: usize, tag_len: usize, plain: &[u8]) -> 
     x
 }
 
-/// The AES key, expanded in frames of its own that are wiped after.
-fn aes(key: &[u8]) -> Result<BlockKey> {
-    crate::secret::scrubbed(|| BlockKey::new(BlockCipherAlg::Aes, key))
-}
-
 /// Encrypts `data` in place under AES `key` and returns the tag in `tag` (its length
 /// chooses the tag size).
 pub fn aes_ccm_encrypt(key: &[u8], nonce: &[u8], data: &mut [u8], tag: &mut [u8]) -> Result<()> {
     let l = length_bytes(nonce, tag.len(), data.len())?;
-    let k = aes(key)?;
+    let k = BlockKey::aes_scrubbed(key)?;
     let mut t = mac(&k, nonce, l, tag.len(), data);
     tag.copy_from_slice(&t[..tag.len()]);
     t.zeroize();
@@ -82,7 +76,7 @@ pub fn aes_ccm_encrypt(key: &[u8], nonce: &[u8], data: &mut [u8], tag: &mut [u8]
 /// [`Error::Ccm`] returned, so no unauthenticated plaintext escapes.
 pub fn aes_ccm_decrypt(key: &[u8], nonce: &[u8], tag: &[u8], data: &mut [u8]) -> Result<()> {
     let l = length_bytes(nonce, tag.len(), data.len())?;
-    let k = aes(key)?;
+    let k = BlockKey::aes_scrubbed(key)?;
     ctr(&k, nonce, l, data);
     let mut t = mac(&k, nonce, l, tag.len(), data);
     let ok = crate::constant_time_eq(&t[..tag.len()], tag);

@@ -2,7 +2,6 @@
 //! and volume key this way (AES-128, one 64-bit integrity block ahead of the key).
 
 use crate::block::BlockKey;
-use crate::spec::BlockCipherAlg;
 use crate::{Error, Result};
 use zeroize::Zeroize;
 
@@ -22,7 +21,7 @@ fn check(len: usize, what: &str) -> Result<usize> {
 /// is 8 bytes longer.
 pub fn aes_key_wrap(kek: &[u8], key: &[u8]) -> Result<Vec<u8>> {
     let n = check(key.len(), "a wrapped key")?;
-    let k = crate::secret::scrubbed(|| BlockKey::new(BlockCipherAlg::Aes, kek))?;
+    let k = BlockKey::aes_scrubbed(kek)?;
     let mut out = vec![0u8; key.len() + 8];
     out[..8].copy_from_slice(&ICV);
     out[8..].copy_from_slice(key);
@@ -53,7 +52,7 @@ pub fn aes_key_unwrap(kek: &[u8], wrapped: &[u8], key: &mut [u8]) -> Result<()> 
             "the unwrapped key is 8 bytes shorter than the wrapped one".into(),
         ));
     }
-    let k = crate::secret::scrubbed(|| BlockKey::new(BlockCipherAlg::Aes, kek))?;
+    let k = BlockKey::aes_scrubbed(kek)?;
     let mut a = [0u8; 8];
     a.copy_from_slice(&wrapped[..8]);
     key.copy_from_slice(&wrapped[8..]);
