@@ -60,15 +60,22 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
             format!("Device {} is still in use: {why}", a.name),
         ));
     }
-    // Wait for the server to drain, flush and exit (its pid file goes last).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    // Wait for the server to drain, flush and exit (its pid file goes last): as long as
+    // it may take ("closing SECONDS", its --close-timeout; 60 from older servers), and a
+    // little more, since past its limit it exits all the same.
+    let limit = reply
+        .trim()
+        .strip_prefix("closing")
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(60);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(limit + 10);
     while dir.join(format!("{}.pid", a.name)).exists()
         || pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists() && !is_zombie(p))
     {
         if std::time::Instant::now() > deadline {
             return Err(CliError::new(
                 EXIT_BUSY,
-                format!("{} did not close within 60 s", a.name),
+                format!("{} did not close within {} s", a.name, limit + 10),
             ));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -10,6 +10,7 @@ mod common;
 
 use common::ceph::Cluster;
 use common::{bin, ok, run_in, serve_nbd_unix, tool};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const PASS: &[u8] = b"rbd passphrase";
@@ -286,9 +287,38 @@ fn rbd_images_interoperate_with_librbd_encryption() {
     assert_eq!(o.status.code(), Some(4), "{o:?}");
     let o = cb(&["dump", "rbd:rbd"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
-    // The cluster down: an error within the connect timeout, exit 4.
+    // The cluster gone under a server: closing the image would wait for it forever, so
+    // the server gives up after --close-timeout and exits 4, saying why.
+    let sock = tmp.path().join("gone.sock");
+    let server = serve(
+        &[
+            "open",
+            "rbd:rbd/b",
+            "gone",
+            "--key-file",
+            &p("pw"),
+            "--close-timeout",
+            "3",
+        ],
+        &sock,
+    );
     std::fs::copy(&conf, p("down.conf")).unwrap();
     cluster.stop();
+    let t0 = std::time::Instant::now();
+    ok(&run_in(
+        &tool("kill", "procps"),
+        &["-TERM", &server.id().to_string()],
+        b"",
+    ));
+    let out = server.wait_with_output().unwrap();
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("within 3s of the stop"), "{err}");
+    assert!(took.as_secs() >= 3 && took.as_secs() < 30, "took {took:?}");
+    assert!(!Path::new(&p("run")).join("gone.pid").exists());
+
+    // The cluster down: an error within the connect timeout, exit 4.
     let t0 = std::time::Instant::now();
     let o = run_in(
         bin(),

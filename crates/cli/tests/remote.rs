@@ -474,3 +474,92 @@ fn unreachable_or_unknown_exports_are_clear_errors() {
         "{o:?}"
     );
 }
+
+/// Sends `sig` (`STOP`, `CONT`) to `pid` with kill(1).
+fn signal(pid: u32, sig: &str) {
+    let o = run_in("kill", &[&format!("-{sig}"), &pid.to_string()], b"");
+    ok(&o);
+}
+
+/// A remote that stops answering (SIGSTOP: its connections stay open, no reply comes)
+/// must not keep the server from exiting: the last flush waits for the remote forever,
+/// so after `--close-timeout` the server says why and exits with code 4, its pid file and
+/// control socket gone, and `cryptblk close` (told the limit) returns once it has.
+/// The same server with the remote answering exits 0 at once.
+#[test]
+fn a_remote_that_stops_answering_cannot_keep_the_server_from_exiting() {
+    let s = Setup::new();
+    let remote = qemu_nbd(&s.path("remote.img"), &s.path("r.sock"), &[]);
+    s.format(&remote.uri);
+    let serve = |sock: &str| {
+        serve_nbd_unix(
+            &[
+                "open",
+                &remote.uri,
+                "vol",
+                "--key-file",
+                &s.p("pw"),
+                "--run-dir",
+                &s.p("run"),
+                "--close-timeout",
+                "3",
+            ],
+            &s.path(sock),
+            b"",
+        )
+    };
+    let close = || run(&["close", "vol", "--run-dir", &s.p("run")]);
+
+    let server = serve("a.sock");
+    let t0 = std::time::Instant::now();
+    ok(&close());
+    let out = server.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(t0.elapsed().as_secs() < 3, "{:?}", t0.elapsed());
+
+    let server = serve("b.sock");
+    let front = format!("nbd+unix:///vol?socket={}", s.p("b.sock"));
+    // Something written through the stack, then the remote stops.
+    std::fs::write(s.p("src.raw"), vec![0x5au8; 1 << 20]).unwrap();
+    ok(&run_in(
+        &tool("qemu-img", "qemu-utils"),
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.p("src.raw"),
+            &front,
+        ],
+        b"",
+    ));
+    signal(remote.child.id(), "STOP");
+    let t0 = std::time::Instant::now();
+    let o = close();
+    let took = t0.elapsed();
+    signal(remote.child.id(), "CONT");
+    ok(&o);
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("within 3s of the stop"), "{err}");
+    assert!(
+        took >= std::time::Duration::from_secs(3) && took.as_secs() < 13,
+        "close took {took:?}"
+    );
+    for f in ["vol.pid", "vol.ctl"] {
+        assert!(!s.path("run").join(f).exists(), "{f} left behind");
+    }
+    // The volume opens again on the remote, now answering, with what was written.
+    ok(&run(&[
+        "export",
+        &remote.uri,
+        &s.p("plain.out"),
+        "--key-file",
+        &s.p("pw"),
+    ]));
+    let plain = std::fs::read(s.p("plain.out")).unwrap();
+    assert!(plain[..1 << 20].iter().all(|&b| b == 0x5a));
+}

@@ -9,11 +9,12 @@
 mod fuse;
 mod nbd;
 mod online;
+mod shutdown;
 mod suspend;
 pub mod ublk;
 
 use crate::commands::Ctx;
-use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_USAGE, io_err};
+use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, EXIT_USAGE, io_err};
 use crate::rundir::{self, SocketAccess};
 use crate::unlock::{OpenedVolume, VolumeArgs, VolumeInfo, open_volume};
 use clap::Args;
@@ -89,6 +90,12 @@ pub struct OpenArgs {
     /// (0 = never poll; polling saves a wake-up per request at low queue depth).
     #[arg(long = "busy-poll", value_name = "MICROS", default_value_t = 50)]
     pub busy_poll: u64,
+    /// Seconds a stopping server (SIGTERM, `close`) has to drain its clients, flush and
+    /// close its storage. Past them it exits with code 4 without: storage that hangs
+    /// (a cluster down, a remote NBD server stopped) cannot keep it from exiting.
+    #[arg(long = "close-timeout", value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub close_timeout: u64,
     #[command(flatten)]
     pub ublk: ublk::UblkArgs,
     /// Internal: set in the detached child of `--daemon`.
@@ -230,27 +237,45 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         info,
         frontend: started.desc.clone(),
     });
+    let pid_path = dir.join(format!("{}.pid", a.name));
+    let deadline = {
+        let (name, ctl, pid) = (a.name.clone(), ctl_path.clone(), pid_path.clone());
+        shutdown::ShutdownDeadline::new(Duration::from_secs(a.close_timeout), move |limit| {
+            eprintln!(
+                "{name}: did not drain, flush and close its storage within {limit:?} of the \
+                 stop; exiting without (an RBD image's lock is held until the cluster \
+                 expires its watch)"
+            );
+            let _ = std::fs::remove_file(&ctl);
+            let _ = std::fs::remove_file(&pid);
+            std::process::exit(EXIT_NO_DEVICE);
+        })
+    };
     // A reencryption in progress stops (after its step) before the volume closes; a
-    // suspended volume is resumed first (its held I/O could not drain).
+    // suspended volume is resumed first (its held I/O could not drain). The clock for
+    // the whole exit starts here.
     let stop = {
         let (c, jobs, suspension) = (started.control.clone(), jobs.clone(), suspension.clone());
+        let deadline = deadline.clone();
         move || {
             if suspension.is_suspended() {
                 return Err("the volume is suspended: luksResume it first".to_string());
             }
+            deadline.arm();
             jobs.stop_and_wait();
-            c.stop()
+            c.stop().inspect_err(|_| deadline.disarm())
         }
     };
 
     // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up).
-    let (ctl, pid_path) = announce(&ctl_path, &dir, &a.name, stop.clone())?;
+    let ctl = announce(&ctl_path, &pid_path, &a.name, stop.clone())?;
     {
-        let (c, served, vol, jobs) = (
+        let (c, served, vol, jobs, limit) = (
             started.control.clone(),
             served.clone(),
             vol.clone(),
             jobs.clone(),
+            deadline.limit(),
         );
         std::thread::spawn(move || {
             let status = || {
@@ -259,7 +284,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 v
             };
             let resize = |req: &str| resize(&vol, &*c, &jobs, &suspension, req);
-            control_loop(ctl, status, stop, resize, &jobs, &suspension)
+            control_loop(ctl, status, stop, resize, &jobs, &suspension, limit)
         });
     }
     if ctx.verbose || !a.daemon_child {
@@ -281,47 +306,20 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         println!("{node}");
     }
     let result = (started.run)();
-    jobs.stop_and_wait();
+    // The frontend may also have ended on its own (a FUSE file unmounted, a ublk device
+    // deleted): the exit is bounded all the same.
+    deadline.arm();
+    jobs.close();
     let _ = std::fs::remove_file(&ctl_path);
     // The last flush, then the storage lets go of what it holds elsewhere (an RBD image's
     // lock and watch): other threads still hold the volume, so it is never dropped. Before
-    // the pid file goes (`close` waits for that), and bounded: with the cluster gone,
-    // librbd would wait for it forever; the process then exits without (the lock expires).
-    let closed = within(CLOSE_TIMEOUT, move || {
-        let closed = vol.close();
-        let header = header_store.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
-        closed.and(header)
-    });
+    // the pid file goes (`close` waits for that).
+    let closed = vol.close();
+    let header = header_store.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
+    deadline.done();
     let _ = std::fs::remove_file(&pid_path);
-    closed.map_err(|e| io_err(&a.device, e))?;
+    closed.and(header).map_err(|e| io_err(&a.device, e))?;
     result
-}
-
-/// How long an exiting server waits for its storage to close.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Closes (runs `close`) on a thread of its own; an error if that takes longer than
-/// `limit` (the thread is then left to the process's exit).
-fn within(
-    limit: Duration,
-    close: impl FnOnce() -> std::io::Result<()> + Send + 'static,
-) -> std::io::Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(close());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r,
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!(
-                "the storage did not close within {limit:?}; exiting without (an RBD image's lock is held until the cluster expires its watch)"
-            ),
-        )),
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(std::io::Error::other(
-            "closing the storage failed (panicked)",
-        )),
-    }
 }
 
 /// Everything `status` reports, fixed at open time.
@@ -383,17 +381,16 @@ fn check_not_open(dir: &Path, name: &str) -> CliResult<PathBuf> {
 
 /// Makes a volume visible once its frontend is up: binds the control socket `ctl_path`,
 /// writes NAME.pid, and on SIGTERM/SIGINT calls `stop` (again at the next signal while it
-/// says the volume is busy). Returns the control listener and the pid file's path.
+/// says the volume is busy). Returns the control listener.
 fn announce(
     ctl_path: &Path,
-    dir: &Path,
+    pid_path: &Path,
     name: &str,
     stop: impl Fn() -> Result<(), String> + Send + 'static,
-) -> CliResult<(UnixListener, PathBuf)> {
+) -> CliResult<UnixListener> {
     rundir::clear_stale_socket(ctl_path)?;
     let ctl = rundir::bind_socket(ctl_path, SocketAccess::default())?;
-    let pid_path = dir.join(format!("{name}.pid"));
-    rundir::write_private_file(&pid_path, format!("{}\n", std::process::id()).as_bytes())?;
+    rundir::write_private_file(pid_path, format!("{}\n", std::process::id()).as_bytes())?;
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -408,7 +405,7 @@ fn announce(
             }
         }
     });
-    Ok((ctl, pid_path))
+    Ok(ctl)
 }
 
 /// `resize BYTES|max` on the control socket: the volume's new size (`resized BYTES`), or
@@ -444,8 +441,9 @@ fn resize(
 }
 
 /// Answers `status`, `close`, `reencrypt PASSPHRASE-HEX JSON` and `reencrypt-stop` on
-/// the control socket until a `close` succeeds (`close` may refuse, e.g. while a FUSE
-/// file is in use: the client gets `busy: WHY`).
+/// the control socket until a `close` succeeds: `closing SECONDS`, the time the server
+/// may take to exit (`close` may refuse, e.g. while a FUSE file is in use: the client
+/// gets `busy: WHY`).
 fn control_loop(
     ctl: UnixListener,
     status: impl Fn() -> Value,
@@ -453,6 +451,7 @@ fn control_loop(
     resize: impl Fn(&str) -> String,
     jobs: &Arc<online::OnlineJobs>,
     suspension: &suspend::SuspendControl,
+    close_limit: Duration,
 ) {
     // The longest line: a key file's worth of passphrase in hex, and the options.
     const LINE_MAX: u64 = 2 * crate::passphrase::KEYFILE_MAX as u64 + 4096;
@@ -497,7 +496,7 @@ fn control_loop(
             }
             "close" => match close() {
                 Ok(()) => {
-                    let _ = writeln!(conn, "closing");
+                    let _ = writeln!(conn, "closing {}", close_limit.as_secs());
                     return;
                 }
                 Err(e) => {
@@ -586,32 +585,4 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
         status.code().unwrap_or(1).max(1),
         log.trim_end().to_string(),
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::within;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn a_close_that_hangs_is_given_up_after_the_limit() {
-        let t0 = Instant::now();
-        let e = within(Duration::from_millis(200), || {
-            std::thread::sleep(Duration::from_secs(600));
-            Ok(())
-        })
-        .unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
-        assert!(e.to_string().contains("did not close within"), "{e}");
-        assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
-        // A close that ends in time gives its own result.
-        let e = within(Duration::from_secs(60), || {
-            Err(std::io::Error::other("rbd_close failed"))
-        })
-        .unwrap_err();
-        assert_eq!(e.to_string(), "rbd_close failed");
-        within(Duration::from_secs(60), || Ok(())).unwrap();
-        let e = within(Duration::from_secs(60), || panic!("close panicked")).unwrap_err();
-        assert!(e.to_string().contains("panicked"), "{e}");
-    }
 }

@@ -58,7 +58,14 @@ pub(crate) struct OnlineJobs {
     device: PathBuf,
     progress: Mutex<Option<Progress>>,
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<JobThread>,
+}
+
+/// The job's thread, and whether the volume is closing (no job starts any more).
+#[derive(Default)]
+struct JobThread {
+    handle: Option<JoinHandle<()>>,
+    closed: bool,
 }
 
 impl OnlineJobs {
@@ -69,7 +76,7 @@ impl OnlineJobs {
             device: device.to_path_buf(),
             progress: Mutex::new(None),
             stop: Arc::new(AtomicBool::new(false)),
-            thread: Mutex::new(None),
+            thread: Mutex::new(JobThread::default()),
         })
     }
 
@@ -83,6 +90,10 @@ impl OnlineJobs {
     }
 
     fn try_start(self: &Arc<Self>, request: &str) -> CliResult<()> {
+        let closing = || CliError::new(crate::error::EXIT_BUSY, "the volume is closing");
+        if self.lock_thread().closed {
+            return Err(closing());
+        }
         let (pass_hex, json) = request.split_once(' ').unwrap_or((request, ""));
         let pass = Zeroizing::new(
             hex::decode(pass_hex).map_err(|_| CliError::usage("bad passphrase encoding"))?,
@@ -96,8 +107,11 @@ impl OnlineJobs {
                  served read-write",
             ));
         }
-        let mut thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        if thread.as_ref().is_some_and(|t| !t.is_finished()) {
+        let mut thread = self.lock_thread();
+        if thread.closed {
+            return Err(closing());
+        }
+        if thread.handle.as_ref().is_some_and(|t| !t.is_finished()) {
             return Err(CliError::new(
                 crate::error::EXIT_BUSY,
                 "a reencryption is already running on this volume",
@@ -110,7 +124,7 @@ impl OnlineJobs {
         self.stop.store(false, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         let me = self.clone();
-        *thread = Some(std::thread::spawn(move || {
+        thread.handle = Some(std::thread::spawn(move || {
             me.run(&mut hfile, job, &pass, tx);
         }));
         drop(thread);
@@ -208,11 +222,14 @@ impl OnlineJobs {
         }
     }
 
+    fn lock_thread(&self) -> std::sync::MutexGuard<'_, JobThread> {
+        self.thread.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Whether a job is running now.
     pub(crate) fn running(&self) -> bool {
-        self.thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.lock_thread()
+            .handle
             .as_ref()
             .is_some_and(|t| !t.is_finished())
     }
@@ -224,8 +241,23 @@ impl OnlineJobs {
 
     /// Stops the job after its current step and waits for it (before the volume closes).
     pub(crate) fn stop_and_wait(&self) {
-        self.request_stop();
-        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.stop_and_wait_then(false);
+    }
+
+    /// Stops the job and waits for it as the volume closes: no job starts after this.
+    pub(crate) fn close(&self) {
+        self.stop_and_wait_then(true);
+    }
+
+    fn stop_and_wait_then(&self, close: bool) {
+        // Under the lock that `start` holds while it resets the flag and spawns: a job
+        // started just before is the one stopped and waited for, not left running.
+        let t = {
+            let mut thread = self.lock_thread();
+            thread.closed |= close;
+            self.request_stop();
+            thread.handle.take()
+        };
         if let Some(t) = t {
             let _ = t.join();
         }
@@ -247,5 +279,42 @@ impl OnlineJobs {
             "state": p.phase.name(), "done_bytes": p.done, "total_bytes": p.total,
             "bytes_per_second": rate as u64, "resilience": p.resilience, "error": p.error,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OnlineJobs;
+    use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
+    use cryptblk_device::MemStorage;
+    use cryptblk_volume::{Volume, VolumeParams};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    #[test]
+    fn once_the_volume_closes_no_reencryption_starts() {
+        let cipher = CipherSpec::parse("aes-xts-plain64").unwrap();
+        let params = VolumeParams {
+            cipher,
+            sector_size: 512,
+            iv: IvOptions::default(),
+            data_offset: 0,
+            data_length: None,
+            read_only: false,
+            allow_discards: false,
+        };
+        let sc = SectorCipher::new(cipher, &[7u8; 64], 512, IvOptions::default()).unwrap();
+        let vol = Volume::new(Box::new(MemStorage::new(1 << 20)), sc, &params).unwrap();
+        let jobs = OnlineJobs::new(Arc::new(vol), None, Path::new("mem:test"));
+        // Serving: the request is looked at (and this one is malformed).
+        let served = jobs.start("00 {");
+        assert!(served.contains("bad reencrypt request"), "{served}");
+        // A stop that leaves the server up (a FUSE file in use) refuses nothing.
+        jobs.stop_and_wait();
+        assert!(jobs.start("00 {").contains("bad reencrypt request"));
+        jobs.close();
+        let closing = jobs.start("00 {");
+        assert_eq!(closing, "error 5: the volume is closing");
+        assert!(!jobs.running());
     }
 }
