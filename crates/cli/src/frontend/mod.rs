@@ -248,7 +248,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             );
             let _ = std::fs::remove_file(&ctl);
             let _ = std::fs::remove_file(&pid);
-            std::process::exit(EXIT_NO_DEVICE);
+            crate::process::exit_now(EXIT_NO_DEVICE);
         })
     };
     // A reencryption in progress stops (after its step) before the volume closes; a
