@@ -7,6 +7,8 @@
 #   tests/ceph/cluster.sh stop DIR    # stops the daemons by pid, removes DIR
 #
 # The OSD holds at most CEPH_MEMSTORE_BYTES (default 2 GiB) of objects, in memory.
+# CEPH_PLUGIN_DIR: where Ceph's plugins are when not where its packages put them (a
+# carried copy: scripts/device-bundle.sh).
 #
 # Everything (config, monitor store, logs, sockets) lives in DIR; nothing is written
 # elsewhere. Clients use it with CEPH_CONF=DIR/ceph.conf (or --ceph-conf).
@@ -27,9 +29,12 @@ stop() {
 
 if [ "$cmd" = stop ]; then stop; exit 0; fi
 [ "$cmd" = start ] || { echo "usage: cluster.sh start|stop DIR" >&2; exit 2; }
-for t in ceph-mon ceph-osd ceph monmaptool ceph-authtool; do
+for t in ceph-mon ceph-osd rados monmaptool ceph-authtool; do
   command -v "$t" >/dev/null || { echo "$t not found: install ceph-mon ceph-osd ceph-common (scripts/setup.sh does)" >&2; exit 1; }
 done
+# Monitor commands through librados' C API: the `ceph` tool's Python bindings are built for
+# one Python version, and this also runs where Debian's Ceph was carried to another system.
+HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$DIR"
 chmod 700 "$DIR"
 DIR=$(cd "$DIR" && pwd)
@@ -68,6 +73,8 @@ mon data avail warn = 1
 # A client killed with its image's exclusive lock held keeps the next one out until its
 # watch expires (30 s by default); clients renew theirs every 5 s.
 osd client watch timeout = 10
+${CEPH_PLUGIN_DIR:+plugin dir = $CEPH_PLUGIN_DIR}
+${CEPH_PLUGIN_DIR:+erasure code dir = $CEPH_PLUGIN_DIR/erasure-code}
 [mon.a]
 mon data = $DIR/mon
 admin socket = $DIR/run/mon.a.asok
@@ -84,11 +91,11 @@ ceph-authtool --create-keyring "$DIR/keyring" --gen-key -n mon. --cap mon 'allow
 monmaptool --create --add a "v1:127.0.0.1:$port" --fsid "$fsid" "$DIR/monmap" >/dev/null
 ceph-mon -c "$conf" --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/keyring"
 ceph-mon -c "$conf" -i a
-C="ceph -c $conf --connect-timeout 20"
+mon() { python3 "$HERE/mon_command.py" "$conf" "$1"; }
 # The OSD is made with the uuid the monitor has for osd.0: one it had made up on its own
 # ("osd create" without one) made the OSD's boot fail now and then with "wrong fsid".
 osd_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
-$C osd create "$osd_uuid" 0 >/dev/null
+mon "{\"prefix\": \"osd create\", \"uuid\": \"$osd_uuid\", \"id\": 0}" >/dev/null
 ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>/dev/null
 # It daemonizes; its complaints are in DIR/log/osd.0.log. Now and then its first command
 # to the monitor goes out before it has the monitor map ("handle_command on fsid 0000...":
@@ -100,8 +107,8 @@ for _ in 1 2 3 4 5; do
 done
 [ -n "$started" ] ||
   { echo "ceph-osd did not start:" >&2; tail -n 20 "$DIR/log/osd.0.log" >&2; exit 1; }
-$C osd pool create rbd 8 >/dev/null 2>&1
-$C osd pool application enable rbd rbd >/dev/null 2>&1
+mon '{"prefix": "osd pool create", "pool": "rbd", "pg_num": 8}' >/dev/null
+mon '{"prefix": "osd pool application enable", "pool": "rbd", "app": "rbd"}' >/dev/null
 # Ready when an object can be written (no manager runs, so no placement-group stats).
 for _ in $(seq 150); do
   if timeout 10 rados -c "$conf" -p rbd put cluster-ready /dev/null 2>/dev/null; then

@@ -212,6 +212,45 @@ fn rbd_images_interoperate_with_librbd_encryption() {
         );
     }
 
+    // The rbd crate's own way to librbd's encryption (what `scripts/bench-rbd.sh` measures
+    // beside cryptblk, with the `rbd_load` example): librbd formats and writes through it,
+    // cryptblk reads; cryptblk writes, librbd reads through it.
+    let rbd_load = Path::new(bin()).with_file_name("examples").join("rbd_load");
+    assert!(
+        rbd_load.exists(),
+        "{} missing: cargo build --examples (cargo test builds it)",
+        rbd_load.display()
+    );
+    let pw = p("pw");
+    let load = |args: &[&str]| {
+        let mut a = vec!["--conf", &conf, "rbd/r", "--luks2", &pw];
+        a.extend(args);
+        run_in(rbd_load.to_str().unwrap(), &a, b"")
+    };
+    create(&conf, "r");
+    ok(&load(&["format-luks2"]));
+    ok(&load(&["fill", "171", "2"]));
+    ok(&cb(&[
+        "export",
+        "rbd:rbd/r",
+        &p("r.out"),
+        "--key-file",
+        &p("pw"),
+    ]));
+    let out = std::fs::read(p("r.out")).unwrap();
+    assert!(out[..2 * MIB].iter().all(|&b| b == 171), "librbd's writes");
+    std::fs::write(p("cd"), vec![0xcdu8; MIB]).unwrap();
+    ok(&cb(&[
+        "import",
+        "rbd:rbd/r",
+        &p("cd"),
+        "--key-file",
+        &p("pw"),
+    ]));
+    ok(&load(&["check", "205", "1"]));
+    let o = load(&["check", "171", "1"]);
+    assert_eq!(o.status.code(), Some(1), "a check that must fail: {o:?}");
+
     // fio through cryptblk's NBD frontend over RBD; meanwhile a second writer is refused.
     let sock = tmp.path().join("front.sock");
     let server = serve(&["open", "rbd:rbd/b", "vol", "--key-file", &p("pw")], &sock);

@@ -116,6 +116,38 @@ type RbdAioFlush = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
 type RbdAioWait = unsafe extern "C" fn(*mut c_void) -> c_int;
 type RbdAioReturn = unsafe extern "C" fn(*mut c_void) -> isize;
 type RbdAioRelease = unsafe extern "C" fn(*mut c_void);
+type RbdEncryption = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, usize) -> c_int;
+
+/// `rbd_encryption_luks1_format_options_t` and `..._luks2_...` (the same layout).
+#[repr(C)]
+struct RbdLuksOptions {
+    alg: c_int,
+    passphrase: *const c_char,
+    passphrase_size: usize,
+}
+
+/// `RBD_ENCRYPTION_ALGORITHM_AES256`.
+const ENCRYPTION_AES256: c_int = 1;
+
+/// librbd's own client-side encryption (`rbd encryption format`, Ceph 16+): images it
+/// formats are LUKS volumes that cryptblk opens itself. Reaching an image through it is
+/// for comparing with it and for checking that the two agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LibrbdLuks {
+    /// `RBD_ENCRYPTION_FORMAT_LUKS1`.
+    Luks1,
+    /// `RBD_ENCRYPTION_FORMAT_LUKS2`.
+    Luks2,
+}
+
+impl LibrbdLuks {
+    fn format(self) -> c_int {
+        match self {
+            LibrbdLuks::Luks1 => 0,
+            LibrbdLuks::Luks2 => 1,
+        }
+    }
+}
 
 /// `rbd_image_info_t` (librbd.h).
 #[repr(C)]
@@ -157,6 +189,9 @@ struct Lib {
     rbd_aio_wait_for_complete: RbdAioWait,
     rbd_aio_get_return_value: RbdAioReturn,
     rbd_aio_release: RbdAioRelease,
+    /// Client-side encryption: Ceph 16 and later only, so looked up when used.
+    rbd_encryption_format: Option<RbdEncryption>,
+    rbd_encryption_load: Option<RbdEncryption>,
 }
 
 fn dlerror() -> String {
@@ -190,20 +225,27 @@ impl Lib {
     fn load() -> Result<Lib, String> {
         let rados = open_lib(c"librados.so.2")?;
         let rbd = open_lib(c"librbd.so.1")?;
-        macro_rules! sym {
+        macro_rules! optional_sym {
             ($h:expr, $name:literal, $t:ty) => {{
                 // SAFETY: the handle is a loaded library and the name NUL-terminated.
                 let p = unsafe { libc::dlsym($h, concat!($name, "\0").as_ptr().cast()) };
-                if p.is_null() {
-                    return Err(format!(
-                        "{} has no {}: too old a Ceph",
-                        stringify!($h),
-                        $name
-                    ));
-                }
                 // SAFETY: the symbol is the C function of that name, whose prototype in
                 // librados.h / librbd.h (Ceph 16+) the target type spells out.
-                unsafe { std::mem::transmute::<*mut c_void, $t>(p) }
+                (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, $t>(p) })
+            }};
+        }
+        macro_rules! sym {
+            ($h:expr, $name:literal, $t:ty) => {{
+                match optional_sym!($h, $name, $t) {
+                    Some(f) => f,
+                    None => {
+                        return Err(format!(
+                            "{} has no {}: too old a Ceph",
+                            stringify!($h),
+                            $name
+                        ));
+                    }
+                }
             }};
         }
         Ok(Lib {
@@ -232,6 +274,8 @@ impl Lib {
             rbd_aio_wait_for_complete: sym!(rbd, "rbd_aio_wait_for_complete", RbdAioWait),
             rbd_aio_get_return_value: sym!(rbd, "rbd_aio_get_return_value", RbdAioReturn),
             rbd_aio_release: sym!(rbd, "rbd_aio_release", RbdAioRelease),
+            rbd_encryption_format: optional_sym!(rbd, "rbd_encryption_format", RbdEncryption),
+            rbd_encryption_load: optional_sym!(rbd, "rbd_encryption_load", RbdEncryption),
         })
     }
 }
@@ -306,6 +350,79 @@ impl RbdStorage {
     /// Connects to the cluster and opens the image (read-write under its exclusive lock,
     /// unless `options.read_only` or a snapshot is named).
     pub fn open(spec: &RbdSpec, options: &RbdOptions) -> io::Result<RbdStorage> {
+        Self::open_as(spec, options, None)
+    }
+
+    /// Opens an image formatted with librbd's own encryption through it
+    /// (`rbd_encryption_load`): librbd decrypts what is read and encrypts what is
+    /// written, and the size is what its LUKS header leaves for data. cryptblk serves
+    /// such images with its own engine (open them with [`RbdStorage::open`]); this is
+    /// how librbd's encryption is measured beside it, and checked against it.
+    pub fn open_through_librbd_encryption(
+        spec: &RbdSpec,
+        options: &RbdOptions,
+        luks: LibrbdLuks,
+        passphrase: &[u8],
+    ) -> io::Result<RbdStorage> {
+        Self::open_as(spec, options, Some((luks, passphrase)))
+    }
+
+    /// Formats an image with librbd's own encryption (AES-256), as `rbd encryption
+    /// format` does (which Ceph 16's `rbd` tool lacks).
+    pub fn librbd_encryption_format(
+        spec: &RbdSpec,
+        options: &RbdOptions,
+        luks: LibrbdLuks,
+        passphrase: &[u8],
+    ) -> io::Result<()> {
+        let st = Self::open(spec, options)?;
+        st.librbd_encryption(st.lib.rbd_encryption_format, "format", luks, passphrase)?;
+        st.close()
+    }
+
+    /// Calls `rbd_encryption_format` or `rbd_encryption_load` (`f`) on the open image.
+    fn librbd_encryption(
+        &self,
+        f: Option<RbdEncryption>,
+        what: &str,
+        luks: LibrbdLuks,
+        passphrase: &[u8],
+    ) -> io::Result<()> {
+        let f = f.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this librbd has no client-side encryption (Ceph 16 or later has)",
+            )
+        })?;
+        let mut o = RbdLuksOptions {
+            alg: ENCRYPTION_AES256,
+            passphrase: passphrase.as_ptr().cast(),
+            passphrase_size: passphrase.len(),
+        };
+        // SAFETY: an open image; `o` is the options struct of that format, its passphrase
+        // `passphrase_size` readable bytes, all borrowed for the call only.
+        let r = unsafe {
+            f(
+                self.image,
+                luks.format(),
+                (&raw mut o).cast(),
+                std::mem::size_of::<RbdLuksOptions>(),
+            )
+        };
+        if r < 0 {
+            return Err(errno(
+                r,
+                format_args!("librbd encryption {what} on {}", self.spec),
+            ));
+        }
+        Ok(())
+    }
+
+    fn open_as(
+        spec: &RbdSpec,
+        options: &RbdOptions,
+        load: Option<(LibrbdLuks, &[u8])>,
+    ) -> io::Result<RbdStorage> {
         let lib = lib()?;
         let read_only = options.read_only || spec.snap.is_some();
         let mut p = Partial {
@@ -411,26 +528,31 @@ impl RbdStorage {
                 ));
             }
         }
-        // SAFETY: all-zero is a valid rbd_image_info_t (integers and char arrays).
-        let mut info: RbdImageInfo = unsafe { std::mem::zeroed() };
-        // SAFETY: an open image; `info` is a writable rbd_image_info_t of the size given.
-        let r = unsafe { (lib.rbd_stat)(p.image, &mut info, std::mem::size_of::<RbdImageInfo>()) };
-        if r < 0 {
-            return Err(errno(r, format_args!("size of {spec}")));
-        }
-        let st = RbdStorage {
+        let mut st = RbdStorage {
             lib,
             cluster: p.cluster,
             ioctx: p.ioctx,
             image: p.image,
             spec: spec.clone(),
-            size: info.size,
-            object_size: info.obj_size.max(512),
+            size: 0,
+            object_size: 512,
             read_only,
             live: RwLock::new(true),
         };
-        // Owned by `st` now.
+        // Owned by `st` now (closed when it drops).
         std::mem::forget(p);
+        if let Some((luks, passphrase)) = load {
+            st.librbd_encryption(lib.rbd_encryption_load, "load", luks, passphrase)?;
+        }
+        // SAFETY: all-zero is a valid rbd_image_info_t (integers and char arrays).
+        let mut info: RbdImageInfo = unsafe { std::mem::zeroed() };
+        // SAFETY: an open image; `info` is a writable rbd_image_info_t of the size given.
+        let r = unsafe { (lib.rbd_stat)(st.image, &mut info, std::mem::size_of::<RbdImageInfo>()) };
+        if r < 0 {
+            return Err(errno(r, format_args!("size of {spec}")));
+        }
+        st.size = info.size;
+        st.object_size = info.obj_size.max(512);
         Ok(st)
     }
 
