@@ -6,11 +6,12 @@
 # The direct runs serve raw.img (fio writes over it), the cryptblk runs luks1.img.
 # With cores to spare, REMOTE_CPUS (the remote server, direct or under cryptblk), SERVER_CPUS
 # (cryptblk) and CLIENT_CPUS (fio), taskset lists, put each on CPUs of its own, as on two hosts.
+# CRYPTBLK_BIN picks another cryptblk build, NBDKIT_FILE_PLUGIN nbdkit's file plugin by path.
 # usage: [ROUNDS=3] scripts/bench-remote.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RT=${1:-5}; ROUNDS=${ROUNDS:-3}
-B=$PWD/target/release/cryptblk
+B=${CRYPTBLK_BIN:-$PWD/target/release/cryptblk}; export CRYPTBLK_BIN=$B
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
 P=${PEER_DIR:-/dev/shm/cryptblk-peer}; export PEER_DIR=$P
 mkdir -p "$P"
@@ -18,7 +19,7 @@ R=$P/remote.sock
 OUT=$(mktemp); trap 'rm -f "$OUT"' EXIT
 PIN_REMOTE=${REMOTE_CPUS:+taskset -c $REMOTE_CPUS}
 QEMU="qemu-nbd -f raw -t --shared=8 --cache=none --aio=threads"
-KIT="nbdkit -f file"
+KIT="nbdkit -f ${NBDKIT_FILE_PLUGIN:-file}"
 for r in $(seq "$ROUNDS"); do
   echo "== round $r of $ROUNDS (${RT}s per figure, MB/s)"
   NO_BUILTIN_PEERS=1 bash scripts/peer-bench.sh "$RT" \

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Packs what the RBD benchmark needs on a machine without Ceph or fio (the lent device
-# machine: Ubuntu 24.04, no network): this host's (Debian 12's) ceph-mon, ceph-osd, rados,
-# rbd, monmaptool, ceph-authtool and fio with every library they load except the C
-# library's own, Ceph's plugins, and cryptblk's CI build (cryptblk, rbd_load). The machine
-# then runs scripts/device-rbd.sh. Writes target/device-bundle.tar.xz (an ignored path:
-# carry it with the call) and checks first that everything runs with nothing but the C
-# library and the bundle (a chroot).
+# Packs what the RBD and remote-NBD benchmarks need on a machine without Ceph, fio, qemu-nbd
+# or nbdkit (the lent device machine: Ubuntu 24.04, no network): this host's (Debian 12's)
+# ceph-mon, ceph-osd, rados, rbd, monmaptool, ceph-authtool, fio, qemu-nbd and nbdkit (with
+# its file plugin), every library they load except the C library's own, Ceph's plugins,
+# and cryptblk's CI build (cryptblk, rbd_load). The machine then runs
+# scripts/device-bench.sh. Writes target/device-bundle.tar.xz (an ignored path: carry it
+# with the call) and checks first that everything runs with nothing but the C library and
+# the bundle (a chroot).
 # usage: scripts/device-bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --profile ci -p cryptblk -p cryptblk-rbd --bins --examples >/dev/null
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 D=$W/bundle; mkdir -p "$D/bin" "$D/lib"
-TOOLS="ceph-mon ceph-osd rados rbd monmaptool ceph-authtool fio"
+TOOLS="ceph-mon ceph-osd rados rbd monmaptool ceph-authtool fio qemu-nbd nbdkit"
 ARCH_LIB=/usr/lib/x86_64-linux-gnu
 for t in $TOOLS; do cp "$(command -v "$t")" "$D/bin/"; done
 cp target/ci/cryptblk target/ci/examples/rbd_load "$D/bin/"
 cp -r "$ARCH_LIB/ceph" "$D/lib/ceph-plugins"
+cp "$ARCH_LIB/nbdkit/plugins/nbdkit-file-plugin.so" "$D/lib/"
 # The C library stays the machine's own (a newer one runs these); everything else comes.
 skip='/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux-x86-64)\.so'
 deps() { ldd "$@" 2>/dev/null | awk '/=> \//{print $3}' | grep -Ev "$skip" || true; }
@@ -28,6 +30,7 @@ cat > "$D/env.sh" <<'ENV'
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PATH=$B/bin:$PATH LD_LIBRARY_PATH=$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CEPH_PLUGIN_DIR=$B/lib/ceph-plugins CRYPTBLK_BIN=$B/bin/cryptblk RBD_LOAD_BIN=$B/bin/rbd_load
+export NBDKIT_FILE_PLUGIN=$B/lib/nbdkit-file-plugin.so
 ENV
 # Nothing but the C library and the bundle: no program or library may miss one (the
 # dynamic loader's list of each, in a chroot), and every program starts.

@@ -22,8 +22,14 @@ SOCK=$DIR/nbd.sock
 if [ ! -f luks1.img ]; then
   printf pass > pw
   head -c 1100M /dev/zero > luks1.img
-  cryptsetup luksFormat -q --type luks1 --cipher aes-xts-plain64 --key-size 512 \
-    --pbkdf-force-iterations 1000 --key-file pw luks1.img || exit 1
+  if command -v cryptsetup >/dev/null; then
+    cryptsetup luksFormat -q --type luks1 --cipher aes-xts-plain64 --key-size 512 \
+      --pbkdf-force-iterations 1000 --key-file pw luks1.img || exit 1
+  else # the same header from cryptblk, where cryptsetup is not installed
+    "${CRYPTBLK_BIN:?no cryptsetup here: set CRYPTBLK_BIN}" format -q --type luks1 \
+      --cipher aes-xts-plain64 --key-size 512 --pbkdf-force-iterations 1000 \
+      --key-file pw luks1.img || exit 1
+  fi
 fi
 [ -f raw.img ] || head -c 1024M /dev/zero > raw.img
 

@@ -80,7 +80,8 @@ impl AnyStream {
     /// nobody else wanted. A pure spin took that time from them: at queue depth 16 it cost
     /// ~10 % of the throughput, and at queue depth 1 it was slower than yielding whenever
     /// client and poller shared a core (docs/benchmarks.md). Only a few threads of the
-    /// process poll at once (half the CPUs, at least one).
+    /// process poll at once: half the CPUs it may run on, and none when that is one (see
+    /// `Poller::acquire`).
     fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
         // Under TLS a readable socket may hold only part of a record: no polling.
         if !poll.is_zero()
@@ -150,10 +151,14 @@ static POLLERS: AtomicUsize = AtomicUsize::new(0);
 struct Poller;
 
 impl Poller {
+    /// A slot while fewer than half the process's CPUs poll. On a single CPU there is
+    /// none: the client and the other requests run on that CPU too, and a poller's
+    /// yields did not reliably hand it to them (4k QD16 over a remote export on one CPU
+    /// shared with fio: 59-155 MB/s polling, 113-186 not; QD1 the same either way).
     fn acquire() -> Option<Poller> {
         static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         let max = *MAX.get_or_init(|| {
-            std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+            std::thread::available_parallelism().map_or(0, |n| max_pollers(n.get()))
         });
         if POLLERS.fetch_add(1, Relaxed) < max {
             Some(Poller)
@@ -162,6 +167,11 @@ impl Poller {
             None
         }
     }
+}
+
+/// How many threads may poll at once on `cpus` CPUs.
+fn max_pollers(cpus: usize) -> usize {
+    cpus / 2
 }
 
 impl Drop for Poller {
@@ -1177,4 +1187,15 @@ fn io_err(e: io::Error) -> (u32, &'static str) {
         _ => "I/O error in the backend",
     };
     (errno, msg)
+}
+
+#[cfg(test)]
+mod poll_tests {
+    #[test]
+    fn no_polling_on_one_cpu_and_half_of_more() {
+        assert_eq!(super::max_pollers(1), 0);
+        assert_eq!(super::max_pollers(2), 1);
+        assert_eq!(super::max_pollers(3), 1);
+        assert_eq!(super::max_pollers(16), 8);
+    }
 }
