@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The RBD backend's speed bars (issue 15), on a throwaway single-node memstore cluster
 # (tests/ceph/cluster.sh): 4 MiB and 4 KiB random writes and reads at queue depth 32 (the
-# Ceph LUKS study's workloads), MB/s, alternating, ROUNDS times:
+# Ceph LUKS study's workloads), MiB/s, alternating, ROUNDS times:
 #   librbd          fio's rbd engine on an unencrypted image (librbd in fio's process)
 #   cryptblk        fio's nbd engine against cryptblk serving rbd:rbd/enc (LUKS2, its own
 #                   engine; the data path crosses NBD on a unix socket too)
@@ -23,15 +23,16 @@ L=${RBD_LOAD_BIN:-$PWD/target/release/examples/rbd_load}
 [ -x "$B" ] || cargo build --release -p cryptblk >/dev/null
 [ -x "$L" ] || cargo build --release -p cryptblk-rbd --example rbd_load >/dev/null
 W=$(mktemp -d /dev/shm/cryptblk-rbd.XXXXXX)
-CONF=$(CEPH_MEMSTORE_BYTES=$((8 << 30)) ${CLUSTER_CPUS:+taskset -c $CLUSTER_CPUS} \
-  bash tests/ceph/cluster.sh start "$W/ceph")
-export CEPH_CONF=$CONF
-# The server closes its image (and lock) on the way out: stop it before the cluster.
+# The server closes its image (and lock) on the way out: stop it before the cluster (which
+# is stopped even if it did not come up all the way).
 cleanup() {
   [ -z "${SERVER:-}" ] || { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
   bash tests/ceph/cluster.sh stop "$W/ceph"; rm -rf "$W"
 }
 trap cleanup EXIT
+CONF=$(CEPH_MEMSTORE_BYTES=$((8 << 30)) ${CLUSTER_CPUS:+taskset -c $CLUSTER_CPUS} \
+  bash tests/ceph/cluster.sh start "$W/ceph")
+export CEPH_CONF=$CONF
 printf 'rbd bench pass' > "$W/pw"
 SIZE=1024
 PIN=${CLIENT_CPUS:+taskset -c $CLIENT_CPUS}
@@ -85,7 +86,7 @@ for line in open(sys.argv[1]):
         runs.setdefault(f[0], []).append([float(x) for x in f[1:]])
 rows = {k: [statistics.median(c) for c in zip(*v)] for k, v in runs.items()}
 wl = ["4m-randwrite", "4m-randread", "4k-randwrite", "4k-randread"]
-print("\n| client (median MB/s, QD 32) | " + " | ".join(wl) + " |")
+print("\n| client (median MiB/s, QD 32) | " + " | ".join(wl) + " |")
 print("|---" * 5 + "|")
 for k, v in rows.items():
     print(f"| {k} | " + " | ".join(f"{x:.0f}" for x in v) + " |")

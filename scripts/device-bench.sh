@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
 # A benchmark on a machine without Ceph, fio, qemu-nbd or nbdkit of its own (the lent device
 # machine), from target/device-bundle.tar.xz (scripts/device-bundle.sh, run here first;
-# carry target/device-bundle.tar.xz with the call), each side on CPUs of its own:
-#   rbd     scripts/bench-rbd.sh: the cluster on the upper half of the CPUs, fio, cryptblk
-#           and rbd_load on the lower half (CLUSTER_CPUS, CLIENT_CPUS)
-#   remote  scripts/bench-remote.sh: fio on the first quarter, cryptblk on the next third,
-#           the remote server on the rest (CLIENT_CPUS, SERVER_CPUS, REMOTE_CPUS)
-# ROUNDS as in those scripts, 2 by default here.
+# carry target/device-bundle.tar.xz with the call), each side on CPUs of its own, taken in
+# order from the CPUs this process may use:
+#   rbd     scripts/bench-rbd.sh: the cluster on the second half, fio, cryptblk and
+#           rbd_load on the first (CLUSTER_CPUS, CLIENT_CPUS); at least 2 CPUs
+#   remote  scripts/bench-remote.sh: fio on the first quarter, cryptblk on half of the
+#           rest, the remote server on the others (CLIENT_CPUS, SERVER_CPUS,
+#           REMOTE_CPUS); at least 4 CPUs
+# ROUNDS as in those scripts, 2 by default here. Images go to /dev/shm, or to /tmp when
+# /dev/shm has less than 4 GiB free.
 # usage: scripts/device-bench.sh rbd|remote [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?usage: device-bench.sh rbd|remote [runtime_s]}; RT=${2:-5}
+usage() { echo "usage: device-bench.sh rbd|remote [runtime_s]" >&2; exit 2; }
+what=${1:-}; RT=${2:-5}
 [ -f target/device-bundle.tar.xz ] ||
   { echo "target/device-bundle.tar.xz missing: run scripts/device-bundle.sh and carry it" >&2; exit 1; }
 X=$(mktemp -d /tmp/cryptblk-bundle.XXXXXX)
 trap 'rm -rf "$X"' EXIT
-tar -C "$X" -xJf target/device-bundle.tar.xz
+if command -v xz >/dev/null; then
+  tar -C "$X" -xJf target/device-bundle.tar.xz
+else
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    target/device-bundle.tar.xz "$X"
+fi
 # shellcheck source=/dev/null
 source "$X/env.sh"
 export ROUNDS=${ROUNDS:-2}
-n=$(nproc)
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) ($n CPUs)"
+mapfile -t cpus < <(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)), sep="\n")')
+n=${#cpus[@]}
+list() { local IFS=,; echo "${cpus[*]:$1:$2}"; } # CPUs $1 .. $1+$2-1, as a taskset list
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) ($n CPUs usable)"
+if [ "$(df --output=avail -k /dev/shm | tail -1)" -lt $((4 << 20)) ]; then
+  export PEER_DIR=${PEER_DIR:-/tmp/cryptblk-peer}
+fi
 case $what in
   rbd)
+    [ "$n" -ge 2 ] || { echo "rbd needs at least 2 CPUs" >&2; exit 1; }
     h=$((n / 2))
-    CLUSTER_CPUS=${CLUSTER_CPUS:-$h-$((n - 1))} CLIENT_CPUS=${CLIENT_CPUS:-0-$((h - 1))} \
+    CLUSTER_CPUS=${CLUSTER_CPUS:-$(list "$h" $((n - h)))} CLIENT_CPUS=${CLIENT_CPUS:-$(list 0 "$h")} \
       bash scripts/bench-rbd.sh "$RT" ;;
   remote)
-    q=$((n / 4)); t=$((q + (n - q) / 2))
-    CLIENT_CPUS=${CLIENT_CPUS:-0-$((q - 1))} SERVER_CPUS=${SERVER_CPUS:-$q-$((t - 1))} \
-      REMOTE_CPUS=${REMOTE_CPUS:-$t-$((n - 1))} bash scripts/bench-remote.sh "$RT" ;;
-  *) echo "usage: device-bench.sh rbd|remote [runtime_s]" >&2; exit 2 ;;
+    [ "$n" -ge 4 ] || { echo "remote needs at least 4 CPUs" >&2; exit 1; }
+    q=$((n / 4)); s=$(((n - q) / 2))
+    CLIENT_CPUS=${CLIENT_CPUS:-$(list 0 "$q")} SERVER_CPUS=${SERVER_CPUS:-$(list "$q" "$s")} \
+      REMOTE_CPUS=${REMOTE_CPUS:-$(list $((q + s)) $((n - q - s)))} bash scripts/bench-remote.sh "$RT" ;;
+  *) usage ;;
 esac

@@ -7,8 +7,8 @@
 #   tests/ceph/cluster.sh stop DIR    # stops the daemons by pid, removes DIR
 #
 # The OSD holds at most CEPH_MEMSTORE_BYTES (default 2 GiB) of objects, in memory.
-# CEPH_PLUGIN_DIR: where Ceph's plugins are when not where its packages put them (a
-# carried copy: scripts/device-bundle.sh).
+# CEPH_PLUGIN_DIR, CEPH_CLASS_DIR: where Ceph's plugins and the OSD's object classes are
+# when not where its packages put them (a carried copy: scripts/device-bundle.sh).
 #
 # Everything (config, monitor store, logs, sockets) lives in DIR; nothing is written
 # elsewhere. Clients use it with CEPH_CONF=DIR/ceph.conf (or --ceph-conf).
@@ -75,6 +75,7 @@ mon data avail warn = 1
 osd client watch timeout = 10
 ${CEPH_PLUGIN_DIR:+plugin dir = $CEPH_PLUGIN_DIR}
 ${CEPH_PLUGIN_DIR:+erasure code dir = $CEPH_PLUGIN_DIR/erasure-code}
+${CEPH_CLASS_DIR:+osd class dir = $CEPH_CLASS_DIR}
 [mon.a]
 mon data = $DIR/mon
 admin socket = $DIR/run/mon.a.asok

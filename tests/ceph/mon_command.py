@@ -7,10 +7,16 @@ usage: mon_command.py CEPH_CONF JSON   e.g. '{"prefix": "osd pool create", "pool
 Prints the monitor's output; exits 1 with its message if the command fails.
 """
 import ctypes
+import os
 import sys
 import time
 
 conf, cmd = sys.argv[1], sys.argv[2]
+# CEPH_LIBRARY_PATH: a carried Ceph's libraries (scripts/device-bundle.sh). The loader
+# reads LD_LIBRARY_PATH at start only, so this script starts again with it set.
+lib_dir = os.environ.get("CEPH_LIBRARY_PATH")
+if lib_dir and os.environ.get("LD_LIBRARY_PATH") != lib_dir:
+    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, "LD_LIBRARY_PATH": lib_dir})
 rados = ctypes.CDLL("librados.so.2")
 p, size_t = ctypes.c_void_p, ctypes.c_size_t
 rados.rados_create.argtypes = [ctypes.POINTER(p), ctypes.c_char_p]

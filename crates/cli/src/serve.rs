@@ -45,42 +45,93 @@ fn not_active(name: &str) -> CliError {
 }
 
 pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
     check_name(&a.name)?;
-    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
-    let pid: Option<i32> = rundir::read_private_file(&dir.join(format!("{}.pid", a.name)))
+    let name = &a.name;
+    let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(name))?;
+    let pid: Option<i32> = rundir::read_private_file(&dir.join(format!("{name}.pid")))
         .and_then(|s| s.trim().parse().ok());
-    let reply = match ask(&dir, &a.name, "close") {
-        Ok(r) => r,
+    let ctl = dir.join(format!("{name}.ctl"));
+    let Ok(mut conn) = UnixStream::connect(&ctl) else {
         // A ublk device whose server died is removed here.
-        Err(e) => return ublk::close_stale(&dir, &a.name).unwrap_or(Err(e)),
+        return ublk::close_stale(&dir, name).unwrap_or(Err(not_active(name)));
     };
+    writeln!(conn, "close").map_err(|e| io_err(&ctl, e))?;
+    let mut conn = std::io::BufReader::new(conn);
+    let mut reply = String::new();
+    conn.read_line(&mut reply).map_err(|e| io_err(&ctl, e))?;
     if let Some(why) = reply.trim().strip_prefix("busy: ") {
         return Err(CliError::new(
             EXIT_BUSY,
-            format!("Device {} is still in use: {why}", a.name),
+            format!("Device {name} is still in use: {why}"),
         ));
     }
-    // Wait for the server to drain, flush and exit (its pid file goes last): as long as
-    // it may take ("closing SECONDS", its --close-timeout; 60 from older servers), and a
-    // little more, since past its limit it exits all the same.
+    // "closing SECONDS": the time the server may take (its --close-timeout), then its
+    // last line on this connection: `closed`, or `error CODE: why` (a bare "closing" is
+    // an older server, which says nothing more). Past its limit it exits all the same,
+    // so a little more than that is waited for.
     let limit = reply
         .trim()
         .strip_prefix("closing")
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(60);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(limit + 10);
-    while dir.join(format!("{}.pid", a.name)).exists()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let wait = Duration::from_secs(limit.unwrap_or(60).min(86_400) + 10);
+    let deadline = Instant::now() + wait;
+    let too_long = || {
+        CliError::new(
+            EXIT_BUSY,
+            format!("{name} did not close within {} s", wait.as_secs()),
+        )
+    };
+    let last = match limit {
+        Some(_) => {
+            let _ = conn.get_ref().set_read_timeout(Some(wait));
+            let mut last = String::new();
+            match conn.read_line(&mut last) {
+                Ok(_) => Some(last.trim().to_string()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(too_long());
+                }
+                Err(_) => Some(String::new()),
+            }
+        }
+        None => None,
+    };
+    // The server is gone once its pid file is (it goes last) and the process too.
+    while dir.join(format!("{name}.pid")).exists()
         || pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists() && !is_zombie(p))
     {
-        if std::time::Instant::now() > deadline {
-            return Err(CliError::new(
-                EXIT_BUSY,
-                format!("{} did not close within {} s", a.name, limit + 10),
-            ));
+        if Instant::now() > deadline {
+            return Err(too_long());
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
+    match last.as_deref() {
+        None | Some("closed") => Ok(()),
+        Some(other) => {
+            // Not closed cleanly: a ublk device it left behind goes now.
+            let _ = ublk::close_stale(&dir, name);
+            Err(
+                match other
+                    .strip_prefix("error ")
+                    .and_then(|r| r.split_once(": "))
+                {
+                    Some((code, why)) => {
+                        CliError::new(code.parse().unwrap_or(EXIT_NO_DEVICE), why.to_string())
+                    }
+                    None => CliError::new(
+                        EXIT_NO_DEVICE,
+                        format!("{name}: the server exited without closing cleanly (see its log)"),
+                    ),
+                },
+            )
+        }
+    }
 }
 
 fn is_zombie(pid: i32) -> bool {

@@ -249,7 +249,11 @@ fn rbd_images_interoperate_with_librbd_encryption() {
     ]));
     ok(&load(&["check", "205", "1"]));
     let o = load(&["check", "171", "1"]);
-    assert_eq!(o.status.code(), Some(1), "a check that must fail: {o:?}");
+    assert_eq!(o.status.code(), Some(3), "a check that must fail: {o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("byte 0 is 0xcd, not 0xab"),
+        "{o:?}"
+    );
 
     // fio through cryptblk's NBD frontend over RBD; meanwhile a second writer is refused.
     let sock = tmp.path().join("front.sock");

@@ -154,7 +154,8 @@ impl Poller {
     /// A slot while fewer than half the process's CPUs poll. On a single CPU there is
     /// none: the client and the other requests run on that CPU too, and a poller's
     /// yields did not reliably hand it to them (4k QD16 over a remote export on one CPU
-    /// shared with fio: 59-155 MB/s polling, 113-186 not; QD1 the same either way).
+    /// shared with fio: 59-155 MB/s polling, 113-186 not; QD1 the same over nbdkit and
+    /// 7 % slower over qemu-nbd without). With no CPU count known, none either.
     fn acquire() -> Option<Poller> {
         static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         let max = *MAX.get_or_init(|| {

@@ -189,7 +189,8 @@ struct Lib {
     rbd_aio_wait_for_complete: RbdAioWait,
     rbd_aio_get_return_value: RbdAioReturn,
     rbd_aio_release: RbdAioRelease,
-    /// Client-side encryption: Ceph 16 and later only, so looked up when used.
+    /// Client-side encryption: Ceph 16 and later only, so optional (looked up with the
+    /// rest; only a call that needs them fails without them).
     rbd_encryption_format: Option<RbdEncryption>,
     rbd_encryption_load: Option<RbdEncryption>,
 }

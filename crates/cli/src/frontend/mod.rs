@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Args, Debug)]
@@ -238,44 +238,73 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         frontend: started.desc.clone(),
     });
     let pid_path = dir.join(format!("{}.pid", a.name));
+    let files = shutdown::ExitFiles::new(ctl_path.clone(), pid_path.clone());
+    let closer = Arc::new(shutdown::Closer::default());
     let deadline = {
-        let (name, ctl, pid) = (a.name.clone(), ctl_path.clone(), pid_path.clone());
-        shutdown::ShutdownDeadline::new(Duration::from_secs(a.close_timeout), move |limit| {
-            eprintln!(
-                "{name}: did not drain, flush and close its storage within {limit:?} of the \
-                 stop; exiting without (an RBD image's lock is held until the cluster \
-                 expires its watch)"
+        let (name, files, closer) = (a.name.clone(), files.clone(), closer.clone());
+        shutdown::ShutdownDeadline::new(Duration::from_secs(a.close_timeout), move |why| {
+            files.remove_ctl();
+            files.remove_pid();
+            let msg = format!(
+                "{name}: {why}; exiting without (what was not flushed may be lost, and an \
+                 RBD image's lock is held until the cluster expires its watch)"
             );
-            let _ = std::fs::remove_file(&ctl);
-            let _ = std::fs::remove_file(&pid);
+            closer.tell(&format!("error {EXIT_NO_DEVICE}: {msg}"));
+            shutdown::say_briefly(msg);
             crate::process::exit_now(EXIT_NO_DEVICE);
         })
     };
-    // A reencryption in progress stops (after its step) before the volume closes; a
-    // suspended volume is resumed first (its held I/O could not drain). The clock for
-    // the whole exit starts here.
+    // The first accepted stop is final: later ones (a signal during a `close`) are
+    // answered yes and change nothing; a `suspend` waits for a stop in progress and is
+    // refused after it.
+    let stopping = Arc::new(Mutex::new(false));
+    // A reencryption in progress stops (after its step) before the volume closes, and no
+    // other starts; a suspended volume is resumed first (its held I/O could not drain).
+    // The clock for the whole exit starts here.
     let stop = {
         let (c, jobs, suspension) = (started.control.clone(), jobs.clone(), suspension.clone());
-        let deadline = deadline.clone();
+        let (deadline, stopping) = (deadline.clone(), stopping.clone());
         move || {
+            let mut accepted = stopping.lock().unwrap_or_else(|e| e.into_inner());
+            if *accepted {
+                return Ok(());
+            }
             if suspension.is_suspended() {
                 return Err("the volume is suspended: luksResume it first".to_string());
             }
             deadline.arm();
-            jobs.stop_and_wait();
-            c.stop().inspect_err(|_| deadline.disarm())
+            jobs.close();
+            match c.stop() {
+                Ok(()) => {
+                    deadline.commit();
+                    *accepted = true;
+                    Ok(())
+                }
+                Err(e) => {
+                    jobs.reopen();
+                    deadline.disarm();
+                    Err(e)
+                }
+            }
         }
     };
 
-    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up).
-    let ctl = announce(&ctl_path, &pid_path, &a.name, stop.clone())?;
+    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up);
+    // a second one during the close exits at once.
+    let force = {
+        let deadline = deadline.clone();
+        move || deadline.expire_now()
+    };
+    let ctl = announce(&ctl_path, &pid_path, &a.name, stop.clone(), force)?;
+    files.bound();
     {
-        let (c, served, vol, jobs, limit) = (
+        let (c, served, vol, jobs, limit, closer) = (
             started.control.clone(),
             served.clone(),
             vol.clone(),
             jobs.clone(),
             deadline.limit(),
+            closer.clone(),
         );
         std::thread::spawn(move || {
             let status = || {
@@ -284,7 +313,13 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 v
             };
             let resize = |req: &str| resize(&vol, &*c, &jobs, &suspension, req);
-            control_loop(ctl, status, stop, resize, &jobs, &suspension, limit)
+            let ends = ControlEnds {
+                close: stop,
+                stopping: &stopping,
+                closer: &closer,
+                limit,
+            };
+            control_loop(ctl, status, resize, &jobs, &suspension, ends)
         });
     }
     if ctx.verbose || !a.daemon_child {
@@ -308,17 +343,22 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     let result = (started.run)();
     // The frontend may also have ended on its own (a FUSE file unmounted, a ublk device
     // deleted): the exit is bounded all the same.
-    deadline.arm();
+    deadline.commit();
     jobs.close();
-    let _ = std::fs::remove_file(&ctl_path);
+    files.remove_ctl();
     // The last flush, then the storage lets go of what it holds elsewhere (an RBD image's
     // lock and watch): other threads still hold the volume, so it is never dropped. Before
     // the pid file goes (`close` waits for that).
     let closed = vol.close();
     let header = header_store.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
     deadline.done();
-    let _ = std::fs::remove_file(&pid_path);
-    closed.and(header).map_err(|e| io_err(&a.device, e))?;
+    let outcome = closed.and(header).map_err(|e| io_err(&a.device, e));
+    closer.tell(&match outcome.as_ref().and(result.as_ref()) {
+        Ok(()) => "closed".to_string(),
+        Err(e) => format!("error {}: {}", e.code, e.message.replace('\n', " ")),
+    });
+    files.remove_pid();
+    outcome?;
     result
 }
 
@@ -381,12 +421,14 @@ fn check_not_open(dir: &Path, name: &str) -> CliResult<PathBuf> {
 
 /// Makes a volume visible once its frontend is up: binds the control socket `ctl_path`,
 /// writes NAME.pid, and on SIGTERM/SIGINT calls `stop` (again at the next signal while it
-/// says the volume is busy). Returns the control listener.
+/// says the volume is busy; `force` at the next once it said yes). Returns the control
+/// listener.
 fn announce(
     ctl_path: &Path,
     pid_path: &Path,
     name: &str,
     stop: impl Fn() -> Result<(), String> + Send + 'static,
+    force: impl Fn() -> bool + Send + 'static,
 ) -> CliResult<UnixListener> {
     rundir::clear_stale_socket(ctl_path)?;
     let ctl = rundir::bind_socket(ctl_path, SocketAccess::default())?;
@@ -398,9 +440,18 @@ fn announce(
     .map_err(|e| CliError::usage(format!("signals: {e}")))?;
     let name = name.to_string();
     std::thread::spawn(move || {
+        let mut signalled = false;
         for _ in signals.forever() {
+            // A second signal after one that was accepted: exit now (a single signal
+            // during a `close` only closes).
+            if signalled && force() {
+                continue;
+            }
             match stop() {
-                Ok(()) => return,
+                Ok(()) => {
+                    signalled = true;
+                    eprintln!("{name}: closing (a second signal exits at once, without)");
+                }
                 Err(e) => eprintln!("{name}: cannot close yet: {e}"),
             }
         }
@@ -440,18 +491,27 @@ fn resize(
     }
 }
 
+/// How the control loop takes a `close`: `close` stops the volume (or says why not),
+/// `stopping` tells whether a stop was accepted, `closer` keeps the accepted `close`'s
+/// connection for its last line, `limit` is the time the server may take.
+struct ControlEnds<'a, F> {
+    close: F,
+    stopping: &'a Mutex<bool>,
+    closer: &'a shutdown::Closer,
+    limit: Duration,
+}
+
 /// Answers `status`, `close`, `reencrypt PASSPHRASE-HEX JSON` and `reencrypt-stop` on
-/// the control socket until a `close` succeeds: `closing SECONDS`, the time the server
-/// may take to exit (`close` may refuse, e.g. while a FUSE file is in use: the client
-/// gets `busy: WHY`).
+/// the control socket until a `close` succeeds: `closing SECONDS` (the time the server may
+/// take to exit), then `closed` or `error CODE: why` on the same connection as it exits
+/// (`close` may refuse, e.g. while a FUSE file is in use: the client gets `busy: WHY`).
 fn control_loop(
     ctl: UnixListener,
     status: impl Fn() -> Value,
-    close: impl Fn() -> Result<(), String>,
     resize: impl Fn(&str) -> String,
     jobs: &Arc<online::OnlineJobs>,
     suspension: &suspend::SuspendControl,
-    close_limit: Duration,
+    ends: ControlEnds<'_, impl Fn() -> Result<(), String>>,
 ) {
     // The longest line: a key file's worth of passphrase in hex, and the options.
     const LINE_MAX: u64 = 2 * crate::passphrase::KEYFILE_MAX as u64 + 4096;
@@ -478,7 +538,12 @@ fn control_loop(
         } else if let Some(request) = line.strip_prefix("resume ") {
             Some(suspension.resume(request))
         } else if line == "suspend" {
-            Some(suspension.suspend(jobs.running()))
+            let stopping = ends.stopping.lock().unwrap_or_else(|e| e.into_inner());
+            Some(if *stopping {
+                format!("error {EXIT_BUSY}: the volume is closing")
+            } else {
+                suspension.suspend(jobs.running())
+            })
         } else {
             None
         };
@@ -494,9 +559,11 @@ fn control_loop(
             "status" => {
                 let _ = writeln!(conn, "{}", status());
             }
-            "close" => match close() {
+            "close" => match (ends.close)() {
                 Ok(()) => {
-                    let _ = writeln!(conn, "closing {}", close_limit.as_secs());
+                    if writeln!(conn, "closing {}", ends.limit.as_secs()).is_ok() {
+                        ends.closer.keep(conn);
+                    }
                     return;
                 }
                 Err(e) => {

@@ -59,6 +59,9 @@ pub(crate) struct OnlineJobs {
     progress: Mutex<Option<Progress>>,
     stop: Arc<AtomicBool>,
     thread: Mutex<JobThread>,
+    /// Held by whoever stops the job and waits for it, so that a second caller waits too
+    /// (instead of finding no handle and going on while the job still runs).
+    joining: Mutex<()>,
 }
 
 /// The job's thread, and whether the volume is closing (no job starts any more).
@@ -77,6 +80,7 @@ impl OnlineJobs {
             progress: Mutex::new(None),
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(JobThread::default()),
+            joining: Mutex::new(()),
         })
     }
 
@@ -239,28 +243,26 @@ impl OnlineJobs {
         self.stop.store(true, Ordering::Relaxed);
     }
 
-    /// Stops the job after its current step and waits for it (before the volume closes).
-    pub(crate) fn stop_and_wait(&self) {
-        self.stop_and_wait_then(false);
-    }
-
-    /// Stops the job and waits for it as the volume closes: no job starts after this.
+    /// Stops the job and waits for it as the volume closes: no job starts after this
+    /// (unless [`OnlineJobs::reopen`]: the stop was refused).
     pub(crate) fn close(&self) {
-        self.stop_and_wait_then(true);
-    }
-
-    fn stop_and_wait_then(&self, close: bool) {
+        let _joining = self.joining.lock().unwrap_or_else(|e| e.into_inner());
         // Under the lock that `start` holds while it resets the flag and spawns: a job
         // started just before is the one stopped and waited for, not left running.
         let t = {
             let mut thread = self.lock_thread();
-            thread.closed |= close;
+            thread.closed = true;
             self.request_stop();
             thread.handle.take()
         };
         if let Some(t) = t {
             let _ = t.join();
         }
+    }
+
+    /// Jobs may start again: the volume did not close after all (a FUSE file in use).
+    pub(crate) fn reopen(&self) {
+        self.lock_thread().closed = false;
     }
 
     /// `status`'s `reencryption` object (null when no job ran).
@@ -309,12 +311,12 @@ mod tests {
         // Serving: the request is looked at (and this one is malformed).
         let served = jobs.start("00 {");
         assert!(served.contains("bad reencrypt request"), "{served}");
-        // A stop that leaves the server up (a FUSE file in use) refuses nothing.
-        jobs.stop_and_wait();
-        assert!(jobs.start("00 {").contains("bad reencrypt request"));
         jobs.close();
         let closing = jobs.start("00 {");
         assert_eq!(closing, "error 5: the volume is closing");
         assert!(!jobs.running());
+        // The stop was refused after all: requests are looked at again.
+        jobs.reopen();
+        assert!(jobs.start("00 {").contains("bad reencrypt request"));
     }
 }

@@ -12,15 +12,38 @@ use std::time::{Duration, Instant};
 enum State {
     /// Serving; `generation` counts the arms, so that a watchdog whose arm was taken
     /// back does not fire for a later one.
-    Idle {
-        generation: u64,
-    },
+    Idle { generation: u64 },
+    /// Counting down. `committed`: the stop was accepted (or the frontend ended), and
+    /// nothing takes the arm back any more; `forced`: a second signal made it expire.
     Armed {
         generation: u64,
         at: Instant,
+        committed: bool,
+        forced: bool,
     },
     /// The close ended (in time or not): nothing fires any more.
     Done,
+}
+
+/// Why the watchdog ends the process.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Expiry {
+    /// The limit passed.
+    Limit(Duration),
+    /// A second SIGTERM/SIGINT during the close: exit now.
+    Signal,
+}
+
+impl std::fmt::Display for Expiry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expiry::Limit(d) => write!(
+                f,
+                "did not drain, flush and close its storage within {d:?} of the stop"
+            ),
+            Expiry::Signal => write!(f, "a second signal during the close"),
+        }
+    }
 }
 
 /// One per served volume; cloned into the signal and control threads.
@@ -28,15 +51,12 @@ enum State {
 pub(crate) struct ShutdownDeadline {
     state: Arc<(Mutex<State>, Condvar)>,
     limit: Duration,
-    on_expiry: Arc<dyn Fn(Duration) + Send + Sync>,
+    on_expiry: Arc<dyn Fn(Expiry) + Send + Sync>,
 }
 
 impl ShutdownDeadline {
-    /// `on_expiry(limit)` runs on the watchdog's thread once an armed deadline passes.
-    pub(crate) fn new(
-        limit: Duration,
-        on_expiry: impl Fn(Duration) + Send + Sync + 'static,
-    ) -> Self {
+    /// `on_expiry` runs on the watchdog's thread once an armed deadline passes.
+    pub(crate) fn new(limit: Duration, on_expiry: impl Fn(Expiry) + Send + Sync + 'static) -> Self {
         ShutdownDeadline {
             state: Arc::new((Mutex::new(State::Idle { generation: 0 }), Condvar::new())),
             limit,
@@ -52,29 +72,70 @@ impl ShutdownDeadline {
         self.state.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts the clock, unless it runs already (the first stop counts) or the close ended.
+    /// Starts the clock for a stop that may still be refused, unless it runs already
+    /// (the first stop counts) or the close ended.
     pub(crate) fn arm(&self) {
-        let mut s = self.lock();
-        let State::Idle { generation } = *s else {
-            return;
-        };
-        let generation = generation + 1;
-        *s = State::Armed {
-            generation,
-            at: Instant::now() + self.limit,
-        };
-        drop(s);
-        let me = self.clone();
-        std::thread::spawn(move || me.watch(generation));
+        self.start(false);
     }
 
-    /// Takes an arm back: the stop was refused after all (a FUSE file still in use).
+    /// The stop is final (accepted, or the frontend ended on its own): the clock runs
+    /// (from the first arm, if there was one) and cannot be taken back.
+    pub(crate) fn commit(&self) {
+        self.start(true);
+    }
+
+    fn start(&self, commit: bool) {
+        let mut s = self.lock();
+        match &mut *s {
+            State::Idle { generation } => {
+                let generation = *generation + 1;
+                *s = State::Armed {
+                    generation,
+                    at: Instant::now() + self.limit,
+                    committed: commit,
+                    forced: false,
+                };
+                drop(s);
+                let me = self.clone();
+                std::thread::spawn(move || me.watch(generation));
+            }
+            State::Armed { committed, .. } => *committed |= commit,
+            State::Done => {}
+        }
+    }
+
+    /// Takes back an arm that was not committed: the stop was refused after all (a FUSE
+    /// file still in use).
     pub(crate) fn disarm(&self) {
         let mut s = self.lock();
-        if let State::Armed { generation, .. } = *s {
+        if let State::Armed {
+            generation,
+            committed: false,
+            ..
+        } = *s
+        {
             *s = State::Idle { generation };
             self.state.1.notify_all();
         }
+    }
+
+    /// A second signal while a committed stop runs: the watchdog fires now. Whether it
+    /// did (false when no stop was accepted yet).
+    pub(crate) fn expire_now(&self) -> bool {
+        let mut s = self.lock();
+        if let State::Armed {
+            at,
+            committed: true,
+            forced,
+            ..
+        } = &mut *s
+        {
+            *at = Instant::now();
+            *forced = true;
+            self.state.1.notify_all();
+            return true;
+        }
+        false
     }
 
     /// The close ended: the watchdog stands down for good.
@@ -85,12 +146,21 @@ impl ShutdownDeadline {
 
     fn watch(&self, mine: u64) {
         let mut s = self.lock();
-        loop {
+        let expiry = loop {
             match *s {
-                State::Armed { generation, at } if generation == mine => {
+                State::Armed {
+                    generation,
+                    at,
+                    forced,
+                    ..
+                } if generation == mine => {
                     let now = Instant::now();
                     if now >= at {
-                        break;
+                        break if forced {
+                            Expiry::Signal
+                        } else {
+                            Expiry::Limit(self.limit)
+                        };
                     }
                     s = self
                         .state
@@ -101,25 +171,97 @@ impl ShutdownDeadline {
                 }
                 _ => return,
             }
-        }
+        };
         drop(s);
-        (self.on_expiry)(self.limit);
+        (self.on_expiry)(expiry);
     }
+}
+
+/// The files that make a served volume visible (NAME.ctl, NAME.pid), removed on the way
+/// out only while they are still this process's: a new server of the same name may have
+/// made its own once the control socket was gone.
+pub(crate) struct ExitFiles {
+    ctl: std::path::PathBuf,
+    ctl_id: std::sync::OnceLock<Option<(u64, u64)>>,
+    pid: std::path::PathBuf,
+}
+
+impl ExitFiles {
+    pub(crate) fn new(ctl: std::path::PathBuf, pid: std::path::PathBuf) -> Arc<Self> {
+        Arc::new(ExitFiles {
+            ctl,
+            ctl_id: std::sync::OnceLock::new(),
+            pid,
+        })
+    }
+
+    /// Notes the control socket just bound, as the one to remove.
+    pub(crate) fn bound(&self) {
+        let _ = self.ctl_id.set(crate::rundir::identity(&self.ctl));
+    }
+
+    pub(crate) fn remove_ctl(&self) {
+        crate::rundir::remove_if_same(&self.ctl, self.ctl_id.get().copied().flatten());
+    }
+
+    pub(crate) fn remove_pid(&self) {
+        let ours = crate::rundir::read_private_file(&self.pid)
+            .is_some_and(|s| s.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(&self.pid);
+        }
+    }
+}
+
+/// The connection of the `close` that was accepted: it hears how the close ended
+/// (`closed`, or `error CODE: why`) before the process exits.
+#[derive(Default)]
+pub(crate) struct Closer(Mutex<Option<std::os::unix::net::UnixStream>>);
+
+impl Closer {
+    pub(crate) fn keep(&self, conn: std::os::unix::net::UnixStream) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+    }
+
+    /// Tells the waiting `close` (if any) its last line; never waits long for it.
+    pub(crate) fn tell(&self, line: &str) {
+        use std::io::Write;
+        if let Some(mut c) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = writeln!(c, "{line}");
+        }
+    }
+}
+
+/// Writes `msg` to stderr on a thread of its own and waits for it at most a second: a
+/// stderr nobody reads (a full pipe) or that fails must not keep a stuck process up.
+pub(crate) fn say_briefly(msg: String) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{msg}");
+        let _ = tx.send(());
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(1));
 }
 
 #[cfg(test)]
 mod tests {
-    use super::ShutdownDeadline;
+    use super::{Expiry, ShutdownDeadline};
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
-    fn deadline(ms: u64) -> (ShutdownDeadline, mpsc::Receiver<Instant>) {
+    fn deadline(ms: u64) -> (ShutdownDeadline, mpsc::Receiver<(Instant, Expiry)>) {
         let (tx, rx) = mpsc::channel();
         let tx = std::sync::Mutex::new(tx);
-        let d = ShutdownDeadline::new(Duration::from_millis(ms), move |_| {
-            let _ = tx.lock().unwrap().send(Instant::now());
+        let d = ShutdownDeadline::new(Duration::from_millis(ms), move |why| {
+            let _ = tx.lock().unwrap().send((Instant::now(), why));
         });
         (d, rx)
+    }
+
+    fn quiet(rx: &mpsc::Receiver<(Instant, Expiry)>) -> bool {
+        rx.recv_timeout(Duration::from_millis(400)).is_err()
     }
 
     #[test]
@@ -131,12 +273,10 @@ mod tests {
         // A second stop does not restart the clock.
         d.arm();
         assert_eq!(*d.lock(), first);
-        let fired = rx.recv_timeout(Duration::from_secs(60)).expect("fired");
+        let (fired, why) = rx.recv_timeout(Duration::from_secs(60)).expect("fired");
         assert!(fired - t0 >= Duration::from_millis(200), "{:?}", fired - t0);
-        assert!(
-            rx.recv_timeout(Duration::from_millis(400)).is_err(),
-            "fired twice"
-        );
+        assert_eq!(why, Expiry::Limit(Duration::from_millis(200)));
+        assert!(quiet(&rx), "fired twice");
     }
 
     #[test]
@@ -146,20 +286,49 @@ mod tests {
         d.done();
         // Once done, a late arm (a signal during the exit) starts nothing.
         d.arm();
-        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());
+        d.commit();
+        assert!(quiet(&rx));
 
         let (d, rx) = deadline(150);
         d.arm();
         d.disarm();
-        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());
+        assert!(quiet(&rx));
         // Armed again later: a new full limit from then, one firing.
         let t0 = Instant::now();
         d.arm();
-        let fired = rx.recv_timeout(Duration::from_secs(30)).expect("fired");
+        let (fired, _) = rx.recv_timeout(Duration::from_secs(30)).expect("fired");
         assert!(fired - t0 >= Duration::from_millis(150), "{:?}", fired - t0);
-        assert!(
-            rx.recv_timeout(Duration::from_millis(400)).is_err(),
-            "fired twice"
-        );
+        assert!(quiet(&rx), "fired twice");
+    }
+
+    #[test]
+    fn a_committed_stop_is_not_taken_back_and_a_second_signal_ends_it_now() {
+        // Accepted stop, then another one refused (a FUSE file unmounted meanwhile):
+        // the clock keeps running.
+        let (d, rx) = deadline(300);
+        d.arm();
+        d.commit();
+        d.disarm();
+        assert!(rx.recv_timeout(Duration::from_secs(60)).is_ok());
+        // The frontend ended on its own (commit without a stop), then a refused stop.
+        let (d, rx) = deadline(300);
+        d.commit();
+        d.arm();
+        d.disarm();
+        assert!(rx.recv_timeout(Duration::from_secs(60)).is_ok());
+        // No stop accepted yet: a signal does not force anything.
+        let (d, rx) = deadline(60_000);
+        assert!(!d.expire_now());
+        d.arm();
+        assert!(!d.expire_now());
+        assert!(quiet(&rx));
+        // Accepted: a second signal fires the watchdog long before the limit.
+        d.commit();
+        let t0 = Instant::now();
+        assert!(d.expire_now());
+        let (fired, why) = rx.recv_timeout(Duration::from_secs(30)).expect("fired");
+        assert_eq!(why, Expiry::Signal);
+        assert!(fired - t0 < Duration::from_secs(30));
+        assert!(quiet(&rx), "fired twice");
     }
 }
