@@ -163,6 +163,15 @@ impl Setup {
     }
 }
 
+/// Writes the raw file `src` over the start of the NBD export `uri` (qemu-img convert).
+fn qemu_img_write(src: &str, uri: &str) {
+    ok(&run_in(
+        &tool("qemu-img", "qemu-utils"),
+        &["convert", "-n", "-f", "raw", "-O", "raw", src, uri],
+        b"",
+    ));
+}
+
 /// fio writes and verifies (crc32c) through cryptblk's NBD frontend, whose volume lives on
 /// the remote export; then the remote file itself is checked: a LUKS2 volume cryptsetup
 /// reads, whose plaintext (exported by a local cryptblk) is what was written through the
@@ -204,20 +213,7 @@ fn through_the_stack(s: &Setup, remote: Remote) {
         .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
         .collect();
     std::fs::write(s.p("src.raw"), &data).unwrap();
-    ok(&run_in(
-        &tool("qemu-img", "qemu-utils"),
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &s.p("src.raw"),
-            &front,
-        ],
-        b"",
-    ));
+    qemu_img_write(&s.p("src.raw"), &front);
     let _ = server.kill();
     let _ = server.wait();
     drop(remote);
@@ -520,20 +516,7 @@ fn a_remote_that_stops_answering_cannot_keep_the_server_from_exiting() {
     let write_then_stop_remote = |sock: &str| {
         let front = format!("nbd+unix:///vol?socket={}", s.p(sock));
         std::fs::write(s.p("src.raw"), vec![0x5au8; 1 << 20]).unwrap();
-        ok(&run_in(
-            &tool("qemu-img", "qemu-utils"),
-            &[
-                "convert",
-                "-n",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &s.p("src.raw"),
-                &front,
-            ],
-            b"",
-        ));
+        qemu_img_write(&s.p("src.raw"), &front);
         signal(remote.child.id(), "STOP");
     };
     let gone = || {
