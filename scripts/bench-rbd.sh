@@ -13,7 +13,8 @@
 # CLUSTER_CPUS and CLIENT_CPUS (taskset lists) put the cluster (monitor and OSD) and the
 # clients (fio, cryptblk, rbd_load) on CPUs of their own, as if on two hosts.
 # Needs no Python bindings of Ceph: the tools, librbd and python3 only.
-# CRYPTBLK_BIN and RBD_LOAD_BIN pick other builds (default: target/release).
+# CRYPTBLK_BIN and RBD_LOAD_BIN pick other builds (default: target/release); CRYPTBLK_ARGS
+# adds options to the cryptblk server.
 # usage: [ROUNDS=3] scripts/bench-rbd.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +46,7 @@ load rbd/lib --luks2 "$W/pw" format-luks2
 # Every image written in full first (reads of never-written objects cost nothing).
 fio --name=fill --ioengine=rbd --pool=rbd --rbdname=raw --clientname=admin --rw=write --bs=4M \
   --iodepth=16 --size=${SIZE}M > /dev/null
-$PIN "$B" open rbd:rbd/enc pb --nbd "unix:$W/nbd.sock" --run-dir "$W/run" --key-file "$W/pw" > /dev/null 2>&1 &
+$PIN "$B" open rbd:rbd/enc pb --nbd "unix:$W/nbd.sock" --run-dir "$W/run" --key-file "$W/pw" ${CRYPTBLK_ARGS:-} > /dev/null 2>&1 &
 SERVER=$!
 for _ in $(seq 100); do [ -S "$W/nbd.sock" ] && break; sleep 0.1; done
 fio --name=fill --ioengine=nbd --uri="nbd+unix:///pb?socket=$W/nbd.sock" --rw=write --bs=4M \
