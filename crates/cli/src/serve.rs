@@ -58,6 +58,8 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         return ublk::close_stale(&dir, name).unwrap_or(Err(not_active(name)));
     };
     writeln!(conn, "close").map_err(|e| io_err(&ctl, e))?;
+    // The answer comes once the stop is accepted (a reencryption step ends first).
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(300)));
     let mut conn = std::io::BufReader::new(conn);
     let mut reply = String::new();
     conn.read_line(&mut reply).map_err(|e| io_err(&ctl, e))?;
@@ -71,10 +73,15 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     // last line on this connection: `closed`, or `error CODE: why` (a bare "closing" is
     // an older server, which says nothing more). Past its limit it exits all the same,
     // so a little more than that is waited for.
-    let limit = reply
-        .trim()
-        .strip_prefix("closing")
-        .and_then(|s| s.trim().parse::<u64>().ok());
+    // No answer at all: the server exited first (say, its stop ran out of time).
+    let limit = match reply.trim() {
+        "closing" => None,
+        "" => Some(0),
+        r => match r.strip_prefix("closing ").map(|n| n.parse::<u64>()) {
+            Some(Ok(n)) => Some(n),
+            _ => return Err(CliError::usage(format!("{name}: unexpected answer '{r}'"))),
+        },
+    };
     let wait = Duration::from_secs(limit.unwrap_or(60).min(86_400) + 10);
     let deadline = Instant::now() + wait;
     let too_long = || {
@@ -84,6 +91,7 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         )
     };
     let last = match limit {
+        _ if reply.is_empty() => Some(String::new()),
         Some(_) => {
             let _ = conn.get_ref().set_read_timeout(Some(wait));
             let mut last = String::new();
@@ -102,8 +110,14 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         }
         None => None,
     };
-    // The server is gone once its pid file is (it goes last) and the process too.
-    while dir.join(format!("{name}.pid")).exists()
+    // The server is gone once its pid file is (it goes last; a file naming another pid
+    // is a newer server's) and the process too.
+    let pid_file = dir.join(format!("{name}.pid"));
+    let pid_file_ours = || match rundir::read_private_file(&pid_file) {
+        Some(s) => pid.is_none() || s.trim().parse::<i32>().ok() == pid,
+        None => false,
+    };
+    while pid_file_ours()
         || pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists() && !is_zombie(p))
     {
         if Instant::now() > deadline {
@@ -114,7 +128,7 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     match last.as_deref() {
         None | Some("closed") => Ok(()),
         Some(other) => {
-            // Not closed cleanly: a ublk device it left behind goes now.
+            // Not closed cleanly, and the server is gone: a ublk device it left goes now.
             let _ = ublk::close_stale(&dir, name);
             Err(
                 match other
@@ -134,7 +148,8 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     }
 }
 
-fn is_zombie(pid: i32) -> bool {
+/// Whether `pid` is a zombie (or gone): exited, not yet reaped.
+pub(crate) fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             s.rsplit(')')

@@ -258,6 +258,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     // answered yes and change nothing; a `suspend` waits for a stop in progress and is
     // refused after it.
     let stopping = Arc::new(Mutex::new(false));
+    let stopping_main = stopping.clone();
     // A reencryption in progress stops (after its step) before the volume closes, and no
     // other starts; a suspended volume is resumed first (its held I/O could not drain).
     // The clock for the whole exit starts here.
@@ -265,13 +266,18 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         let (c, jobs, suspension) = (started.control.clone(), jobs.clone(), suspension.clone());
         let (deadline, stopping) = (deadline.clone(), stopping.clone());
         move || {
+            // Armed before any lock: a `suspend` stuck on storage that hangs (holding
+            // them) cannot keep this stop unbounded. Taken back if the stop is refused.
+            deadline.arm();
             let mut accepted = stopping.lock().unwrap_or_else(|e| e.into_inner());
             if *accepted {
                 return Ok(());
             }
             if suspension.is_suspended() {
+                deadline.disarm();
                 return Err("the volume is suspended: luksResume it first".to_string());
             }
+            // Again: a concurrent stop that was refused meanwhile took the arm back.
             deadline.arm();
             jobs.close();
             match c.stop() {
@@ -342,8 +348,9 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     }
     let result = (started.run)();
     // The frontend may also have ended on its own (a FUSE file unmounted, a ublk device
-    // deleted): the exit is bounded all the same.
+    // deleted): the exit is bounded all the same, and counts as an accepted stop.
     deadline.commit();
+    *stopping_main.lock().unwrap_or_else(|e| e.into_inner()) = true;
     jobs.close();
     files.remove_ctl();
     // The last flush, then the storage lets go of what it holds elsewhere (an RBD image's
@@ -447,12 +454,16 @@ fn announce(
             if signalled && force() {
                 continue;
             }
+            // Messages through say_briefly: a stderr nobody reads must not keep this
+            // thread from the next signal.
             match stop() {
                 Ok(()) => {
                     signalled = true;
-                    eprintln!("{name}: closing (a second signal exits at once, without)");
+                    shutdown::say_briefly(format!(
+                        "{name}: closing (a second signal exits at once, without)"
+                    ));
                 }
-                Err(e) => eprintln!("{name}: cannot close yet: {e}"),
+                Err(e) => shutdown::say_briefly(format!("{name}: cannot close yet: {e}")),
             }
         }
     });
@@ -492,7 +503,7 @@ fn resize(
 }
 
 /// How the control loop takes a `close`: `close` stops the volume (or says why not),
-/// `stopping` tells whether a stop was accepted, `closer` keeps the accepted `close`'s
+/// `stopping` tells whether a stop was accepted (or the frontend ended), `closer` keeps the accepted `close`'s
 /// connection for its last line, `limit` is the time the server may take.
 struct ControlEnds<'a, F> {
     close: F,
@@ -538,8 +549,10 @@ fn control_loop(
         } else if let Some(request) = line.strip_prefix("resume ") {
             Some(suspension.resume(request))
         } else if line == "suspend" {
-            let stopping = ends.stopping.lock().unwrap_or_else(|e| e.into_inner());
-            Some(if *stopping {
+            // Not under the lock: a suspend waiting on storage that hangs must not hold
+            // up a stop (which is armed first and bounded either way).
+            let stopping = *ends.stopping.lock().unwrap_or_else(|e| e.into_inner());
+            Some(if stopping {
                 format!("error {EXIT_BUSY}: the volume is closing")
             } else {
                 suspension.suspend(jobs.running())

@@ -214,19 +214,38 @@ impl ExitFiles {
 }
 
 /// The connection of the `close` that was accepted: it hears how the close ended
-/// (`closed`, or `error CODE: why`) before the process exits.
+/// (`closed`, or `error CODE: why`) before the process exits, even when it is handed over
+/// only after that was decided.
 #[derive(Default)]
-pub(crate) struct Closer(Mutex<Option<std::os::unix::net::UnixStream>>);
+pub(crate) struct Closer(Mutex<CloserState>);
+
+#[derive(Default)]
+struct CloserState {
+    conn: Option<std::os::unix::net::UnixStream>,
+    last: Option<String>,
+}
 
 impl Closer {
     pub(crate) fn keep(&self, conn: std::os::unix::net::UnixStream) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.conn = Some(conn);
+        Self::send(&mut s);
     }
 
-    /// Tells the waiting `close` (if any) its last line; never waits long for it.
+    /// Tells the waiting `close` (now, or once it is kept) its last line; never waits
+    /// long for it.
     pub(crate) fn tell(&self, line: &str) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.last.get_or_insert_with(|| line.to_string());
+        Self::send(&mut s);
+    }
+
+    fn send(s: &mut CloserState) {
         use std::io::Write;
-        if let Some(mut c) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if s.last.is_none() {
+            return;
+        }
+        if let (Some(line), Some(mut c)) = (s.last.as_ref(), s.conn.take()) {
             let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = writeln!(c, "{line}");
         }
@@ -247,7 +266,7 @@ pub(crate) fn say_briefly(msg: String) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Expiry, ShutdownDeadline};
+    use super::{Closer, Expiry, ShutdownDeadline};
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
@@ -330,5 +349,31 @@ mod tests {
         assert_eq!(why, Expiry::Signal);
         assert!(fired - t0 < Duration::from_secs(30));
         assert!(quiet(&rx), "fired twice");
+    }
+
+    #[test]
+    fn the_closer_hears_the_last_line_once_whichever_comes_first() {
+        use std::io::Read;
+        use std::os::unix::net::UnixStream;
+        let read_all = |mut c: UnixStream| {
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        };
+        // Kept, then told: the line arrives; a later line is not sent.
+        let closer = Closer::default();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        closer.keep(ours);
+        closer.tell("closed");
+        closer.tell("error 4: too late");
+        drop(closer);
+        assert_eq!(read_all(theirs), "closed\n");
+        // Told first (the close ended while the connection was being handed over).
+        let closer = Closer::default();
+        closer.tell("error 4: gave up");
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        closer.keep(ours);
+        drop(closer);
+        assert_eq!(read_all(theirs), "error 4: gave up\n");
     }
 }

@@ -352,7 +352,12 @@ pub fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
     let id = recorded_dev_id(dir, name)?;
     let r = match cryptblk_ublk::device_state(id) {
         Ok(None) => Ok(()),
-        Ok(Some((_, pid))) if pid > 0 && Path::new(&format!("/proc/{pid}")).exists() => {
+        // A zombie (exited, not yet reaped) serves nothing any more.
+        Ok(Some((_, pid)))
+            if pid > 0
+                && Path::new(&format!("/proc/{pid}")).exists()
+                && !crate::serve::is_zombie(pid) =>
+        {
             Err(CliError::new(
                 EXIT_BUSY,
                 format!("/dev/ublkb{id} is served by pid {pid}, which does not answer"),
