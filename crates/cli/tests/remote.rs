@@ -29,9 +29,11 @@ impl Drop for Remote {
     }
 }
 
+/// Waits until the remote server accepts connections on `sock` (its file exists a moment
+/// before it listens: a connection in between is refused).
 fn wait_for(sock: &Path, child: &mut Child) {
     let t0 = std::time::Instant::now();
-    while !sock.exists() {
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
         assert!(
             child.try_wait().unwrap().is_none(),
             "the remote server exited"
@@ -146,6 +148,14 @@ impl Setup {
     fn path(&self, f: &str) -> PathBuf {
         self.dir.path().join(f)
     }
+    /// `cryptblk open URI vol` with the key file and the run directory, and `args`,
+    /// served on the unix socket `sock`.
+    fn serve(&self, uri: &str, sock: &Path, args: &[&str]) -> Child {
+        let (pw, run) = (self.p("pw"), self.p("run"));
+        let mut a = vec!["open", uri, "vol", "--key-file", &pw, "--run-dir", &run];
+        a.extend(args);
+        serve_nbd_unix(&a, sock, b"")
+    }
     fn format(&self, device: &str) {
         ok(&run(&[
             "format",
@@ -185,19 +195,7 @@ fn through_the_stack(s: &Setup, remote: Remote) {
     ));
     assert!(dump.contains("Version:       \t2"), "{dump}");
     let sock = s.path("front.sock");
-    let mut server = serve_nbd_unix(
-        &[
-            "open",
-            &remote.uri,
-            "vol",
-            "--key-file",
-            &s.p("pw"),
-            "--run-dir",
-            &s.p("run"),
-        ],
-        &sock,
-        b"",
-    );
+    let mut server = s.serve(&remote.uri, &sock, &[]);
     let front = format!("nbd+unix:///vol?socket={}", sock.display());
     common::fio_verify(
         s.dir.path(),
@@ -489,21 +487,7 @@ fn a_remote_that_stops_answering_cannot_keep_the_server_from_exiting() {
     let remote = qemu_nbd(&s.path("remote.img"), &s.path("r.sock"), &[]);
     s.format(&remote.uri);
     let serve = |sock: &str, limit: &str| {
-        let server = serve_nbd_unix(
-            &[
-                "open",
-                &remote.uri,
-                "vol",
-                "--key-file",
-                &s.p("pw"),
-                "--run-dir",
-                &s.p("run"),
-                "--close-timeout",
-                limit,
-            ],
-            &s.path(sock),
-            b"",
-        );
+        let server = s.serve(&remote.uri, &s.path(sock), &["--close-timeout", limit]);
         // The control socket and pid file come after the NBD socket.
         let t0 = std::time::Instant::now();
         while !s.path("run").join("vol.pid").exists() {
