@@ -4,10 +4,11 @@
 # carry target/device-bundle.tar.xz with the call), each side on CPUs of its own, taken in
 # order from the CPUs this process may use:
 #   rbd     scripts/bench-rbd.sh: the cluster on the second half, fio, cryptblk and
-#           rbd_load on the first (CLUSTER_CPUS, CLIENT_CPUS); at least 2 CPUs
+#           rbd_load on the first (CLUSTER_CPUS, CLIENT_CPUS); at least 2 CPUs unless both
+#           lists are given
 #   remote  scripts/bench-remote.sh: fio on the first quarter, cryptblk on half of the
 #           rest, the remote server on the others (CLIENT_CPUS, SERVER_CPUS,
-#           REMOTE_CPUS); at least 4 CPUs
+#           REMOTE_CPUS); at least 4 CPUs unless all three lists are given
 # ROUNDS as in those scripts, 2 by default here. Images go to /dev/shm, or to /tmp when
 # /dev/shm has less than 4 GiB free.
 # usage: scripts/device-bench.sh rbd|remote [runtime_s]
@@ -37,12 +38,14 @@ if [ "$(df --output=avail -k /dev/shm | tail -1)" -lt $((4 << 20)) ]; then
 fi
 case $what in
   rbd)
-    [ "$n" -ge 2 ] || { echo "rbd needs at least 2 CPUs" >&2; exit 1; }
+    [ "$n" -ge 2 ] || { [ -n "${CLUSTER_CPUS:-}" ] && [ -n "${CLIENT_CPUS:-}" ]; } ||
+      { echo "rbd needs at least 2 CPUs (or CLUSTER_CPUS and CLIENT_CPUS)" >&2; exit 1; }
     h=$((n / 2))
     CLUSTER_CPUS=${CLUSTER_CPUS:-$(list "$h" $((n - h)))} CLIENT_CPUS=${CLIENT_CPUS:-$(list 0 "$h")} \
       bash scripts/bench-rbd.sh "$RT" ;;
   remote)
-    [ "$n" -ge 4 ] || { echo "remote needs at least 4 CPUs" >&2; exit 1; }
+    [ "$n" -ge 4 ] || { [ -n "${CLIENT_CPUS:-}" ] && [ -n "${SERVER_CPUS:-}" ] && [ -n "${REMOTE_CPUS:-}" ]; } ||
+      { echo "remote needs at least 4 CPUs (or CLIENT_CPUS, SERVER_CPUS and REMOTE_CPUS)" >&2; exit 1; }
     q=$((n / 4)); s=$(((n - q) / 2))
     CLIENT_CPUS=${CLIENT_CPUS:-$(list 0 "$q")} SERVER_CPUS=${SERVER_CPUS:-$(list "$q" "$s")} \
       REMOTE_CPUS=${REMOTE_CPUS:-$(list $((q + s)) $((n - q - s)))} bash scripts/bench-remote.sh "$RT" ;;
