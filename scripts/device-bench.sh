@@ -9,8 +9,8 @@
 #   remote  scripts/bench-remote.sh: fio on the first quarter, cryptblk on half of the
 #           rest, the remote server on the others (CLIENT_CPUS, SERVER_CPUS,
 #           REMOTE_CPUS); at least 4 CPUs unless all three lists are given
-# ROUNDS as in those scripts, 2 by default here. Images go to /dev/shm, or to /tmp when
-# /dev/shm has less than 4 GiB free.
+# ROUNDS as in those scripts, 2 by default here. Images go to /dev/shm, or to a fresh
+# private directory in /tmp when /dev/shm has less than 4 GiB free.
 # usage: scripts/device-bench.sh rbd|remote [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,8 +33,10 @@ mapfile -t cpus < <(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)
 n=${#cpus[@]}
 list() { local IFS=,; echo "${cpus[*]:$1:$2}"; } # CPUs $1 .. $1+$2-1, as a taskset list
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) ($n CPUs usable)"
-if [ "$(df --output=avail -k /dev/shm | tail -1)" -lt $((4 << 20)) ]; then
-  export PEER_DIR=${PEER_DIR:-/tmp/cryptblk-peer}
+if [ -z "${PEER_DIR:-}" ] && [ "$(df --output=avail -k /dev/shm | tail -1)" -lt $((4 << 20)) ]; then
+  # A fresh private directory (mktemp: 0700), never one another user could have made.
+  PEER_DIR=$(mktemp -d /tmp/cryptblk-peer.XXXXXX); export PEER_DIR
+  trap 'rm -rf "$X" "$PEER_DIR"' EXIT
 fi
 case $what in
   rbd)

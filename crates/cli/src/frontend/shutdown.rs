@@ -242,10 +242,9 @@ impl Closer {
 
     fn send(s: &mut CloserState) {
         use std::io::Write;
-        if s.last.is_none() {
-            return;
-        }
-        if let (Some(line), Some(mut c)) = (s.last.as_ref(), s.conn.take()) {
+        // The connection is taken only once there is a line to give it.
+        let Some(line) = &s.last else { return };
+        if let Some(mut c) = s.conn.take() {
             let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = writeln!(c, "{line}");
         }
