@@ -572,17 +572,25 @@ fn control_loop(
             "status" => {
                 let _ = writeln!(conn, "{}", status());
             }
-            "close" => match (ends.close)() {
-                Ok(()) => {
-                    if writeln!(conn, "closing {}", ends.limit.as_secs()).is_ok() {
-                        ends.closer.keep(conn);
+            "close" => {
+                // Announced before the stop: the stop can end the whole close (and the
+                // main thread exit) before this connection is kept.
+                ends.closer.expect();
+                match (ends.close)() {
+                    Ok(()) => {
+                        if writeln!(conn, "closing {}", ends.limit.as_secs()).is_ok() {
+                            ends.closer.keep(conn);
+                        } else {
+                            ends.closer.give_up();
+                        }
+                        return;
                     }
-                    return;
+                    Err(e) => {
+                        ends.closer.give_up();
+                        let _ = writeln!(conn, "busy: {e}");
+                    }
                 }
-                Err(e) => {
-                    let _ = writeln!(conn, "busy: {e}");
-                }
-            },
+            }
             _ => {
                 let _ = writeln!(conn, "error: unknown command");
             }

@@ -215,29 +215,63 @@ impl ExitFiles {
 
 /// The connection of the `close` that was accepted: it hears how the close ended
 /// (`closed`, or `error CODE: why`) before the process exits, even when it is handed over
-/// only after that was decided.
+/// only after that was decided. A `close` being taken is announced first (`expect`): the
+/// stop it makes can end the whole close before its connection is kept, and the process
+/// must not exit (and leave it without an answer) in between.
 #[derive(Default)]
-pub(crate) struct Closer(Mutex<CloserState>);
+pub(crate) struct Closer {
+    state: Mutex<CloserState>,
+    handed: Condvar,
+}
 
 #[derive(Default)]
 struct CloserState {
     conn: Option<std::os::unix::net::UnixStream>,
     last: Option<String>,
+    /// A `close` is being taken: its connection is kept, or given up, soon.
+    awaited: bool,
 }
 
+/// How long the last line waits for a `close` being taken to hand its connection over
+/// (it is microseconds away; bounded all the same, the process must exit).
+const HANDOVER_WAIT: Duration = Duration::from_secs(2);
+
 impl Closer {
-    pub(crate) fn keep(&self, conn: std::os::unix::net::UnixStream) {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        s.conn = Some(conn);
-        Self::send(&mut s);
+    fn lock(&self) -> MutexGuard<'_, CloserState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the waiting `close` (now, or once it is kept) its last line; never waits
-    /// long for it.
+    /// A `close` is being taken: the last line waits (briefly) for its `keep` or
+    /// `give_up`.
+    pub(crate) fn expect(&self) {
+        self.lock().awaited = true;
+    }
+
+    /// The `close` being taken was refused (or its client went away).
+    pub(crate) fn give_up(&self) {
+        self.lock().awaited = false;
+        self.handed.notify_all();
+    }
+
+    pub(crate) fn keep(&self, conn: std::os::unix::net::UnixStream) {
+        let mut s = self.lock();
+        s.conn = Some(conn);
+        s.awaited = false;
+        Self::send(&mut s);
+        self.handed.notify_all();
+    }
+
+    /// Tells the waiting `close` (now, or once it is kept) its last line; waits for a
+    /// `close` being taken at most `HANDOVER_WAIT`, and never long for its reader.
     pub(crate) fn tell(&self, line: &str) {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
         s.last.get_or_insert_with(|| line.to_string());
         Self::send(&mut s);
+        let (s, _) = self
+            .handed
+            .wait_timeout_while(s, HANDOVER_WAIT, |s| s.awaited)
+            .unwrap_or_else(|e| e.into_inner());
+        drop(s);
     }
 
     fn send(s: &mut CloserState) {
@@ -265,7 +299,8 @@ pub(crate) fn say_briefly(msg: String) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Closer, Expiry, ShutdownDeadline};
+    use super::{Closer, Expiry, HANDOVER_WAIT, ShutdownDeadline};
+    use std::sync::Arc;
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
@@ -374,5 +409,53 @@ mod tests {
         closer.keep(ours);
         drop(closer);
         assert_eq!(read_all(theirs), "error 4: gave up\n");
+        // Told while a `close` is being taken: the teller (the exiting main thread) waits
+        // for the handover, so the line is written before it goes on.
+        let closer = Arc::new(Closer::default());
+        closer.expect();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let taker = {
+            let closer = closer.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                closer.keep(ours);
+            })
+        };
+        let t = Instant::now();
+        closer.tell("closed");
+        assert!(
+            t.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            t.elapsed()
+        );
+        theirs.set_nonblocking(true).unwrap();
+        let mut got = [0u8; 7];
+        assert_eq!(
+            (&theirs).read(&mut got).unwrap(),
+            7,
+            "written before tell returned"
+        );
+        assert_eq!(&got, b"closed\n");
+        taker.join().unwrap();
+        // A refused `close` ends the wait; nobody is told.
+        let closer = Arc::new(Closer::default());
+        closer.expect();
+        let refuser = {
+            let closer = closer.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                closer.give_up();
+            })
+        };
+        let t = Instant::now();
+        closer.tell("closed");
+        assert!(t.elapsed() < HANDOVER_WAIT, "{:?}", t.elapsed());
+        refuser.join().unwrap();
+        // A handover that never comes is waited for only HANDOVER_WAIT.
+        let closer = Closer::default();
+        closer.expect();
+        let t = Instant::now();
+        closer.tell("closed");
+        assert!(t.elapsed() >= HANDOVER_WAIT && t.elapsed() < 5 * HANDOVER_WAIT);
     }
 }
