@@ -117,9 +117,7 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         Some(s) => pid.is_none() || s.trim().parse::<i32>().ok() == pid,
         None => false,
     };
-    while pid_file_ours()
-        || pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists() && !is_zombie(p))
-    {
+    while pid_file_ours() || pid.is_some_and(|p| !has_exited(p)) {
         if Instant::now() > deadline {
             return Err(too_long());
         }
@@ -148,15 +146,22 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     }
 }
 
-/// Whether `pid` is a zombie (or gone): exited, not yet reaped.
-pub(crate) fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+/// Whether process `pid` has exited for good: gone, or a zombie (not yet reaped) whose
+/// other threads have ended too. The first thread to exit shows a zombie while the others
+/// still run and hold the process's files (a data file's lock, a block device's O_EXCL
+/// claim): a `close` that returned then would leave the device busy for the next opener.
+pub(crate) fn has_exited(pid: i32) -> bool {
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             s.rsplit(')')
                 .next()
                 .is_some_and(|r| r.trim_start().starts_with('Z'))
         })
-        .unwrap_or(true)
+        .unwrap_or(true);
+    zombie
+        && std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.count() <= 1)
+            .unwrap_or(true)
 }
 
 pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {

@@ -8,7 +8,7 @@ mod common;
 
 use common::ceph::Cluster;
 use common::nbd::NbdClient;
-use common::{bin, ok, run_in, tool};
+use common::{bin, ok, run_in, tool, wait_exited};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -247,14 +247,7 @@ fn kill_9_rounds(dir: &Path, img: &str, extra: &[&str]) {
             b"",
         ));
         load.join().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
-            assert!(
-                Instant::now() < deadline,
-                "the killed server is still there"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_exited(pid);
         // The dead server left its files behind; they must not stop a new one.
         assert!(Path::new(&format!("{run_dir}/vol.pid")).exists());
         assert!(Path::new(&format!("{run_dir}/vol.ctl")).exists());
@@ -320,14 +313,4 @@ fn kill_9_rounds(dir: &Path, img: &str, extra: &[&str]) {
     }
     ok(&run(&["close", "vol", "--run-dir", &run_dir]));
     assert!(!Path::new(&format!("{run_dir}/vol.pid")).exists());
-}
-
-fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
 }

@@ -228,6 +228,8 @@ fn a_server_killed_mid_job_reopens_and_the_job_resumes_online() {
         w.join().unwrap()
     });
     eprintln!("fio across the kill: {:?}", writer.status);
+    // SIGKILL is not instant: until its last thread ends, the server holds the image.
+    wait_exited(pid as i32);
     let out = finish(job);
     assert!(
         !out.status.success(),

@@ -353,16 +353,10 @@ pub fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
     let r = match cryptblk_ublk::device_state(id) {
         Ok(None) => Ok(()),
         // A zombie (exited, not yet reaped) serves nothing any more.
-        Ok(Some((_, pid)))
-            if pid > 0
-                && Path::new(&format!("/proc/{pid}")).exists()
-                && !crate::serve::is_zombie(pid) =>
-        {
-            Err(CliError::new(
-                EXIT_BUSY,
-                format!("/dev/ublkb{id} is served by pid {pid}, which does not answer"),
-            ))
-        }
+        Ok(Some((_, pid))) if pid > 0 && !crate::serve::has_exited(pid) => Err(CliError::new(
+            EXIT_BUSY,
+            format!("/dev/ublkb{id} is served by pid {pid}, which does not answer"),
+        )),
         Ok(Some(_)) => cryptblk_ublk::remove_stale(id).map_err(ublk_err),
         Err(e) => Err(ublk_err(e)),
     };

@@ -371,3 +371,31 @@ pub fn make_pki(dir: &Path) {
         ));
     }
 }
+
+/// Whether process `pid` has exited for good: gone, or a zombie whose other threads have
+/// ended too (until then they hold its files: a data file's lock, a device's claim).
+pub fn has_exited(pid: i32) -> bool {
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true);
+    zombie
+        && std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.count() <= 1)
+            .unwrap_or(true)
+}
+
+/// Waits (up to 10 s) for process `pid`, killed, to have exited for good.
+pub fn wait_exited(pid: i32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !has_exited(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} is still there"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
