@@ -123,6 +123,9 @@ pub fn veracrypt_argon2_costs(pim: Option<u32>) -> (u32, u32) {
     (passes, memory_mib * 1024)
 }
 
+/// PBKDF2 this cheap (TrueCrypt's iterations) is derived before the rest, all at once.
+const CHEAP_ITERATIONS: u32 = 2000;
+
 /// cryptsetup's order, which is also the order of likelihood (SHA-1 is TrueCrypt 1-4's).
 const KDFS: [KdfVariant; 13] = [
     kdf(false, HashAlg::Ripemd160, 2000, 0, 0),
@@ -801,6 +804,31 @@ impl TcryptHeader {
             .collect()
     }
 
+    /// The candidates in the groups derived at once. The KDFs are the cost (VeraCrypt's
+    /// run 200,000 to 655,331 iterations, or Argon2id over 416 MiB): as many at once as
+    /// there are cores (`workers`), every chain tried on each in order. TrueCrypt's (1,000
+    /// or 2,000 iterations: milliseconds) all come first: a group waits for its slowest
+    /// KDF, and a TrueCrypt volume must not wait a VeraCrypt one's second. Argon2id
+    /// (hundreds of MiB, seconds) only once every PBKDF2 variant has failed, however many
+    /// cores there are.
+    fn kdf_waves(candidates: &[Kdf], workers: usize) -> Vec<Vec<Kdf>> {
+        let cheap = |k: &&Kdf| matches!(k, Kdf::Pbkdf2 { iterations, .. } if *iterations <= CHEAP_ITERATIONS);
+        let pbkdf2 = |k: &&Kdf| matches!(k, Kdf::Pbkdf2 { .. });
+        let fast: Vec<Kdf> = candidates.iter().filter(cheap).cloned().collect();
+        let slow: Vec<Kdf> = candidates
+            .iter()
+            .filter(|k| pbkdf2(k) && !cheap(k))
+            .cloned()
+            .collect();
+        let argon2: Vec<Kdf> = candidates.iter().filter(|k| !pbkdf2(k)).cloned().collect();
+        let workers = workers.max(1);
+        std::iter::once(fast)
+            .filter(|w| !w.is_empty())
+            .chain(slow.chunks(workers).map(<[Kdf]>::to_vec))
+            .chain(argon2.chunks(workers).map(<[Kdf]>::to_vec))
+            .collect()
+    }
+
     fn try_header(raw: &[u8], o: &TcryptOptions, pool: &[u8]) -> Result<TcryptHeader> {
         let salt = &raw[..SALT_LEN];
         let candidates = Self::kdf_candidates(o);
@@ -810,18 +838,8 @@ impl TcryptHeader {
                     .into(),
             ));
         }
-        // The KDFs are the cost (VeraCrypt's run 200,000 to 655,331 iterations, or Argon2id
-        // over 416 MiB): derive as many at once as there are cores, then try every chain
-        // on each in order.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // Argon2id (hundreds of MiB, seconds) only once every PBKDF2 variant has failed,
-        // however many cores there are.
-        let split = candidates
-            .iter()
-            .position(|k| matches!(k, Kdf::Argon2 { .. }))
-            .unwrap_or(candidates.len());
-        let (pbkdf2, argon2) = candidates.split_at(split);
-        for wave in pbkdf2.chunks(workers).chain(argon2.chunks(workers)) {
+        for wave in Self::kdf_waves(&candidates, workers) {
             let keys: Vec<Result<SecretBytes>> = std::thread::scope(|s| {
                 let handles: Vec<_> = wave
                     .iter()

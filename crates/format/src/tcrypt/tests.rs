@@ -40,6 +40,44 @@ fn password_pool_mixes_keyfiles_then_passphrase() {
     );
 }
 
+/// A TrueCrypt volume never waits for a VeraCrypt KDF: TrueCrypt's are derived (all at
+/// once) before any of those starts, the rest in groups of `workers`, Argon2id last.
+#[test]
+fn truecrypt_kdfs_are_tried_before_any_veracrypt_one_starts() {
+    let all = TcryptHeader::kdf_candidates(&TcryptOptions::default());
+    let iterations = |k: &Kdf| match k {
+        Kdf::Pbkdf2 { iterations, .. } => Some(*iterations),
+        _ => None,
+    };
+    for workers in [1, 2, 4, 16] {
+        let waves = TcryptHeader::kdf_waves(&all, workers);
+        assert_eq!(waves.concat().len(), all.len(), "every candidate, once");
+        assert_eq!(waves[0].len(), 5, "{workers}: {:?}", waves[0]);
+        assert!(waves[0].iter().all(|k| iterations(k) <= Some(2000)));
+        for w in &waves[1..] {
+            assert!(w.len() <= workers, "{workers}: {w:?}");
+            assert!(w.iter().all(|k| iterations(k).is_none_or(|i| i >= 200_000)));
+        }
+        let last = waves.last().unwrap();
+        assert!(matches!(last[..], [Kdf::Argon2 { .. }]), "{last:?}");
+        assert!(
+            waves[..waves.len() - 1]
+                .concat()
+                .iter()
+                .all(|k| iterations(k).is_some())
+        );
+    }
+    // With one hash given: its TrueCrypt KDF, then its VeraCrypt one, never together.
+    let sha512 = TcryptOptions {
+        kdf: Some(TcryptKdf::Pbkdf2(HashAlg::Sha512)),
+        ..Default::default()
+    };
+    let waves = TcryptHeader::kdf_waves(&TcryptHeader::kdf_candidates(&sha512), 16);
+    assert_eq!(waves.len(), 2, "{waves:?}");
+    assert_eq!(iterations(&waves[0][0]), Some(1000));
+    assert_eq!(iterations(&waves[1][0]), Some(500_000));
+}
+
 #[test]
 fn kdf_candidates_follow_the_options() {
     let all = TcryptHeader::kdf_candidates(&TcryptOptions::default());
