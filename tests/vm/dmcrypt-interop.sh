@@ -9,12 +9,18 @@ set -uo pipefail
 CB=$1; shift
 SECTIONS=${*:-luks plain families loopaes tcrypt tcrypt-system}
 want() { [[ " $SECTIONS " == *" $1 "* ]] && echo "== interop: $2 (at ${SECONDS}s)"; }
+pass=0; fail=0
+for s in $SECTIONS; do
+  case $s in
+    luks|plain|families|loopaes|tcrypt|tcrypt-system) ;;
+    *) fail=$((fail+1)); echo "FAIL unknown section '$s'" ;;
+  esac
+done
 modprobe loop 2>/dev/null
 # The cipher families beyond AES (dm-crypt would request most of them itself).
 for m in serpent_generic twofish_generic camellia_generic blowfish_generic cast5_generic des_generic lrw wp512 md5 crc32_generic essiv; do modprobe $m 2>/dev/null; done
 cd /tmp
 printf 'interop passphrase' > pw
-pass=0; fail=0
 check() { # name, command...
   local name=$1; shift
   if "$@"; then pass=$((pass+1)); echo "ok   $name"; else fail=$((fail+1)); echo "FAIL $name"; fi

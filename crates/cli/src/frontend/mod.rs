@@ -249,7 +249,10 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 "{name}: {why}; exiting without (what was not flushed may be lost, and an \
                  RBD image's lock is held until the cluster expires its watch)"
             );
-            closer.tell(&format!("error {EXIT_NO_DEVICE}: {msg}"));
+            closer.tell_within(
+                &format!("error {EXIT_NO_DEVICE}: {msg}"),
+                Duration::from_millis(200),
+            );
             shutdown::say_briefly(msg);
             crate::process::exit_now(EXIT_NO_DEVICE);
         })

@@ -264,12 +264,18 @@ impl Closer {
     /// Tells the waiting `close` (now, or once it is kept) its last line; waits for a
     /// `close` being taken at most `HANDOVER_WAIT`, and never long for its reader.
     pub(crate) fn tell(&self, line: &str) {
+        self.tell_within(line, HANDOVER_WAIT);
+    }
+
+    /// `tell`, waiting for a `close` being taken at most `wait`: the watchdog, which
+    /// must end the process now (that `close` may be stuck behind the hung storage).
+    pub(crate) fn tell_within(&self, line: &str, wait: Duration) {
         let mut s = self.lock();
         s.last.get_or_insert_with(|| line.to_string());
         Self::send(&mut s);
         let (s, _) = self
             .handed
-            .wait_timeout_while(s, HANDOVER_WAIT, |s| s.awaited)
+            .wait_timeout_while(s, wait, |s| s.awaited)
             .unwrap_or_else(|e| e.into_inner());
         drop(s);
     }
@@ -414,6 +420,7 @@ mod tests {
         let closer = Arc::new(Closer::default());
         closer.expect();
         let (ours, theirs) = UnixStream::pair().unwrap();
+        let t = Instant::now();
         let taker = {
             let closer = closer.clone();
             std::thread::spawn(move || {
@@ -421,10 +428,11 @@ mod tests {
                 closer.keep(ours);
             })
         };
-        let t = Instant::now();
         closer.tell("closed");
+        // `keep` runs 200 ms after `t` at the earliest: a `tell` that waited for it
+        // cannot return sooner, however the threads are scheduled.
         assert!(
-            t.elapsed() >= Duration::from_millis(150),
+            t.elapsed() >= Duration::from_millis(200),
             "{:?}",
             t.elapsed()
         );

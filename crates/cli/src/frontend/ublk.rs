@@ -352,7 +352,8 @@ pub fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
     let id = recorded_dev_id(dir, name)?;
     let r = match cryptblk_ublk::device_state(id) {
         Ok(None) => Ok(()),
-        // A zombie (exited, not yet reaped) serves nothing any more.
+        // A process that has exited (gone, or a zombie whose threads have all ended)
+        // serves nothing any more.
         Ok(Some((_, pid))) if pid > 0 && !crate::serve::has_exited(pid) => Err(CliError::new(
             EXIT_BUSY,
             format!("/dev/ublkb{id} is served by pid {pid}, which does not answer"),
