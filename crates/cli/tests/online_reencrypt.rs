@@ -457,3 +457,180 @@ fn fio_verifies_through_an_online_key_change_with_a_data_shift() {
     lab.fio(true);
     lab.close();
 }
+
+/// Three NBD connections, each writing unique 4 KiB blocks of its own third of the
+/// volume until the server goes away; returns every block's last acknowledged content
+/// and the blocks whose write was in flight when the server died (of unknown content).
+fn write_until_killed(
+    sock: &str,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (std::collections::HashMap<u64, Vec<u8>>, Vec<u64>) {
+    use common::nbd::NbdClient;
+    use std::sync::atomic::Ordering::Relaxed;
+    let (mut acked, mut unknown) = (std::collections::HashMap::new(), Vec::new());
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..3u64)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut c = NbdClient::connect(sock, "vol").unwrap();
+                    let blocks = c.size / 4096;
+                    let mut mine = std::collections::HashMap::new();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1) ^ std::process::id() as u64;
+                    for seq in 0u64.. {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let b = (x % (blocks / 3)) * 3 + t;
+                        let mut data = vec![0u8; 4096];
+                        for (i, w) in data.chunks_mut(8).enumerate() {
+                            w.copy_from_slice(
+                                &(t << 56 ^ seq << 24 ^ b ^ (i as u64) << 40).to_le_bytes(),
+                            );
+                        }
+                        match c.write(b * 4096, &data) {
+                            Ok(Ok(())) => {
+                                mine.insert(b, data);
+                            }
+                            // The server died with this write in flight (or refused it).
+                            _ => return (mine, Some(b)),
+                        }
+                        if stop.load(Relaxed) {
+                            return (mine, None);
+                        }
+                    }
+                    unreachable!()
+                })
+            })
+            .collect();
+        for w in writers {
+            let (mine, in_flight) = w.join().unwrap();
+            acked.extend(mine);
+            unknown.extend(in_flight);
+        }
+    });
+    (acked, unknown)
+}
+
+/// A SIGKILL of the server at a random moment of an online job that moves the data (a
+/// data-move encryption, `--encrypt --reduce-device-size`; a key change with
+/// `--reduce-device-size`), while three NBD connections write: after recovery, by
+/// cryptblk's next open or by `cryptsetup repair`, every write the server acknowledged
+/// reads back (a data shift's recovery rewrites the whole hot zone from the old bytes,
+/// so clients' writes into it must wait for the step's commit), and so after the job
+/// is finished offline. cryptsetup opens the result.
+#[test]
+fn sigkill_mid_data_shift_step_loses_no_acknowledged_write() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let mut mid_job = 0;
+    for trial in 0..6u32 {
+        let encrypt = trial % 2 == 0;
+        let by_cryptsetup = trial % 4 >= 2;
+        let lab = Lab::new();
+        let (img, pw, out) = (lab.p("v.img"), lab.p("pw"), lab.p("plain"));
+        let mut init = vec![
+            "reencrypt",
+            "-q",
+            "--reduce-device-size",
+            "8M",
+            "--init-only",
+        ];
+        if encrypt {
+            // 80 MiB of plaintext, encrypted in place with its header at its head.
+            let pattern: Vec<u8> = (0..80u32 << 20).map(|i| (i / 4096 * 7 + i) as u8).collect();
+            std::fs::write(&img, pattern).unwrap();
+            init.push("--encrypt");
+        }
+        init.extend(["--key-file", &pw, &img]);
+        init.extend(KDF);
+        ok(&lab.cb(&init));
+        let export = |to: &str| {
+            let _ = std::fs::remove_file(to);
+            ok(&lab.cb(&["export", &img, to, "--key-file", &pw]));
+            std::fs::read(to).unwrap()
+        };
+        let before = export(&out);
+        lab.open(&[]);
+        let pid = lab.status()["pid"].as_i64().unwrap() as i32;
+        let sock = lab.p("s.sock");
+        let stop = AtomicBool::new(false);
+        let total = before.len() as u64;
+        // Killed once the job has done a random share of the data: mid-step mostly.
+        let threshold = total * (1 + (std::process::id() as u64 + trial as u64 * 37) % 9) / 10;
+        let (acked, unknown, was_mid_job) = std::thread::scope(|s| {
+            let writers = s.spawn(|| write_until_killed(&sock, &stop));
+            std::thread::sleep(Duration::from_millis(50));
+            let job = lab.reencrypt(&["--resume-only"]);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let state = loop {
+                let r = lab.status()["reencryption"].clone();
+                let state = r["state"].as_str().unwrap_or("").to_string();
+                if state == "finished" || r["done_bytes"].as_u64().unwrap_or(0) >= threshold {
+                    break state;
+                }
+                assert!(Instant::now() < deadline, "no progress: {r}");
+                std::thread::sleep(Duration::from_millis(2));
+            };
+            ok(&run_in("kill", &["-9", &pid.to_string()], b""));
+            stop.store(true, Relaxed);
+            let (acked, unknown) = writers.join().unwrap();
+            let _ = finish(job);
+            (acked, unknown, state != "finished")
+        });
+        wait_exited(pid);
+        mid_job += was_mid_job as u32;
+        assert!(acked.len() > 50, "trial {trial}: the writers hardly ran");
+        if by_cryptsetup {
+            ok(&run_in(
+                &tool("cryptsetup", "cryptsetup-bin"),
+                &["repair", "-q", "--key-file", &pw, &img],
+                b"",
+            ));
+        } else {
+            // The next open recovers the interrupted step.
+            lab.open(&[]);
+            lab.close();
+        }
+        let check = |when: &str| {
+            let got = export(&out);
+            assert!(
+                got.len() >= before.len(),
+                "trial {trial}: the volume shrank"
+            );
+            for b in 0..total / 4096 {
+                let r = (b * 4096) as usize..(b as usize + 1) * 4096;
+                if unknown.contains(&b) {
+                    continue;
+                }
+                let want = acked.get(&b).map_or(&before[r.clone()], |d| &d[..]);
+                assert!(
+                    got[r] == *want,
+                    "trial {trial} (encrypt {encrypt}, recovered by {}): block {b} {when} is not \
+                     what was {}",
+                    if by_cryptsetup {
+                        "cryptsetup"
+                    } else {
+                        "cryptblk"
+                    },
+                    if acked.contains_key(&b) {
+                        "acknowledged"
+                    } else {
+                        "there before"
+                    }
+                );
+            }
+        };
+        check("after the recovery");
+        if lab.dump().contains("reencrypt") {
+            let mut resume = vec!["reencrypt", "-q", "--resume-only", "--key-file", &pw, &img];
+            resume.extend(KDF);
+            ok(&lab.cb(&resume));
+            check("after the job finished");
+        }
+        lab.test_passphrase();
+    }
+    eprintln!("kills mid-job: {mid_job} of 6");
+    assert!(
+        mid_job >= 3,
+        "too few kills landed mid-job ({mid_job} of 6)"
+    );
+}

@@ -2,8 +2,9 @@
 //! serves. Each step closes its zone (the hot zone) to writes, protects and rewrites it,
 //! commits, and switches the volume to the layout after it. Reads never wait for more than
 //! the store of one 1 MiB piece; writes to the zone wait for the pieces they touch to be
-//! rewritten (checksum and none resilience) or for the step (journal); requests
-//! elsewhere do not wait.
+//! rewritten where the step's crash recovery keeps such writes (checksums), else for the
+//! step to be committed (journal, data shift, none: their recovery would rewrite the whole
+//! zone from its old bytes); requests elsewhere do not wait.
 //!
 //! The heavy work (hashing, rewriting) runs on idle-priority threads, and while clients
 //! are doing I/O the rewriting threads pause after each piece so that together they take
@@ -12,10 +13,12 @@
 //! docs/benchmarks.md). With no client I/O the job runs at full speed.
 
 use crate::open::data_segment;
+use crate::volume::HotZone;
 use crate::{Result, Volume};
-use cryptblk_format::luks2::{Luks2Header, ReencryptJob, ReencryptOutcome};
+use cryptblk_format::luks2::{Luks2Header, ReencryptOutcome, StepHost};
 use cryptblk_format::{LuksHeader, SegmentKey, Storage};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Bytes rewritten per step when the volume serves and no `--hotzone-size` is given: a
@@ -26,7 +29,8 @@ pub const ONLINE_HOTZONE: u64 = 32 << 20;
 /// done or `stop()` says to stop between steps; `progress(done, total)` after each step.
 /// `dev` is the header's storage (the volume's own file unless the header is detached).
 /// The volume's layout follows every step; a state cut off anywhere is one either tool
-/// resumes or recovers.
+/// resumes or recovers. The steps run through the format crate's one driver
+/// ([`Luks2Header::run_steps`]); this side is the volume as its [`StepHost`].
 #[allow(clippy::too_many_arguments)]
 pub fn reencrypt_online(
     vol: &Volume,
@@ -48,55 +52,61 @@ pub fn reencrypt_online(
         vol.set_layout(data_segments(segs)?)?;
         return Ok(ReencryptOutcome::Finished);
     };
-    vol.set_layout(data_segments(job.segments(hdr)?)?)?;
     job.set_worker_hook(background_thread);
-    loop {
-        let step = job.next_step(hdr)?;
-        let seg = data_segment(job.hot_segment(hdr, &step)?)?;
-        let hot = vol.begin_hot_zone(seg, job.rewritten_writable())?;
-        // Whatever fails from here on, the zone must end (failed): writers wait on it.
-        let stepped = run_step(vol, &mut job, hdr, dev, &step, &hot, stop)
-            .map_err(crate::Error::from)
-            .and_then(|end| {
-                vol.set_layout(data_segments(job.segments(hdr)?)?)?;
-                Ok(end)
-            });
-        let end = match stepped {
-            Ok(end) => end,
-            Err(e) => {
-                vol.fail_hot_zone();
-                let _ = job.abandon(hdr, dev, data);
-                return Err(e);
-            }
-        };
-        let (done, total) = job.progress();
-        progress(done, total);
-        if let Some(outcome) = end {
-            return Ok(outcome);
-        }
+    let host = ServingVolume {
+        vol,
+        hot: Mutex::new(None),
+    };
+    Ok(hdr.run_steps(job, dev, data, &host, stop, progress)?)
+}
+
+/// The volume as the host of a job's steps: each step's zone is a [`HotZone`] (writes to
+/// it wait, except into rewritten pieces where the step's recovery keeps them), rewritten
+/// pieces are stored through it, and the layout follows each step.
+struct ServingVolume<'a> {
+    vol: &'a Volume,
+    /// The running step's zone.
+    hot: Mutex<Option<Arc<HotZone>>>,
+}
+
+fn format_err(e: crate::Error) -> cryptblk_format::Error {
+    match e {
+        crate::Error::Format(e) => e,
+        crate::Error::Io(e) => cryptblk_format::Error::Io(e),
+        e => cryptblk_format::Error::Io(std::io::Error::other(e.to_string())),
     }
 }
 
-/// One step with its zone closed to writes: what reached the zone before it closed is
-/// synced first (its protection must match the disk), then protect, rewrite, commit.
-fn run_step(
-    vol: &Volume,
-    job: &mut ReencryptJob,
-    hdr: &mut Luks2Header,
-    dev: &mut dyn Storage,
-    step: &cryptblk_format::luks2::ReencryptStep,
-    hot: &crate::volume::HotZone,
-    stop: &dyn Fn() -> bool,
-) -> cryptblk_format::Result<Option<ReencryptOutcome>> {
-    let data = vol.storage();
-    data.sync()?;
-    job.protect(hdr, dev, data, step)?;
-    job.rewrite(data, step, &|pos, b| {
-        vol.store_rewritten(hot, pos, b)?;
-        yield_to_clients(vol, hot);
+impl StepHost for ServingVolume<'_> {
+    fn set_layout(&self, segments: Vec<SegmentKey>) -> cryptblk_format::Result<()> {
+        let segs = data_segments(segments).map_err(format_err)?;
+        self.vol.set_layout(segs).map_err(format_err)?;
+        *self.hot.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
-    })?;
-    job.complete(hdr, dev, data, step, stop)
+    }
+    fn begin_step(&self, hot: SegmentKey, client_writes: bool) -> cryptblk_format::Result<()> {
+        let seg = data_segment(hot).map_err(format_err)?;
+        let zone = self
+            .vol
+            .begin_hot_zone(seg, client_writes)
+            .map_err(format_err)?;
+        *self.hot.lock().unwrap_or_else(|e| e.into_inner()) = Some(zone);
+        Ok(())
+    }
+    fn store(&self, pos: u64, piece: &[u8]) -> cryptblk_format::Result<()> {
+        let zone = self
+            .hot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| std::io::Error::other("a rewritten piece outside any step"))?;
+        self.vol.store_rewritten(&zone, pos, piece)?;
+        yield_to_clients(self.vol, &zone);
+        Ok(())
+    }
+    fn step_failed(&self) {
+        self.vol.fail_hot_zone();
+    }
 }
 
 fn data_segments(segs: Vec<SegmentKey>) -> Result<Vec<crate::DataSegment>> {
@@ -123,7 +133,7 @@ fn thread_cpu_time() -> Duration {
 /// Called by a rewriting thread after each piece: if clients did I/O since its last one,
 /// it sleeps long enough that the workers' CPU time stays at [`BUSY_CPU_SHARE`] of a CPU
 /// (not while a writer waits for the zone: the job is then what the client waits for).
-fn yield_to_clients(vol: &Volume, hot: &crate::volume::HotZone) {
+fn yield_to_clients(vol: &Volume, hot: &HotZone) {
     let st = vol.stats();
     let io = st.read_bytes.load(Relaxed) + st.written_bytes.load(Relaxed);
     let now = thread_cpu_time();

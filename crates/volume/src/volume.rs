@@ -152,9 +152,9 @@ pub(crate) const HOT_PIECE: u64 = 1 << 20;
 pub(crate) struct HotZone {
     /// The zone under its new key.
     seg: DataSegment,
-    /// Writes may go to rewritten pieces before the step ends (checksum resilience: a
-    /// recovery leaves blocks that no longer match their checksum alone; not with a
-    /// journal, whose recovery rewrites the whole zone from the old bytes).
+    /// Writes may go to rewritten pieces before the step ends: only where the step's
+    /// crash recovery keeps them (`StepRecovery::keeps_rewritten_writes`: checksums leave
+    /// blocks that no longer match alone; a journal, a data shift rewrite the whole zone).
     piecewise_writes: bool,
     /// Per [`HOT_PIECE`]: stored under the new key yet? Readers hold it shared while they
     /// read ciphertext; the rewriter holds it alone while it stores a piece.

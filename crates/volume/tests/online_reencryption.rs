@@ -490,6 +490,172 @@ fn power_cuts_during_an_online_job_under_client_load_lose_no_acknowledged_write(
     }
 }
 
+/// Power cuts during online jobs that move the data (a key change with
+/// `--reduce-device-size`, a data-move encryption `--encrypt --reduce-device-size`) under
+/// client load, every write FUA. A data shift's crash recovery copies the whole hot zone
+/// again from the old shifted bytes, so a client's write into a rewritten piece before
+/// the step is committed would be overwritten by it: such writes must wait for the step.
+/// After each cut the recovery keeps every acknowledged write, and so does the resumed job.
+#[test]
+fn power_cuts_during_an_online_data_shift_under_client_load_lose_no_acknowledged_write() {
+    use cryptblk_crypto::SectorCipher;
+    use cryptblk_format::{CrashDevice, FormatOptions, MemStorage, Tear};
+    const DATA_OFFSET: u64 = 2 * MIB;
+    const SIZE: u64 = DATA_OFFSET + 16 * MIB;
+    const SHIFT: u64 = 4 * MIB;
+    let open = |dev: Arc<CrashDevice>| {
+        let h = Luks2Header::read(&mut &*dev).unwrap();
+        let (_, segs) = h.unlock_segments(&mut &*dev, PASS, None, SIZE).unwrap();
+        let segs = segs
+            .into_iter()
+            .map(|s| cryptblk_volume::DataSegment {
+                start: s.start,
+                len: s.len,
+                storage_offset: s.storage_offset,
+                cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv).unwrap(),
+                zero: false,
+            })
+            .collect();
+        Arc::new(cryptblk_volume::Volume::with_segments(Box::new(dev), segs, false, false).unwrap())
+    };
+    // A key change moving the data SHIFT bytes up, initialised (not started).
+    let key_change = {
+        let mut dev = MemStorage::new(SIZE);
+        let mut opts = FormatOptions::new(kdf());
+        opts.sector_size = 4096;
+        opts.data_offset = Some(DATA_OFFSET);
+        opts.luks2_keyslots_size = Some(DATA_OFFSET - 2 * 16 * 1024);
+        let mut h = Luks2Header::format(&mut dev, &opts, &[0x5au8; 64], PASS).unwrap();
+        let req = request(ResilienceRequest::Checksum(HashAlg::Sha256));
+        h.reencrypt_shift_init(&mut dev, SIZE, PASS, None, &req, SHIFT)
+            .unwrap();
+        dev
+    };
+    // A plaintext device encrypted in place with its header at its head (2 MiB).
+    let data_move = {
+        let mut dev = MemStorage::new(SIZE);
+        let mut x = 0x2545_f491u32;
+        let pattern: Vec<u8> = (0..SIZE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        cryptblk_format::Storage::write_at(&dev, &pattern, 0).unwrap();
+        // 512-byte sectors: the served plaintext's blocks (a volume's block size is fixed
+        // when it opens).
+        let req = request(ResilienceRequest::Checksum(HashAlg::Sha256));
+        Luks2Header::encrypt_shift_init(&mut dev, 2 * DATA_OFFSET, PASS, &req).unwrap();
+        dev
+    };
+    let run = |dev: Arc<CrashDevice>, model: Vec<u8>| {
+        let vol = open(dev.clone());
+        let mut hdr = Luks2Header::read(&mut &*dev).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (handles, model, ops, unknown) = clients(vol.clone(), model, 2, stop.clone(), true);
+        let r = reencrypt_online(
+            &vol,
+            &mut hdr,
+            &mut &*dev,
+            PASS,
+            None,
+            None,
+            &|| false,
+            &mut |_, _| {},
+        );
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().expect("a client thread failed");
+        }
+        let model = model.lock().unwrap().clone();
+        let unknown = unknown.lock().unwrap().clone();
+        (r.is_ok(), model, ops.load(Ordering::Relaxed), unknown)
+    };
+    for (job, base) in [
+        ("key change with a data shift", key_change),
+        ("data-move encryption", data_move),
+    ] {
+        let start = {
+            let vol = open(Arc::new(CrashDevice::new(
+                base.clone(),
+                None,
+                Tear::Lost,
+                true,
+            )));
+            let mut p = vec![0u8; vol.size() as usize];
+            vol.read_at(&mut p, 0).unwrap();
+            p
+        };
+        let dry = Arc::new(CrashDevice::new(base.clone(), None, Tear::Lost, true));
+        let (ok, _, ops, _) = run(dry.clone(), start.clone());
+        assert!(ok && ops > 0, "{job}: the uninterrupted job");
+        let writes = dry.writes();
+        for (i, tear) in [Tear::Lost, Tear::Prefix, Tear::Suffix]
+            .iter()
+            .cycle()
+            .take(15)
+            .enumerate()
+        {
+            let n = 1 + writes * (i + 1) / 16;
+            let keep = i % 2 == 1;
+            let what = format!("{job}: cut at write {n}/{writes} {tear:?} keep={keep}");
+            let dev = Arc::new(CrashDevice::new(base.clone(), Some(n), *tear, keep));
+            let (_, model, _, unknown) = run(dev.clone(), start.clone());
+            let img = Arc::try_unwrap(dev)
+                .expect("every user is gone")
+                .after_power_loss();
+            let mut h = Luks2Header::read(&mut &img).unwrap_or_else(|e| panic!("{what}: {e}"));
+            h.recover_interrupted_step(&mut &img, &&img, PASS, None, SIZE)
+                .unwrap_or_else(|e| panic!("{what}: recovery: {e}"));
+            let check = |when: &str| {
+                let vol = open(Arc::new(CrashDevice::new(
+                    img.clone(),
+                    None,
+                    Tear::Lost,
+                    true,
+                )));
+                // A data move hands the moved copy's space back when it finishes: the
+                // volume grows then, and the model covers what it was.
+                assert!(
+                    vol.size() >= model.len() as u64,
+                    "{what}: the volume shrank"
+                );
+                let mut got = vec![0u8; model.len()];
+                vol.read_at(&mut got, 0).unwrap();
+                let mut want = model.clone();
+                for &(o, l) in &unknown {
+                    want[o..o + l].copy_from_slice(&got[o..o + l]);
+                }
+                if let Some(b) = (0..got.len() / 4096)
+                    .find(|b| got[b * 4096..][..4096] != want[b * 4096..][..4096])
+                {
+                    panic!("{what}: block {b} differs {when}");
+                }
+            };
+            check("after recovery");
+            let mut h = Luks2Header::read(&mut &img).unwrap();
+            if h.in_reencryption() {
+                let out = h
+                    .reencrypt_run(
+                        &mut &img,
+                        &&img,
+                        SIZE,
+                        PASS,
+                        None,
+                        None,
+                        &|| false,
+                        &mut |_, _| {},
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: resume: {e}"));
+                assert_eq!(out, ReencryptOutcome::Finished, "{what}");
+            }
+            check("after resuming");
+        }
+    }
+}
+
 /// A key change that moves the data 4 MiB up (cryptsetup's backward data shift), started
 /// offline and run while client threads read (checked against the model) and write: a
 /// read of a piece not yet rewritten must come from the data's old place, a rewritten one

@@ -34,9 +34,9 @@ use serde_json::{Map, Value, json};
 pub use binary::HDR_SIZES;
 pub use error::Luks2Error;
 pub use model::{Priority, ReencryptDirection, ReencryptMode, Resilience};
-pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3};
+pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3, StepRecovery};
 pub use reencrypt_job::{
-    ReencryptJob, ReencryptOutcome, ReencryptRequest, ReencryptStep, ResilienceRequest,
+    ReencryptJob, ReencryptOutcome, ReencryptRequest, ReencryptStep, ResilienceRequest, StepHost,
 };
 pub use reencrypt_shift::MAX_REDUCE;
 pub use token::KEYRING_TOKEN;

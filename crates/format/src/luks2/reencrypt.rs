@@ -281,6 +281,34 @@ enum Side {
     New,
 }
 
+/// How a crash in the middle of a reencryption step is recovered: where the zone's old
+/// bytes are found again. It decides whether a write under the new key into the part of
+/// the zone already rewritten survives that recovery (only with checksums, see
+/// [`StepRecovery::keeps_rewritten_writes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepRecovery {
+    /// Each block whose bytes still hash to its old checksum is converted; a block that
+    /// was rewritten (by the step or a client since) is left as it is.
+    Checksums,
+    /// The whole zone is rewritten from the old bytes copied to the keyslot area.
+    Journal,
+    /// The whole zone is rewritten from the old bytes at their old place (a data shift
+    /// or a data move, whose source is not overwritten before the step ends).
+    Shift,
+    /// None (resilience `none`): a step cut short loses its zone.
+    Nothing,
+}
+
+impl StepRecovery {
+    /// Whether a client's write under the new key to a rewritten part of the step's zone
+    /// outlives a crash recovery of that step. Only checksums tell a client's block from
+    /// an old one; every other recovery rewrites the whole zone from its old bytes (or
+    /// has none), so such writes must wait for the step to be committed.
+    pub fn keeps_rewritten_writes(self) -> bool {
+        self == StepRecovery::Checksums
+    }
+}
+
 /// Where an interrupted step's old bytes are found again.
 enum Protection<'a> {
     /// Hashes of the old bytes of each `bs`-byte block, in the keyslot area.
@@ -421,6 +449,21 @@ impl Reencryption<'_> {
             }
         };
         Ok(prot)
+    }
+
+    /// How a crash in the step that the metadata `model` describes as running (its hot
+    /// zone) would be recovered: the one place that says so, for the recovery itself
+    /// and for the drivers' write policy ([`StepRecovery::keeps_rewritten_writes`]).
+    pub fn step_recovery(&self, model: &Model) -> Result<StepRecovery, Luks2Error> {
+        if self.params.resilience == Resilience::None {
+            return Ok(StepRecovery::Nothing);
+        }
+        let (index, off, _) = self.hot_zone(model)?;
+        Ok(match self.protection(index, off, 0)? {
+            Protection::Checksum { .. } => StepRecovery::Checksums,
+            Protection::Journal => StepRecovery::Journal,
+            Protection::Shift { .. } => StepRecovery::Shift,
+        })
     }
 
     /// Rewrites the hot zone of the interrupted step the way cryptsetup's crash recovery

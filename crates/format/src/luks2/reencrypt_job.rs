@@ -10,7 +10,7 @@
 //! cryptsetup) recovers.
 
 use super::model::{Model, ReencryptDirection, Resilience, Segment};
-use super::reencrypt::{REQUIREMENT_V2, Reencryption};
+use super::reencrypt::{REQUIREMENT_V2, Reencryption, StepRecovery};
 use super::reencrypt_shift::{ShiftSource, hot_layout_shift};
 use super::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
 use crate::{Error, FormatOptions, LuksHeader, MemStorage, Result, SegmentKey, Storage};
@@ -602,28 +602,75 @@ impl Luks2Header {
         stop: &dyn Fn() -> bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<ReencryptOutcome> {
-        let Some(mut job) = self.reencrypt_job(dev, data, data_size, passphrase, slot, hotzone)?
-        else {
+        let Some(job) = self.reencrypt_job(dev, data, data_size, passphrase, slot, hotzone)? else {
             return Ok(ReencryptOutcome::Finished);
         };
-        let d = job.data_offset();
+        let host = Offline {
+            data,
+            data_offset: job.data_offset(),
+        };
+        self.run_steps(job, dev, data, &host, stop, progress)
+    }
+
+    /// Runs `job`'s steps until it is done or `stop()` says to stop between steps, the data
+    /// held by `host` (nobody else offline; a serving volume online). The one driver of
+    /// the step API, so the write policy of a step ([`StepRecovery::keeps_rewritten_writes`],
+    /// handed to [`StepHost::begin_step`]) is decided in one place whoever holds the data.
+    /// `progress(done, total)` after every step; a failed step is abandoned (the progress
+    /// of earlier ones kept) and its error returned.
+    pub fn run_steps(
+        &mut self,
+        mut job: ReencryptJob,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        host: &dyn StepHost,
+        stop: &dyn Fn() -> bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ReencryptOutcome> {
+        host.set_layout(job.segments(self)?)?;
         loop {
             let step = job.next_step(self)?;
-            let rewritten = job
-                .protect(self, dev, data, &step)
-                .and_then(|()| job.rewrite(data, &step, &|pos, b| Ok(data.write_at(b, d + pos)?)));
-            if let Err(e) = rewritten {
-                // Keep what earlier steps did: a resume must not convert it twice.
-                job.abandon(self, dev, data)?;
-                return Err(e);
-            }
-            let end = job.complete(self, dev, data, &step, stop)?;
+            host.begin_step(
+                job.hot_segment(self, &step)?,
+                step.recovery.keeps_rewritten_writes(),
+            )?;
+            // Whatever fails from here on, the step ends (failed): writers wait on it.
+            let stepped = self.run_step(&mut job, dev, data, host, &step, stop);
+            let end = match stepped {
+                Ok(end) => end,
+                Err(e) => {
+                    host.step_failed();
+                    // Keep what earlier steps did: a resume must not convert it twice.
+                    let _ = job.abandon(self, dev, data);
+                    return Err(e);
+                }
+            };
             let (done, total) = job.progress();
             progress(done, total);
             if let Some(outcome) = end {
                 return Ok(outcome);
             }
         }
+    }
+
+    /// One step, its zone closed to client writes by the host: what reached the zone
+    /// before it closed is synced first (its protection must match the disk), then
+    /// protect, rewrite, commit, and the host switched to the layout after it.
+    fn run_step(
+        &mut self,
+        job: &mut ReencryptJob,
+        dev: &mut dyn Storage,
+        data: &dyn Storage,
+        host: &dyn StepHost,
+        step: &ReencryptStep,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<ReencryptOutcome>> {
+        data.sync()?;
+        job.protect(self, dev, data, step)?;
+        job.rewrite(data, step, &|pos, b| host.store(pos, b))?;
+        let end = job.complete(self, dev, data, step, stop)?;
+        host.set_layout(job.segments(self)?)?;
+        Ok(end)
     }
 
     /// Gets a reencryption ready to run step by step ([`ReencryptJob`]): recovers an
@@ -766,7 +813,6 @@ impl Luks2Header {
             step_len: job_step_length(shift, &r, hotzone, align)?,
             shift,
             none: r.params.resilience == Resilience::None,
-            journal: r.params.resilience == Resilience::Journal,
             backward: r.params.direction == ReencryptDirection::Backward,
             pending: None,
             done: 0,
@@ -795,8 +841,6 @@ pub struct ReencryptJob {
     step_len: u64,
     /// Resilience `none`: no metadata commit per step.
     none: bool,
-    /// Resilience `journal`.
-    journal: bool,
     /// Steps run from the end of the data to its start (cryptsetup's decryption).
     backward: bool,
     /// A data-move encryption (header at the head of the device): where the plaintext
@@ -817,7 +861,61 @@ pub struct ReencryptStep {
     pub offset: u64,
     /// Bytes in the zone.
     pub len: u64,
+    /// How a crash during this step is recovered (from its own metadata).
+    pub recovery: StepRecovery,
     hot_json: Value,
+}
+
+/// Who holds the data while [`Luks2Header::run_steps`] runs a job: nobody else
+/// (offline: pieces go straight to the data device) or a volume serving clients
+/// (online, the volume crate: it closes each step's zone to writes, lets them into
+/// rewritten pieces only where the step's recovery keeps them, and reads each piece under
+/// the key it is under). Called from the rewriting threads too, hence `Sync`.
+pub trait StepHost: Sync {
+    /// The data's layout, each stretch keyed: before the first step and after each.
+    fn set_layout(&self, segments: Vec<SegmentKey>) -> Result<()>;
+    /// A step starts over `hot` (its zone under the new key). `client_writes`: whether
+    /// writes may go into the part already rewritten before the step is committed.
+    fn begin_step(&self, hot: SegmentKey, client_writes: bool) -> Result<()>;
+    /// Stores a rewritten piece for data byte `pos` (counted from the start of the data).
+    fn store(&self, pos: u64, piece: &[u8]) -> Result<()>;
+    /// The running step failed: nothing may be written to its zone from now on.
+    fn step_failed(&self);
+}
+
+/// The offline host: nobody else uses the data.
+struct Offline<'a> {
+    data: &'a dyn Storage,
+    data_offset: u64,
+}
+
+impl StepHost for Offline<'_> {
+    fn set_layout(&self, _: Vec<SegmentKey>) -> Result<()> {
+        Ok(())
+    }
+    fn begin_step(&self, _: SegmentKey, _: bool) -> Result<()> {
+        Ok(())
+    }
+    fn store(&self, pos: u64, piece: &[u8]) -> Result<()> {
+        Ok(self.data.write_at(piece, self.data_offset + pos)?)
+    }
+    fn step_failed(&self) {}
+}
+
+impl ReencryptStep {
+    fn new(offset: u64, len: u64, hot_json: Value, hdr_size: u64) -> Result<ReencryptStep> {
+        let model = Model::from_json(&hot_json, hdr_size)?;
+        let recovery = model
+            .reencryption()?
+            .ok_or_else(|| bad("no reencryption"))?
+            .step_recovery(&model)?;
+        Ok(ReencryptStep {
+            offset,
+            len,
+            recovery,
+            hot_json,
+        })
+    }
 }
 
 impl ReencryptJob {
@@ -826,15 +924,6 @@ impl ReencryptJob {
     /// caller's.
     pub fn set_worker_hook(&mut self, hook: fn()) {
         self.worker_hook = Some(hook);
-    }
-
-    /// Whether a write under the new key to a part of the step's zone already rewritten
-    /// survives a crash recovery of the step: with checksums, yes (a recovery leaves
-    /// blocks that no longer match their checksum alone); with a journal, no (its
-    /// recovery rewrites the whole zone from the old bytes); with none, there is no
-    /// recovery to survive.
-    pub fn rewritten_writable(&self) -> bool {
-        !self.journal
     }
 
     /// Where the data starts on the data device.
@@ -866,11 +955,7 @@ impl ReencryptJob {
                 .sum::<Result<u64>>()?;
             let (offset, len) = sh.next_step(linear)?;
             let hot_json = hot_layout_shift(&r, json, hdr.hdr_size, offset, len)?;
-            return Ok(ReencryptStep {
-                offset,
-                len,
-                hot_json,
-            });
+            return ReencryptStep::new(offset, len, hot_json, hdr.hdr_size);
         }
         // Where the part done starts (forward: the old part's start; backward: its end).
         let boundary = match regular.as_slice() {
@@ -894,11 +979,7 @@ impl ReencryptJob {
             boundary
         };
         let hot_json = hot_layout(&r, json, offset, len, self.total)?;
-        Ok(ReencryptStep {
-            offset,
-            len,
-            hot_json,
-        })
+        ReencryptStep::new(offset, len, hot_json, hdr.hdr_size)
     }
 
     /// The step's zone as it is once rewritten: under the new key, with its IV offset.

@@ -771,3 +771,55 @@ fn unknown_primary_version_is_not_bypassed() {
     let err = crate::load_header(&mut dev).unwrap_err();
     assert!(err.to_string().contains("version 3"), "{err}");
 }
+
+/// Whether clients may write into a step's rewritten pieces comes from how that step's
+/// crash would be recovered, read from its own metadata: only checksums keep such
+/// writes; a journal, a data shift, a data move and `none` hold them to the step's end.
+#[test]
+fn step_recovery_decides_client_writes_into_rewritten_pieces() {
+    use super::reencrypt::StepRecovery;
+    let req = |r: ResilienceRequest| ReencryptRequest {
+        cipher: None,
+        key_len: None,
+        sector_size: None,
+        resilience: r,
+        kdf: fast_kdf(),
+    };
+    let first_step = |mut dev: MemStorage, mut h: Luks2Header| {
+        let size = dev.size().unwrap();
+        let job = h
+            .reencrypt_job(&mut dev.clone(), &dev, size, b"pass0", None, Some(MIB))
+            .unwrap()
+            .expect("a job to run");
+        job.next_step(&h).unwrap().recovery
+    };
+    for (r, want) in [
+        (
+            ResilienceRequest::Checksum(HashAlg::Sha256),
+            StepRecovery::Checksums,
+        ),
+        (ResilienceRequest::Journal, StepRecovery::Journal),
+        (ResilienceRequest::None, StepRecovery::Nothing),
+    ] {
+        let (mut dev, mut h) = fresh();
+        let size = dev.size().unwrap();
+        h.reencrypt_init(&mut dev, size, b"pass0", None, &req(r))
+            .unwrap();
+        assert_eq!(first_step(dev, h), want, "{r:?}");
+        assert_eq!(
+            want.keeps_rewritten_writes(),
+            want == StepRecovery::Checksums
+        );
+    }
+    // A key change moving the data up, and a data move (header at the head).
+    let (mut dev, mut h) = fresh();
+    let size = dev.size().unwrap();
+    let r = req(ResilienceRequest::Checksum(HashAlg::Sha256));
+    h.reencrypt_shift_init(&mut dev, size, b"pass0", None, &r, MIB / 4)
+        .unwrap();
+    assert_eq!(first_step(dev, h), StepRecovery::Shift);
+    let mut dev = MemStorage::new(16 * MIB);
+    let h = Luks2Header::encrypt_shift_init(&mut dev, 4 * MIB, b"pass0", &r).unwrap();
+    assert_eq!(first_step(dev, h), StepRecovery::Shift);
+    assert!(!StepRecovery::Shift.keeps_rewritten_writes());
+}
