@@ -785,7 +785,7 @@ fn step_recovery_decides_client_writes_into_rewritten_pieces() {
         resilience: r,
         kdf: fast_kdf(),
     };
-    let first_step = |mut dev: MemStorage, mut h: Luks2Header| {
+    let first_step = |dev: MemStorage, mut h: Luks2Header| {
         let size = dev.size().unwrap();
         let job = h
             .reencrypt_job(&mut dev.clone(), &dev, size, b"pass0", None, Some(MIB))
