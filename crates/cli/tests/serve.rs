@@ -325,12 +325,34 @@ fn open_over_tls_on_any_address_and_plaintext_only_on_loopback() {
     let o = open(&["--tls", "required"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--tls-cert"));
-    // TLS required, clients checked against the CA.
     let (cert, key, ca) = (
         pem("server-cert.pem"),
         pem("server-key.pem"),
         pem("ca-cert.pem"),
     );
+    // TLS that identifies no client: refused on every address (anyone who can connect
+    // would read the volume), unless asked for explicitly.
+    let o = open(&["--tls-cert", &cert, "--tls-key", &key]);
+    assert!(!o.status.success(), "TLS without client certificates on 0.0.0.0");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--tls-ca") && err.contains("--tls-no-client-auth"), "{err}");
+    // A directory with the CA only: a TLS client holding no certificate of its own.
+    let anon = s.dir.path().join("anon");
+    std::fs::create_dir(&anon).unwrap();
+    std::fs::copy(pki.join("ca-cert.pem"), anon.join("ca-cert.pem")).unwrap();
+    let anon_uri = format!(
+        "nbds://127.0.0.1:{port}/vol?tls-certificates={}",
+        anon.display()
+    );
+    let o = open(&["--tls-cert", &cert, "--tls-key", &key, "--tls-no-client-auth"]);
+    ok(o.clone());
+    let warned = std::fs::read_to_string(s.dir.path().join("run/vol.log")).unwrap_or_default()
+        + &String::from_utf8_lossy(&o.stderr);
+    assert!(warned.contains("without client certificates"), "{warned}");
+    let size = ok(run(&nbdinfo, &["--size", &anon_uri]));
+    assert_eq!(size.trim(), (80u64 << 20).to_string());
+    s.close();
+    // TLS required, clients checked against the CA: one without a certificate is refused.
     ok(open(&[
         "--tls-cert",
         &cert,
@@ -339,6 +361,11 @@ fn open_over_tls_on_any_address_and_plaintext_only_on_loopback() {
         "--tls-ca",
         &ca,
     ]));
+    let o = run(&nbdinfo, &["--size", &anon_uri]);
+    assert!(
+        !o.status.success(),
+        "a TLS client without a certificate was served with --tls-ca"
+    );
     let tls_uri = format!(
         "nbds://127.0.0.1:{port}/vol?tls-certificates={}",
         pki.display()

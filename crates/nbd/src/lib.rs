@@ -151,8 +151,10 @@ impl NbdServerBuilder {
         self
     }
 
-    /// Allows `serve_tcp` on non-loopback addresses (the protocol has no authentication
-    /// here and no encryption: anyone who can connect reads and writes the plaintext).
+    /// Allows `serve_tcp` on non-loopback addresses to clients nobody identifies: without
+    /// it, only TLS required with client certificates ([`NbdTls::verifies_clients`]) may
+    /// listen there. With it and no TLS, anyone who can connect reads and writes the
+    /// plaintext (with TLS but no client certificates: the same, encrypted on the wire).
     pub fn allow_remote(mut self, allow: bool) -> Self {
         self.allow_remote = allow;
         self
@@ -394,7 +396,8 @@ impl NbdServer {
     }
 
     /// Listens on TCP and serves until shut down (blocking). Non-loopback addresses are
-    /// refused unless the builder had `allow_remote(true)`.
+    /// refused unless TLS is required with client certificates or the builder had
+    /// `allow_remote(true)`.
     pub fn serve_tcp(&self, addr: impl ToSocketAddrs) -> io::Result<()> {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         for a in &addrs {
@@ -434,12 +437,14 @@ impl NbdServer {
     }
 
     fn check_remote(&self, a: &SocketAddr) -> io::Result<()> {
-        if !self.shared.allow_remote && !self.shared.tls_required && !a.ip().is_loopback() {
+        let authenticated = self.shared.tls_required
+            && self.shared.tls.as_ref().is_some_and(|t| t.verifies_clients());
+        if !self.shared.allow_remote && !authenticated && !a.ip().is_loopback() {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
                     "refusing to serve NBD on non-loopback address {a} without TLS required \
-                     or allow_remote(true)"
+                     with client certificates, or allow_remote(true)"
                 ),
             ));
         }

@@ -68,8 +68,14 @@ pub struct OpenArgs {
     #[arg(long = "tls-key", value_name = "PEM", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// With --tls-cert: clients must present a certificate signed by a CA in this file (PEM).
+    /// Required on a non-loopback address (see --tls-no-client-auth).
     #[arg(long = "tls-ca", value_name = "PEM", requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
+    /// With --tls-cert on a non-loopback address: serve TLS clients without checking who
+    /// they are (no --tls-ca). The wire is encrypted, but anyone who can connect reads and
+    /// writes the plaintext.
+    #[arg(long = "tls-no-client-auth", requires = "tls_cert", conflicts_with = "tls_ca")]
+    pub tls_no_client_auth: bool,
     /// With --nbd tcp:ADDR: allow a non-loopback address without --tls required. Anyone
     /// who can reach the port then reads and writes the plaintext.
     #[arg(long = "insecure-listen", requires = "nbd")]

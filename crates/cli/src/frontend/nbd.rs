@@ -1,6 +1,7 @@
 //! `open --nbd unix:PATH | tcp:HOST:PORT`: the NBD server (crates/nbd) on a unix socket
 //! (0600 unless `--socket-mode`/`--socket-group` share it) or a TCP port: loopback, or any
-//! address with `--tls required` (or `--insecure-listen`).
+//! address with TLS required and client certificates (`--tls-ca`), or with an explicit
+//! choice to serve whoever connects (`--tls-no-client-auth`, `--insecure-listen`).
 
 use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult};
@@ -67,8 +68,37 @@ fn tls_config(a: &OpenArgs) -> CliResult<Option<(NbdTls, TlsMode)>> {
     Ok(Some((tls, mode)))
 }
 
-/// Binds the NBD listener; a non-loopback TCP address only if `remote_ok`.
-fn bind_nbd(listen: &Listen, access: SocketAccess, remote_ok: bool) -> CliResult<Bound> {
+/// Who may be served on a non-loopback address, from the TLS options.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RemoteClients {
+    /// Nobody: loopback only (plaintext, optional TLS, or TLS without client certificates
+    /// nobody asked for explicitly).
+    Refused,
+    /// TLS clients holding a certificate signed by `--tls-ca`.
+    Authenticated,
+    /// Anyone who can connect, over TLS (`--tls-no-client-auth`).
+    AnyTls,
+    /// Anyone, in plaintext (`--insecure-listen`).
+    Anyone,
+}
+
+impl RemoteClients {
+    fn of(a: &OpenArgs, tls: Option<&(NbdTls, TlsMode)>) -> RemoteClients {
+        let required = matches!(tls, Some((_, TlsMode::Required)));
+        if a.insecure_listen {
+            RemoteClients::Anyone
+        } else if required && a.tls_ca.is_some() {
+            RemoteClients::Authenticated
+        } else if required && a.tls_no_client_auth {
+            RemoteClients::AnyTls
+        } else {
+            RemoteClients::Refused
+        }
+    }
+}
+
+/// Binds the NBD listener; a non-loopback TCP address only for the clients `remote` allows.
+fn bind_nbd(listen: &Listen, access: SocketAccess, remote: RemoteClients) -> CliResult<Bound> {
     Ok(match listen {
         Listen::Unix(p) => {
             rundir::clear_stale_socket(p)?;
@@ -82,11 +112,28 @@ fn bind_nbd(listen: &Listen, access: SocketAccess, remote_ok: bool) -> CliResult
                 .local_addr()
                 .map_err(|e| CliError::usage(e.to_string()))?
                 .ip();
-            if !ip.is_loopback() && !remote_ok {
-                return Err(CliError::usage(format!(
-                    "refusing to serve on non-loopback address {ip} without --tls required \
-                     (or --insecure-listen: anyone who can connect reads the plaintext)"
-                )));
+            if !ip.is_loopback() {
+                match remote {
+                    RemoteClients::Refused => {
+                        return Err(CliError::usage(format!(
+                            "refusing to serve on non-loopback address {ip} to clients nobody \
+                             identifies: give --tls-cert, --tls-key and --tls-ca (clients must \
+                             hold a certificate signed by that CA), or say who may connect \
+                             (--tls-no-client-auth: anyone, over TLS; --insecure-listen: \
+                             anyone, in plaintext)"
+                        )));
+                    }
+                    RemoteClients::AnyTls => eprintln!(
+                        "warning: serving {addr} over TLS without client certificates \
+                         (--tls-no-client-auth): anyone who can connect reads and writes the \
+                         volume"
+                    ),
+                    RemoteClients::Anyone => eprintln!(
+                        "warning: serving {addr} in plaintext (--insecure-listen): anyone who \
+                         can connect reads and writes the volume"
+                    ),
+                    RemoteClients::Authenticated => {}
+                }
             }
             Bound::Tcp(l)
         }
@@ -136,12 +183,12 @@ impl Frontend for NbdFrontend {
             .read_only(a.vol.read_only)
             .threads_per_connection(a.threads())
             .busy_poll(std::time::Duration::from_micros(a.busy_poll))
-            .allow_remote(a.insecure_listen);
+            .allow_remote(a.insecure_listen || a.tls_no_client_auth);
         let mut where_ = match &self.listen {
             Listen::Unix(p) => format!("unix:{}", p.display()),
             Listen::Tcp(t) => format!("tcp:{t}"),
         };
-        let tls_required = matches!(self.tls, Some((_, TlsMode::Required)));
+        let remote = RemoteClients::of(a, self.tls.as_ref());
         if let Some((tls, mode)) = self.tls {
             where_.push_str(match mode {
                 TlsMode::Required => " (TLS required)",
@@ -153,7 +200,7 @@ impl Frontend for NbdFrontend {
             .build()
             .map_err(|e| CliError::usage(format!("NBD server: {e}")))?;
         // Bound before readiness is announced, so "ready" means clients can connect.
-        let bound = bind_nbd(&self.listen, self.access, tls_required || a.insecure_listen)?;
+        let bound = bind_nbd(&self.listen, self.access, remote)?;
         let control = Arc::new(NbdControl(server.shutdown_handle()));
         let nbd_err = |e: std::io::Error| CliError::usage(format!("NBD server: {e}"));
         Ok(Started {
