@@ -333,9 +333,15 @@ fn open_over_tls_on_any_address_and_plaintext_only_on_loopback() {
     // TLS that identifies no client: refused on every address (anyone who can connect
     // would read the volume), unless asked for explicitly.
     let o = open(&["--tls-cert", &cert, "--tls-key", &key]);
-    assert!(!o.status.success(), "TLS without client certificates on 0.0.0.0");
+    assert!(
+        !o.status.success(),
+        "TLS without client certificates on 0.0.0.0"
+    );
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--tls-ca") && err.contains("--tls-no-client-auth"), "{err}");
+    assert!(
+        err.contains("--tls-ca") && err.contains("--tls-no-client-auth"),
+        "{err}"
+    );
     // A directory with the CA only: a TLS client holding no certificate of its own.
     let anon = s.dir.path().join("anon");
     std::fs::create_dir(&anon).unwrap();
@@ -344,7 +350,13 @@ fn open_over_tls_on_any_address_and_plaintext_only_on_loopback() {
         "nbds://127.0.0.1:{port}/vol?tls-certificates={}",
         anon.display()
     );
-    let o = open(&["--tls-cert", &cert, "--tls-key", &key, "--tls-no-client-auth"]);
+    let o = open(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-no-client-auth",
+    ]);
     ok(o.clone());
     let warned = std::fs::read_to_string(s.dir.path().join("run/vol.log")).unwrap_or_default()
         + &String::from_utf8_lossy(&o.stderr);

@@ -438,7 +438,11 @@ impl NbdServer {
 
     fn check_remote(&self, a: &SocketAddr) -> io::Result<()> {
         let authenticated = self.shared.tls_required
-            && self.shared.tls.as_ref().is_some_and(|t| t.verifies_clients());
+            && self
+                .shared
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.verifies_clients());
         if !self.shared.allow_remote && !authenticated && !a.ip().is_loopback() {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,

@@ -17,6 +17,15 @@
 //! While an anonymous page stands in for a file page, another thread may copy through it
 //! without faulting; every copy therefore notes the fault counters before and after and is
 //! done again with `pread`/`pwrite` if any fault happened or was outstanding meanwhile.
+//!
+//! A file shrunk to a size that is not a multiple of the page size keeps the page that
+//! holds its new end mapped: bytes past the end there raise no SIGBUS, and what is
+//! written to them is not in the file (gone at the next reopen). So a regular file's
+//! range counts as in the file only when the page after it is in the page cache (only
+//! pages inside the file are: truncation drops the others) or, failing that, when the
+//! file's size says so; a write to a range the file no longer covers is done again with
+//! `pwrite` (which extends the file, as the psync engine does) and a read with `pread`
+//! (which reports the end of the file), so nothing past the end is acknowledged or read.
 
 #![allow(unsafe_code)]
 
@@ -48,9 +57,12 @@ thread_local! {
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     let (base, len) = GUARD.with(Cell::get);
-    if len != 0 && addr >= base && addr - base < len {
+    // Only a fault the kernel raised (si_code > 0: BUS_ADRERR, BUS_OBJERR...): a SIGBUS
+    // sent by a process (kill, sigqueue: si_code <= 0) names whatever address it likes
+    // and is not a fault of ours.
+    if code > 0 && len != 0 && addr >= base && addr - base < len {
         let page = PAGE.load(SeqCst);
         // OUTSTANDING first: a copy that starts after EPOCH moved must see it raised.
         OUTSTANDING.fetch_add(1, SeqCst);
@@ -73,11 +85,16 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         }
         OUTSTANDING.fetch_sub(1, SeqCst);
     }
-    // Not ours: what would have happened without us.
+    // Not ours: what would have happened without us. A fault goes to the handler that was
+    // there (Rust's stack-overflow reporter); a signal a process sent gets the default
+    // action, as `kill -BUS` gets from a process with no handler (Rust's handler would
+    // only uninstall itself, and ours with it, and let the process go on).
     // SAFETY: PREVIOUS was written before this handler was installed and never after.
     let prev = unsafe { (*std::ptr::addr_of!(PREVIOUS)).as_ref().copied() };
     match prev {
-        Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+        Some(p)
+            if code > 0 && p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN =>
+        {
             if p.sa_flags & libc::SA_SIGINFO != 0 {
                 // SAFETY: an SA_SIGINFO handler has this signature.
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -142,7 +159,15 @@ fn install_handler() -> io::Result<()> {
 /// A shared mapping of a whole file or block device.
 pub(crate) struct FileMap {
     base: usize,
+    /// Bytes of the file mapped (its size then).
     len: usize,
+    /// Bytes of address space mapped: `len` rounded up to pages, and one page more, so
+    /// that the page after any range of the file is in the mapping (past the end of the
+    /// file it is never touched, only looked up).
+    map_len: usize,
+    /// A regular file, whose size may change under us (block devices: checked by
+    /// SIGBUS alone).
+    regular: bool,
     writable: bool,
     fd: libc::c_int,
     /// Set when a page could not be mapped back after a fault: from then on every I/O
@@ -169,6 +194,12 @@ impl FileMap {
         let len = usize::try_from(len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
         install_handler()?;
+        let page = PAGE.load(SeqCst);
+        let map_len = len
+            .checked_next_multiple_of(page)
+            .and_then(|l| l.checked_add(page))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
+        let regular = file.metadata()?.file_type().is_file();
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
@@ -178,7 +209,7 @@ impl FileMap {
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                map_len,
                 prot,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
@@ -191,6 +222,8 @@ impl FileMap {
         Ok(FileMap {
             base: base as usize,
             len,
+            map_len,
+            regular,
             writable,
             fd: file.as_raw_fd(),
             broken: AtomicBool::new(false),
@@ -246,13 +279,14 @@ impl FileMap {
             return None;
         }
         let at = self.base + offset as usize;
-        Some(self.guarded(at, len, || {
+        let clean = self.guarded(at, len, || {
             // SAFETY: as in `copy_in`; the slice lives only during `f`. Other threads may
             // write the same bytes at once (overlapping client writes), as with pwrite: the
             // result is one of them or a mix, never memory unsafety for us (we only write).
             let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) };
             f(dst)
-        }))
+        });
+        Some(clean && self.in_file(len, offset))
     }
 
     /// Copies `buf` into the mapping at `offset`. False when it could not be done cleanly:
@@ -266,20 +300,35 @@ impl FileMap {
             // SAFETY: as in `copy_out`; the mapping is writable.
             let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, buf.len()) };
             dst.copy_from_slice(buf);
-        })
+        }) && self.in_file(buf.len(), offset)
     }
 
-    /// True when every page of `[offset, offset + len)` is in memory (`mincore`). On
-    /// tmpfs a page that is not is a hole (or swapped out): a read fault there would
-    /// allocate a page where `pread` returns zeros for free, and a sparse image would fill
-    /// up as it is read; such reads go through `pread`. Costs one system call that only
-    /// looks pages up (`SEEK_HOLE` scans on to the next hole, to the end of a full file).
-    pub(crate) fn resident(&self, len: usize, offset: u64) -> bool {
-        if !self.covers(len, offset) || len == 0 {
-            return len == 0;
+    /// Whether the file still covers `[offset, offset + len)` now (after a write through
+    /// the mapping: else what was written is not in the file). The page after the range
+    /// in the page cache says so without a system call's lookup of the size; else the
+    /// size itself. Block devices: true (a fault is their only sign).
+    fn in_file(&self, len: usize, offset: u64) -> bool {
+        if !self.regular {
+            return true;
         }
         let page = PAGE.load(SeqCst);
-        let at = self.base + offset as usize;
+        let end = offset as usize + len;
+        let next = end.next_multiple_of(page);
+        if next + page <= self.map_len && self.pages_resident(next, page) {
+            return true;
+        }
+        // SAFETY: fstat on our own descriptor into a zeroed stat buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let r = unsafe { libc::fstat(self.fd, &mut st) };
+        r == 0 && st.st_size as u64 >= end as u64
+    }
+
+    /// Whether every page of `[rel, rel + len)` of the mapping (offsets from its start,
+    /// inside `map_len`) is in memory (`mincore`).
+    fn pages_resident(&self, rel: usize, len: usize) -> bool {
+        let page = PAGE.load(SeqCst);
+        let at = self.base + rel;
         let start = at & !(page - 1);
         let pages = (at + len - start).div_ceil(page);
         let mut small = [0u8; 64];
@@ -290,10 +339,32 @@ impl FileMap {
             big.resize(pages, 0);
             &mut big
         };
-        // SAFETY: the range is inside our mapping; `vec` has one byte per page.
+        // SAFETY: the range is inside our mapping (`map_len`); `vec` has one byte per page.
         let r =
             unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) };
         r == 0 && vec.iter().all(|v| v & 1 != 0)
+    }
+
+    /// True when every page of `[offset, offset + len)` is in memory (`mincore`), and for
+    /// a regular file the page after it too. On tmpfs a page that is not is a hole (or
+    /// swapped out): a read fault there would allocate a page where `pread` returns zeros
+    /// for free, and a sparse image would fill up as it is read; such reads go through
+    /// `pread`. The page after the range proves the file still extends past it (see the
+    /// module docs: a shrunk file's last page maps bytes that are not in the file); where
+    /// it is not in memory, `pread` reads. Costs one system call that only looks pages up
+    /// (`SEEK_HOLE` scans on to the next hole, to the end of a full file).
+    pub(crate) fn resident(&self, len: usize, offset: u64) -> bool {
+        if !self.covers(len, offset) || len == 0 {
+            return len == 0;
+        }
+        let page = PAGE.load(SeqCst);
+        let end = offset as usize + len;
+        let span = if self.regular {
+            end.next_multiple_of(page) + page - offset as usize
+        } else {
+            len
+        };
+        self.pages_resident(offset as usize, span)
     }
 
     /// Runs `copy` on `[at, at + len)` with the SIGBUS guard up; true when no fault
@@ -360,7 +431,7 @@ impl Drop for FileMap {
     fn drop(&mut self) {
         // SAFETY: our own mapping, no longer used (we are being dropped).
         unsafe {
-            libc::munmap(self.base as *mut libc::c_void, self.len);
+            libc::munmap(self.base as *mut libc::c_void, self.map_len);
         }
     }
 }
@@ -445,6 +516,56 @@ mod tests {
         println!("survived a fault outside any copy: {v}");
     }
 
+    /// Run only as the child of `a_sigbus_sent_by_a_process_is_not_taken_for_a_fault`.
+    #[test]
+    fn queued_sigbus_child() {
+        if std::env::var_os("CRYPTBLK_QUEUED_SIGBUS_CHILD").is_none() {
+            return;
+        }
+        let (_t, f) = tmp(1 << 20);
+        let m = FileMap::new(&f, 1 << 20, false).unwrap();
+        let ok = m.lend(4096, 0, &mut |src| {
+            // A SIGBUS queued as a process would (SI_QUEUE) naming the very page being
+            // copied: siginfo's fields by their x86-64/aarch64 Linux offsets (signo,
+            // errno, code, padding, then the address).
+            let mut info = [0u64; 16];
+            info[0] = libc::SIGBUS as u32 as u64;
+            info[1] = (libc::SI_QUEUE as u32) as u64;
+            info[2] = src.as_ptr() as u64;
+            // SAFETY: sends this thread a signal with a fully initialised siginfo buffer
+            // of the kernel's size (128 bytes).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_tgsigqueueinfo,
+                    libc::getpid(),
+                    libc::gettid(),
+                    libc::SIGBUS,
+                    info.as_mut_ptr(),
+                );
+            }
+        });
+        println!("survived a queued SIGBUS (taken for a fault: {ok:?})");
+    }
+
+    /// A SIGBUS a process queues (si_code SI_QUEUE) naming an address being copied is not
+    /// a fault: it is not turned into a pread retry, it gets SIGBUS's default action.
+    #[test]
+    fn a_sigbus_sent_by_a_process_is_not_taken_for_a_fault() {
+        use std::os::unix::process::ExitStatusExt;
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "mmap::tests::queued_sigbus_child", "--nocapture"])
+            .env("CRYPTBLK_QUEUED_SIGBUS_CHILD", "1")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGBUS),
+            "{:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
     #[test]
     fn a_fault_outside_any_copy_still_kills_the_process() {
         use std::os::unix::process::ExitStatusExt;
@@ -467,9 +588,11 @@ mod tests {
         let (_t, f) = tmp(1 << 20);
         f.write_all_at(&[1u8; 8192], 0).unwrap();
         let m = FileMap::new(&f, 1 << 20, false).unwrap();
-        assert!(m.resident(8192, 0));
-        assert!(m.resident(100, 5000));
-        assert!(!m.resident(8192 + 4096, 0));
+        // A range is resident with the page after it (which proves the file goes on).
+        assert!(m.resident(4096, 0));
+        assert!(m.resident(100, 1000));
+        assert!(!m.resident(8192, 0), "the page after it is a hole");
+        assert!(!m.resident(100, 5000), "the page after it is a hole");
         assert!(!m.resident(4096, 512 << 10));
         assert!(!m.resident(4096, 1 << 20), "outside");
     }

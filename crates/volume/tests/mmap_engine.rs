@@ -166,6 +166,107 @@ fn a_file_truncated_under_the_volume_is_an_error_not_a_crash() {
     assert!(all == data);
 }
 
+/// A file shrunk under the volume to a size that is not a multiple of the page size: the
+/// page holding its new end stays mapped and raises no SIGBUS past the end. A write
+/// there must not be acknowledged unless it is in the file (it goes to pwrite, which
+/// extends the file, as the psync engine does), a read past the end is an error as with
+/// pread (never the bytes the page happens to hold), and under a writer racing the
+/// shrinks no write acknowledged after the last one is lost across a reopen.
+#[test]
+fn a_file_shrunk_to_part_of_a_page_loses_no_acknowledged_write_and_reads_no_garbage() {
+    const SIZE: u64 = 32 << 20;
+    let dir = shm_dir();
+    let p = image(dir.path(), SIZE);
+    let mut sectors_512 = params();
+    sectors_512.sector_size = 512;
+    sectors_512.iv.large_sectors = false;
+    let io = |engine| FileIo {
+        engine,
+        direct: false,
+    };
+    let vol = open_plain_with(&p, &KEY, &sectors_512, io(IoEngine::Mmap)).unwrap();
+    let data_offset = sectors_512.data_offset;
+    let all = pattern(vol.size() as usize, 3);
+    vol.write_at(&all, 0, false).unwrap();
+    let other = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    let cut = SIZE - 8192 + 512;
+    other.set_len(cut).unwrap();
+    // The last sector still in the file reads; the one after it (in the same page) is
+    // past the end: an error, never what the page holds.
+    let last = cut - data_offset - 512;
+    let mut back = vec![0u8; 512];
+    vol.read_at(&mut back, last).unwrap();
+    assert!(back[..] == all[last as usize..][..512]);
+    let e = vol.read_at(&mut back, last + 512).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    // A FUA write and a flush past the end: acknowledged only as part of the file.
+    let w = pattern(512, 4);
+    vol.write_at(&w, last + 512, true).unwrap();
+    vol.flush().unwrap();
+    assert!(std::fs::metadata(&p).unwrap().len() >= cut + 512);
+    drop(vol);
+    let again = open_plain_with(&p, &KEY, &sectors_512, io(IoEngine::Psync)).unwrap();
+    again.read_at(&mut back, last + 512).unwrap();
+    assert!(
+        back == w,
+        "the acknowledged write past the end is not in the file"
+    );
+    drop(again);
+
+    // A writer over the last 64 KiB of the volume while the file is shrunk again and
+    // again to sizes inside a page; every write it started after the last shrink ended
+    // must be in the file after a reopen.
+    other.set_len(SIZE).unwrap();
+    let vol = Arc::new(open_plain_with(&p, &KEY, &sectors_512, io(IoEngine::Mmap)).unwrap());
+    let epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (vol, epoch, stop) = (vol.clone(), epoch.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let base = vol.size() - (64 << 10);
+            let mut acked = Vec::new();
+            for seq in 0u64.. {
+                if stop.load(Relaxed) {
+                    return acked;
+                }
+                let off = base + (seq * 7 % 128) * 512;
+                let started = epoch.load(Relaxed);
+                let data = pattern(512, seq + 10);
+                if vol.write_at(&data, off, seq % 3 == 0).is_ok() {
+                    acked.push((off, data, started));
+                }
+            }
+            unreachable!()
+        })
+    };
+    for i in 1..=20u64 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        other
+            .set_len(SIZE - (i % 16 + 1) * 4096 + 512 * (i % 7 + 1))
+            .unwrap();
+        epoch.store(i, Relaxed);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    stop.store(true, Relaxed);
+    let acked = writer.join().unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    let mut last_write = std::collections::HashMap::new();
+    for (off, data, started) in acked {
+        last_write.insert(off, (data, started));
+    }
+    let after: Vec<_> = last_write.iter().filter(|(_, (_, e))| *e == 20).collect();
+    assert!(!after.is_empty(), "no write after the last shrink");
+    let again = open_plain_with(&p, &KEY, &sectors_512, io(IoEngine::Psync)).unwrap();
+    for (off, (data, _)) in after {
+        let mut back = vec![0u8; 512];
+        again
+            .read_at(&mut back, *off)
+            .unwrap_or_else(|e| panic!("acknowledged write at {off} is past the end: {e}"));
+        assert!(back == *data, "acknowledged write at {off} lost");
+    }
+}
+
 #[test]
 fn truncations_racing_many_threads_never_kill_the_process() {
     let dir = shm_dir();

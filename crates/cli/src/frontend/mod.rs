@@ -74,7 +74,11 @@ pub struct OpenArgs {
     /// With --tls-cert on a non-loopback address: serve TLS clients without checking who
     /// they are (no --tls-ca). The wire is encrypted, but anyone who can connect reads and
     /// writes the plaintext.
-    #[arg(long = "tls-no-client-auth", requires = "tls_cert", conflicts_with = "tls_ca")]
+    #[arg(
+        long = "tls-no-client-auth",
+        requires = "tls_cert",
+        conflicts_with = "tls_ca"
+    )]
     pub tls_no_client_auth: bool,
     /// With --nbd tcp:ADDR: allow a non-loopback address without --tls required. Anyone
     /// who can reach the port then reads and writes the plaintext.
