@@ -442,15 +442,12 @@ struct Negotiated {
 }
 
 fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
-    negotiate(uri, options).map_err(|e| match e.kind() {
-        // A socket read timeout surfaces as EAGAIN: say what it is.
-        io::ErrorKind::WouldBlock => io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!(
-                "no answer from the server within {:.1} s",
-                options.connect_timeout.as_secs_f64()
-            ),
-        ),
+    let expired = Arc::new(AtomicBool::new(false));
+    negotiate(uri, options, &expired).map_err(|e| match e.kind() {
+        // A socket read timeout surfaces as EAGAIN; the whole negotiation's deadline as
+        // whatever the socket shut down under it said: either way, say what it is.
+        _ if expired.load(Relaxed) => timed_out(options),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(options),
         // The server hung up mid-negotiation (a refused client certificate can look so).
         io::ErrorKind::UnexpectedEof => io::Error::new(
             io::ErrorKind::ConnectionAborted,
@@ -460,7 +457,64 @@ fn connect(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
     })
 }
 
-fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated> {
+fn timed_out(options: &NbdClientOptions) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the server did not complete the negotiation within {:.1} s",
+            options.connect_timeout.as_secs_f64()
+        ),
+    )
+}
+
+/// One deadline for a whole negotiation, however the server spreads its bytes out (a reply
+/// every few seconds, or endless replies, would each renew a per-read timeout): at the
+/// deadline a watchdog thread shuts the socket down under the negotiation, unless it was
+/// disarmed (dropped) first.
+struct NegotiationDeadline {
+    done: Arc<(Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl NegotiationDeadline {
+    fn arm(socket: &Stream, deadline: Instant, expired: Arc<AtomicBool>) -> io::Result<Self> {
+        let socket = socket.try_clone()?;
+        let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let d = done.clone();
+        std::thread::Builder::new()
+            .name("nbd-negotiation-deadline".into())
+            .spawn(move || {
+                let (m, cv) = &*d;
+                let mut g = lock(m);
+                while !*g {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        expired.store(true, Relaxed);
+                        socket.shutdown();
+                        return;
+                    }
+                    g = cv
+                        .wait_timeout(g, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            })?;
+        Ok(NegotiationDeadline { done })
+    }
+}
+
+impl Drop for NegotiationDeadline {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.done;
+        *lock(m) = true;
+        cv.notify_all();
+    }
+}
+
+fn negotiate(
+    uri: &NbdUri,
+    options: &NbdClientOptions,
+    expired: &Arc<AtomicBool>,
+) -> io::Result<Negotiated> {
     let timeout = Some(options.connect_timeout);
     let deadline = Instant::now() + options.connect_timeout;
     // Certificates first: a bad directory is the user's error, whatever the server.
@@ -471,7 +525,11 @@ fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated>
             let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address"));
             let mut found = None;
             for a in (host.as_str(), *port).to_socket_addrs()? {
-                match TcpStream::connect_timeout(&a, options.connect_timeout) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match TcpStream::connect_timeout(&a, left) {
                     Ok(s) => {
                         found = Some(s);
                         break;
@@ -486,6 +544,8 @@ fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated>
         NbdAddress::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
     };
     stream.set_timeout(timeout)?;
+    // Disarmed when this function returns, whichever way.
+    let _deadline = NegotiationDeadline::arm(&stream, deadline, expired.clone())?;
     let mut s = stream;
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello)?;
@@ -525,6 +585,9 @@ fn negotiate(uri: &NbdUri, options: &NbdClientOptions) -> io::Result<Negotiated>
     })
 }
 
+/// Replies to NBD_OPT_GO taken at most (information replies, then the final one).
+const MAX_GO_REPLIES: usize = 64;
+
 /// NBD_OPT_GO for the URI's export, on a negotiated (and maybe encrypted) stream.
 fn opt_go(mut s: Stream, uri: &NbdUri, no_zeroes: bool) -> io::Result<Negotiated> {
     // NBD_OPT_GO: the export name, no information requests.
@@ -538,7 +601,13 @@ fn opt_go(mut s: Stream, uri: &NbdUri, no_zeroes: bool) -> io::Result<Negotiated
     data.extend_from_slice(&0u16.to_be_bytes());
     send_option(&mut s, OPT_GO, &data)?;
     let mut export: Option<(u64, u16)> = None;
-    loop {
+    for replies in 0.. {
+        // A server's information replies are a handful; an endless stream is hostile.
+        if replies == MAX_GO_REPLIES {
+            return Err(protocol(format!(
+                "the server sent more than {MAX_GO_REPLIES} replies to NBD_OPT_GO"
+            )));
+        }
         let (kind, body) = read_option_reply(&mut s, OPT_GO)?;
         match kind {
             REP_ACK => break,

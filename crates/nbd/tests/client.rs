@@ -293,3 +293,107 @@ fn server_gone_mid_request_then_back() {
     st.sync().unwrap();
     assert_eq!(&std::fs::read(&file).unwrap()[8192..12288], &after[..]);
 }
+
+/// A hostile server's negotiation: the greeting, the client's flags read, its NBD_OPT_GO
+/// read, then `rest(socket)` decides what comes.
+fn hostile_server(
+    dir: &Path,
+    greeting_drip: Option<Duration>,
+    rest: impl FnOnce(&mut std::os::unix::net::UnixStream) + Send + 'static,
+) -> PathBuf {
+    use std::io::{Read, Write};
+    let sock = dir.join("hostile.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::thread::spawn(move || {
+        let Ok((mut s, _)) = l.accept() else { return };
+        let mut hello = b"NBDMAGIC".to_vec();
+        hello.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes()); // IHAVEOPT
+        hello.extend_from_slice(&3u16.to_be_bytes()); // FIXED_NEWSTYLE | NO_ZEROES
+        match greeting_drip {
+            // One byte at a time, each in time for a per-read timeout.
+            Some(every) => {
+                for b in hello.iter().cycle() {
+                    if s.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(every);
+                }
+            }
+            None => s.write_all(&hello).unwrap(),
+        }
+        let mut flags = [0u8; 4];
+        let mut opt = [0u8; 16];
+        if s.read_exact(&mut flags).is_err() || s.read_exact(&mut opt).is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes(opt[12..16].try_into().unwrap());
+        let mut data = vec![0u8; len as usize];
+        if s.read_exact(&mut data).is_ok() {
+            rest(&mut s);
+        }
+    });
+    sock
+}
+
+/// One NBD_REP_INFO reply to NBD_OPT_GO of an information type nobody knows.
+fn unknown_info_reply() -> Vec<u8> {
+    let mut r = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec(); // option reply magic
+    r.extend_from_slice(&7u32.to_be_bytes()); // NBD_OPT_GO
+    r.extend_from_slice(&3u32.to_be_bytes()); // NBD_REP_INFO
+    r.extend_from_slice(&2u32.to_be_bytes());
+    r.extend_from_slice(&0x7777u16.to_be_bytes());
+    r
+}
+
+/// A server that keeps the client in negotiation (endless information replies, in a
+/// stream or each in time for a per-read timeout; a greeting dripped a byte at a time)
+/// is given up within the connect timeout, not after it renews for every read.
+#[test]
+fn a_server_that_never_ends_the_negotiation_is_given_up_within_the_timeout() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let options = NbdClientOptions {
+        connect_timeout: Duration::from_millis(800),
+        ..Default::default()
+    };
+    let cases: Vec<(
+        &str,
+        Option<Duration>,
+        Box<dyn FnOnce(&mut std::os::unix::net::UnixStream) + Send>,
+    )> = vec![
+        (
+            "replies as fast as the socket takes them",
+            None,
+            Box::new(|s| while s.write_all(&unknown_info_reply()).is_ok() {}),
+        ),
+        (
+            "one reply every 200 ms",
+            None,
+            Box::new(|s| {
+                while s.write_all(&unknown_info_reply()).is_ok() {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }),
+        ),
+        (
+            "the greeting a byte every 100 ms",
+            Some(Duration::from_millis(100)),
+            Box::new(|_| {}),
+        ),
+    ];
+    for (i, (what, drip, rest)) in cases.into_iter().enumerate() {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let sock = hostile_server(&sub, drip, rest);
+        let start = Instant::now();
+        let err = NbdStorage::connect(&uri_of(&sock, "x"), options.clone())
+            .err()
+            .unwrap_or_else(|| panic!("{what}: connected"));
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_millis(2500),
+            "{what}: gave up after {took:?} ({err})"
+        );
+        eprintln!("{what}: {err} after {took:?}");
+    }
+}
