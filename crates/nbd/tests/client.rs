@@ -335,6 +335,9 @@ fn hostile_server(
     sock
 }
 
+/// What a hostile server does once it has read the client's NBD_OPT_GO.
+type Rest = Box<dyn FnOnce(&mut std::os::unix::net::UnixStream) + Send>;
+
 /// One NBD_REP_INFO reply to NBD_OPT_GO of an information type nobody knows.
 fn unknown_info_reply() -> Vec<u8> {
     let mut r = 0x0003_e889_0455_65a9u64.to_be_bytes().to_vec(); // option reply magic
@@ -356,11 +359,7 @@ fn a_server_that_never_ends_the_negotiation_is_given_up_within_the_timeout() {
         connect_timeout: Duration::from_millis(800),
         ..Default::default()
     };
-    let cases: Vec<(
-        &str,
-        Option<Duration>,
-        Box<dyn FnOnce(&mut std::os::unix::net::UnixStream) + Send>,
-    )> = vec![
+    let cases: Vec<(&str, Option<Duration>, Rest)> = vec![
         (
             "replies as fast as the socket takes them",
             None,
