@@ -156,6 +156,34 @@ pub fn create_private_file(path: &Path) -> CliResult<File> {
         .map_err(|e| io_err(path, e))
 }
 
+/// The claim on a volume name in a run directory: `NAME.lock` (0600, empty, never
+/// removed, so that no two processes can each lock a different file of that name), locked
+/// (`flock`) as long as this value (in practice, the serving process) lives. Taken before
+/// anything is served, so a second `open NAME` is refused before it starts a frontend.
+pub struct NameClaim {
+    _file: File,
+}
+
+/// Claims `name` in the private run directory `dir`; `Ok(None)` when another process
+/// holds it.
+pub fn claim_name(dir: &Path, name: &str) -> CliResult<Option<NameClaim>> {
+    let path = dir.join(format!("{name}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| io_err(&path, e))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(NameClaim { _file: file })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(io_err(&path, e.into())),
+    }
+}
+
 /// Writes `contents` into a new private file at `path` (see [`create_private_file`]).
 pub fn write_private_file(path: &Path, contents: &[u8]) -> CliResult<()> {
     let mut f = create_private_file(path)?;

@@ -402,3 +402,101 @@ fn open_over_tls_on_any_address_and_plaintext_only_on_loopback() {
     assert_eq!(size.trim(), (80u64 << 20).to_string());
     s.close();
 }
+
+/// Two `open`s of the same name at once (two images, two sockets, one run directory):
+/// one serves, the other is refused as busy before its frontend starts, so it serves
+/// nothing, not even for a moment, and leaves no socket behind.
+#[test]
+fn two_opens_racing_for_one_name_leave_one_server_and_no_stray_socket() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    std::fs::write(p("pw"), b"race").unwrap();
+    for img in ["a.img", "b.img"] {
+        std::fs::File::create(p(img))
+            .unwrap()
+            .set_len(20 << 20)
+            .unwrap();
+        ok(run(
+            bin(),
+            &[
+                "format",
+                "-q",
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                &p("pw"),
+                &p(img),
+            ],
+        ));
+    }
+    let run_dir = p("run");
+    for round in 0..6 {
+        let servers: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|w| {
+                let (img, sock) = (
+                    p(&format!("{w}.img")),
+                    format!("unix:{}", p(&format!("{w}.sock"))),
+                );
+                Command::new(bin())
+                    .args(["open", &img, "vol", "--nbd", &sock, "--run-dir", &run_dir])
+                    .args(["--key-file", &p("pw")])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        // Whoever lost exits on its own; the winner serves until closed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut servers: Vec<_> = servers.into_iter().zip(["a", "b"]).collect();
+        let (loser, who) = loop {
+            if let Some(i) = servers
+                .iter_mut()
+                .position(|(c, _)| c.try_wait().unwrap().is_some())
+            {
+                break servers.remove(i);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: both still running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let out = loser.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "round {round}: {who}: {err}");
+        assert!(err.contains("already open"), "round {round}: {err}");
+        assert!(
+            !Path::new(&p(&format!("{who}.sock"))).exists(),
+            "round {round}: the refused open left its socket"
+        );
+        let (winner, won) = servers.pop().unwrap();
+        assert!(winner_serves(&p(&format!("{won}.sock"))), "round {round}");
+        ok(run(bin(), &["close", "vol", "--run-dir", &run_dir]));
+        let out = winner.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = std::fs::remove_file(p(&format!("{won}.sock")));
+    }
+}
+
+/// Whether an NBD server answers on `sock` (within 10 s).
+fn winner_serves(sock: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if std::os::unix::net::UnixStream::connect(sock).is_ok() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}

@@ -22,7 +22,7 @@ use cryptblk_device::BlockDevice;
 use cryptblk_volume::Volume;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -223,9 +223,15 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     }
     let mut fe = choose(&a)?;
     let dir = rundir::private_run_dir(&a.run_dir)?;
-    let ctl_path = check_not_open(&dir, &a.name)?;
+    let ctl_path = dir.join(format!("{}.ctl", a.name));
+    // The name first: a second `open` of it is refused before it serves anything (or
+    // leaves a socket behind). Held until this process exits.
+    let claim = claim_name(&dir, &a.name)?;
     fe.prepare(&a, &dir)?;
     if a.daemon && !a.daemon_child {
+        // The child claims the name itself (if another `open` takes it in between, the
+        // child says so and this process reports it).
+        drop(claim);
         return spawn_daemon(&a, &dir);
     }
     let OpenedVolume {
@@ -427,16 +433,11 @@ fn status_json(
     v
 }
 
-/// NAME.ctl, where a running volume answers; an error if one of that name already does.
-fn check_not_open(dir: &Path, name: &str) -> CliResult<PathBuf> {
-    let ctl_path = dir.join(format!("{name}.ctl"));
-    if UnixStream::connect(&ctl_path).is_ok() {
-        return Err(CliError::new(
-            EXIT_BUSY,
-            format!("a volume named {name} is already open"),
-        ));
-    }
-    Ok(ctl_path)
+/// The name `name` in the run directory, claimed for this process; an error if another
+/// process holds it (a volume of that name is open, or being opened).
+fn claim_name(dir: &Path, name: &str) -> CliResult<rundir::NameClaim> {
+    rundir::claim_name(dir, name)?
+        .ok_or_else(|| CliError::new(EXIT_BUSY, format!("a volume named {name} is already open")))
 }
 
 /// Makes a volume visible once its frontend is up: binds the control socket `ctl_path`,
