@@ -10,6 +10,7 @@ use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{FormatOptions, LuksHeader, MemStorage, Storage, load_header};
 use cryptblk_volume::DataDevice;
 use std::fs::{File, OpenOptions};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -569,14 +570,20 @@ pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
             a.slot
         )));
     }
-    if !ctx.batch {
-        unlock(
-            &*hdr,
-            &mut dev,
-            &a.key.source(),
-            "Enter any remaining passphrase: ",
-            None,
-        )?;
+    // As cryptsetup: a passphrase is checked unless in batch mode with none supplied (no
+    // key file, standard input a terminal); one that was supplied and is wrong refuses,
+    // wrong or not batch. Only an empty standard input counts as none supplied.
+    let src = a.key.source();
+    let supplied = src.key_file.is_some() || !std::io::stdin().is_terminal();
+    if !ctx.batch || supplied {
+        let pass = match get_passphrase(&src, "Enter any remaining passphrase: ", false) {
+            Ok(p) => Some(p),
+            Err(_) if ctx.batch && src.key_file.is_none() => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(pass) = pass {
+            verify_remaining(&*hdr, &mut dev, &pass, a.slot, &active)?;
+        }
     }
     if active.len() == 1 {
         confirm(
@@ -587,6 +594,34 @@ pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
     hdr.kill_keyslot(&mut dev, a.slot)?;
     eprintln!("Key slot {} wiped.", a.slot);
     Ok(())
+}
+
+/// cryptsetup's check before a keyslot is wiped: the passphrase opens a keyslot that stays
+/// (or the slot itself when it is the last one), so nobody wipes a slot without a way in
+/// that remains.
+fn verify_remaining(
+    hdr: &dyn LuksHeader,
+    dev: &mut dyn Storage,
+    pass: &[u8],
+    slot: u32,
+    active: &[u32],
+) -> CliResult<()> {
+    let candidates: Vec<u32> = if active == [slot] {
+        vec![slot]
+    } else {
+        active.iter().copied().filter(|&s| s != slot).collect()
+    };
+    for s in candidates {
+        match hdr.unlock(dev, pass, Some(s)) {
+            Ok(_) => return Ok(()),
+            Err(cryptblk_format::Error::WrongPassphrase) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CliError::new(
+        EXIT_PERMISSION,
+        format!("No key available with this passphrase. Keyslot {slot} was NOT wiped."),
+    ))
 }
 
 /// `--type` and the TCRYPT search options of `test-passphrase` and `dump`.
@@ -913,17 +948,49 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
             format!("{} is smaller than the header backup", hpath.display()),
         ));
     }
-    if let Ok(current) = load_header(&mut dev) {
-        if current.data_offset() != from_backup.data_offset() {
-            return Err(CliError::usage(
-                "Data offset differs on device and backup, restore failed.",
-            ));
+    // cryptsetup's checks against a header of the same version already on the device
+    // (another version, or none, is replaced after the confirmation): LUKS1, the same
+    // data offset and key size; LUKS2 not mid-reencryption, the same data offset and
+    // header-with-keyslot-areas size.
+    if let Ok(current) = load_header(&mut dev)
+        && current.version() == from_backup.version()
+    {
+        let refused = match current.version() {
+            1 if current.data_offset() != from_backup.data_offset()
+                || current.key_len() != from_backup.key_len() =>
+            {
+                Some("Data offset or key size differs on device and backup, restore failed.")
+            }
+            2 if !current.in_reencryption()
+                && current.data_offset() != from_backup.data_offset() =>
+            {
+                Some("Data offset differ on device and backup, restore failed.")
+            }
+            2 if !current.in_reencryption()
+                && current.header_size() != from_backup.header_size() =>
+            {
+                Some(
+                    "Binary header with keyslot areas size differ on device and backup, \
+                     restore failed.",
+                )
+            }
+            _ => None,
+        };
+        if let Some(why) = refused {
+            return Err(CliError::usage(why));
         }
         if current.uuid() != from_backup.uuid() {
             eprintln!(
-                "Warning: the backup's UUID {} differs from the device's {}.",
+                "WARNING: real device header has different UUID than backup! (backup {}, \
+                 device {})",
                 from_backup.uuid(),
                 current.uuid()
+            );
+        }
+        if current.in_reencryption() {
+            eprintln!(
+                "WARNING: Unfinished offline reencryption detected on the device!\n\
+                 Replacing header with backup may corrupt data."
             );
         }
     }

@@ -618,3 +618,146 @@ fn import_and_export_keep_chunk_order_over_many_chunks() {
     ok(&o);
     assert!(o.stdout == payload, "LUKS2 round trip");
 }
+
+/// `luksKillSlot` checks a passphrase that was supplied, even in batch mode (a pipe or a
+/// key file; only an empty standard input counts as none, as in cryptsetup): a wrong one,
+/// or the killed slot's own while others remain, refuses with exit 2 and wipes nothing.
+/// Every case is run through cryptsetup too, which must agree.
+#[test]
+fn kill_slot_checks_a_supplied_passphrase_even_in_batch_mode() {
+    let env = Env::new();
+    for kind in ["luks1", "luks2"] {
+        let img = env.image(&format!("{kind}.img"), 20);
+        let pw = format(&env, &img, kind, &[]);
+        let pw1 = env.file("pw1", b"second passphrase");
+        let pw2 = env.file("pw2", b"third passphrase");
+        for (new, slot) in [(&pw1, "1"), (&pw2, "2")] {
+            let mut add = vec!["add-key", "--key-file", &pw, "--key-slot", slot];
+            add.extend_from_slice(&CHEAP);
+            add.extend([img.as_str(), new.as_str()]);
+            ok(&cb(&add));
+        }
+        let pristine = sha(&img);
+        // (tool, stdin or key file, expected exit code, slot 2 wiped?)
+        let cases: [(&[u8], Option<&str>, i32, bool); 5] = [
+            (b"bad passphrase\n", None, 2, false),
+            (b"", Some(&env.file("bad", b"bad passphrase")), 2, false),
+            (b"third passphrase\n", None, 2, false),
+            (b"second passphrase\n", None, 0, true),
+            (b"", None, 0, true),
+        ];
+        for (i, (stdin, key_file, code, wiped)) in cases.iter().enumerate() {
+            for tool_bin in [bin().to_string(), cryptsetup()] {
+                std::fs::write(&img, &pristine).unwrap();
+                let mut args = vec!["luksKillSlot", "-q", img.as_str(), "2"];
+                if let Some(k) = key_file {
+                    args.extend(["--key-file", k]);
+                }
+                let out = run(&tool_bin, &args, stdin);
+                assert_eq!(
+                    out.status.code(),
+                    Some(*code),
+                    "{kind} case {i} with {tool_bin}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let slot2 = run(
+                    &cryptsetup(),
+                    &["open", "--test-passphrase", "--key-file", &pw2, &img],
+                    b"",
+                );
+                assert_eq!(
+                    slot2.status.success(),
+                    !wiped,
+                    "{kind} case {i} with {tool_bin}: slot 2 wiped: {}",
+                    !slot2.status.success()
+                );
+                if !wiped {
+                    assert!(
+                        sha(&img) == pristine,
+                        "{kind} case {i} with {tool_bin}: the image changed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `luksHeaderRestore` refuses what cryptsetup refuses and restores what it restores,
+/// byte for byte: a LUKS1 backup over a LUKS1 header of another key size (or data
+/// offset), a LUKS2 backup over a LUKS2 header of another data offset or keyslot-area
+/// size; across versions, and between same-version headers that match, the header is
+/// replaced. Every pair runs through both tools on copies of the same images.
+#[test]
+fn header_restore_refuses_what_cryptsetup_refuses() {
+    let env = Env::new();
+    let pw = env.file("pw", b"restore");
+    // (name, type, key bits, extra format options)
+    let volumes: [(&str, &str, &str, &[&str]); 5] = [
+        ("l1-256", "luks1", "256", &[]),
+        ("l1-512", "luks1", "512", &[]),
+        ("l2-256", "luks2", "256", &[]),
+        ("l2-512", "luks2", "512", &[]),
+        ("l2-off", "luks2", "512", &["--offset", "65536"]),
+    ];
+    for (name, kind, bits, extra) in volumes {
+        let img = env.image(&format!("{name}.img"), 40);
+        let mut args = vec![
+            "luksFormat",
+            "-q",
+            "--type",
+            kind,
+            "-s",
+            bits,
+            "--key-file",
+            &pw,
+        ];
+        args.extend_from_slice(&CHEAP);
+        args.extend_from_slice(extra);
+        args.push(&img);
+        ok(&run(&cryptsetup(), &args, b""));
+        let bak = env.s(&format!("{name}.bak"));
+        ok(&run(
+            &cryptsetup(),
+            &["luksHeaderBackup", &img, "--header-backup-file", &bak],
+            b"",
+        ));
+    }
+    let mut refused = 0;
+    for (dev, ..) in volumes {
+        for (from, ..) in volumes {
+            let outcome = |tool_bin: &str| {
+                let copy = env.s("copy.img");
+                std::fs::copy(env.path(&format!("{dev}.img")), &copy).unwrap();
+                let bak = env.s(&format!("{from}.bak"));
+                let out = run(
+                    tool_bin,
+                    &[
+                        "luksHeaderRestore",
+                        "-q",
+                        &copy,
+                        "--header-backup-file",
+                        &bak,
+                    ],
+                    b"",
+                );
+                (
+                    out.status.success(),
+                    sha(&copy),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            };
+            let (cs_ok, cs_img, cs_err) = outcome(&cryptsetup());
+            let (cb_ok, cb_img, cb_err) = outcome(bin());
+            assert_eq!(
+                cb_ok, cs_ok,
+                "{from}.bak over {dev}: cryptblk {cb_ok} ({cb_err}), cryptsetup {cs_ok} ({cs_err})"
+            );
+            assert!(cb_img == cs_img, "{from}.bak over {dev}: the images differ");
+            refused += !cs_ok as u32;
+        }
+    }
+    assert!(
+        refused >= 4,
+        "cryptsetup refused only {refused} of the pairs"
+    );
+}
