@@ -169,6 +169,20 @@ pub struct TestArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct RepairArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// The passphrase, where an interrupted reencryption step is recovered or the
+    /// reencryption metadata verified.
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+}
+
+#[derive(Args, Debug)]
 pub struct BackupArgs {
     pub device: PathBuf,
     #[arg(long = "header-backup-file")]
@@ -1006,5 +1020,81 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     dev.write_at(&mem.to_vec()[..n], 0)
         .and_then(|_| dev.sync())
         .map_err(|e| io_err(&hpath, e))?;
+    Ok(())
+}
+
+/// `repair`, as cryptsetup's: LUKS1, the keyslot checks and repairs of its loader; LUKS2,
+/// both header copies rewritten when one is damaged or stale, then the reencryption
+/// metadata: a step cut off is recovered, a job between steps has its metadata verified
+/// (both need the passphrase). A header with nothing wrong is left as it is.
+pub fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
+    let hpath = header_path(&a.device, &a.header).to_path_buf();
+    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut magic = [0u8; 8];
+    dev.read_at(&mut magic, 0).map_err(|e| io_err(&hpath, e))?;
+    if magic[..6] == *cryptblk_format::luks1::MAGIC && magic[6..8] == [0, 1] {
+        confirm(ctx.batch, "Really try to repair LUKS device header?")?;
+        let r = cryptblk_format::luks1::repair(&mut dev)?;
+        for m in &r.messages {
+            eprintln!("{m}");
+        }
+        return Ok(());
+    }
+    let mut hdr = Luks2Header::read(&mut dev).map_err(|e| match e {
+        cryptblk_format::Error::NotLuks => CliError::usage(format!(
+            "Device {} is not a valid LUKS device.",
+            hpath.display()
+        )),
+        e => e.into(),
+    })?;
+    if hdr.copy_status().both_valid() && hdr.copies_in_sync() {
+        if ctx.verbose {
+            eprintln!("No known problems detected for LUKS header.");
+        }
+    } else {
+        confirm(ctx.batch, "Really try to repair LUKS device header?")?;
+        hdr.repair(&mut dev)?;
+        eprintln!("LUKS2 header repaired: both copies rewritten from the valid one.");
+    }
+    if !hdr.in_reencryption() {
+        return Ok(());
+    }
+    let crashed = hdr.interrupted_step();
+    if crashed {
+        confirm(
+            ctx.batch,
+            "Really proceed with LUKS2 reencryption recovery?",
+        )?;
+    }
+    let prompt = if crashed {
+        "Enter passphrase for reencryption recovery: "
+    } else {
+        "Enter passphrase to verify reencryption metadata digest: "
+    };
+    let pass = get_passphrase(&a.key.source(), prompt, false)?;
+    // The data: the same open file when the header is attached, else the device.
+    let data = if a.header.header.is_some() {
+        open_header(&a.device, &HeaderArgs::default(), true)?
+    } else {
+        dev.clone()
+    };
+    let size = Storage::size(&data).map_err(|e| io_err(&a.device, e))?;
+    let wrong = |e| match e {
+        cryptblk_format::Error::WrongPassphrase => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        e => e.into(),
+    };
+    if crashed {
+        hdr.recover_interrupted_step(&mut dev, &data, &pass, a.key_slot, size)
+            .map_err(wrong)?;
+        eprintln!("Reencryption step recovered.");
+    } else {
+        hdr.unlock_segments(&mut dev, &pass, a.key_slot, size)
+            .map_err(wrong)?;
+        if ctx.verbose {
+            eprintln!("Reencryption metadata verified.");
+        }
+    }
     Ok(())
 }

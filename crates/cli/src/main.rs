@@ -149,6 +149,10 @@ enum Command {
     /// Write a saved header back (cryptsetup luksHeaderRestore).
     #[command(alias = "luksHeaderRestore")]
     HeaderRestore(commands::BackupArgs),
+    /// Repair a header (cryptsetup repair): LUKS2's two copies made whole again, an
+    /// interrupted reencryption step recovered (its passphrase asked), LUKS1's free
+    /// keyslots put back on the standard layout.
+    Repair(commands::RepairArgs),
     /// Measure cipher and KDF speed in-process (cryptsetup benchmark).
     Benchmark(benchmark::BenchmarkArgs),
     /// Benchmark block I/O with fio over NBD (and a VM): report.md, raw JSON, charts.
@@ -206,6 +210,7 @@ fn main() {
         Command::Config(a) => commands::config(&ctx, a),
         Command::Convert(a) => commands::convert(&ctx, a),
         Command::Erase(a) => commands::erase(&ctx, a),
+        Command::Repair(a) => commands::repair(&ctx, a),
         Command::Token(a) => token::token(&ctx, a),
         Command::HeaderBackup(a) => commands::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header_restore(&ctx, a),

@@ -761,3 +761,65 @@ fn header_restore_refuses_what_cryptsetup_refuses() {
         "cryptsetup refused only {refused} of the pairs"
     );
 }
+
+/// `repair` on headers cryptsetup repairs: a LUKS1 header with free keyslots off the
+/// standard layout (offset, stripes, an invalid state word, a partition table's signature
+/// over keyslot 6) and an uppercase hash name comes out byte for byte as `cryptsetup
+/// repair` leaves it, and opens; a LUKS2 header with a damaged primary copy gets both
+/// copies back, after which `cryptsetup repair` finds nothing to change. A sound header
+/// is left alone.
+#[test]
+fn repair_fixes_headers_as_cryptsetup_does() {
+    let env = Env::new();
+    let img = env.image("l1.img", 20);
+    let pw = format(&env, &img, "luks1", &["--key-size", "256"]);
+    let pristine = sha(&img);
+    // A sound header: nothing written.
+    ok(&cb(&["repair", "-q", &img]));
+    assert!(sha(&img) == pristine, "repair wrote a sound header");
+    let mut bad = pristine.clone();
+    let slot = |i: usize| 208 + i * 48;
+    bad[slot(3) + 40..slot(3) + 44].copy_from_slice(&9u32.to_be_bytes()); // offset
+    bad[slot(4) + 44..slot(4) + 48].copy_from_slice(&3999u32.to_be_bytes()); // stripes
+    bad[slot(5)..slot(5) + 4].copy_from_slice(&0x1234_5678u32.to_be_bytes()); // state
+    bad[0x1fe] = 0x55; // a DOS partition table's signature, over keyslot 6
+    bad[0x1ff] = 0xaa;
+    bad[72..72 + 6].copy_from_slice(b"SHA256");
+    let (ours, theirs) = (env.s("ours.img"), env.s("theirs.img"));
+    std::fs::write(&ours, &bad).unwrap();
+    std::fs::write(&theirs, &bad).unwrap();
+    let o = cb(&["repair", "-q", &ours]);
+    ok(&o);
+    ok(&run(&cryptsetup(), &["repair", "-q", &theirs], b""));
+    let (a, b) = (sha(&ours), sha(&theirs));
+    assert!(a[..1024] == b[..1024], "the repaired LUKS1 headers differ");
+    assert!(a[..1024] != bad[..1024], "nothing was repaired");
+    ok(&run(
+        &cryptsetup(),
+        &["open", "--test-passphrase", "--key-file", &pw, &ours],
+        b"",
+    ));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("Keyslot 3: offset repaired"), "{said}");
+
+    // LUKS2: the primary copy's JSON damaged.
+    let img = env.image("l2.img", 20);
+    let pw = format(&env, &img, "luks2", &[]);
+    let mut bad = sha(&img);
+    bad[4096 + 100] ^= 0x55;
+    std::fs::write(&img, &bad).unwrap();
+    ok(&cb(&["repair", "-q", &img]));
+    let fixed = sha(&img);
+    assert!(
+        fixed[..16384] != bad[..16384],
+        "the damaged copy was not rewritten"
+    );
+    let copy = env.s("l2-copy.img");
+    std::fs::write(&copy, &fixed).unwrap();
+    ok(&run(&cryptsetup(), &["repair", "-q", &copy], b""));
+    assert!(
+        sha(&copy) == fixed,
+        "cryptsetup still found something to repair"
+    );
+    ok(&cb(&["test-passphrase", "--key-file", &pw, &img]));
+}

@@ -198,6 +198,12 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     fn in_reencryption(&self) -> bool {
         false
     }
+    /// Whether a reencryption step was cut off (a segment is flagged `in-reencryption`):
+    /// its hot zone must be recovered ([`LuksHeader::recover_interrupted_step`]) before
+    /// the data can be read.
+    fn interrupted_step(&self) -> bool {
+        false
+    }
     /// Sets the volume UUID (`luksUUID --uuid`; the hyphenated 36-character form) and
     /// writes the header.
     fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()>;

@@ -124,8 +124,48 @@ pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result
     unlock_luks(device, opts, passphrase).map(|u| u.volume)
 }
 
+/// A reencryption step cut off by a crash leaves data that cannot be read until its hot
+/// zone is recovered. cryptsetup recovers it whenever it activates the volume, read-only
+/// included; so does a read-only open here: the device (and a detached header) are opened
+/// read-write just for the recovery, under the exclusive lock, and closed again. Without
+/// write access the error says what to run.
+fn recover_for_reading(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<()> {
+    {
+        let data = open_data(device, true)?;
+        let mut hdev = match &opts.header {
+            Some(h) => open_header_device(h, true)?,
+            None => data.clone(),
+        };
+        if !load_header(&mut hdev)?.interrupted_step() {
+            return Ok(());
+        }
+    }
+    let needs_write = |e: Error| match e {
+        Error::Io(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Error::Invalid(format!(
+                "a reencryption step was interrupted on {}: recovering it needs write access \
+                 (`cryptblk repair` as a user who may write it, or open it read-write)",
+                device.display()
+            ))
+        }
+        e => e,
+    };
+    let data = open_data(device, false).map_err(needs_write)?;
+    let mut hdev = match &opts.header {
+        Some(h) => open_header_device(h, false).map_err(needs_write)?,
+        None => data.clone(),
+    };
+    let mut header = load_header(&mut hdev)?;
+    let size = data.size()?;
+    header.recover_interrupted_step(&mut hdev, &data, passphrase, opts.key_slot, size)?;
+    Ok(())
+}
+
 /// Like [`open_luks`], also returning the header and the keyslot that opened it.
 pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<UnlockedLuks> {
+    if opts.read_only {
+        recover_for_reading(device, opts, passphrase)?;
+    }
     let data = open_data(device, opts.read_only)?;
     let mut hdev = match &opts.header {
         // Read-write only where a crashed reencryption step may have to be recovered.

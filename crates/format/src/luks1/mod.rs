@@ -8,6 +8,7 @@
 
 mod header;
 mod keyslot;
+mod repair;
 
 #[cfg(test)]
 mod tests;
@@ -25,6 +26,7 @@ use keyslot::SlotCrypto;
 
 pub use header::Luks1Keyslot;
 pub(crate) use header::Phdr;
+pub use repair::{Luks1Repair, repair};
 
 /// The LUKS magic, shared by LUKS1 and the LUKS2 primary header.
 pub const MAGIC: &[u8] = b"LUKS\xba\xbe";

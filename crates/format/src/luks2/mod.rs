@@ -1110,6 +1110,12 @@ impl LuksHeader for Luks2Header {
             .iter()
             .any(|r| reencrypt::is_known_requirement(r))
     }
+    fn interrupted_step(&self) -> bool {
+        self.model
+            .segments
+            .values()
+            .any(|s| !s.is_backup() && s.in_reencryption())
+    }
     fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()> {
         self.check_changeable()?;
         let parsed = uuid::Uuid::try_parse(uuid)
