@@ -511,34 +511,49 @@ fn write_until_killed(
     (acked, unknown)
 }
 
-/// A SIGKILL of the server at a random moment of an online job that moves the data (a
-/// data-move encryption, `--encrypt --reduce-device-size`; a key change with
-/// `--reduce-device-size`), while three NBD connections write: after recovery, by
-/// cryptblk's next open or by `cryptsetup repair`, every write the server acknowledged
-/// reads back (a data shift's recovery rewrites the whole hot zone from the old bytes,
-/// so clients' writes into it must wait for the step's commit), and so after the job
-/// is finished offline. cryptsetup opens the result.
+/// A SIGKILL of the server at a random moment of an online job, while three NBD
+/// connections write: jobs that move the data (a data-move encryption, `--encrypt
+/// --reduce-device-size`; a key change with `--reduce-device-size`) and key changes with
+/// checksum and journal resilience. After recovery, by cryptblk's next open or by
+/// `cryptsetup repair`, every write the server acknowledged reads back (a data shift's or
+/// a journal's recovery rewrites the whole hot zone from the old bytes, so clients'
+/// writes into it must wait for the step's commit), and so after the job is finished
+/// offline. cryptsetup opens the result.
 #[test]
-fn sigkill_mid_data_shift_step_loses_no_acknowledged_write() {
+fn sigkill_mid_step_loses_no_acknowledged_write() {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    let mut mid_job = 0;
-    for trial in 0..6u32 {
-        let encrypt = trial % 2 == 0;
-        let by_cryptsetup = trial % 4 >= 2;
+    let jobs: [(&str, &[&str]); 4] = [
+        (
+            "data-move encryption",
+            &["--encrypt", "--reduce-device-size", "8M"],
+        ),
+        (
+            "key change with a data shift",
+            &["--reduce-device-size", "8M"],
+        ),
+        (
+            "key change, checksums",
+            &["--resilience", "checksum", "--hotzone-size", "8M"],
+        ),
+        (
+            "key change, journal",
+            &["--resilience", "journal", "--hotzone-size", "8M"],
+        ),
+    ];
+    let trials = 2 * jobs.len() as u32;
+    let (mut mid_job, mut writes) = (0, 0);
+    for trial in 0..trials {
+        let (job_name, job) = jobs[trial as usize % jobs.len()];
+        let encrypt = job.contains(&"--encrypt");
+        let by_cryptsetup = trial as usize >= jobs.len();
         let lab = Lab::new();
         let (img, pw, out) = (lab.p("v.img"), lab.p("pw"), lab.p("plain"));
-        let mut init = vec![
-            "reencrypt",
-            "-q",
-            "--reduce-device-size",
-            "8M",
-            "--init-only",
-        ];
+        let mut init = vec!["reencrypt", "-q", "--init-only"];
+        init.extend_from_slice(job);
         if encrypt {
             // 80 MiB of plaintext, encrypted in place with its header at its head.
             let pattern: Vec<u8> = (0..80u32 << 20).map(|i| (i / 4096 * 7 + i) as u8).collect();
             std::fs::write(&img, pattern).unwrap();
-            init.push("--encrypt");
         }
         init.extend(["--key-file", &pw, &img]);
         init.extend(KDF);
@@ -559,7 +574,12 @@ fn sigkill_mid_data_shift_step_loses_no_acknowledged_write() {
         let (acked, unknown, was_mid_job) = std::thread::scope(|s| {
             let writers = s.spawn(|| write_until_killed(&sock, &stop));
             std::thread::sleep(Duration::from_millis(50));
-            let job = lab.reencrypt(&["--resume-only"]);
+            let resume: &[&str] = if job.contains(&"--hotzone-size") {
+                &["--resume-only", "--hotzone-size", "8M"]
+            } else {
+                &["--resume-only"]
+            };
+            let job = lab.reencrypt(resume);
             let deadline = Instant::now() + Duration::from_secs(60);
             let state = loop {
                 let r = lab.status()["reencryption"].clone();
@@ -578,8 +598,23 @@ fn sigkill_mid_data_shift_step_loses_no_acknowledged_write() {
         });
         wait_exited(pid);
         mid_job += was_mid_job as u32;
+        writes += acked.len();
         assert!(acked.len() > 50, "trial {trial}: the writers hardly ran");
-        if by_cryptsetup {
+        // cryptsetup 2.6.1's repair rewrites the last step of a backward data shift (the
+        // zone at the data's start) from the wrong place, its own jobs' too (see
+        // reencrypt.rs): there cryptblk's recovery runs instead.
+        let last_step_of_a_shift = job.contains(&"--reduce-device-size") && !encrypt && {
+            let j = ok(&run_in(
+                &tool("cryptsetup", "cryptsetup-bin"),
+                &["luksDump", "--dump-json-metadata", &img],
+                b"",
+            ));
+            let v: Value = serde_json::from_str(&j).unwrap();
+            v["segments"]["0"]["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f == "in-reencryption"))
+        };
+        if by_cryptsetup && !last_step_of_a_shift {
             ok(&run_in(
                 &tool("cryptsetup", "cryptsetup-bin"),
                 &["repair", "-q", "--key-file", &pw, &img],
@@ -604,8 +639,8 @@ fn sigkill_mid_data_shift_step_loses_no_acknowledged_write() {
                 let want = acked.get(&b).map_or(&before[r.clone()], |d| &d[..]);
                 assert!(
                     got[r] == *want,
-                    "trial {trial} (encrypt {encrypt}, recovered by {}): block {b} {when} is not \
-                     what was {}",
+                    "trial {trial} ({job_name}, recovered by {}): block {b} {when} is not what \
+                     was {}",
                     if by_cryptsetup {
                         "cryptsetup"
                     } else {
@@ -628,7 +663,7 @@ fn sigkill_mid_data_shift_step_loses_no_acknowledged_write() {
         }
         lab.test_passphrase();
     }
-    eprintln!("kills mid-job: {mid_job} of 6");
+    eprintln!("kills mid-job: {mid_job} of {trials}; blocks acknowledged and checked: {writes}");
     assert!(
         mid_job >= 3,
         "too few kills landed mid-job ({mid_job} of 6)"
