@@ -26,6 +26,8 @@
 //! file's size says so; a write to a range the file no longer covers is done again with
 //! `pwrite` (which extends the file, as the psync engine does) and a read with `pread`
 //! (which reports the end of the file), so nothing past the end is acknowledged or read.
+//! A write's check costs one load from the file's last page (`FileMap::in_file`), not a
+//! system call, except in that page.
 
 #![allow(unsafe_code)]
 
@@ -304,15 +306,34 @@ impl FileMap {
     }
 
     /// Whether the file still covers `[offset, offset + len)` now (after a write through
-    /// the mapping: else what was written is not in the file). The page after the range
-    /// in the page cache says so without a system call's lookup of the size; else the
-    /// size itself. Block devices: true (a fault is their only sign).
+    /// the mapping: else what was written is not in the file). Block devices: true (a
+    /// fault is their only sign).
+    ///
+    /// Without a system call for a range before the file's last page (at mapping time):
+    /// one load from that page, the canary. A file shrunk to end anywhere before the
+    /// canary page has had the canary unmapped, and the load faults (caught); one that
+    /// still reaches into the canary page covers every page before it. A range in the
+    /// last page itself, or a canary that faults, is checked precisely: the page after
+    /// the range in the page cache (pages past the end are dropped by a truncation), or
+    /// else the file's size.
     fn in_file(&self, len: usize, offset: u64) -> bool {
         if !self.regular {
             return true;
         }
         let page = PAGE.load(SeqCst);
         let end = offset as usize + len;
+        let canary = (self.len - 1) & !(page - 1);
+        if end <= canary {
+            let at = self.base + canary;
+            let alive = self.guarded(at, 1, || {
+                // SAFETY: a byte inside our mapping (below `len`); a fault there is turned
+                // into a replaced page by the SIGBUS handler and reported by `guarded`.
+                let _ = unsafe { std::ptr::read_volatile(at as *const u8) };
+            });
+            if alive {
+                return true;
+            }
+        }
         let next = end.next_multiple_of(page);
         if next + page <= self.map_len && self.pages_resident(next, page) {
             return true;
