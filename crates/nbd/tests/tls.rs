@@ -411,13 +411,17 @@ fn bad_certificate_files_are_clear_errors() {
     assert!(e.to_string().contains("missing.pem"), "{e}");
 }
 
+/// A non-loopback listener serves only clients that are identified: TLS required with
+/// client certificates. TLS without them encrypts the wire but lets anyone in.
 #[test]
-fn non_loopback_tcp_needs_tls_required() {
+fn non_loopback_tcp_needs_tls_required_with_client_certificates() {
     let pki = Pki::new();
     for (tls, allowed) in [
         (None, false),
         (Some((pki.server_tls(false), TlsMode::Optional)), false),
-        (Some((pki.server_tls(false), TlsMode::Required)), true),
+        (Some((pki.server_tls(true), TlsMode::Optional)), false),
+        (Some((pki.server_tls(false), TlsMode::Required)), false),
+        (Some((pki.server_tls(true), TlsMode::Required)), true),
     ] {
         let (_, srv) = server(tls);
         let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
