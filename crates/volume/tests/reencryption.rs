@@ -172,8 +172,9 @@ fn test_passphrase(lab: &Lab, img: &Path, header: Option<&Path>) {
     cryptsetup(&args);
 }
 
-/// A step cut off: read-only refuses, read-write recovers; then the data reads back, the
-/// state is one cryptsetup accepts, and cryptsetup resumes it to the end.
+/// A step cut off: a read-only open recovers it first, as cryptsetup's activation does
+/// (the device opened read-write for that moment); then the data reads back, the state is
+/// one cryptsetup accepts, and cryptsetup resumes it to the end.
 fn crash_recover_resume(
     lab: &Lab,
     img: &Path,
@@ -183,11 +184,7 @@ fn crash_recover_resume(
 ) {
     let hdr = header.unwrap_or(img);
     assert!(hot_segment(hdr), "the kill must land inside a step");
-    match open(img, header, true) {
-        Err(Error::Format(cryptblk_format::Error::Luks2(Luks2Error::ReencryptionCrashed(_)))) => {}
-        other => panic!("read-only open of a crashed step: {:?}", other.map(|_| ())),
-    }
-    let got = read_all(img, header, false);
+    let got = read_all(img, header, true);
     assert!(got[..plain.len()] == *plain, "plaintext after recovery");
     assert!(!hot_segment(hdr), "recovery clears the hot zone");
     test_passphrase(lab, img, header);
@@ -277,10 +274,6 @@ fn data_shift_step_cut_off_is_recovered() {
     let i = img.to_str().unwrap();
     let keep = &plain[..(plain.len() - 8 * MIB as usize)];
     lab.reencrypt(&["--reduce-device-size", "8M", i], Some(("SIGKILL", 2)));
-    assert!(
-        open(&img, None, true).is_err(),
-        "a cut-off step is not served read-only"
-    );
     crash_recover_resume(&lab, &img, None, keep, &["--resume-only", i]);
     assert_eq!(open(&img, None, true).unwrap().size(), keep.len() as u64);
 }
