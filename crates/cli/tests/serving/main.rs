@@ -1,0 +1,20 @@
+//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, resize, suspend, durability
+//! across kills, remote NBD and RBD storage, key hygiene and other local users, with the
+//! real clients.
+//! One test binary of modules (one link, `common` compiled once), as rustls groups its
+//! tests.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod serve;
+mod fuse;
+mod ublk;
+mod resize;
+mod suspend;
+mod nbd_stress;
+mod key_hygiene;
+mod local_users;
+mod durability;
+mod remote;
+mod rbd;
