@@ -5,7 +5,8 @@
 # Fails on the first crash, leak, timeout or out-of-memory; the reproducer lands in
 # fuzz/artifacts/<target>/ (rerun with: cargo +nightly fuzz run <target> <file>).
 # Executions per target are printed at the end and written to fuzz/stats.txt.
-# Usage: scripts/fuzz.sh [TARGET...]   (env: FUZZ_SECONDS, FUZZ_TOOLCHAIN=nightly)
+# Targets run FUZZ_JOBS at a time (default: the CPU count), each on one CPU.
+# Usage: scripts/fuzz.sh [TARGET...]   (env: FUZZ_SECONDS, FUZZ_JOBS, FUZZ_TOOLCHAIN=nightly)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
@@ -33,12 +34,16 @@ echo "fuzz.sh: building ${#targets[@]} targets"
 
 stats=fuzz/stats.txt
 : > "$stats"
-mkdir -p fuzz/logs
-for t in "${targets[@]}"; do
+mkdir -p fuzz/logs fuzz/logs/status
+rm -f fuzz/logs/status/*
+# One target per CPU at a time (libFuzzer runs each on one thread): FUZZ_JOBS at once.
+jobs_max=${FUZZ_JOBS:-$(nproc)}
+fuzz_one() {
+    local t=$1
     mkdir -p "fuzz/corpus/$t"
-    log="fuzz/logs/$t.log"
-    extra=()
-    asan=${ASAN_OPTIONS:-}
+    local log="fuzz/logs/$t.log"
+    local extra=()
+    local asan=${ASAN_OPTIONS:-}
     if [ "$t" = nbd_session ]; then
         # Each input runs a connection on threads; LeakSanitizer then reports glibc's
         # per-thread destructor list (__cxa_thread_atexit_impl), or std's handle of a
@@ -49,12 +54,27 @@ for t in "${targets[@]}"; do
     fi
     echo "== fuzz $t for ${seconds}s"
     # -O -a: optimized, with debug assertions and overflow checks.
-    if ! (cd fuzz && ASAN_OPTIONS="$asan" cargo "+$toolchain" fuzz run -O -a "$t" "corpus/$t" "seeds/$t" -- \
+    if (cd fuzz && ASAN_OPTIONS="$asan" cargo "+$toolchain" fuzz run -O -a "$t" "corpus/$t" "seeds/$t" -- \
         -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
         "${extra[@]}" >"logs/$t.log" 2>&1); then
+        echo 0 > "fuzz/logs/status/$t"
+    else
+        echo 1 > "fuzz/logs/status/$t"
+    fi
+}
+for t in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+    fuzz_one "$t" &
+done
+wait
+failed=0
+for t in "${targets[@]}"; do
+    log="fuzz/logs/$t.log"
+    if [ "$(cat "fuzz/logs/status/$t" 2>/dev/null)" != 0 ]; then
         tail -n 60 "$log" >&2
         echo "fuzz.sh: FAILED: target $t found a problem; see $log and fuzz/artifacts/$t/" >&2
-        exit 1
+        failed=1
+        continue
     fi
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
     corpus=$(ls "fuzz/corpus/$t" | wc -l)
@@ -62,5 +82,6 @@ for t in "${targets[@]}"; do
     printf '%-14s %10s execs in %ss, coverage %s, corpus %s\n' \
         "$t" "${execs:-?}" "$seconds" "${cov:-?}" "$corpus" | tee -a "$stats"
 done
+[ "$failed" = 0 ] || exit 1
 echo "fuzz.sh: all targets ran ${seconds}s without findings"
 cat "$stats"

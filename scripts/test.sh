@@ -23,7 +23,9 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 stage "cargo test (workspace)"
 # The `ci` profile (Cargo.toml): release code, no LTO, no debug info; into target/ci/.
 cargo build --profile ci --workspace --bins --examples
-cargo test --profile ci --workspace
+# The test binaries two at a time (TEST_JOBS, default the CPU count), longest first: most
+# tests wait on other processes as much as they compute (scripts/run-tests.py).
+python3 scripts/run-tests.py --profile ci --workspace
 stage "crypto tests on the portable constant-time AES (aes_backend=soft)"
 RUSTFLAGS='--cfg aes_backend="soft"' cargo test --profile ci -p cryptblk-crypto --target-dir target/soft-aes
 stage "fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"

@@ -37,15 +37,17 @@ if [ -d "$tc" ]; then
 fi
 # Which suites to run: all by default; e.g. CRYPTBLK_VM_TESTS=ublk for the ublk ones only.
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
-PARALLEL=${CRYPTBLK_VM_PARALLEL:-3}
+PARALLEL=${CRYPTBLK_VM_PARALLEL:-4}
 [[ $PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "tests/vm: CRYPTBLK_VM_PARALLEL=$PARALLEL: a count of 1 or more" >&2; exit 2; }
 names=() titles=() cmds=()
 guest() { names+=("$1"); titles+=("$2"); cmds+=("$3"); }
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
-  guest interop "kernel dm-crypt interop (LUKS, plain, other ciphers, loop-AES), then NBD (nbd-client) and FUSE (loop) against dm-crypt" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk luks plain families loopaes && bash /results/frontends.sh /results/cryptblk"
-  guest tcrypt "kernel dm-crypt interop: TrueCrypt/VeraCrypt volumes and a system partition" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk tcrypt tcrypt-system"
+  guest interop "kernel dm-crypt interop (LUKS with AES, plain, loop-AES), then NBD (nbd-client) and FUSE (loop) against dm-crypt" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk luks plain loopaes && bash /results/frontends.sh /results/cryptblk"
+  guest families "kernel dm-crypt interop: the other cipher families, a TrueCrypt system partition" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk families tcrypt-system"
+  guest tcrypt "kernel dm-crypt interop: TrueCrypt/VeraCrypt volumes" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk tcrypt"
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
   guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery" \

@@ -127,10 +127,10 @@ fi
 
 # ---------------------------------------------------------------- dm-crypt interop
 # Whole-device sha256 of what one side wrote must equal what the other side reads.
-SZ=4M
+SZ=1M
 interop() { # name, format command (on $img), open options for both tools...
   local name=$1 fmtcmd=$2; shift 2
-  local img=/tmp/io.img; rm -f $img; truncate -s 24M $img
+  local img=/tmp/io.img; rm -f $img; truncate -s 20M $img
   eval "$fmtcmd" || { fail=$((fail+1)); echo "FAIL $name: format"; return; }
   local D; D=$(open_ublk $img io "$@" < pw) || { fail=$((fail+1)); echo "FAIL $name: open"; return; }
   head -c $SZ /dev/urandom | dd of="$D" bs=1M oflag=direct iflag=fullblock conv=nocreat status=none

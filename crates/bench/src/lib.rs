@@ -5,14 +5,17 @@
 #![forbid(unsafe_code)]
 
 pub mod chart;
+mod config;
 mod fio;
 mod model;
 pub mod preset;
+mod progress;
 pub mod report;
 pub mod runner;
 pub mod target;
 mod vm;
 
 pub use preset::Preset;
-pub use runner::{Config, run};
+pub use config::Config;
+pub use runner::run;
 pub use target::CipherChoice;

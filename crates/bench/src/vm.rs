@@ -4,7 +4,8 @@
 
 use crate::fio::{IoPath, Workload, command_line, fio_args, shell_quote};
 use crate::model::{Index, RunRecord, Status, TargetRecord};
-use crate::runner::{Config, Progress};
+use crate::config::Config;
+use crate::progress::Progress;
 use crate::target::CipherChoice;
 use std::fmt::Write as _;
 use std::fs::File;
