@@ -7,7 +7,7 @@ use aes::cipher::array::Array;
 use aes::cipher::consts::{U8, U16};
 use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt};
 
-use crate::aes_generic::{AesKey, locked};
+use crate::backend::generic::{AesKey, locked};
 use crate::secret::LockedBox;
 use crate::spec::BlockCipherAlg;
 use crate::{Error, Result};

@@ -36,7 +36,7 @@ fn ctr(key: &BlockKey, nonce: &[u8], l: usize, data: &mut [u8]) {
     for (i, chunk) in data.chunks_mut(16).enumerate() {
         let mut s = counter(nonce, l, i as u64 + 1);
         key.encrypt_blocks(&mut s);
-        crate::sector::xor_in(chunk, &s[..chunk.len()]);
+        crate::modes::xor_in(chunk, &s[..chunk.len()]);
         s.zeroize();
     }
 }
@@ -50,12 +50,12 @@ fn mac(key: &BlockKey, nonce: &[u8], l: usize, tag_len: usize, plain: &[u8]) -> 
     x[16 - l..].copy_from_slice(&be[8 - l..]);
     key.encrypt_blocks(&mut x);
     for chunk in plain.chunks(16) {
-        crate::sector::xor_in(&mut x[..chunk.len()], chunk);
+        crate::modes::xor_in(&mut x[..chunk.len()], chunk);
         key.encrypt_blocks(&mut x);
     }
     let mut s0 = counter(nonce, l, 0);
     key.encrypt_blocks(&mut s0);
-    crate::sector::xor_in(&mut x, &s0);
+    crate::modes::xor_in(&mut x, &s0);
     s0.zeroize();
     x
 }

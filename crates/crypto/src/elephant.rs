@@ -26,7 +26,7 @@ fn sector_key(key: &BlockKey, offset: u64) -> [u8; 32] {
 pub(crate) fn encrypt_sector(key: &BlockKey, offset: u64, sector: &mut [u8]) {
     let mut ks = sector_key(key, offset);
     for chunk in sector.chunks_exact_mut(32) {
-        crate::sector::xor_in(chunk, &ks);
+        crate::modes::xor_in(chunk, &ks);
     }
     ks.zeroize();
     with_words(sector, |d| {
@@ -43,7 +43,7 @@ pub(crate) fn decrypt_sector(key: &BlockKey, offset: u64, sector: &mut [u8]) {
     });
     let mut ks = sector_key(key, offset);
     for chunk in sector.chunks_exact_mut(32) {
-        crate::sector::xor_in(chunk, &ks);
+        crate::modes::xor_in(chunk, &ks);
     }
     ks.zeroize();
 }

@@ -5,7 +5,7 @@
 //! unavailable, and callers keep another AEAD for those CPUs.
 
 use crate::secret::{LockedBox, constant_time_eq, wipe_blocks};
-use crate::x86::GcmKeys;
+use crate::backend::x86::GcmKeys;
 use crate::{Backend, Error, Result};
 
 /// Longest text one nonce may protect: 2^32 - 2 blocks (SP 800-38D §5.2.1.1).

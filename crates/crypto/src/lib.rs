@@ -3,18 +3,19 @@
 //!
 //! `unsafe` is confined to `x86` (CPU intrinsics) and `secret` (mlock).
 
-mod aes_generic;
 mod af;
 mod backend;
 pub mod bench;
 mod block;
 mod ccm;
+mod crc;
 mod elephant;
 mod error;
 mod gcm;
 mod hash;
 pub mod kdf;
 mod keywrap;
+mod modes;
 #[allow(unsafe_code)] // mlock, madvise
 mod secret;
 mod sector;
@@ -22,8 +23,6 @@ mod spec;
 pub mod testing;
 mod twofish;
 mod unit;
-#[allow(unsafe_code)] // CPU intrinsics
-mod x86;
 
 pub use af::{af_merge, af_split};
 pub use backend::{BACKEND_ENV, Backend};
@@ -36,7 +35,8 @@ pub use keywrap::{aes_key_unwrap, aes_key_wrap};
 pub use secret::{SecretBytes, constant_time_eq};
 pub use sector::{IvOptions, SectorCipher};
 pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
-pub use unit::{UnitCipher, crc32, crc32_update, crc32c_update};
+pub use crc::{crc32, crc32_update, crc32c_update};
+pub use unit::UnitCipher;
 
 /// Fills `buf` from the operating system's random source.
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {

@@ -1,6 +1,7 @@
 //! `SectorCipher`: encrypts and decrypts runs of consecutive sectors exactly as dm-crypt does.
 
 use crate::block::BlockKey;
+use crate::modes::{LrwTable, cbc_generic, cbc_generic_n, lrw, xor_in, xts_generic};
 use crate::secret::LockedBox;
 use crate::spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
 use crate::{Backend, Error, Result};
@@ -26,11 +27,11 @@ enum Engine {
     Xts {
         data: BlockKey,
         tweak: BlockKey,
-        fast: Option<LockedBox<crate::x86::XtsKeys>>,
+        fast: Option<LockedBox<crate::backend::x86::XtsKeys>>,
     },
     Cbc {
         key: BlockKey,
-        fast: Option<LockedBox<crate::x86::AesKeys>>,
+        fast: Option<LockedBox<crate::backend::x86::AesKeys>>,
     },
     Ecb {
         key: BlockKey,
@@ -69,52 +70,6 @@ struct TcwSecrets {
 /// loop-AES v3's seed: 16 key bytes hashed ahead of each sector, padded to an MD5 block.
 #[derive(Zeroize, ZeroizeOnDrop)]
 struct LmkSeed([u8; 64]);
-
-/// LRW's tweak key `K` in GF(2^128), polynomial basis, elements as big-endian integers
-/// (the kernel's "bbe" convention): `pow[i]` = K·x^i, `inc[i]` = K·(x^(i+1) - 1), so that
-/// the tweak of block index `I + 1` is the tweak of `I` XOR `inc[trailing ones of I]`.
-#[derive(Zeroize, ZeroizeOnDrop)]
-pub(crate) struct LrwTable {
-    pow: [u128; 128],
-    inc: [u128; 128],
-}
-
-impl LrwTable {
-    /// The table of tweak key `t`, on locked pages.
-    pub(crate) fn locked(t: &[u8; 16]) -> Result<LockedBox<LrwTable>> {
-        LockedBox::new_with(
-            LrwTable {
-                pow: [0; 128],
-                inc: [0; 128],
-            },
-            |tab| {
-                tab.fill(t);
-                Ok(())
-            },
-        )
-    }
-
-    fn fill(&mut self, k: &[u8; 16]) {
-        let mut p = u128::from_be_bytes(*k);
-        let mut acc = 0u128;
-        for i in 0..128 {
-            self.pow[i] = p;
-            acc ^= p;
-            self.inc[i] = acc;
-            p = crate::sector::gf_mul_x(p);
-        }
-    }
-
-    /// K·i.
-    fn mul(&self, i: u128) -> u128 {
-        let mut t = 0u128;
-        for (bit, p) in self.pow.iter().enumerate() {
-            // Branch-free: the index is public (a block number), the table is not.
-            t ^= p & 0u128.wrapping_sub((i >> bit) & 1);
-        }
-        t
-    }
-}
 
 /// A volume cipher bound to its key, sector size and IV numbering.
 ///
@@ -298,12 +253,12 @@ impl SectorCipher {
                 Engine::Xts {
                     data: BlockKey::new(c, k1)?,
                     tweak: BlockKey::new(c, k2)?,
-                    fast: fast.then(|| crate::x86::XtsKeys::new(k1, k2)).flatten(),
+                    fast: fast.then(|| crate::backend::x86::XtsKeys::new(k1, k2)).flatten(),
                 }
             }
             (c, ChainMode::Cbc) => Engine::Cbc {
                 key: BlockKey::new(c, key)?,
-                fast: fast.then(|| crate::x86::AesKeys::new(key)).flatten(),
+                fast: fast.then(|| crate::backend::x86::AesKeys::new(key)).flatten(),
             },
             (c, ChainMode::Ecb) => Engine::Ecb {
                 key: BlockKey::new(c, key)?,
@@ -406,7 +361,7 @@ impl SectorCipher {
     /// sectors (a small IV buffer for small requests, as in `process_small_or_batched`).
     fn xts_from_batches<const N: usize>(
         &self,
-        keys: &crate::x86::XtsKeys,
+        keys: &crate::backend::x86::XtsKeys,
         sector: u64,
         src: &[u8],
         dst: &mut [u8],
@@ -429,7 +384,7 @@ impl SectorCipher {
     fn plain64_ivs(&self, first: u64, ivs: &mut [[u8; 16]]) {
         let step = self.iv_step();
         for (i, iv) in ivs.iter_mut().enumerate() {
-            crate::x86::store_u64_le_block(iv, first.wrapping_add(step.wrapping_mul(i as u64)));
+            crate::backend::x86::store_u64_le_block(iv, first.wrapping_add(step.wrapping_mul(i as u64)));
         }
     }
 
@@ -700,7 +655,7 @@ fn tcw_whitening(t: &TcwSecrets, n: u64) -> [u8; 8] {
         *b = t.whitening[i] ^ nb[i % 8];
     }
     for w in buf.chunks_exact_mut(4) {
-        let c = crate::unit::crc32_update(0, w);
+        let c = crate::crc::crc32_update(0, w);
         w.copy_from_slice(&c.to_le_bytes());
     }
     for i in 0..4 {
@@ -741,126 +696,6 @@ fn lmk_iv(seed: Option<&[u8; 64]>, n: u64, sector: &[u8]) -> [u8; 16] {
     buf.zeroize();
     state.zeroize();
     iv
-}
-
-/// Multiplies an XTS tweak by α (x) in GF(2^128), little-endian as IEEE 1619 defines.
-#[inline]
-pub(crate) fn gf_mul_x(t: u128) -> u128 {
-    (t << 1) ^ ((t >> 127) * 0x87)
-}
-
-/// Blocks handled per pass of the generic XTS loop.
-const XTS_CHUNK: usize = 32;
-
-pub(crate) fn xts_generic(
-    k1: &BlockKey,
-    k2: &BlockKey,
-    ivs: &mut [[u8; 16]],
-    data: &mut [u8],
-    ss: usize,
-    enc: bool,
-) {
-    let mut tweaks = [[0u8; 16]; XTS_CHUNK];
-    for (iv, sector) in ivs.iter_mut().zip(data.chunks_mut(ss)) {
-        k2.encrypt_blocks(iv);
-        let mut t = u128::from_le_bytes(*iv);
-        for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
-            let n = chunk.len() / 16;
-            for tw in tweaks[..n].iter_mut() {
-                *tw = t.to_le_bytes();
-                t = gf_mul_x(t);
-            }
-            xor_in(chunk, tweaks[..n].as_flattened());
-            if enc {
-                k1.encrypt_blocks(chunk)
-            } else {
-                k1.decrypt_blocks(chunk)
-            }
-            xor_in(chunk, tweaks[..n].as_flattened());
-        }
-    }
-    tweaks.as_flattened_mut().zeroize();
-}
-
-/// LRW (the kernel's `lrw` template): block `j` of a sector whose IV, read as a big-endian
-/// integer, is `I` is whitened before and after the cipher with K·(I + j).
-pub(crate) fn lrw(
-    key: &BlockKey,
-    table: &LrwTable,
-    ivs: &[[u8; 16]],
-    data: &mut [u8],
-    ss: usize,
-    enc: bool,
-) {
-    let mut tweaks = [[0u8; 16]; XTS_CHUNK];
-    for (iv, sector) in ivs.iter().zip(data.chunks_mut(ss)) {
-        let mut i = u128::from_be_bytes(*iv);
-        let mut t = table.mul(i);
-        for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
-            let n = chunk.len() / 16;
-            for tw in tweaks[..n].iter_mut() {
-                *tw = t.to_be_bytes();
-                t ^= table.inc[(i.trailing_ones() as usize).min(127)];
-                i = i.wrapping_add(1);
-            }
-            xor_in(chunk, tweaks[..n].as_flattened());
-            if enc {
-                key.encrypt_blocks(chunk)
-            } else {
-                key.decrypt_blocks(chunk)
-            }
-            xor_in(chunk, tweaks[..n].as_flattened());
-        }
-        t.zeroize();
-    }
-    tweaks.as_flattened_mut().zeroize();
-}
-
-fn cbc_generic(key: &BlockKey, ivs: &[[u8; 16]], data: &mut [u8], ss: usize, enc: bool) {
-    cbc_generic_n(key, key.block_size(), ivs, data, ss, enc)
-}
-
-/// CBC over sectors of `ss` bytes with blocks of `bs` bytes (16 or 8); each sector's IV is
-/// the first `bs` bytes of its entry in `ivs`.
-pub(crate) fn cbc_generic_n(
-    key: &BlockKey,
-    bs: usize,
-    ivs: &[[u8; 16]],
-    data: &mut [u8],
-    ss: usize,
-    enc: bool,
-) {
-    for (iv, sector) in ivs.iter().zip(data.chunks_mut(ss)) {
-        let mut prev = *iv;
-        let prev = &mut prev[..bs];
-        if enc {
-            for b in sector.chunks_exact_mut(bs) {
-                xor_in(b, prev);
-                key.encrypt_blocks(b);
-                prev.copy_from_slice(b);
-            }
-        } else {
-            // Keep a copy of each chunk's ciphertext: it chains into the next block.
-            let mut saved = [0u8; 16 * XTS_CHUNK];
-            for chunk in sector.chunks_mut(16 * XTS_CHUNK) {
-                let saved = &mut saved[..chunk.len()];
-                saved.copy_from_slice(chunk);
-                key.decrypt_blocks(chunk);
-                xor_in(&mut chunk[..bs], prev);
-                xor_in(&mut chunk[bs..], &saved[..saved.len() - bs]);
-                prev.copy_from_slice(&saved[saved.len() - bs..]);
-            }
-            saved.zeroize();
-        }
-        prev.zeroize();
-    }
-}
-
-#[inline]
-pub(crate) fn xor_in(dst: &mut [u8], src: &[u8]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d ^= s;
-    }
 }
 
 #[cfg(test)]

@@ -31,11 +31,11 @@ pub fn xts_data_unit(
     let (k1, k2) = key.split_at(key.len() / 2);
     let mut ivs = [iv];
     let unit = data.len();
-    if let Some(fast) = crate::x86::XtsKeys::new(k1, k2).filter(|_| backend != Backend::Generic) {
+    if let Some(fast) = crate::backend::x86::XtsKeys::new(k1, k2).filter(|_| backend != Backend::Generic) {
         fast.xts(backend, &mut ivs, data, unit, encrypt);
         return Ok(());
     }
-    crate::sector::xts_generic(
+    crate::modes::xts_generic(
         &BlockKey::new(BlockCipherAlg::Aes, k1)?,
         &BlockKey::new(BlockCipherAlg::Aes, k2)?,
         &mut ivs,

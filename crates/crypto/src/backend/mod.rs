@@ -1,5 +1,9 @@
 //! Runtime choice of the AES implementation, with an override so tests can force each one.
 
+pub(crate) mod generic;
+#[allow(unsafe_code)] // CPU intrinsics
+pub(crate) mod x86;
+
 use crate::{Error, Result};
 
 /// Environment variable that forces a backend: `vaes512`, `vaes256`, `aesni` or `generic`.

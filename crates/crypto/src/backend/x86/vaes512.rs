@@ -652,7 +652,7 @@ mod tests {
         for key_len in [16usize, 32] {
             let k1: Vec<u8> = (0..key_len).map(|i| (i * 7 + 3) as u8).collect();
             let k2: Vec<u8> = (0..key_len).map(|i| (i * 11 + 5) as u8).collect();
-            let keys = crate::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
+            let keys = crate::backend::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
             for unit in [16usize, 48, 512, 560, 1024, 1536, 1552, 2048, 2096] {
                 for enc in [true, false] {
                     let data: Vec<u8> = (0..3 * unit).map(|i| (i * 31 + unit) as u8).collect();
@@ -683,7 +683,7 @@ mod tests {
         use core::arch::x86_64::_mm512_set1_epi8;
         let k1: Vec<u8> = (0..32u8).collect();
         let k2: Vec<u8> = (32..64u8).collect();
-        let keys = crate::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
+        let keys = crate::backend::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
         let mut rk = [[0u8; 16]; 15];
         for (i, r) in rk.iter_mut().enumerate() {
             *r = [i as u8 * 17 + 1; 16];

@@ -793,7 +793,7 @@ mod tests {
         for key_len in [16usize, 32] {
             let k1: Vec<u8> = (0..key_len).map(|i| (i * 7 + 3) as u8).collect();
             let k2: Vec<u8> = (0..key_len).map(|i| (i * 11 + 5) as u8).collect();
-            let keys = crate::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
+            let keys = crate::backend::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
             for unit in [16usize, 48, 304, 560, 784] {
                 for enc in [true, false] {
                     let data: Vec<u8> = (0..3 * unit).map(|i| (i * 31 + unit) as u8).collect();
@@ -820,7 +820,7 @@ mod tests {
         for key_len in [16usize, 32] {
             let k1: Vec<u8> = (0..key_len).map(|i| (i * 13 + 1) as u8).collect();
             let k2: Vec<u8> = (0..key_len).map(|i| (i * 29 + 7) as u8).collect();
-            let keys = crate::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
+            let keys = crate::backend::x86::XtsKeys::new(&k1, &k2).expect("AES-NI present");
             for unit in [512usize, 4096] {
                 for units in [1usize, 2, 3, 8, 9] {
                     for enc in [true, false] {
