@@ -15,7 +15,7 @@ pub mod runner;
 pub mod target;
 mod vm;
 
-pub use preset::Preset;
 pub use config::Config;
+pub use preset::Preset;
 pub use runner::run;
 pub use target::CipherChoice;

@@ -3,8 +3,8 @@
 
 use crate::config::Config;
 use crate::fio::{IoPath, Workload, command_line, fio_args, parse_fio_json};
-use crate::progress::Progress;
 use crate::model::{Index, Meta, RunRecord, Status, TargetRecord};
+use crate::progress::Progress;
 use crate::target::{HostEnv, HostTarget, host_targets, which};
 use crate::vm::VmTarget;
 use std::path::{Path, PathBuf};

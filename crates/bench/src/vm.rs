@@ -2,9 +2,9 @@
 //! cryptblk over ublk, measured by fio on block devices inside a throwaway VM. The guest
 //! runs a generated script (`guest.sh` in the report directory, mounted at /results).
 
+use crate::config::Config;
 use crate::fio::{IoPath, Workload, command_line, fio_args, shell_quote};
 use crate::model::{Index, RunRecord, Status, TargetRecord};
-use crate::config::Config;
 use crate::progress::Progress;
 use crate::target::CipherChoice;
 use std::fmt::Write as _;

@@ -4,8 +4,8 @@
 //! message given in pieces. Only the vaes512 path has it: [`AesGcm::new`] says where it is
 //! unavailable, and callers keep another AEAD for those CPUs.
 
-use crate::secret::{LockedBox, constant_time_eq, wipe_blocks};
 use crate::backend::x86::GcmKeys;
+use crate::secret::{LockedBox, constant_time_eq, wipe_blocks};
 use crate::{Backend, Error, Result};
 
 /// Longest text one nonce may protect: 2^32 - 2 blocks (SP 800-38D §5.2.1.1).

@@ -27,6 +27,7 @@ mod unit;
 pub use af::{af_merge, af_split};
 pub use backend::{BACKEND_ENV, Backend};
 pub use ccm::{aes_ccm_decrypt, aes_ccm_encrypt};
+pub use crc::{crc32, crc32_update, crc32c_update};
 pub use error::{Error, Result};
 pub use gcm::{AesGcm, GcmMessage};
 pub use hash::HashAlg;
@@ -35,7 +36,6 @@ pub use keywrap::{aes_key_unwrap, aes_key_wrap};
 pub use secret::{SecretBytes, constant_time_eq};
 pub use sector::{IvOptions, SectorCipher};
 pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
-pub use crc::{crc32, crc32_update, crc32c_update};
 pub use unit::UnitCipher;
 
 /// Fills `buf` from the operating system's random source.

@@ -253,12 +253,16 @@ impl SectorCipher {
                 Engine::Xts {
                     data: BlockKey::new(c, k1)?,
                     tweak: BlockKey::new(c, k2)?,
-                    fast: fast.then(|| crate::backend::x86::XtsKeys::new(k1, k2)).flatten(),
+                    fast: fast
+                        .then(|| crate::backend::x86::XtsKeys::new(k1, k2))
+                        .flatten(),
                 }
             }
             (c, ChainMode::Cbc) => Engine::Cbc {
                 key: BlockKey::new(c, key)?,
-                fast: fast.then(|| crate::backend::x86::AesKeys::new(key)).flatten(),
+                fast: fast
+                    .then(|| crate::backend::x86::AesKeys::new(key))
+                    .flatten(),
             },
             (c, ChainMode::Ecb) => Engine::Ecb {
                 key: BlockKey::new(c, key)?,
@@ -384,7 +388,10 @@ impl SectorCipher {
     fn plain64_ivs(&self, first: u64, ivs: &mut [[u8; 16]]) {
         let step = self.iv_step();
         for (i, iv) in ivs.iter_mut().enumerate() {
-            crate::backend::x86::store_u64_le_block(iv, first.wrapping_add(step.wrapping_mul(i as u64)));
+            crate::backend::x86::store_u64_le_block(
+                iv,
+                first.wrapping_add(step.wrapping_mul(i as u64)),
+            );
         }
     }
 

@@ -31,7 +31,9 @@ pub fn xts_data_unit(
     let (k1, k2) = key.split_at(key.len() / 2);
     let mut ivs = [iv];
     let unit = data.len();
-    if let Some(fast) = crate::backend::x86::XtsKeys::new(k1, k2).filter(|_| backend != Backend::Generic) {
+    if let Some(fast) =
+        crate::backend::x86::XtsKeys::new(k1, k2).filter(|_| backend != Backend::Generic)
+    {
         fast.xts(backend, &mut ivs, data, unit, encrypt);
         return Ok(());
     }

@@ -2,8 +2,8 @@
 //! encrypted outside the sector scheme (TrueCrypt/VeraCrypt's 448-byte header).
 
 use crate::block::BlockKey;
-use crate::secret::LockedBox;
 use crate::modes::{LrwTable, cbc_generic_n, lrw, xts_generic};
+use crate::secret::LockedBox;
 use crate::spec::{BlockCipherAlg, ChainMode};
 use crate::{Error, Result};
 

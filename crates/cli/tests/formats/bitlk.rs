@@ -9,7 +9,6 @@
 //! dm-crypt as root), cryptsetup's `bitlkDump` (text and volume key, which work without
 //! root here), and dislocker 0.7 (`dislocker-file`) decrypting what cryptblk wrote.
 
-
 use crate::common::*;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

@@ -10,7 +10,6 @@
 //!   what it wrote. Both-way interop with the kernel's dm-crypt for the same families runs
 //!   in the VM suite (tests/vm/dmcrypt-interop.sh).
 
-
 use crate::common::*;
 
 #[test]

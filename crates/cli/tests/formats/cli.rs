@@ -1,6 +1,5 @@
 //! The `cryptblk` binary end to end, checked against the real cryptsetup.
 
-
 use crate::common::{bin, ok, run_in as run, tool};
 use std::path::PathBuf;
 use std::process::Output;

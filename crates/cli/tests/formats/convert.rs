@@ -4,7 +4,6 @@
 //! byte; passphrases and data survive both ways; what LUKS1 cannot hold is refused, by
 //! both tools, with the image unchanged.
 
-
 use crate::common::*;
 
 const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];

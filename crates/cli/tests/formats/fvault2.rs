@@ -9,7 +9,6 @@
 //! libfvde's tools cannot read this image (its secondary metadata is stripped), so they
 //! are no reference here.
 
-
 use crate::common::*;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};

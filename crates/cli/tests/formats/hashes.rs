@@ -5,7 +5,6 @@
 //! cryptsetup here does not offer, goes through cryptblk alone (format, keyslots, data),
 //! and the test says so.
 
-
 use crate::common::*;
 
 const KDF: [&str; 2] = ["--pbkdf-force-iterations", "1000"];

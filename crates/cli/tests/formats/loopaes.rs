@@ -4,7 +4,6 @@
 //! suite (tests/vm/dmcrypt-interop.sh); the lmk cipher's known answers come from dm-crypt
 //! (crates/crypto/tests/data/dmcrypt.txt).
 
-
 use crate::common::*;
 
 fn key_file(n: usize, seed: u8) -> Vec<u8> {

@@ -4,7 +4,6 @@
 //! segments, requirements), `--dump-volume-key` and `--dump-json-metadata`. Every header is made by the real
 //! cryptsetup; its own dump is the expected output.
 
-
 use crate::common::*;
 
 const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];

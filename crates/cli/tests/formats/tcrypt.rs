@@ -7,7 +7,6 @@
 //! itself cannot open any of them on this host (no AF_ALG); the kernel's dm-crypt reads
 //! them in the VM suite (tests/vm/dmcrypt-interop.sh), with data cryptblk wrote.
 
-
 use crate::common::*;
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,6 @@
 //! (crypto-shred), `luksConvertKey` (a keyslot's PBKDF), `token` (add, import, export,
 //! unassign, remove), and cryptsetup's command names as aliases.
 
-
 use crate::common::*;
 
 struct Lab {

@@ -5,7 +5,6 @@
 //! is intact (plaintext untouched when the header never got written) and either tool
 //! finishes.
 
-
 use crate::common::*;
 
 const MIB: usize = 1 << 20;

@@ -5,7 +5,6 @@
 //! the data survives and either tool finishes; cryptsetup opens the result and an
 //! independent AES-XTS with the key it dumps decrypts the data.
 
-
 use crate::common::*;
 
 const MIB: usize = 1 << 20;

@@ -10,5 +10,5 @@ mod xts;
 
 mod encrypt;
 mod encrypt_shift;
-mod reencrypt;
 mod online_reencrypt;
+mod reencrypt;

@@ -5,7 +5,6 @@
 //! resumes online; a `close` mid-job leaves a state cryptsetup resumes; bad requests
 //! change nothing.
 
-
 use crate::common::*;
 use serde_json::Value;
 use std::process::{Child, Command, Output, Stdio};

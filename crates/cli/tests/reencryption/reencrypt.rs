@@ -4,7 +4,6 @@
 //! intact and either finishes; the result is checked against an independent decryption
 //! with the new volume key as cryptsetup dumps it.
 
-
 use crate::common::*;
 
 const MIB: usize = 1 << 20;

@@ -4,7 +4,6 @@
 //! that were still unflushed changed. Also: the killed server's stale pid and control
 //! socket files, its NBD socket and its image lock do not block reopening.
 
-
 use crate::common::ceph::Cluster;
 use crate::common::nbd::NbdClient;
 use crate::common::{bin, ok, run_in, tool, wait_exited};

@@ -1,7 +1,6 @@
 //! `open --fuse` end to end: the volume as a file, under a loop device, ext4 and the real
 //! tools (losetup, mkfs.ext4, mount, qemu-img's LUKS driver as an independent reader).
 
-
 use crate::common::{bin, tool};
 use std::path::{Path, PathBuf};
 use std::process::Output;

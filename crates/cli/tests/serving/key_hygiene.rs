@@ -2,7 +2,6 @@
 //! nor its environment, the process is not dumpable, and in its memory (read as root through
 //! /proc/PID/mem) the volume key sits only in mlocked pages while the passphrase is gone.
 
-
 use crate::common::nbd::NbdClient;
 use crate::common::{bin, ok, run_in};
 use std::os::unix::fs::FileExt;

@@ -3,7 +3,6 @@
 //! fails without its fix. Tests that act as another user need root to create one; without
 //! it they say so loudly (NOT RUN) instead of passing silently.
 
-
 use crate::common::{LocalUser, SharedDir, bin, is_root, ok, run_in, tool};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

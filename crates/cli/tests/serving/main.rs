@@ -7,14 +7,14 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod serve;
+mod durability;
 mod fuse;
-mod ublk;
-mod resize;
-mod suspend;
-mod nbd_stress;
 mod key_hygiene;
 mod local_users;
-mod durability;
-mod remote;
+mod nbd_stress;
 mod rbd;
+mod remote;
+mod resize;
+mod serve;
+mod suspend;
+mod ublk;

@@ -2,7 +2,6 @@
 //! controls every byte: several connections writing overlapping ranges against a model,
 //! clients vanishing in the middle of a request, and a backing filesystem that fills up.
 
-
 use crate::common::nbd::{CMD_READ, CMD_WRITE, NbdClient};
 use crate::common::{bin, ok, run_in, tool};
 use std::io::Write;

@@ -6,7 +6,6 @@
 //! writer out; a missing pool, a missing image and a cluster that is down are clear errors.
 //! One test runs the scenarios in order on one cluster (it takes about 5 s to start).
 
-
 use crate::common::ceph::Cluster;
 use crate::common::{bin, ok, run_in, serve_nbd_unix, tool};
 use std::path::Path;

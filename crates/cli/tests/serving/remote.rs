@@ -6,7 +6,6 @@
 //! client certificates. Also the bad inputs: nothing listening, an unknown export, a
 //! read-only export, the wrong CA.
 
-
 use crate::common::{bin, free_port, make_pki, ok, run_in, serve_nbd_unix, tool};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -363,7 +362,10 @@ fn cryptsetup_volume_on_nbdkit_export_opens_and_dumps() {
     ));
     let remote = nbdkit(&s.path("remote.img"), &s.path("k.sock"));
     let ours = ok(&run(&["dump", &remote.uri]));
-    let theirs = ok(&crate::common::cryptsetup(&cs, &["luksDump", &s.p("remote.img")]));
+    let theirs = ok(&crate::common::cryptsetup(
+        &cs,
+        &["luksDump", &s.p("remote.img")],
+    ));
     // cryptsetup names the device in its dump; everything else is the same.
     let strip = |t: &str| {
         t.lines()

@@ -3,7 +3,6 @@
 //! new size, and data written past the old end reads back, also after a reopen; an
 //! explicit smaller size shrinks it and I/O past it fails; bad requests change nothing.
 
-
 use crate::common::*;
 use std::process::Output;
 

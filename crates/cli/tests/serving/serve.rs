@@ -1,6 +1,5 @@
 //! `open --nbd` end to end with the real NBD clients (fio, qemu-img, nbdinfo, nbdcopy).
 
-
 use crate::common::{bin, free_port, make_pki, tool};
 use std::path::Path;
 use std::process::Output;

@@ -4,7 +4,6 @@
 //! memory (scanned through /proc/PID/mem as root: present before, absent while suspended,
 //! present again after resume).
 
-
 use crate::common::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

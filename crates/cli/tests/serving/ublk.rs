@@ -1,7 +1,6 @@
 //! `open --ublk` on the host. The kernel side is tested in the VM (tests/vm/ublk.sh); here:
 //! option checks, and a clear error where the kernel has no ublk.
 
-
 use crate::common::{bin, run_in};
 use std::path::Path;
 

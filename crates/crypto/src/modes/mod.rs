@@ -15,7 +15,6 @@ pub(crate) use xts::xts_generic;
 /// live on the stack).
 pub(crate) const BLOCKS_PER_PASS: usize = 32;
 
-
 /// Multiplies an XTS tweak by α (x) in GF(2^128), little-endian as IEEE 1619 defines.
 #[inline]
 pub(crate) fn gf_mul_x(t: u128) -> u128 {

@@ -9,7 +9,6 @@
 //! * `CRYPTBLK_CRYPTO_BACKEND` is honoured by `SectorCipher::new` (checked in a child process,
 //!   so no test has to mutate its own environment).
 
-
 use crate::common::{Rng, assert_bytes_eq, backends};
 use cryptblk_crypto::{
     BACKEND_ENV, Backend, CipherSpec, HashAlg, IvOptions, SectorCipher, af_merge, af_split,
@@ -306,7 +305,7 @@ fn probe(value: Option<&str>) -> String {
         None => "backend_env_probe".to_string(),
     };
     cmd.args(["--exact", &name, "--nocapture", "--test-threads=1"])
-    .env(PROBE, "1");
+        .env(PROBE, "1");
     match value {
         Some(v) => cmd.env(BACKEND_ENV, v),
         None => cmd.env_remove(BACKEND_ENV),

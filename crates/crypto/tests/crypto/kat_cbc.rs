@@ -8,7 +8,6 @@
 //!   sector starting with the F.2 ciphertext decrypts to `P1 ^ IV, P2, P3, P4` too.
 //! * `aes-cbc-essiv:sha256` sectors produced with the OpenSSL command line (`data/essiv.txt`).
 
-
 use crate::common::{Rng, assert_bytes_eq, backends, load};
 use cryptblk_crypto::{Backend, CipherSpec, IvOptions, SectorCipher};
 

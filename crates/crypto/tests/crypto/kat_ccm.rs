@@ -3,7 +3,6 @@
 //! Each case encrypts to the expected ciphertext and tag, decrypts back, and a flipped
 //! bit in the ciphertext or the tag is refused.
 
-
 use cryptblk_crypto::{aes_ccm_decrypt, aes_ccm_encrypt};
 
 #[test]

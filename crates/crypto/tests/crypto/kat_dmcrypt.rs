@@ -6,7 +6,6 @@
 //! cryptblk implements beside AES-XTS/CBC, on every backend.
 //! Each record is checked whole, per sector, and as the tail of a longer run, both ways.
 
-
 use crate::common::{assert_bytes_eq, backends, load};
 use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
 

@@ -5,7 +5,6 @@
 //! decrypts back, and a flipped bit in the ciphertext or the tag is refused. The code runs
 //! on the vaes512 backend only: elsewhere the test says loudly that it did not run.
 
-
 use cryptblk_crypto::AesGcm;
 
 #[test]

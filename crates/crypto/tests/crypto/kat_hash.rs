@@ -3,7 +3,6 @@
 //! SHA-3, Whirlpool, BLAKE2b/s, SM3, Streebog, each from an implementation other than
 //! cryptblk's (see the file's header).
 
-
 use crate::common::{assert_bytes_eq, load};
 use cryptblk_crypto::HashAlg;
 use std::collections::BTreeMap;

@@ -2,7 +2,6 @@
 //! (RFC 9106 vectors need the secret and associated data) and, where those are empty,
 //! through `Kdf::derive` as well.
 
-
 use crate::common::{assert_bytes_eq, load};
 use cryptblk_crypto::kdf::argon2_raw;
 use cryptblk_crypto::{Argon2Variant, HashAlg, Kdf};

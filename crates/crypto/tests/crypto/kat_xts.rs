@@ -9,7 +9,6 @@
 //!
 //! Vectors with arbitrary 128-bit tweaks go through `testing::xts_data_unit` (`kat_xtsvs.rs`).
 
-
 use crate::common::{Record, Rng, assert_bytes_eq, backends, load};
 use cryptblk_crypto::{Backend, CipherSpec, IvOptions, SectorCipher};
 

@@ -3,7 +3,6 @@
 //! the NIST CAVP XTSVS subset (`data/xtsvs.txt`, both tweak formats) and all IEEE 1619-2007
 //! whole-block vectors (`data/ieee1619_xts.txt`, including the 32-byte ones).
 
-
 use crate::common::{Record, assert_bytes_eq, backends, load};
 use cryptblk_crypto::Backend;
 use cryptblk_crypto::testing::xts_data_unit;

@@ -12,7 +12,6 @@
 //! come from `openssl dgst -sha256` and `openssl enc -aes-256-ecb`. Decryption must give the
 //! plaintext back on every backend.
 
-
 use crate::common::{Rng, assert_bytes_eq, backends};
 use cryptblk_crypto::{CipherSpec, IvOptions, SectorCipher};
 use std::io::Write;

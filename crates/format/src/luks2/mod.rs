@@ -22,8 +22,6 @@ mod error;
 mod keyslot;
 mod model;
 mod reencrypt;
-mod reencrypt_job;
-mod reencrypt_shift;
 #[cfg(test)]
 mod tests;
 mod token;
@@ -34,11 +32,10 @@ use serde_json::{Map, Value, json};
 pub use binary::HDR_SIZES;
 pub use error::Luks2Error;
 pub use model::{Priority, ReencryptDirection, ReencryptMode, Resilience};
-pub use reencrypt::{REQUIREMENT_V2, REQUIREMENT_V3, StepRecovery};
-pub use reencrypt_job::{
-    ReencryptJob, ReencryptOutcome, ReencryptRequest, ReencryptStep, ResilienceRequest, StepHost,
+pub use reencrypt::{
+    MAX_REDUCE, REQUIREMENT_V2, REQUIREMENT_V3, ReencryptJob, ReencryptOutcome, ReencryptRequest,
+    ReencryptStep, ResilienceRequest, StepHost, StepRecovery,
 };
-pub use reencrypt_shift::MAX_REDUCE;
 pub use token::KEYRING_TOKEN;
 
 use crate::{Error, FormatOptions, KeyslotInfo, LuksHeader, Result, SegmentKey, Storage};

@@ -10,7 +10,6 @@
 //!
 //! Needs cryptsetup (see `common`); a missing binary fails the test.
 
-
 use std::path::Path;
 
 use crate::common::{key_file, try_cryptsetup};
@@ -933,7 +932,8 @@ fn make_base(dir: &Path, luks1: bool) -> Vec<u8> {
         ]
     };
     let name = if luks1 { "base1" } else { "base2" };
-    let img = crate::common::two_passphrase_volume(dir, name, 2 << 20, luks1, (PASS0, PASS1), layout);
+    let img =
+        crate::common::two_passphrase_volume(dir, name, 2 << 20, luks1, (PASS0, PASS1), layout);
     std::fs::read(img).unwrap()
 }
 

@@ -22,7 +22,6 @@
 //!
 //! Needs cryptsetup; a missing binary fails the test.
 
-
 use std::path::Path;
 
 use crate::common::{key_file, test_passphrase};

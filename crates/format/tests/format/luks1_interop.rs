@@ -1,6 +1,5 @@
 //! LUKS1 interoperability with the real cryptsetup, on image files in a temporary directory.
 
-
 use crate::common::*;
 use cryptblk_crypto::{CipherSpec, HashAlg, KdfRequest};
 use cryptblk_format::luks1::Luks1Header;

@@ -3,7 +3,6 @@
 //! Matrix: aes-xts-plain64 (256/512), aes-cbc-essiv:sha256, aes-xts-plain ×
 //! sector 512/4096 × pbkdf2/argon2id × attached/detached header, in both directions.
 
-
 use std::path::{Path, PathBuf};
 
 use crate::common::*;

@@ -4,7 +4,6 @@
 //! that goes away mid-request and comes back. A missing tool fails the test, naming its
 //! package.
 
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

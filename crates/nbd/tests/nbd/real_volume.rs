@@ -1,7 +1,6 @@
 //! Backend failures through the real stack: an encrypted `Volume` whose storage fails with
 //! EIO on chosen ranges, served by `NbdServer`, driven by a client over a Unix socket.
 
-
 use std::io;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};

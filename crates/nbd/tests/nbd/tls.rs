@@ -3,7 +3,6 @@
 //! this crate's client (`nbds://`) against this crate's server, nbdkit and qemu-nbd. All
 //! with certificates made here by a throwaway CA.
 
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;

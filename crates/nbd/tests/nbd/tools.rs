@@ -1,7 +1,6 @@
 //! Drives the server with real NBD clients: nbdinfo, nbdcopy (libnbd-bin), qemu-img and
 //! qemu-io (qemu-utils), fio (fio). A missing tool fails the test, naming its package.
 
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

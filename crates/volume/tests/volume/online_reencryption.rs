@@ -4,7 +4,6 @@
 //! model's data under a new volume key (checked by decrypting with the key cryptsetup
 //! dumps), and a job stopped half-way must be one cryptsetup resumes.
 
-
 use crate::common::*;
 use cryptblk_crypto::{CipherSpec, HashAlg, KdfRequest};
 use cryptblk_device::BlockDevice;

@@ -9,7 +9,6 @@
 //! enters its Nth `fdatasync`, the one after a step's data write). These tests need
 //! cryptsetup and strace; a missing binary fails them instead of skipping.
 
-
 use crate::common::*;
 use cryptblk_device::BlockDevice;
 use cryptblk_format::luks2::Luks2Error;

@@ -7,13 +7,14 @@
 //! `datashift`: the source is never overwritten before it is converted); the last step
 //! reads the moved copy. Finishing wipes the copy. The volume ends `S` bytes smaller than
 //! the device (`R` smaller until the copy's space is handed back when the job finishes,
-//! as cryptsetup leaves it).
+//! as cryptsetup leaves it). Also the source of a key change that moves the data up.
 
-use super::model::{Model, ReencryptDirection, ReencryptMode, Resilience, Segment};
-use super::reencrypt::Reencryption;
-use super::{Luks2Error, Luks2Header, bad, keyslot, section_mut};
+use super::json::{lowest_free, seal_reencryption};
+use super::metadata::Reencryption;
+use crate::luks2::model::{Model, ReencryptDirection, ReencryptMode, Resilience};
+use crate::luks2::{Luks2Error, Luks2Header, bad, keyslot, section_mut};
 use crate::{Error, MemStorage, Result, Storage};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use zeroize::Zeroizing;
 
 /// cryptsetup's cap on `--reduce-device-size`.
@@ -99,7 +100,7 @@ impl Luks2Header {
         dev: &mut dyn Storage,
         reduce: u64,
         passphrase: &[u8],
-        req: &super::ReencryptRequest,
+        req: &crate::luks2::ReencryptRequest,
     ) -> Result<Luks2Header> {
         let dev_size = dev.size()?;
         let shift = reduce / 2;
@@ -143,7 +144,7 @@ impl Luks2Header {
         dev_size: u64,
         data: u64,
         key: &[u8],
-        req: &super::ReencryptRequest,
+        req: &crate::luks2::ReencryptRequest,
     ) -> Result<Value> {
         let shift = self.segment().offset;
         let mut json = self.json.clone();
@@ -177,7 +178,7 @@ impl Luks2Header {
             .get_mut(&digest_id.to_string())
             .ok_or_else(|| bad("digest missing"))?["segments"] = json!([final_id.to_string()]);
         let model = Model::from_json(&json, self.hdr_size)?;
-        let slot = super::reencrypt_job::lowest_free(&model.keyslots)?;
+        let slot = lowest_free(&model.keyslots)?;
         let (gap_off, _) = keyslot::largest_area_gap(&model, self.hdr_size)
             .filter(|g| g.1 >= 4096)
             .ok_or(Luks2Error::NoKeyslotSpace)?;
@@ -188,14 +189,7 @@ impl Luks2Header {
                    "area": {"offset": gap_off.to_string(), "size": "4096",
                             "type": "datashift", "shift_size": shift.to_string()}}),
         );
-        super::reencrypt_job::seal_reencryption(
-            &mut json,
-            self.hdr_size,
-            slot,
-            None,
-            Some(key),
-            &req.kdf,
-        )?;
+        seal_reencryption(&mut json, self.hdr_size, slot, None, Some(key), &req.kdf)?;
         Ok(json)
     }
 }
@@ -235,82 +229,4 @@ fn write_header_last_copy_first(
         dev.sync()?;
     }
     Ok(())
-}
-
-/// The metadata while the data-move step `[off, off+len)` runs (cryptsetup's
-/// `reencrypt_make_hot_segments_encrypt_shift`): the regular segments before the last
-/// plaintext one, that one shrunk by `len` (gone if `len` is all of it), the hot zone
-/// (new layout, flagged), the encrypted part done; then the backups (previous, final,
-/// moved); every encrypted segment bound to the new key.
-pub(crate) fn hot_layout_shift(
-    r: &Reencryption<'_>,
-    json: &Value,
-    hdr_size: u64,
-    off: u64,
-    len: u64,
-) -> Result<Value> {
-    let model = Model::from_json(json, hdr_size)?;
-    let fin = r.final_.1;
-    let mut regular: Vec<(Value, Segment)> = model
-        .segments
-        .iter()
-        .filter(|(_, s)| !s.is_backup())
-        .map(|(id, s)| (json["segments"][id.to_string()].clone(), s.clone()))
-        .collect();
-    let last_linear = regular
-        .iter()
-        .rposition(|(_, s)| s.kind == "linear")
-        .ok_or_else(|| bad("no plaintext left to encrypt"))?;
-    let size = regular[last_linear]
-        .1
-        .size
-        .ok_or_else(|| bad("plaintext segment of dynamic size"))?;
-    let mut at = last_linear + 1;
-    if size > len {
-        regular[last_linear].0["size"] = json!((size - len).to_string());
-    } else {
-        regular.remove(last_linear);
-        at -= 1;
-    }
-    let hot = super::reencrypt_job::seg_json(
-        fin,
-        fin.offset + off,
-        off / 512,
-        Some(len),
-        Some("in-reencryption"),
-    );
-    regular.insert(at, (hot, fin.clone()));
-    let mut segs: Vec<Value> = regular.into_iter().map(|(j, _)| j).collect();
-    let first_backup = segs.len();
-    for (id, _) in [Some(r.previous), Some(r.final_), r.moved]
-        .into_iter()
-        .flatten()
-    {
-        segs.push(json["segments"][id.to_string()].clone());
-    }
-    let new_digest = model
-        .segment_digest(r.final_.0)
-        .map(|(d, _)| d)
-        .ok_or_else(|| bad("no new key digest"))?;
-    let bound: Vec<Value> = segs
-        .iter()
-        .enumerate()
-        .filter(|(i, s)| s["type"] == "crypt" && (*i < first_backup || *i == first_backup + 1))
-        .map(|(i, _)| json!(i.to_string()))
-        .collect();
-    let mut out = json.clone();
-    let mut m = Map::new();
-    for (i, s) in segs.into_iter().enumerate() {
-        m.insert(i.to_string(), s);
-    }
-    out["segments"] = Value::Object(m);
-    // Encrypting, the new key is the only one bound to data.
-    for (id, d) in section_mut(&mut out, "digests")?.iter_mut() {
-        d["segments"] = if *id == new_digest.to_string() {
-            Value::Array(bound.clone())
-        } else {
-            json!([])
-        };
-    }
-    Ok(out)
 }
