@@ -1,5 +1,6 @@
 //! LUKS header and keyslot commands, in cryptsetup's words.
 
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_NO_DEVICE, EXIT_PERMISSION, io_err};
 use crate::passphrase::{KeySource, confirm, get_passphrase, read_key_file};
 use crate::{HeaderArgs, KdfArgs, KeyArgs};
@@ -13,11 +14,6 @@ use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-pub struct Ctx {
-    pub batch: bool,
-    pub verbose: bool,
-}
 
 #[derive(Args, Debug)]
 pub struct DeviceArgs {
@@ -215,9 +211,9 @@ pub(crate) fn header_path<'a>(device: &'a Path, h: &'a HeaderArgs) -> &'a Path {
 
 /// Opens the header device; writers take an exclusive lock so two cryptblk (or a
 /// cryptblk and a running `open`) never change metadata at once.
-pub fn open_header(device: &Path, h: &HeaderArgs, write: bool) -> CliResult<DataDevice> {
+pub fn open_header(ctx: &Ctx, device: &Path, h: &HeaderArgs, write: bool) -> CliResult<DataDevice> {
     let path = header_path(device, h);
-    if let Some(r) = remote(path, !write)? {
+    if let Some(r) = remote(ctx, path, !write)? {
         return Ok(r);
     }
     let f = OpenOptions::new()
@@ -238,8 +234,10 @@ pub fn open_header(device: &Path, h: &HeaderArgs, write: bool) -> CliResult<Data
 
 /// The remote export `path` names (`nbd://...`), connected read-only or read-write; `None`
 /// for a local path.
-pub fn remote(path: &Path, read_only: bool) -> CliResult<Option<DataDevice>> {
-    cryptblk_volume::open_remote(path, read_only).map_err(|e| crate::unlock::volume_error(path, e))
+pub fn remote(ctx: &Ctx, path: &Path, read_only: bool) -> CliResult<Option<DataDevice>> {
+    ctx.devices
+        .open_remote(path, read_only)
+        .map_err(|e| crate::unlock::volume_error(path, cryptblk_volume::Error::Io(e)))
 }
 
 pub fn load(dev: &mut dyn Storage, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
@@ -292,7 +290,7 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     };
     let mut opts = format_options(&a, luks1)?;
     // Check the data device exists before asking anything.
-    let data_size = match remote(&a.device, true)? {
+    let data_size = match remote(ctx, &a.device, true)? {
         Some(r) => {
             // On an RBD image the data starts on an object boundary, as librbd's own
             // encryption formats it (the default offset rounded up to the object size).
@@ -349,7 +347,7 @@ pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
         true,
     )?;
 
-    let mut dev = open_header_for_format(&a)?;
+    let mut dev = open_header_for_format(ctx, &a)?;
     let hdr: Box<dyn LuksHeader> = if luks1 {
         Box::new(Luks1Header::format(&mut dev, &opts, &volume_key, &pass)?)
     } else {
@@ -413,10 +411,10 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
 /// Opens (a detached header: creates, 0600: its keyslots would let another user attack the
 /// passphrase offline) where the header goes, locked against a concurrent format or open
 /// of the same file.
-fn open_header_for_format(a: &FormatArgs) -> CliResult<DataDevice> {
+fn open_header_for_format(ctx: &Ctx, a: &FormatArgs) -> CliResult<DataDevice> {
     use std::os::unix::fs::OpenOptionsExt;
     let hpath = header_path(&a.device, &a.header);
-    if let Some(r) = remote(hpath, false)? {
+    if let Some(r) = remote(ctx, hpath, false)? {
         return Ok(r);
     }
     let dev = if a.header.header.is_some() {
@@ -466,8 +464,8 @@ fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
     }
 }
 
-pub fn add_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, true)?;
+pub fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (_, vk) = unlock(
         &*hdr,
@@ -487,8 +485,8 @@ pub fn add_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn change_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, true)?;
+pub fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (old_slot, vk) = unlock(
         &*hdr,
@@ -507,7 +505,7 @@ pub fn change_key(_ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
 
 pub fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
     let path = header_path(&a.device, &a.header);
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     if load_header(&mut dev).map(|h| h.version()).ok() != Some(2) {
         return Err(CliError::usage(format!(
             "Device {} is not a valid LUKS2 device.",
@@ -541,7 +539,7 @@ pub fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
 }
 
 pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let src = match &a.remove_key_file {
         Some(p) => KeySource {
@@ -570,7 +568,7 @@ pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
 }
 
 pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let active: Vec<u32> = hdr
         .keyslots()
@@ -698,20 +696,20 @@ impl TypeSelect {
     }
 }
 
-pub fn test_passphrase(_ctx: &Ctx, a: TestArgs) -> CliResult<()> {
+pub fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     if a.select.is_bitlk() {
-        crate::dump::bitlk_volume_key(&a.device, &a.key)?;
+        crate::dump::bitlk_volume_key(ctx, &a.device, &a.key)?;
         return Ok(());
     }
     if a.select.is_fvault2() {
-        crate::dump::fvault2_volume_key(&a.device, &a.key)?;
+        crate::dump::fvault2_volume_key(ctx, &a.device, &a.key)?;
         return Ok(());
     }
     if a.select.is_tcrypt()? {
-        crate::unlock::tcrypt_header(&a.device, &a.select.tcrypt_args(&a.header, &a.key))?;
+        crate::unlock::tcrypt_header(ctx, &a.device, &a.select.tcrypt_args(&a.header, &a.key))?;
         return Ok(());
     }
-    let mut dev = open_header(&a.device, &a.header, false)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (slot, _vk) = unlock(
         &*hdr,
@@ -736,7 +734,7 @@ pub struct UuidArgs {
 }
 
 pub fn uuid(ctx: &Ctx, a: UuidArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, a.uuid.is_some())?;
+    let mut dev = open_header(ctx, &a.device, &a.header, a.uuid.is_some())?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     match &a.uuid {
         None => println!("{}", hdr.uuid()),
@@ -775,7 +773,7 @@ pub struct ConfigArgs {
 }
 
 /// `cryptsetup config`: label, subsystem, keyslot priority (LUKS2 only).
-pub fn config(_ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
+pub fn config(ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
     use cryptblk_format::luks2::Priority;
     if a.label.is_none() && a.subsystem.is_none() && a.priority.is_none() {
         return Err(CliError::usage(
@@ -793,7 +791,7 @@ pub fn config(_ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
             )));
         }
     };
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let path = header_path(&a.device, &a.header);
     if load(&mut dev, path)?.version() != 2 {
         return Err(CliError::usage("config is for LUKS2 volumes only"));
@@ -839,7 +837,7 @@ pub fn convert(ctx: &Ctx, a: ConvertArgs) -> CliResult<()> {
         }
     };
     let path = header_path(&a.device, &a.header).to_path_buf();
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let from = load(&mut dev, &path)?.version();
     if from == to {
         return Err(CliError::usage(format!("Device is already LUKS{to} type.")));
@@ -862,7 +860,7 @@ pub fn convert(ctx: &Ctx, a: ConvertArgs) -> CliResult<()> {
 }
 
 pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     confirm(
         ctx.batch,
@@ -876,7 +874,7 @@ pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
 }
 
 pub fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, false)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     match load_header(&mut dev) {
         Ok(h) => {
             if ctx.verbose {
@@ -899,8 +897,8 @@ pub fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
 /// keyslots area (128 MiB), which also bounds every LUKS1 layout cryptsetup makes.
 const MAX_HEADER_BACKUP: u64 = (8 << 20) + (128 << 20);
 
-pub fn header_backup(_ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
-    let mut dev = open_header(&a.device, &a.header, false)?;
+pub fn header_backup(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     let hpath = header_path(&a.device, &a.header).to_path_buf();
     let hdr = load(&mut dev, &hpath)?;
     // The header says how large it is; a hostile one may claim terabytes. It cannot be
@@ -954,7 +952,7 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
         ))
     })?;
     let hpath = header_path(&a.device, &a.header).to_path_buf();
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let size = Storage::size(&dev).map_err(|e| io_err(&hpath, e))?;
     if size < from_backup.header_size() {
         return Err(CliError::new(
@@ -1029,7 +1027,7 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
 /// (both need the passphrase). A header with nothing wrong is left as it is.
 pub fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
     let hpath = header_path(&a.device, &a.header).to_path_buf();
-    let mut dev = open_header(&a.device, &a.header, true)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut magic = [0u8; 8];
     dev.read_at(&mut magic, 0).map_err(|e| io_err(&hpath, e))?;
     if magic[..6] == *cryptblk_format::luks1::MAGIC && magic[6..8] == [0, 1] {
@@ -1074,7 +1072,7 @@ pub fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
     let pass = get_passphrase(&a.key.source(), prompt, false)?;
     // The data: the same open file when the header is attached, else the device.
     let data = if a.header.header.is_some() {
-        open_header(&a.device, &HeaderArgs::default(), true)?
+        open_header(ctx, &a.device, &HeaderArgs::default(), true)?
     } else {
         dev.clone()
     };

@@ -1,6 +1,7 @@
 //! `dump`: what cryptsetup luksDump shows, in its layout (`luksdump.rs`) or as JSON.
 
-use crate::commands::{Ctx, DumpArgs, load, open_header};
+use crate::commands::{DumpArgs, load, open_header};
+use crate::ctx::Ctx;
 use crate::error::CliResult;
 use cryptblk_crypto::Kdf;
 use cryptblk_format::bitlk::BitlkHeader;
@@ -71,7 +72,7 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
         )?;
     }
     let v = a.select.tcrypt_args(&a.header, &a.key);
-    let (header, data_offset) = crate::unlock::tcrypt_header(&a.device, &v)?;
+    let (header, data_offset) = crate::unlock::tcrypt_header(ctx, &a.device, &v)?;
     let shown = a.device.display().to_string();
     if a.dump_volume_key {
         print!("{}", header.dump_volume_key(&shown, data_offset));
@@ -88,6 +89,7 @@ const VOLUME_KEY_WARNING: &str = "The header dump with volume key is sensitive i
 
 /// The FVEK of a BitLocker volume from the secret `key` names (or its clear key).
 pub fn bitlk_volume_key(
+    ctx: &Ctx,
     device: &std::path::Path,
     key: &crate::KeyArgs,
 ) -> CliResult<(BitlkHeader, cryptblk_crypto::SecretBytes)> {
@@ -97,7 +99,7 @@ pub fn bitlk_volume_key(
         read_only: true,
         ..Default::default()
     };
-    let (header, secret) = crate::unlock::bitlk_secret(device, &v)?;
+    let (header, secret) = crate::unlock::bitlk_secret(ctx, device, &v)?;
     let vk = header
         .volume_key(&secret)
         .map_err(|e| crate::unlock::volume_error(device, cryptblk_volume::Error::Format(e)))?;
@@ -108,13 +110,13 @@ pub fn bitlk_volume_key(
 fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     let shown = a.device.display().to_string();
     if !a.dump_volume_key {
-        let h = cryptblk_volume::bitlk_header(&a.device)
+        let h = cryptblk_volume::bitlk_header(&a.device, &ctx.volume_devices())
             .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
         print!("{}", h.dump(&shown));
         return Ok(());
     }
     crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
-    let (h, vk) = bitlk_volume_key(&a.device, &a.key)?;
+    let (h, vk) = bitlk_volume_key(ctx, &a.device, &a.key)?;
     print!("{}", h.dump_volume_key(&shown, &vk));
     Ok(())
 }
@@ -122,11 +124,12 @@ fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
 /// The volume key of a FileVault 2 volume from a passphrase (key file, a line of standard
 /// input, the terminal).
 pub fn fvault2_volume_key(
+    ctx: &Ctx,
     device: &std::path::Path,
     key: &crate::KeyArgs,
 ) -> CliResult<(Fvault2Header, cryptblk_crypto::SecretBytes)> {
     let fail = |e| crate::unlock::volume_error(device, e);
-    let header = cryptblk_volume::fvault2_header(device).map_err(fail)?;
+    let header = cryptblk_volume::fvault2_header(device, &ctx.volume_devices()).map_err(fail)?;
     let pass = crate::passphrase::get_passphrase(
         &key.source(),
         &format!("Enter passphrase for {}: ", device.display()),
@@ -142,13 +145,13 @@ pub fn fvault2_volume_key(
 fn dump_fvault2(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     let shown = a.device.display().to_string();
     if !a.dump_volume_key {
-        let h = cryptblk_volume::fvault2_header(&a.device)
+        let h = cryptblk_volume::fvault2_header(&a.device, &ctx.volume_devices())
             .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
         print!("{}", h.dump(&shown));
         return Ok(());
     }
     crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
-    let (h, vk) = fvault2_volume_key(&a.device, &a.key)?;
+    let (h, vk) = fvault2_volume_key(ctx, &a.device, &a.key)?;
     print!("{}", h.dump_volume_key(&shown, &vk));
     Ok(())
 }
@@ -169,7 +172,7 @@ pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         .as_deref()
         .unwrap_or(&a.device)
         .to_path_buf();
-    let mut dev = open_header(&a.device, &a.header, false)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     let hdr = load(&mut dev, &path)?;
     let volume_key = if a.dump_volume_key {
         // cryptsetup's question, before the passphrase is even asked for.

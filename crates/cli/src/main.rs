@@ -4,6 +4,7 @@
 mod bench;
 mod benchmark;
 mod commands;
+mod ctx;
 mod dump;
 mod error;
 mod frontend;
@@ -183,11 +184,17 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let ctx = commands::Ctx {
+    let ctx = ctx::Ctx {
         batch: cli.batch_mode,
         verbose: cli.verbose,
+        devices: cryptblk_storage::Devices {
+            rbd: cryptblk_storage::RbdOptions {
+                conf: cli.ceph_conf.clone(),
+                id: cli.ceph_id.clone(),
+                read_only: false,
+            },
+        },
     };
-    cryptblk_volume::set_rbd_defaults(cli.ceph_conf.as_deref(), cli.ceph_id.as_deref());
     // Every command that can hold a passphrase or a volume key (all but the benchmark
     // harness, which must be able to trace its peers) is neither dumpable nor ptraceable
     // by other processes of the same user. execve resets the flag, so a `--daemon` child

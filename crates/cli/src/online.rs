@@ -3,7 +3,7 @@
 //! shows the progress until the job ends. Ctrl-C stops the job after its current step;
 //! either tool resumes it later.
 
-use crate::commands::Ctx;
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_USAGE};
 use crate::passphrase::get_passphrase;
 use crate::reencrypt::{Job, ReencryptArgs, show_progress, to_wire};

@@ -4,7 +4,8 @@
 //! and writing). Metadata and resilience data are cryptsetup's, so either tool resumes
 //! (or recovers) what the other started.
 
-use crate::commands::{Ctx, open_header};
+use crate::commands::open_header;
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION, io_err};
 use crate::passphrase::get_passphrase;
 use crate::{HeaderArgs, KdfArgs, KeyArgs};
@@ -308,7 +309,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     }
     // The data device is locked exclusively: a volume being served is reencrypted by the
     // process serving it, never behind its back.
-    let data = match cryptblk_volume::open_data(&a.device, false) {
+    let data = match ctx.volume_devices().open(&a.device, false) {
         Ok(f) => f,
         Err(cryptblk_volume::Error::Busy(what)) => {
             return match crate::online::served_name(&a.device, &a.run_dir)? {
@@ -328,7 +329,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     let new_encryption = a.encrypt
         && !job.resume_only
         && !header_path.exists()
-        && !cryptblk_volume::is_remote(&header_path);
+        && !cryptblk_storage::is_remote(&header_path);
     let new_shift = a.encrypt && job.reduce.is_some() && !job.resume_only && !holds_luks(&data)?;
     let storage: Box<dyn cryptblk_format::Storage> = match &data {
         DataDevice::File(f) => Box::new(
@@ -350,7 +351,7 @@ pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         (DataDevice::File(Arc::new(f)), h, pass)
     } else {
         let mut hdev = match &a.header.header {
-            Some(_) => open_header(&a.device, &a.header, true)?,
+            Some(_) => open_header(ctx, &a.device, &a.header, true)?,
             None => data.clone(),
         };
         let mut hdr = read_luks2(&mut hdev, &header_path)?;

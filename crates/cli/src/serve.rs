@@ -5,7 +5,7 @@
 //! answering `status` and `close`) and NAME.log (the daemon's stderr). The directory is
 //! private (0700, ours, checked before use) and so are its files: see `rundir`.
 
-use crate::commands::Ctx;
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
 use crate::frontend::ublk;
 use crate::rundir::{self, check_name, existing_run_dir};

@@ -3,7 +3,8 @@
 //! between volumes, or add a kernel-keyring token.
 
 use crate::HeaderArgs;
-use crate::commands::{Ctx, header_path, open_header};
+use crate::commands::{header_path, open_header};
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, io_err};
 use clap::Args;
 use cryptblk_format::luks2::Luks2Header;
@@ -44,7 +45,7 @@ fn need<T: Copy>(v: Option<T>, what: &str, action: &str) -> CliResult<T> {
 pub fn token(ctx: &Ctx, a: TokenArgs) -> CliResult<()> {
     let path = header_path(&a.device, &a.header).to_path_buf();
     let write = a.action != "export";
-    let mut dev = open_header(&a.device, &a.header, write)?;
+    let mut dev = open_header(ctx, &a.device, &a.header, write)?;
     if cryptblk_format::load_header(&mut dev)
         .map(|h| h.version())
         .ok()

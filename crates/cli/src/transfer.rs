@@ -1,7 +1,7 @@
 //! `export` / `import`: plaintext of a volume to or from a file, without root or a kernel
 //! mapping (recovery, scripting, and the dm-crypt interop tests).
 
-use crate::commands::Ctx;
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, io_err};
 use crate::unlock::{VolumeArgs, open_volume};
 use clap::Args;
@@ -49,7 +49,7 @@ fn parse_request_size(s: &str) -> Result<usize, String> {
 fn open(ctx: &Ctx, a: &TransferArgs, read_only: bool) -> CliResult<Volume> {
     let mut v = a.vol.clone();
     v.read_only |= read_only;
-    let o = open_volume(&a.device, &v)?;
+    let o = open_volume(ctx, &a.device, &v)?;
     if ctx.verbose {
         let slot = o
             .info

@@ -1,6 +1,7 @@
 //! Opening a volume for the data path: LUKS (passphrase → keyslot) or plain mode
 //! (passphrase hashed, or raw key file), with cryptsetup's option names.
 
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_PERMISSION, io_err};
 use crate::passphrase::{get_passphrase, get_tcrypt_passphrase, read_key_file};
 use crate::{HeaderArgs, KeyArgs};
@@ -11,7 +12,7 @@ use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::plain::PlainParams;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_volume::{
-    OpenOptions, Unlock, UnlockedTcrypt, Volume, VolumeParams, open_plain_with, open_tcrypt,
+    OpenOptions, Unlock, UnlockedTcrypt, Volume, VolumeParams, open_plain_on, open_tcrypt,
     unlock_luks,
 };
 use std::path::Path;
@@ -200,11 +201,14 @@ fn tcrypt_secrets(
 
 /// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in
 /// 512-byte sectors (`test-passphrase`, `dump`).
-pub fn tcrypt_header(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
+pub fn tcrypt_header(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
     let (tc, pass, header) = tcrypt_secrets(device, a)?;
-    let data = cryptblk_volume::open_data(device, true).map_err(|e| volume_error(device, e))?;
+    let devices = ctx.volume_devices();
+    let data = devices
+        .open(device, true)
+        .map_err(|e| volume_error(device, e))?;
     let size = cryptblk_volume::Storage::size(&data).map_err(|e| io_err(device, e))?;
-    let h = cryptblk_volume::tcrypt_header(&data, header.as_deref(), &tc, &pass)
+    let h = cryptblk_volume::tcrypt_header(&data, header.as_deref(), &devices, &tc, &pass)
         .map_err(|e| tcrypt_error(device, e))?;
     let offset = h.data_offset(&tc, size);
     Ok((h, offset))
@@ -212,9 +216,10 @@ pub fn tcrypt_header(device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, 
 
 /// Unlocks a TrueCrypt/VeraCrypt volume: keyfiles from `--key-file`, the passphrase from
 /// a line of standard input or the terminal (empty allowed with keyfiles).
-pub fn unlock_tcrypt(device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
+pub fn unlock_tcrypt(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
     let (tc, pass, header) = tcrypt_secrets(device, a)?;
     let opts = OpenOptions {
+        devices: ctx.volume_devices(),
         header,
         read_only: a.read_only,
         allow_discards: a.allow_discards,
@@ -340,7 +345,7 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
 /// (required), `--key-size` 256 by default (cryptsetup's compiled-in default), `--cipher`
 /// aes, `--offset`/`--skip` in 512-byte sectors (the IV offset follows the offset unless
 /// `--skip` says otherwise).
-fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+fn open_loopaes(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     let Some(f) = a.key.key_file() else {
         return Err(CliError::usage("Option --key-file is required."));
     };
@@ -369,8 +374,12 @@ fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
         read_only: a.read_only,
         allow_discards: a.allow_discards,
     };
-    let volume = open_plain_with(device, &k.key, &params, a.file_io())
+    let data = ctx
+        .volume_devices()
+        .open(device, params.read_only)
         .map_err(|e| volume_error(device, e))?;
+    let volume =
+        open_plain_on(data, &k.key, &params, a.file_io()).map_err(|e| volume_error(device, e))?;
     Ok(OpenedVolume {
         volume,
         info: VolumeInfo {
@@ -387,8 +396,13 @@ fn open_loopaes(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
 /// a line of standard input, the terminal) or a startup key (`--key-file` with the .BEK
 /// file); nothing for a volume whose protection is suspended (its clear key opens it,
 /// as Windows itself does).
-pub fn bitlk_secret(device: &Path, a: &VolumeArgs) -> CliResult<(BitlkHeader, SecretBytes)> {
-    let header = cryptblk_volume::bitlk_header(device).map_err(|e| volume_error(device, e))?;
+pub fn bitlk_secret(
+    ctx: &Ctx,
+    device: &Path,
+    a: &VolumeArgs,
+) -> CliResult<(BitlkHeader, SecretBytes)> {
+    let header = cryptblk_volume::bitlk_header(device, &ctx.volume_devices())
+        .map_err(|e| volume_error(device, e))?;
     if header.has_clear_key() && a.key.key_file().is_none() {
         eprintln!(
             "BitLocker protection of {} is suspended: opening it with its clear key.",
@@ -405,8 +419,9 @@ pub fn bitlk_secret(device: &Path, a: &VolumeArgs) -> CliResult<(BitlkHeader, Se
 }
 
 /// The options of a BitLocker or FileVault 2 mapping (no header file, no keyslots).
-fn foreign_open_options(a: &VolumeArgs) -> OpenOptions {
+fn foreign_open_options(ctx: &Ctx, a: &VolumeArgs) -> OpenOptions {
     OpenOptions {
+        devices: ctx.volume_devices(),
         header: None,
         read_only: a.read_only,
         allow_discards: a.allow_discards,
@@ -424,17 +439,18 @@ fn volume_key_file(a: &VolumeArgs, len: usize) -> CliResult<Option<SecretBytes>>
 }
 
 /// A BitLocker volume (`cryptsetup open --type bitlk`).
-fn open_bitlk(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+fn open_bitlk(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     // The volume's opening refuses what cannot be mapped (before any key search).
-    let opts = foreign_open_options(a);
+    let opts = foreign_open_options(ctx, a);
     let u = match &a.volume_key_file {
         Some(_) => {
-            let h = cryptblk_volume::bitlk_header(device).map_err(|e| volume_error(device, e))?;
+            let h = cryptblk_volume::bitlk_header(device, &ctx.volume_devices())
+                .map_err(|e| volume_error(device, e))?;
             let key = volume_key_file(a, h.encryption.key_bits() / 8)?.expect("given");
             cryptblk_volume::open_bitlk(device, &opts, Unlock::VolumeKey(&key))
         }
         None => {
-            let (_, secret) = bitlk_secret(device, a)?;
+            let (_, secret) = bitlk_secret(ctx, device, a)?;
             cryptblk_volume::open_bitlk(device, &opts, Unlock::Passphrase(&secret))
         }
     }
@@ -461,13 +477,14 @@ const FVAULT2_KEY_LEN: usize = 32;
 
 /// A FileVault 2 volume (`cryptsetup open --type fvault2`): a user's passphrase or the
 /// recovery key, or `--volume-key-file`.
-fn open_fvault2(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
-    let opts = foreign_open_options(a);
+fn open_fvault2(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+    let opts = foreign_open_options(ctx, a);
     let u = match volume_key_file(a, FVAULT2_KEY_LEN)? {
         Some(key) => cryptblk_volume::open_fvault2(device, &opts, Unlock::VolumeKey(&key)),
         None => {
             // Refuse a device that is not FileVault 2 before asking for a passphrase.
-            cryptblk_volume::fvault2_header(device).map_err(|e| volume_error(device, e))?;
+            cryptblk_volume::fvault2_header(device, &ctx.volume_devices())
+                .map_err(|e| volume_error(device, e))?;
             let pass = get_passphrase(
                 &a.key.source(),
                 &format!("Enter passphrase for {}: ", device.display()),
@@ -490,7 +507,7 @@ fn open_fvault2(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
 }
 
 /// Unlocks `device` as the options say.
-pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+pub fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     if let Some(size) = parse_mem(device) {
         return open_memory(size?, a);
     }
@@ -507,6 +524,7 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 false,
             )?;
             let opts = OpenOptions {
+                devices: ctx.volume_devices(),
                 header: a.header.header.clone(),
                 read_only: a.read_only,
                 allow_discards: a.allow_discards,
@@ -551,7 +569,11 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 read_only: a.read_only,
                 allow_discards: a.allow_discards,
             };
-            let volume = open_plain_with(device, &key, &params, a.file_io())
+            let data = ctx
+                .volume_devices()
+                .open(device, params.read_only)
+                .map_err(|e| volume_error(device, e))?;
+            let volume = open_plain_on(data, &key, &params, a.file_io())
                 .map_err(|e| volume_error(device, e))?;
             Ok(OpenedVolume {
                 volume,
@@ -564,11 +586,11 @@ pub fn open_volume(device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
                 header_file: None,
             })
         }
-        "loopaes" => open_loopaes(device, a),
-        "bitlk" => open_bitlk(device, a),
-        "fvault2" => open_fvault2(device, a),
+        "loopaes" => open_loopaes(ctx, device, a),
+        "bitlk" => open_bitlk(ctx, device, a),
+        "fvault2" => open_fvault2(ctx, device, a),
         "tcrypt" => {
-            let u = unlock_tcrypt(device, a)?;
+            let u = unlock_tcrypt(ctx, device, a)?;
             Ok(OpenedVolume {
                 info: VolumeInfo {
                     kind: if u.header.veracrypt {

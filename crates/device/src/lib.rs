@@ -1,13 +1,16 @@
-//! Block devices as frontends (NBD, FUSE, ublk) see them, and the positioned I/O on
-//! the storage under them.
+//! Block devices as frontends (NBD, FUSE, ublk) see them, the positioned I/O on the
+//! storage under them, and the devices a DEVICE argument opens to (opened by a
+//! [`DeviceOpener`]: local files here, remote storage in `cryptblk-storage`).
 
 #![forbid(unsafe_code)]
 
 use std::io;
 
+mod data_device;
 pub mod errno;
 mod partition;
 mod storage;
+pub use data_device::{DataDevice, DeviceOpener, LocalDevices, open_local, open_local_header};
 pub use errno::errno_of;
 pub use partition::{Partition, partition_of};
 pub use storage::{

@@ -1,147 +1,42 @@
 //! One client connection: fixed newstyle handshake, then leader/follower transmission.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::io;
+use std::net::Shutdown;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::proto::*;
-use crate::shared::{Export, Shared, lock};
-use crate::tls::TlsStream;
+use crate::shared::{Export, Shared};
 use cryptblk_device::MAX_EXTENTS;
+use cryptblk_nbd_wire::proto::*;
+use cryptblk_nbd_wire::{AnyStream, lock};
 
-/// A connected client socket (Unix or TCP); all methods take `&self` so the read and write
-/// halves can be used by different threads at the same time.
-pub(crate) enum AnyStream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-    /// Either of the above on a server with TLS configured: plaintext until the client
-    /// sends NBD_OPT_STARTTLS, TLS after.
-    Tls(Box<TlsStream>),
-}
-
-impl AnyStream {
-    pub(crate) fn try_clone(&self) -> io::Result<AnyStream> {
-        Ok(match self {
-            AnyStream::Unix(s) => AnyStream::Unix(s.try_clone()?),
-            AnyStream::Tcp(s) => AnyStream::Tcp(s.try_clone()?),
-            // Only ever used to shut the socket down.
-            AnyStream::Tls(t) => t.raw().try_clone()?,
-        })
-    }
-
-    /// The TLS layer, on a server that has TLS configured.
-    pub(crate) fn tls(&self) -> Option<&TlsStream> {
-        match self {
-            AnyStream::Tls(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    fn tls_active(&self) -> bool {
-        self.tls().is_some_and(TlsStream::is_active)
-    }
-
-    pub(crate) fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+/// `read_some`, polling for up to `poll` first (see `NbdServerBuilder::busy_poll`).
+/// Between two tries the poller yields its CPU: whatever else is runnable there (the
+/// client, this connection's other requests) runs first, so polling only takes time
+/// nobody else wanted. A pure spin took that time from them: at queue depth 16 it cost
+/// ~10 % of the throughput, and at queue depth 1 it was slower than yielding whenever
+/// client and poller shared a core (docs/benchmarks.md). Only a few threads of the
+/// process poll at once: half the CPUs it may run on, and none when that is one (see
+/// `Poller::acquire`).
+fn read_some_polling(stream: &AnyStream, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
+    // Under TLS a readable socket may hold only part of a record: no polling.
+    if !poll.is_zero()
+        && !stream.tls_active()
+        && let Some(_slot) = Poller::acquire()
+    {
+        let start = Instant::now();
         loop {
-            let r = match self {
-                AnyStream::Unix(s) => (&*s).read(buf),
-                AnyStream::Tcp(s) => (&*s).read(buf),
-                AnyStream::Tls(t) => t.read_some(buf),
-            };
-            match r {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => return r,
+            if let Some(n) = stream.try_read(buf)? {
+                return Ok(n);
             }
+            if start.elapsed() >= poll {
+                break;
+            }
+            std::thread::yield_now();
         }
     }
-
-    /// Reads what is there without waiting: `None` when nothing is.
-    fn try_read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        use rustix::net::{RecvFlags, recv};
-        let r = match self {
-            AnyStream::Unix(s) => recv(s, buf, RecvFlags::DONTWAIT),
-            AnyStream::Tcp(s) => recv(s, buf, RecvFlags::DONTWAIT),
-            // Not while TLS is on (see `read_some_polling`).
-            AnyStream::Tls(t) => return t.raw().try_read(buf),
-        };
-        match r {
-            Ok((n, _)) => Ok(Some(n)),
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// `read_some`, polling for up to `poll` first (see `NbdServerBuilder::busy_poll`).
-    /// Between two tries the poller yields its CPU: whatever else is runnable there (the
-    /// client, this connection's other requests) runs first, so polling only takes time
-    /// nobody else wanted. A pure spin took that time from them: at queue depth 16 it cost
-    /// ~10 % of the throughput, and at queue depth 1 it was slower than yielding whenever
-    /// client and poller shared a core (docs/benchmarks.md). Only a few threads of the
-    /// process poll at once: half the CPUs it may run on, and none when that is one (see
-    /// `Poller::acquire`).
-    fn read_some_polling(&self, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
-        // Under TLS a readable socket may hold only part of a record: no polling.
-        if !poll.is_zero()
-            && !self.tls_active()
-            && let Some(_slot) = Poller::acquire()
-        {
-            let start = Instant::now();
-            loop {
-                if let Some(n) = self.try_read(buf)? {
-                    return Ok(n);
-                }
-                if start.elapsed() >= poll {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-        }
-        self.read_some(buf)
-    }
-
-    pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
-        match self {
-            AnyStream::Unix(s) => (&*s).write_all(buf),
-            AnyStream::Tcp(s) => (&*s).write_all(buf),
-            AnyStream::Tls(t) => t.write_all(buf),
-        }
-    }
-
-    pub(crate) fn shutdown(&self, how: Shutdown) {
-        let _ = match self {
-            AnyStream::Unix(s) => s.shutdown(how),
-            AnyStream::Tcp(s) => s.shutdown(how),
-            AnyStream::Tls(t) => {
-                t.raw().shutdown(how);
-                Ok(())
-            }
-        };
-    }
-
-    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) {
-        let _ = match self {
-            AnyStream::Unix(s) => s.set_read_timeout(t),
-            AnyStream::Tcp(s) => s.set_read_timeout(t),
-            AnyStream::Tls(s) => {
-                s.raw().set_read_timeout(t);
-                Ok(())
-            }
-        };
-    }
-
-    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) {
-        let _ = match self {
-            AnyStream::Unix(s) => s.set_write_timeout(t),
-            AnyStream::Tcp(s) => s.set_write_timeout(t),
-            AnyStream::Tls(s) => {
-                s.raw().set_write_timeout(t);
-                Ok(())
-            }
-        };
-    }
+    stream.read_some(buf)
 }
 
 /// Threads of this process busy-polling a socket right now.
@@ -233,7 +128,7 @@ impl ReadBuf {
                     r => filled += r,
                 }
             } else {
-                let r = s.read_some_polling(&mut self.buf, self.poll)?;
+                let r = read_some_polling(s, &mut self.buf, self.poll)?;
                 if r == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }

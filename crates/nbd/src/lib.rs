@@ -1,6 +1,6 @@
-//! An NBD server (fixed newstyle handshake, simple and structured replies) over any
-//! [`cryptblk_device::BlockDevice`], and an NBD client ([`NbdStorage`]: a remote export as
-//! [`cryptblk_device::Storage`]).
+//! An NBD server (fixed newstyle handshake, simple and structured replies, TLS) over any
+//! [`cryptblk_device::BlockDevice`]: a frontend. The wire format and the TLS layer are
+//! `cryptblk-nbd-wire`'s, shared with the client (`cryptblk-storage`'s `NbdStorage`).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -48,12 +48,9 @@
 
 #![forbid(unsafe_code)]
 
-pub mod client;
 mod conn;
 mod pool;
-pub mod proto;
 mod shared;
-mod tls;
 
 use std::collections::HashMap;
 use std::io;
@@ -65,13 +62,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-pub use client::{NbdAddress, NbdClientOptions, NbdStorage, NbdUri};
-use conn::AnyStream;
 use cryptblk_device::BlockDevice;
+use cryptblk_nbd_wire::{AnyStream, TlsStream, lock};
+pub use cryptblk_nbd_wire::{NbdTls, TlsMode, proto};
 use pool::BufferPool;
 pub use shared::Stats;
-use shared::{ConnGuard, Counters, Export, Shared, WakeAddr, lock};
-pub use tls::{NbdClientTls, NbdTls, SYSTEM_CA_BUNDLE, TlsMode};
+use shared::{ConnGuard, Counters, Export, Shared, WakeAddr};
 
 /// Default number of threads serving one connection.
 pub const DEFAULT_THREADS_PER_CONNECTION: usize = 4;
@@ -79,8 +75,7 @@ pub const DEFAULT_THREADS_PER_CONNECTION: usize = 4;
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 /// Default cap on simultaneous connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
-/// Longest export name or description accepted (the protocol's string limit).
-pub const MAX_STRING_LEN: usize = 4096;
+pub use cryptblk_nbd_wire::proto::MAX_STRING_LEN;
 /// Refused connections answered at once (each gets a short-lived thread); beyond, dropped.
 const MAX_REJECTING: usize = 16;
 /// Default cap on the bytes of all large-request buffers of the server together.
@@ -391,7 +386,7 @@ impl NbdServer {
             ));
         };
         self.serve(WakeAddr::Unix(path), || {
-            listener.accept().map(|(s, _)| AnyStream::Unix(s))
+            listener.accept().map(|(s, _)| AnyStream::from(s))
         })
     }
 
@@ -419,14 +414,14 @@ impl NbdServer {
         self.serve(WakeAddr::Tcp(local), || {
             let (s, _) = listener.accept()?;
             let _ = s.set_nodelay(true);
-            Ok(AnyStream::Tcp(s))
+            Ok(AnyStream::from(s))
         })
     }
 
     /// Serves one already connected client on the calling thread until it disconnects
     /// (counted in the stats; not subject to `max_connections`).
     pub fn serve_unix_stream(&self, stream: UnixStream) {
-        let stream = self.wrap(AnyStream::Unix(stream));
+        let stream = self.wrap(AnyStream::from(stream));
         if let Some(id) = self.shared.register(&stream, false) {
             let _guard = ConnGuard {
                 shared: &self.shared,
@@ -457,9 +452,9 @@ impl NbdServer {
 
     /// The connection as served: under a TLS layer when the server has TLS.
     fn wrap(&self, stream: AnyStream) -> AnyStream {
-        match &self.shared.tls {
-            Some(t) => AnyStream::Tls(Box::new(tls::TlsStream::new(stream, t.into()))),
-            None => stream,
+        match (&self.shared.tls, stream) {
+            (Some(t), AnyStream::Plain(s)) => AnyStream::Tls(Box::new(TlsStream::new(s, t.into()))),
+            (_, stream) => stream,
         }
     }
 

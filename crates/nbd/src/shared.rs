@@ -7,13 +7,13 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cryptblk_device::BlockDevice;
 
-use crate::conn::AnyStream;
 use crate::pool::BufferPool;
+use cryptblk_nbd_wire::{AnyStream, lock};
 
 /// How long `serve_*` waits at shutdown for connections to finish their in-flight requests
 /// before forcibly closing them (a client that stopped reading replies would otherwise block
@@ -123,7 +123,7 @@ pub(crate) struct Shared {
     pub(crate) max_connections: usize,
     pub(crate) allow_remote: bool,
     /// TLS offered to clients (NBD_OPT_STARTTLS), when configured.
-    pub(crate) tls: Option<crate::tls::NbdTls>,
+    pub(crate) tls: Option<cryptblk_nbd_wire::NbdTls>,
     /// Clients must switch to TLS before anything else.
     pub(crate) tls_required: bool,
     pub(crate) rejecting: AtomicUsize,
@@ -132,10 +132,6 @@ pub(crate) struct Shared {
     pub(crate) conns: Mutex<HashMap<u64, AnyStream>>,
     pub(crate) conns_changed: Condvar,
     pub(crate) wake: Mutex<Option<WakeAddr>>,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {

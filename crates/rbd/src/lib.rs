@@ -16,7 +16,7 @@
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{OnceLock, RwLock};
 
 use cryptblk_device::Storage;
@@ -732,20 +732,6 @@ impl Storage for RbdStorage {
             }
         )
     }
-}
-
-/// Where `rbd:` devices' cluster configuration comes from when not given per call.
-pub fn default_options() -> &'static std::sync::Mutex<RbdOptions> {
-    static DEFAULT: OnceLock<std::sync::Mutex<RbdOptions>> = OnceLock::new();
-    DEFAULT.get_or_init(Default::default)
-}
-
-/// Sets the cluster configuration file and client id used for `rbd:` devices (the CLI's
-/// `--ceph-conf` and `--ceph-id`).
-pub fn set_defaults(conf: Option<&Path>, id: Option<&str>) {
-    let mut d = default_options().lock().unwrap_or_else(|e| e.into_inner());
-    d.conf = conf.map(Path::to_path_buf);
-    d.id = id.map(str::to_string);
 }
 
 #[cfg(test)]

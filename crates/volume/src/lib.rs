@@ -14,7 +14,6 @@
 // idle-priority threads) need unsafe.
 #![deny(unsafe_code)]
 
-mod device;
 mod error;
 mod mmap;
 mod online;
@@ -24,15 +23,16 @@ mod suspend;
 mod uring;
 mod volume;
 
-pub use cryptblk_device::{MemStorage, Partition, Storage, partition_of};
-pub use cryptblk_rbd::set_defaults as set_rbd_defaults;
-pub use device::{DataDevice, is_remote, open_data, open_remote, rbd_object_size};
+pub use cryptblk_device::{
+    DataDevice, DeviceOpener, LocalDevices, MemStorage, Partition, Storage, partition_of,
+};
 pub use error::{Error, Result};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
-    FileIo, OpenOptions, Unlock, UnlockedBitlk, UnlockedFvault2, UnlockedLuks, UnlockedTcrypt,
-    bitlk_header, fvault2_header, open_bitlk, open_data_file, open_fvault2, open_luks, open_plain,
-    open_plain_with, open_tcrypt, tcrypt_header, unlock_layout, unlock_luks, volume_from_key,
+    Devices, FileIo, OpenOptions, Unlock, UnlockedBitlk, UnlockedFvault2, UnlockedLuks,
+    UnlockedTcrypt, bitlk_header, fvault2_header, open_bitlk, open_fvault2, open_luks, open_plain,
+    open_plain_on, open_plain_with, open_tcrypt, tcrypt_header, unlock_layout, unlock_luks,
+    volume_from_key,
 };
 pub use storage::{FileStorage, IoEngine};
 pub use suspend::Suspended;

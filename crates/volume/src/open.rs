@@ -1,20 +1,23 @@
 //! Opening volumes: LUKS, TrueCrypt/VeraCrypt, BitLocker and FileVault 2 (unlock with a passphrase) or a raw key
 //! (plain mode, tests).
 
-use crate::device::{DataDevice, open_data};
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_crypto::SectorCipher;
+use cryptblk_device::{DataDevice, DeviceOpener, LocalDevices};
 use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::fvault2::Fvault2Header;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_format::{LuksHeader, SegmentKey, load_header};
-use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// How to open a volume.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
+    /// Who opens the DEVICE (and header) arguments: local files and block devices unless
+    /// told otherwise (`cryptblk_storage::Devices` adds NBD exports and RBD images).
+    pub devices: Devices,
     /// Detached header file.
     pub header: Option<PathBuf>,
     /// Open the data file read-only (under a shared lock); the volume then refuses writes,
@@ -27,6 +30,47 @@ pub struct OpenOptions {
     pub key_slot: Option<u32>,
     /// How the data file is read and written.
     pub io: FileIo,
+}
+
+/// The [`DeviceOpener`] a volume's devices are opened with (local files by default).
+#[derive(Clone)]
+pub struct Devices(pub Arc<dyn DeviceOpener>);
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices(Arc::new(LocalDevices))
+    }
+}
+
+impl std::fmt::Debug for Devices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Devices")
+    }
+}
+
+impl Devices {
+    /// The data device `path` names, locked (shared when `read_only`).
+    pub fn open(&self, path: &Path, read_only: bool) -> Result<DataDevice> {
+        self.0.open(path, read_only).map_err(busy)
+    }
+    /// A detached header `path` names (a local file is not locked: a header command that
+    /// writes it takes its own lock).
+    pub fn open_header(&self, path: &Path, read_only: bool) -> Result<DataDevice> {
+        self.0.open_header(path, read_only).map_err(busy)
+    }
+}
+
+/// A device another process holds, as [`Error::Busy`].
+fn busy(e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::ResourceBusy {
+        Error::Busy(
+            e.to_string()
+                .trim_end_matches(" is in use by another process")
+                .to_string(),
+        )
+    } else {
+        Error::Io(e)
+    }
 }
 
 /// How the data file is read and written.
@@ -62,19 +106,6 @@ impl FileIo {
     }
 }
 
-/// Opens a detached header (a file, or a remote export), read-write unless `read_only`.
-fn open_header_device(path: &Path, read_only: bool) -> Result<DataDevice> {
-    match crate::device::open_remote(path, read_only)? {
-        Some(r) => Ok(r),
-        None => Ok(DataDevice::File(std::sync::Arc::new(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(!read_only)
-                .open(path)?,
-        ))),
-    }
-}
-
 /// An unlocked LUKS volume with the header it came from.
 pub struct UnlockedLuks {
     /// The volume, ready for I/O.
@@ -89,36 +120,6 @@ pub struct UnlockedLuks {
     pub header_file: DataDevice,
 }
 
-/// Opens a file or block device for the data path, locked against a second opener
-/// (exclusive for read-write, shared for read-only).
-pub fn open_data_file(path: &Path, read_only: bool) -> Result<File> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    // A block device is opened exclusively (O_EXCL), as cryptsetup opens what it maps: a
-    // device that is mounted, mapped by dm-crypt or held by another cryptblk is refused,
-    // and while we hold it, the kernel refuses them (mount, dm-crypt, `cryptsetup
-    // luksFormat`). Files get the flock below, which cryptsetup honours for LUKS2.
-    let block = std::fs::metadata(path)?.file_type().is_block_device();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .custom_flags(if block { libc::O_EXCL } else { 0 })
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                Error::Busy(path.display().to_string())
-            } else {
-                Error::Io(e)
-            }
-        })?;
-    let locked = if read_only {
-        f.try_lock_shared()
-    } else {
-        f.try_lock()
-    };
-    locked.map_err(|_| Error::Busy(path.display().to_string()))?;
-    Ok(f)
-}
-
 /// Unlocks a LUKS1/LUKS2 volume with `passphrase` and binds it to its data device.
 pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<Volume> {
     unlock_luks(device, opts, passphrase).map(|u| u.volume)
@@ -131,9 +132,9 @@ pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result
 /// write access the error says what to run.
 fn recover_for_reading(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<()> {
     {
-        let data = open_data(device, true)?;
+        let data = opts.devices.open(device, true)?;
         let mut hdev = match &opts.header {
-            Some(h) => open_header_device(h, true)?,
+            Some(h) => opts.devices.open_header(h, true)?,
             None => data.clone(),
         };
         if !load_header(&mut hdev)?.interrupted_step() {
@@ -150,9 +151,9 @@ fn recover_for_reading(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> 
         }
         e => e,
     };
-    let data = open_data(device, false).map_err(needs_write)?;
+    let data = opts.devices.open(device, false).map_err(needs_write)?;
     let mut hdev = match &opts.header {
-        Some(h) => open_header_device(h, false).map_err(needs_write)?,
+        Some(h) => opts.devices.open_header(h, false).map_err(needs_write)?,
         None => data.clone(),
     };
     let mut header = load_header(&mut hdev)?;
@@ -166,10 +167,10 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
     if opts.read_only {
         recover_for_reading(device, opts, passphrase)?;
     }
-    let data = open_data(device, opts.read_only)?;
+    let data = opts.devices.open(device, opts.read_only)?;
     let mut hdev = match &opts.header {
         // Read-write only where a crashed reencryption step may have to be recovered.
-        Some(h) => open_header_device(h, opts.read_only)?,
+        Some(h) => opts.devices.open_header(h, opts.read_only)?,
         None => data.clone(),
     };
     let mut header = load_header(&mut hdev)?;
@@ -256,14 +257,24 @@ pub fn open_plain(device: &Path, key: &[u8], params: &VolumeParams) -> Result<Vo
     open_plain_with(device, key, params, FileIo::default())
 }
 
-/// [`open_plain`] with a choice of I/O engine and O_DIRECT.
+/// [`open_plain`] with a choice of I/O engine and O_DIRECT (a local file or block device).
 pub fn open_plain_with(
     device: &Path,
     key: &[u8],
     params: &VolumeParams,
     io: FileIo,
 ) -> Result<Volume> {
-    let data = open_data(device, params.read_only)?;
+    let data = Devices::default().open(device, params.read_only)?;
+    open_plain_on(data, key, params, io)
+}
+
+/// A plain dm-crypt mapping of the opened device `data` with an already derived key.
+pub fn open_plain_on(
+    data: DataDevice,
+    key: &[u8],
+    params: &VolumeParams,
+    io: FileIo,
+) -> Result<Volume> {
     let storage = io.storage(data, params.sector_size)?;
     volume_from_key(storage, key, params)
 }
@@ -283,11 +294,12 @@ pub struct UnlockedTcrypt {
 pub fn tcrypt_header(
     data: &DataDevice,
     header: Option<&Path>,
+    devices: &Devices,
     tc: &TcryptOptions,
     passphrase: &[u8],
 ) -> Result<TcryptHeader> {
     let dev = match header {
-        Some(h) => open_header_device(h, true)?,
+        Some(h) => devices.open_header(h, true)?,
         None => data.clone(),
     };
     let size = dev.size()?;
@@ -303,11 +315,11 @@ pub fn open_tcrypt(
     tc: &TcryptOptions,
     passphrase: &[u8],
 ) -> Result<UnlockedTcrypt> {
-    let data = open_data(device, opts.read_only)?;
+    let data = opts.devices.open(device, opts.read_only)?;
     let data_size = data.size()?;
     let header = match &opts.header {
         Some(h) => {
-            let f = open_header_device(h, true)?;
+            let f = opts.devices.open_header(h, true)?;
             let size = f.size()?;
             TcryptHeader::open(&f, size, tc, passphrase)?
         }
@@ -342,8 +354,8 @@ pub struct UnlockedBitlk {
 }
 
 /// Reads the BitLocker metadata of `device` without unlocking anything.
-pub fn bitlk_header(device: &Path) -> Result<BitlkHeader> {
-    let dev = open_header_device(device, true)?;
+pub fn bitlk_header(device: &Path, devices: &Devices) -> Result<BitlkHeader> {
+    let dev = devices.open_header(device, true)?;
     Ok(BitlkHeader::read(&dev)?)
 }
 
@@ -369,7 +381,7 @@ pub enum Unlock<'a> {
 /// Unlocks a BitLocker volume (`cryptsetup open --type bitlk`) and maps it as cryptsetup
 /// does: the metadata areas read as zeros, the relocated boot sectors appear at the start.
 pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Result<UnlockedBitlk> {
-    let data = open_data(device, opts.read_only)?;
+    let data = opts.devices.open(device, opts.read_only)?;
     let header = BitlkHeader::read(&data)?;
     header.check_mappable()?;
     let key = match secret {
@@ -416,8 +428,8 @@ pub struct UnlockedFvault2 {
 }
 
 /// Reads the FileVault 2 (Core Storage) metadata of `device` without unlocking anything.
-pub fn fvault2_header(device: &Path) -> Result<Fvault2Header> {
-    let dev = open_header_device(device, true)?;
+pub fn fvault2_header(device: &Path, devices: &Devices) -> Result<Fvault2Header> {
+    let dev = devices.open_header(device, true)?;
     Ok(Fvault2Header::read(&dev)?)
 }
 
@@ -428,7 +440,7 @@ pub fn open_fvault2(
     opts: &OpenOptions,
     secret: Unlock<'_>,
 ) -> Result<UnlockedFvault2> {
-    let data = open_data(device, opts.read_only)?;
+    let data = opts.devices.open(device, opts.read_only)?;
     let header = Fvault2Header::read(&data)?;
     let cipher = match secret {
         Unlock::Passphrase(p) => header.sector_cipher(&header.volume_key(p)?)?,

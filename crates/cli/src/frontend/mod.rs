@@ -13,7 +13,7 @@ mod shutdown;
 mod suspend;
 pub mod ublk;
 
-use crate::commands::Ctx;
+use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, EXIT_USAGE, io_err};
 use crate::rundir::{self, SocketAccess};
 use crate::unlock::{OpenedVolume, VolumeArgs, VolumeInfo, open_volume};
@@ -119,7 +119,7 @@ impl OpenArgs {
     /// Threads per NBD connection or FUSE workers: `--threads`, else by where the data is.
     pub(crate) fn threads(&self) -> usize {
         self.threads
-            .unwrap_or(if cryptblk_volume::is_remote(&self.device) {
+            .unwrap_or(if cryptblk_storage::is_remote(&self.device) {
                 16
             } else {
                 4
@@ -238,7 +238,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         volume,
         info,
         header_file,
-    } = open_volume(&a.device, &a.vol)?;
+    } = open_volume(ctx, &a.device, &a.vol)?;
     let vol = Arc::new(volume);
     let suspension = suspend::SuspendControl::new(vol.clone(), header_file.as_ref(), &a.device)?;
     // A detached header on a remote store (its own RBD image, with its own lock) is

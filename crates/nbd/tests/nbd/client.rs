@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{Serving, nbdkit, qemu_nbd};
 use cryptblk_device::{MemoryDevice, Storage};
-use cryptblk_nbd::{NbdClientOptions, NbdServer, NbdStorage, NbdUri};
+use cryptblk_nbd::NbdServer;
+use cryptblk_storage::{NbdClientOptions, NbdStorage, NbdUri};
 
 const MIB: usize = 1 << 20;
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 use crate::common::{Serving, run, tool};
 use cryptblk_device::{BlockDevice, MemoryDevice, Storage};
 use cryptblk_nbd::proto::*;
-use cryptblk_nbd::{NbdClientOptions, NbdServer, NbdStorage, NbdTls, NbdUri, TlsMode};
+use cryptblk_nbd::{NbdServer, NbdTls, TlsMode};
+use cryptblk_storage::{NbdClientOptions, NbdStorage, NbdUri};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose, SanType,

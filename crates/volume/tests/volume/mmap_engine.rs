@@ -62,6 +62,21 @@ fn open(p: &Path, engine: IoEngine) -> Volume {
     open_plain_with(p, &KEY, &params(), io).unwrap()
 }
 
+/// Opens `p` again right after it was closed. Other tests of this binary start processes:
+/// a child between fork and exec holds a copy of every descriptor, and with it the lock of
+/// a file closed meanwhile, for that moment; so `Busy` is retried briefly.
+fn reopen(p: &Path, params: &VolumeParams, io: FileIo) -> Volume {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match open_plain_with(p, &KEY, params, io) {
+            Err(cryptblk_volume::Error::Busy(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
@@ -205,7 +220,7 @@ fn a_file_shrunk_to_part_of_a_page_loses_no_acknowledged_write_and_reads_no_garb
     vol.flush().unwrap();
     assert!(std::fs::metadata(&p).unwrap().len() >= cut + 512);
     drop(vol);
-    let again = open_plain_with(&p, &KEY, &sectors_512, io(IoEngine::Psync)).unwrap();
+    let again = reopen(&p, &sectors_512, io(IoEngine::Psync));
     again.read_at(&mut back, last + 512).unwrap();
     assert!(
         back == w,
@@ -257,7 +272,7 @@ fn a_file_shrunk_to_part_of_a_page_loses_no_acknowledged_write_and_reads_no_garb
     }
     let after: Vec<_> = last_write.iter().filter(|(_, (_, e))| *e == 20).collect();
     assert!(!after.is_empty(), "no write after the last shrink");
-    let again = open_plain_with(&p, &KEY, &sectors_512, io(IoEngine::Psync)).unwrap();
+    let again = reopen(&p, &sectors_512, io(IoEngine::Psync));
     for (off, (data, _)) in after {
         let mut back = vec![0u8; 512];
         again

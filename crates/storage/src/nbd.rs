@@ -29,9 +29,8 @@ use std::time::{Duration, Instant};
 
 use cryptblk_device::Storage;
 
-use crate::conn::AnyStream;
-use crate::proto::*;
-use crate::tls::{NbdClientTls, TlsStream};
+use cryptblk_nbd_wire::proto::*;
+use cryptblk_nbd_wire::{NbdClientTls, Socket, TlsStream};
 
 /// Where an export is, and how to reach it: `nbd://HOST[:PORT]/EXPORT`,
 /// `nbd+unix:///EXPORT?socket=PATH`, or either over TLS (`nbds://`, `nbds+unix://`).
@@ -342,8 +341,8 @@ impl Stream {
     /// The TLS handshake on this (plaintext) stream, before `deadline`.
     fn start_tls(self, tls: &NbdClientTls, deadline: Instant) -> io::Result<Stream> {
         let raw = match self {
-            Stream::Tcp(s) => AnyStream::Tcp(s),
-            Stream::Unix(s) => AnyStream::Unix(s),
+            Stream::Tcp(s) => Socket::Tcp(s),
+            Stream::Unix(s) => Socket::Unix(s),
             Stream::Tls(t) => return Ok(Stream::Tls(t)),
         };
         let t = TlsStream::new(raw, tls.into());
@@ -592,7 +591,7 @@ const MAX_GO_REPLIES: usize = 64;
 fn opt_go(mut s: Stream, uri: &NbdUri, no_zeroes: bool) -> io::Result<Negotiated> {
     // NBD_OPT_GO: the export name, no information requests.
     let name = uri.export.as_bytes();
-    if name.len() > crate::MAX_STRING_LEN {
+    if name.len() > MAX_STRING_LEN {
         return Err(protocol("export name too long"));
     }
     let mut data = Vec::with_capacity(6 + name.len());

@@ -30,8 +30,7 @@ use rustls::{
     ServerConfig,
 };
 
-use crate::conn::AnyStream;
-use crate::shared::lock;
+use crate::socket::{Socket, lock};
 
 mod record;
 use record::{
@@ -235,7 +234,7 @@ impl NbdClientTls {
 }
 
 /// Which side of the handshake a [`TlsStream`] takes, and when it updates its send key.
-pub(crate) struct TlsSide {
+pub struct TlsSide {
     role: Role,
     key_update_after: Option<u64>,
 }
@@ -378,7 +377,7 @@ fn record_end(buf: &[u8]) -> Option<usize> {
 /// update in them, and keep its answer to itself).
 fn handshake<H: Handshake>(
     mut conn: H,
-    raw: &AnyStream,
+    raw: &Socket,
     deadline: Option<Instant>,
 ) -> io::Result<Handshaken> {
     let mut incoming = vec![0u8; 2 * (HEADER_LEN + MAX_CIPHERTEXT)];
@@ -515,7 +514,7 @@ fn handshake<H: Handshake>(
 /// handshake's unprocessed input, as rustls last saw it. One call only: after some
 /// errors rustls has not discarded the bad record, and a second call would process it
 /// (and try to alert) again.
-fn send_alerts<H: Handshake>(conn: &mut H, incoming: &mut [u8], raw: &AnyStream) -> io::Result<()> {
+fn send_alerts<H: Handshake>(conn: &mut H, incoming: &mut [u8], raw: &Socket) -> io::Result<()> {
     let mut out = vec![0u8; 512];
     let mut len = 0;
     if let Ok(ConnectionState::EncodeTlsData(mut enc)) = conn.process(incoming).state
@@ -560,8 +559,8 @@ struct Tx {
 
 /// A connection that may switch to TLS: before [`TlsStream::start`] bytes pass straight
 /// through to the socket, afterwards through the record layer.
-pub(crate) struct TlsStream {
-    raw: AnyStream,
+pub struct TlsStream {
+    raw: Socket,
     side: TlsSide,
     active: AtomicBool,
     rx: Mutex<Option<Rx>>,
@@ -593,7 +592,8 @@ fn no_session() -> io::Error {
 }
 
 impl TlsStream {
-    pub(crate) fn new(raw: AnyStream, side: TlsSide) -> TlsStream {
+    /// `raw` under a TLS layer that starts with [`TlsStream::start`] (`side`: which end).
+    pub fn new(raw: Socket, side: TlsSide) -> TlsStream {
         TlsStream {
             raw,
             side,
@@ -606,16 +606,18 @@ impl TlsStream {
         }
     }
 
-    pub(crate) fn raw(&self) -> &AnyStream {
+    /// The socket under the TLS layer.
+    pub fn raw(&self) -> &Socket {
         &self.raw
     }
 
-    pub(crate) fn is_active(&self) -> bool {
+    /// Whether the handshake is done and records protect the bytes.
+    pub fn is_active(&self) -> bool {
         self.active.load(Ordering::Acquire)
     }
 
     /// The TLS handshake, finished before `deadline` or failed.
-    pub(crate) fn start(&self, deadline: Option<Instant>) -> io::Result<()> {
+    pub fn start(&self, deadline: Option<Instant>) -> io::Result<()> {
         let hs = match &self.side.role {
             Role::Server(c) => handshake(
                 UnbufferedServerConnection::new(c.clone()).map_err(tls_error)?,
@@ -680,7 +682,7 @@ impl TlsStream {
     /// `buf` past the bytes returned may be overwritten too: records are opened straight
     /// into it where they fit (a TLS 1.3 record's type byte and padding, an alert or a
     /// handshake message, or zeros where a record failed to open, land there).
-    pub(crate) fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
         if !self.is_active() {
             return self.raw.read_some(buf);
         }
@@ -1004,14 +1006,14 @@ impl TlsStream {
     /// (clients only).
     ///
     /// [`update_key_now`]: TlsStream::update_key_now
-    pub(crate) fn key_update_wanted(&self) -> bool {
+    pub fn key_update_wanted(&self) -> bool {
         self.update_wanted.load(Ordering::Acquire)
     }
 
     /// Updates the send key now. An NBD client calls this with no request in flight: a
     /// server built on GnuTLS with threads (nbdkit) mis-numbers a reply it is sending
     /// while another of its threads takes the update, and the connection fails.
-    pub(crate) fn update_key_now(&self) -> io::Result<()> {
+    pub fn update_key_now(&self) -> io::Result<()> {
         let mut g = lock(&self.tx);
         let tx = g.as_mut().ok_or_else(no_session)?;
         if tx.failed {
@@ -1028,7 +1030,8 @@ impl TlsStream {
         r
     }
 
-    pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+    /// Writes all of `buf`: through the record layer once TLS is on, straight before.
+    pub fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         if !self.is_active() {
             return self.raw.write_all(buf);
         }
@@ -1037,7 +1040,7 @@ impl TlsStream {
 
     /// `a` then `b`, in shared records (a request header and its payload need not take a
     /// record of their own each).
-    pub(crate) fn write_all2(&self, a: &[u8], b: &[u8]) -> io::Result<()> {
+    pub fn write_all2(&self, a: &[u8], b: &[u8]) -> io::Result<()> {
         let mut g = lock(&self.tx);
         let tx = g.as_mut().ok_or_else(no_session)?;
         if tx.failed {
@@ -1086,7 +1089,7 @@ impl TlsStream {
     }
 
     /// Ends the session politely (close_notify), best effort, before the socket closes.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         if !self.is_active() {
             return;
         }
@@ -1153,7 +1156,7 @@ mod tests {
         let (tls, config) = identity(versions, suites);
         let (a, b) = UnixStream::pair().unwrap();
         a.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let server = Arc::new(TlsStream::new(AnyStream::Unix(b), (&tls).into()));
+        let server = Arc::new(TlsStream::new(Socket::Unix(b), (&tls).into()));
         let srv = server.clone();
         let echo = std::thread::spawn(move || {
             srv.start(None)?;
@@ -1226,7 +1229,7 @@ mod tests {
     fn a_client_speaking_plain_nbd_instead_of_tls_is_refused_at_once() {
         let (tls, _) = identity(&[&rustls::version::TLS13], &[]);
         let (mut a, b) = UnixStream::pair().unwrap();
-        let server = TlsStream::new(AnyStream::Unix(b), (&tls).into());
+        let server = TlsStream::new(Socket::Unix(b), (&tls).into());
         // Not a TLS record: "IHAVEOPT" would announce a 0x5645-byte record.
         a.write_all(b"IHAVEOPT\0\0\0\x01\0\0\0\0").unwrap();
         let t0 = Instant::now();

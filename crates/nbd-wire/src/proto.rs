@@ -211,6 +211,8 @@ pub const ESHUTDOWN: u32 = 108;
 
 /// Largest request payload (and read length) the server accepts: 32 MiB.
 pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Longest export name or description accepted (the protocol's string limit).
+pub const MAX_STRING_LEN: usize = 4096;
 /// Largest option payload accepted in the handshake; anything longer closes the connection.
 /// (An export name is at most 4096 bytes; GO/INFO add 6 bytes plus 2 per info request.)
 pub const MAX_OPTION_LEN: u32 = 16 << 10;
