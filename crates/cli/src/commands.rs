@@ -10,6 +10,7 @@ use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{FormatOptions, LuksHeader, MemStorage, Storage, load_header};
 use cryptblk_volume::DataDevice;
+use cryptblk_volume::VolumeType;
 use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -26,9 +27,9 @@ pub struct DeviceArgs {
 #[derive(Args, Debug)]
 pub struct FormatArgs {
     pub device: PathBuf,
-    /// luks1 or luks2.
-    #[arg(long = "type", default_value = "luks2")]
-    pub kind: String,
+    /// luks1 or luks2 (luks: LUKS2).
+    #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks2)]
+    pub kind: VolumeType,
     /// Cipher specification, e.g. aes-xts-plain64, aes-cbc-essiv:sha256.
     #[arg(short = 'c', long, default_value = "aes-xts-plain64")]
     pub cipher: String,
@@ -279,9 +280,9 @@ pub fn kdf_request(args: &KdfArgs, luks1: bool) -> CliResult<KdfRequest> {
 }
 
 pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
-    let luks1 = match a.kind.as_str() {
-        "luks1" => true,
-        "luks2" | "luks" => false,
+    let luks1 = match a.kind {
+        VolumeType::Luks1 => true,
+        VolumeType::Luks2 | VolumeType::Luks => false,
         other => {
             return Err(CliError::usage(format!(
                 "unsupported --type {other} (luks1, luks2)"
@@ -642,8 +643,8 @@ pub struct TypeSelect {
     /// luks (detected), tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
     /// --test-passphrase --type tcrypt), bitlk (BitLocker; bitlkDump) or fvault2
     /// (FileVault 2; fvault2Dump).
-    #[arg(long = "type")]
-    pub kind: Option<String>,
+    #[arg(long = "type", value_enum)]
+    pub kind: Option<VolumeType>,
     #[command(flatten)]
     pub tcrypt: crate::unlock::TcryptArgs,
     /// TCRYPT: only cipher chains whose name contains this.
@@ -658,9 +659,16 @@ impl TypeSelect {
     /// Whether `--type tcrypt` was given; any other type but LUKS, BITLK and FVAULT2 is
     /// refused.
     pub(crate) fn is_tcrypt(&self) -> CliResult<bool> {
-        match self.kind.as_deref() {
-            Some("tcrypt") => Ok(true),
-            None | Some("luks" | "luks1" | "luks2" | "bitlk" | "fvault2") => Ok(false),
+        match self.kind {
+            Some(VolumeType::Tcrypt) => Ok(true),
+            None
+            | Some(
+                VolumeType::Luks
+                | VolumeType::Luks1
+                | VolumeType::Luks2
+                | VolumeType::Bitlk
+                | VolumeType::Fvault2,
+            ) => Ok(false),
             Some(k) => Err(CliError::usage(format!(
                 "unsupported --type {k} here (luks, tcrypt, bitlk, fvault2)"
             ))),
@@ -669,12 +677,12 @@ impl TypeSelect {
 
     /// Whether `--type fvault2` was given.
     pub(crate) fn is_fvault2(&self) -> bool {
-        self.kind.as_deref() == Some("fvault2")
+        self.kind == Some(VolumeType::Fvault2)
     }
 
     /// Whether `--type bitlk` was given.
     pub(crate) fn is_bitlk(&self) -> bool {
-        self.kind.as_deref() == Some("bitlk")
+        self.kind == Some(VolumeType::Bitlk)
     }
 
     /// The volume arguments of a TCRYPT `test-passphrase`/`dump`: read-only, the filters.
@@ -686,7 +694,7 @@ impl TypeSelect {
         crate::unlock::VolumeArgs {
             header: header.clone(),
             key: key.clone(),
-            kind: "tcrypt".into(),
+            kind: VolumeType::Tcrypt,
             tcrypt: self.tcrypt.clone(),
             cipher: self.cipher.clone(),
             hash: self.hash.clone(),
@@ -818,8 +826,8 @@ pub struct ConvertArgs {
     #[command(flatten)]
     pub header: HeaderArgs,
     /// The version to convert to: luks1 or luks2.
-    #[arg(long = "type", short = 'M')]
-    pub kind: String,
+    #[arg(long = "type", short = 'M', value_enum)]
+    pub kind: VolumeType,
 }
 
 /// `convert --type luks1|luks2` (cryptsetup's checks and messages). The device is locked
@@ -827,9 +835,9 @@ pub struct ConvertArgs {
 pub fn convert(ctx: &Ctx, a: ConvertArgs) -> CliResult<()> {
     use cryptblk_format::luks1::Luks1Header;
     use cryptblk_format::luks2::Luks2Header;
-    let to: u8 = match a.kind.as_str() {
-        "luks1" => 1,
-        "luks2" => 2,
+    let to: u8 = match a.kind {
+        VolumeType::Luks1 => 1,
+        VolumeType::Luks2 => 2,
         _ => {
             return Err(CliError::usage(
                 "Invalid LUKS type, only luks1 and luks2 are supported.",

@@ -95,7 +95,7 @@ pub fn bitlk_volume_key(
 ) -> CliResult<(BitlkHeader, cryptblk_crypto::SecretBytes)> {
     let v = crate::unlock::VolumeArgs {
         key: key.clone(),
-        kind: "bitlk".into(),
+        kind: cryptblk_volume::VolumeType::Bitlk,
         read_only: true,
         ..Default::default()
     };

@@ -1,5 +1,7 @@
-//! Opening a volume for the data path: LUKS (passphrase → keyslot) or plain mode
-//! (passphrase hashed, or raw key file), with cryptsetup's option names.
+//! Opening a volume for the data path, every type the same way: the device checked first
+//! (`cryptblk_volume::probe`), then the secret read once as the type wants it (a
+//! passphrase, a key file's keys, a volume key), then `cryptblk_volume::open`. With
+//! cryptsetup's option names.
 
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_PERMISSION, io_err};
@@ -12,8 +14,7 @@ use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::plain::PlainParams;
 use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
 use cryptblk_volume::{
-    OpenOptions, Unlock, UnlockedTcrypt, Volume, VolumeParams, open_plain_on, open_tcrypt,
-    unlock_luks,
+    LoopAesOptions, OpenOptions, Opened, Secret, VolumeInfo, VolumeParams, VolumeType,
 };
 use std::path::Path;
 
@@ -24,10 +25,10 @@ pub struct VolumeArgs {
     pub header: HeaderArgs,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// luks (LUKS1 or LUKS2, detected), plain, loopaes, tcrypt (TrueCrypt/VeraCrypt),
-    /// bitlk (BitLocker) or fvault2 (FileVault 2).
-    #[arg(long = "type", default_value = "luks")]
-    pub kind: String,
+    /// luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, loopaes, tcrypt
+    /// (TrueCrypt/VeraCrypt), bitlk (BitLocker) or fvault2 (FileVault 2).
+    #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks)]
+    pub kind: VolumeType,
     /// BitLocker, FileVault 2: open with the volume key in this file (as `dump
     /// --dump-volume-key` shows it, raw bytes) instead of a passphrase.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
@@ -114,7 +115,7 @@ impl VolumeArgs {
     pub fn tcrypt_options(&self) -> CliResult<TcryptOptions> {
         let t = &self.tcrypt;
         if (t.hidden || t.system || t.backup || t.pim.is_some() || t.disable_veracrypt)
-            && self.kind != "tcrypt"
+            && self.kind != VolumeType::Tcrypt
         {
             return Err(CliError::usage(
                 "Options --tcrypt-hidden, --tcrypt-system, --tcrypt-backup, --veracrypt-pim and --disable-veracrypt are supported only for TCRYPT devices.",
@@ -161,92 +162,6 @@ fn trim_keyfile(k: cryptblk_crypto::SecretBytes) -> cryptblk_crypto::SecretBytes
     } else {
         k
     }
-}
-
-fn tcrypt_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
-    match e {
-        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => CliError::new(
-            EXIT_PERMISSION,
-            "No device header detected with this passphrase.",
-        ),
-        e => volume_error(device, e),
-    }
-}
-
-/// The TCRYPT options and the passphrase (a line of standard input or the terminal;
-/// empty allowed with keyfiles).
-/// What a TCRYPT open searches with: the options, the passphrase and where the header
-/// is (`--header`, or for `--tcrypt-system` on a partition its disk, as cryptsetup reads
-/// it; else the device itself).
-fn tcrypt_secrets(
-    device: &Path,
-    a: &VolumeArgs,
-) -> CliResult<(TcryptOptions, SecretBytes, Option<std::path::PathBuf>)> {
-    let mut tc = a.tcrypt_options()?;
-    let mut header = a.header.header.clone();
-    // The partition's place on its disk sets the mapping whatever --header names (as
-    // cryptsetup decides it from the data device); the disk is the header only by default.
-    if tc.system
-        && let Some(p) = cryptblk_volume::partition_of(device).map_err(|e| io_err(device, e))?
-    {
-        tc.partition_start = Some(p.start);
-        header.get_or_insert(p.disk);
-    }
-    let pass = get_tcrypt_passphrase(
-        &format!("Enter passphrase for {}: ", device.display()),
-        !tc.keyfiles.is_empty(),
-    )?;
-    Ok((tc, pass, header))
-}
-
-/// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in
-/// 512-byte sectors (`test-passphrase`, `dump`).
-pub fn tcrypt_header(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
-    let (tc, pass, header) = tcrypt_secrets(device, a)?;
-    let devices = ctx.volume_devices();
-    let data = devices
-        .open(device, true)
-        .map_err(|e| volume_error(device, e))?;
-    let size = cryptblk_volume::Storage::size(&data).map_err(|e| io_err(device, e))?;
-    let h = cryptblk_volume::tcrypt_header(&data, header.as_deref(), &devices, &tc, &pass)
-        .map_err(|e| tcrypt_error(device, e))?;
-    let offset = h.data_offset(&tc, size);
-    Ok((h, offset))
-}
-
-/// Unlocks a TrueCrypt/VeraCrypt volume: keyfiles from `--key-file`, the passphrase from
-/// a line of standard input or the terminal (empty allowed with keyfiles).
-pub fn unlock_tcrypt(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<UnlockedTcrypt> {
-    let (tc, pass, header) = tcrypt_secrets(device, a)?;
-    let opts = OpenOptions {
-        devices: ctx.volume_devices(),
-        header,
-        read_only: a.read_only,
-        allow_discards: a.allow_discards,
-        key_slot: None,
-        io: a.file_io(),
-    };
-    open_tcrypt(device, &opts, &tc, &pass).map_err(|e| tcrypt_error(device, e))
-}
-
-/// What `status` reports about how the volume was opened.
-pub struct OpenedVolume {
-    pub volume: Volume,
-    pub info: VolumeInfo,
-    /// The LUKS header's file, for a reencryption while the volume serves (none for
-    /// plain and memory volumes).
-    pub header_file: Option<cryptblk_volume::DataDevice>,
-}
-
-/// How a volume was unlocked, as `status` (and `--recover`) report and check it.
-#[derive(Debug, Clone)]
-pub struct VolumeInfo {
-    /// "LUKS1", "LUKS2" or "PLAIN".
-    pub kind: String,
-    pub key_bits: usize,
-    pub keyslot: Option<u32>,
-    /// The LUKS header's UUID (none in plain mode).
-    pub uuid: Option<String>,
 }
 
 pub(crate) fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
@@ -301,7 +216,7 @@ pub fn parse_mem(device: &Path) -> Option<CliResult<u64>> {
 
 /// A RAM-backed plain volume (like brd under dm-crypt): the key is random unless a key
 /// file is given, since the contents die with the process anyway.
-fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<Opened> {
     let mut p = plain_params(a)?;
     if a.cipher.is_none() {
         p.cipher = CipherSpec::parse("aes-xts-plain64")?;
@@ -329,62 +244,11 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<OpenedVolume> {
     let storage = Box::new(cryptblk_volume::MemStorage::new(size));
     let volume = cryptblk_volume::volume_from_key(storage, &key, &params)
         .map_err(|e| CliError::usage(e.to_string()))?;
-    Ok(OpenedVolume {
+    Ok(Opened {
         volume,
         info: VolumeInfo {
             kind: "PLAIN (memory)".into(),
             key_bits: p.key_len * 8,
-            keyslot: None,
-            uuid: None,
-        },
-        header_file: None,
-    })
-}
-
-/// A loop-AES volume (`cryptsetup open --type loopaes`): keys from the key file
-/// (required), `--key-size` 256 by default (cryptsetup's compiled-in default), `--cipher`
-/// aes, `--offset`/`--skip` in 512-byte sectors (the IV offset follows the offset unless
-/// `--skip` says otherwise).
-fn open_loopaes(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
-    let Some(f) = a.key.key_file() else {
-        return Err(CliError::usage("Option --key-file is required."));
-    };
-    let file = read_key_file(f, a.key.keyfile_offset, a.key.keyfile_size)?;
-    let cipher = match &a.cipher {
-        Some(c) => cryptblk_crypto::BlockCipherAlg::from_name(c)?,
-        None => cryptblk_crypto::BlockCipherAlg::Aes,
-    };
-    let hash = a
-        .hash
-        .as_deref()
-        .map(cryptblk_crypto::HashAlg::from_name)
-        .transpose()?;
-    let key_len = a.key_size.unwrap_or(256) / 8;
-    let k = cryptblk_format::loopaes::parse_keyfile(&file, cipher, key_len, hash)?;
-    let offset = a.offset.unwrap_or(0);
-    let params = VolumeParams {
-        cipher: k.cipher,
-        sector_size: 512,
-        iv: cryptblk_crypto::IvOptions {
-            large_sectors: false,
-            offset: a.skip.unwrap_or(offset),
-        },
-        data_offset: offset * 512,
-        data_length: a.size.map(|s| s * 512),
-        read_only: a.read_only,
-        allow_discards: a.allow_discards,
-    };
-    let data = ctx
-        .volume_devices()
-        .open(device, params.read_only)
-        .map_err(|e| volume_error(device, e))?;
-    let volume =
-        open_plain_on(data, &k.key, &params, a.file_io()).map_err(|e| volume_error(device, e))?;
-    Ok(OpenedVolume {
-        volume,
-        info: VolumeInfo {
-            kind: "LOOPAES".into(),
-            key_bits: key_len * 8,
             keyslot: None,
             uuid: None,
         },
@@ -418,18 +282,6 @@ pub fn bitlk_secret(
     Ok((header, pass))
 }
 
-/// The options of a BitLocker or FileVault 2 mapping (no header file, no keyslots).
-fn foreign_open_options(ctx: &Ctx, a: &VolumeArgs) -> OpenOptions {
-    OpenOptions {
-        devices: ctx.volume_devices(),
-        header: None,
-        read_only: a.read_only,
-        allow_discards: a.allow_discards,
-        key_slot: None,
-        io: a.file_io(),
-    }
-}
-
 /// `--volume-key-file`: exactly `len` bytes of volume key.
 fn volume_key_file(a: &VolumeArgs, len: usize) -> CliResult<Option<SecretBytes>> {
     a.volume_key_file
@@ -438,177 +290,168 @@ fn volume_key_file(a: &VolumeArgs, len: usize) -> CliResult<Option<SecretBytes>>
         .transpose()
 }
 
-/// A BitLocker volume (`cryptsetup open --type bitlk`).
-fn open_bitlk(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
-    // The volume's opening refuses what cannot be mapped (before any key search).
-    let opts = foreign_open_options(ctx, a);
-    let u = match &a.volume_key_file {
-        Some(_) => {
-            let h = cryptblk_volume::bitlk_header(device, &ctx.volume_devices())
-                .map_err(|e| volume_error(device, e))?;
-            let key = volume_key_file(a, h.encryption.key_bits() / 8)?.expect("given");
-            cryptblk_volume::open_bitlk(device, &opts, Unlock::VolumeKey(&key))
-        }
-        None => {
-            let (_, secret) = bitlk_secret(ctx, device, a)?;
-            cryptblk_volume::open_bitlk(device, &opts, Unlock::Passphrase(&secret))
-        }
+impl VolumeArgs {
+    fn file_io_of(&self) -> cryptblk_volume::FileIo {
+        self.file_io()
     }
-    .map_err(|e| volume_error(device, e))?;
-    Ok(OpenedVolume {
-        info: VolumeInfo {
-            kind: if u.header.togo {
-                "BITLK (To Go)"
-            } else {
-                "BITLK"
+
+    /// The options of opening `device` as this type: where the header is, the data path,
+    /// and the type's own parameters (plain mode's, loop-AES's, TrueCrypt's with their
+    /// keyfiles read).
+    pub(crate) fn open_options(&self, ctx: &Ctx, device: &Path) -> CliResult<OpenOptions> {
+        let mut opts = OpenOptions {
+            devices: ctx.volume_devices(),
+            header: None,
+            read_only: self.read_only,
+            allow_discards: self.allow_discards,
+            key_slot: None,
+            io: self.file_io_of(),
+            ..Default::default()
+        };
+        match self.kind {
+            VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2 => {
+                opts.header = self.header.header.clone();
+                opts.key_slot = self.key_slot;
             }
-            .into(),
-            key_bits: u.header.encryption.key_bits(),
-            keyslot: None,
-            uuid: Some(u.header.guid.clone()),
-        },
-        volume: u.volume,
-        header_file: None,
-    })
-}
-
-/// The FileVault 2 volume key size: AES-128-XTS.
-const FVAULT2_KEY_LEN: usize = 32;
-
-/// A FileVault 2 volume (`cryptsetup open --type fvault2`): a user's passphrase or the
-/// recovery key, or `--volume-key-file`.
-fn open_fvault2(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
-    let opts = foreign_open_options(ctx, a);
-    let u = match volume_key_file(a, FVAULT2_KEY_LEN)? {
-        Some(key) => cryptblk_volume::open_fvault2(device, &opts, Unlock::VolumeKey(&key)),
-        None => {
-            // Refuse a device that is not FileVault 2 before asking for a passphrase.
-            cryptblk_volume::fvault2_header(device, &ctx.volume_devices())
-                .map_err(|e| volume_error(device, e))?;
-            let pass = get_passphrase(
-                &a.key.source(),
-                &format!("Enter passphrase for {}: ", device.display()),
-                false,
-            )?;
-            cryptblk_volume::open_fvault2(device, &opts, Unlock::Passphrase(&pass))
+            VolumeType::Plain => opts.plain = plain_params(self)?,
+            VolumeType::Loopaes => {
+                opts.loopaes = LoopAesOptions {
+                    cipher: match &self.cipher {
+                        Some(c) => cryptblk_crypto::BlockCipherAlg::from_name(c)?,
+                        None => cryptblk_crypto::BlockCipherAlg::Aes,
+                    },
+                    key_len: self.key_size.unwrap_or(256) / 8,
+                    hash: self
+                        .hash
+                        .as_deref()
+                        .map(cryptblk_crypto::HashAlg::from_name)
+                        .transpose()?,
+                    offset: self.offset.unwrap_or(0),
+                    skip: self.skip,
+                    size: self.size,
+                }
+            }
+            VolumeType::Tcrypt => {
+                let mut tc = self.tcrypt_options()?;
+                let mut header = self.header.header.clone();
+                // The partition's place on its disk sets the mapping whatever --header
+                // names (as cryptsetup decides it from the data device); the disk is the
+                // header only by default.
+                if tc.system
+                    && let Some(p) =
+                        cryptblk_volume::partition_of(device).map_err(|e| io_err(device, e))?
+                {
+                    tc.partition_start = Some(p.start);
+                    header.get_or_insert(p.disk);
+                }
+                opts.tcrypt = tc;
+                opts.header = header;
+            }
+            VolumeType::Bitlk | VolumeType::Fvault2 => {}
         }
+        Ok(opts)
     }
-    .map_err(|e| volume_error(device, e))?;
-    Ok(OpenedVolume {
-        info: VolumeInfo {
-            kind: "FVAULT2".into(),
-            key_bits: FVAULT2_KEY_LEN * 8,
-            keyslot: None,
-            uuid: Some(u.header.family_uuid.clone()),
+}
+
+/// The secret this type of volume wants, read once (after `probe` checked the device):
+/// a passphrase (key file, a line of standard input, the terminal), a key file's keys
+/// (plain mode with a key file, loop-AES), the volume key (`--volume-key-file`), or none
+/// (a BitLocker volume whose protection is suspended opens with its clear key, as Windows
+/// itself does).
+fn read_secret(
+    a: &VolumeArgs,
+    device: &Path,
+    opts: &OpenOptions,
+    probe: &cryptblk_volume::Probe,
+) -> CliResult<Secret> {
+    let prompt = format!("Enter passphrase for {}: ", device.display());
+    let passphrase = || get_passphrase(&a.key.source(), &prompt, false).map(Secret::Passphrase);
+    let key_len = probe.key_len.unwrap_or(0);
+    Ok(match a.kind {
+        VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2 => passphrase()?,
+        // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
+        VolumeType::Plain => match a.key.key_file() {
+            Some(f) if f.as_os_str() != "-" => {
+                Secret::KeyFile(read_key_file(f, a.key.keyfile_offset, None)?)
+            }
+            _ => passphrase()?,
         },
-        volume: u.volume,
-        header_file: None,
+        VolumeType::Loopaes => {
+            let Some(f) = a.key.key_file() else {
+                return Err(CliError::usage("Option --key-file is required."));
+            };
+            Secret::KeyFile(read_key_file(f, a.key.keyfile_offset, a.key.keyfile_size)?)
+        }
+        VolumeType::Tcrypt => Secret::Passphrase(get_tcrypt_passphrase(
+            &prompt,
+            !opts.tcrypt.keyfiles.is_empty(),
+        )?),
+        VolumeType::Bitlk | VolumeType::Fvault2 => match volume_key_file(a, key_len)? {
+            Some(k) => Secret::VolumeKey(k),
+            None if probe.clear_key && a.key.key_file().is_none() => {
+                eprintln!(
+                    "BitLocker protection of {} is suspended: opening it with its clear key.",
+                    device.display()
+                );
+                Secret::None
+            }
+            None => passphrase()?,
+        },
     })
 }
 
-/// Unlocks `device` as the options say.
-pub fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<OpenedVolume> {
+/// Unlocks `device` as the options say: a volume of any type, or `mem:SIZE` (RAM).
+pub fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<Opened> {
     if let Some(size) = parse_mem(device) {
         return open_memory(size?, a);
     }
-    if a.volume_key_file.is_some() && !matches!(a.kind.as_str(), "bitlk" | "fvault2") {
+    if a.volume_key_file.is_some() && !matches!(a.kind, VolumeType::Bitlk | VolumeType::Fvault2) {
         return Err(CliError::usage(
             "--volume-key-file opens only --type bitlk and fvault2 volumes here",
         ));
     }
-    match a.kind.as_str() {
-        "luks" | "luks1" | "luks2" => {
-            let pass = get_passphrase(
-                &a.key.source(),
-                &format!("Enter passphrase for {}: ", device.display()),
-                false,
-            )?;
-            let opts = OpenOptions {
-                devices: ctx.volume_devices(),
-                header: a.header.header.clone(),
-                read_only: a.read_only,
-                allow_discards: a.allow_discards,
-                key_slot: a.key_slot,
-                io: a.file_io(),
-            };
-            let u = unlock_luks(device, &opts, &pass).map_err(|e| volume_error(device, e))?;
-            Ok(OpenedVolume {
-                info: VolumeInfo {
-                    kind: format!("LUKS{}", u.header.version()),
-                    key_bits: u.header.key_len() * 8,
-                    keyslot: Some(u.keyslot),
-                    uuid: Some(u.header.uuid().to_string()),
-                },
-                volume: u.volume,
-                header_file: Some(u.header_file),
-            })
-        }
-        "plain" => {
-            let p = plain_params(a)?;
-            // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
-            let key = match a.key.key_file() {
-                Some(f) if f.as_os_str() != "-" => {
-                    let raw = read_key_file(f, a.key.keyfile_offset, None)?;
-                    p.key_from_keyfile(&raw, 0)?
-                }
-                _ => {
-                    let pass = get_passphrase(
-                        &a.key.source(),
-                        &format!("Enter passphrase for {}: ", device.display()),
-                        false,
-                    )?;
-                    p.derive_key(&pass)?
-                }
-            };
-            let params = VolumeParams {
-                cipher: p.cipher,
-                sector_size: p.sector_size,
-                iv: p.iv_options(),
-                data_offset: p.data_offset_bytes(),
-                data_length: p.data_length_bytes(),
-                read_only: a.read_only,
-                allow_discards: a.allow_discards,
-            };
-            let data = ctx
-                .volume_devices()
-                .open(device, params.read_only)
-                .map_err(|e| volume_error(device, e))?;
-            let volume = open_plain_on(data, &key, &params, a.file_io())
-                .map_err(|e| volume_error(device, e))?;
-            Ok(OpenedVolume {
-                volume,
-                info: VolumeInfo {
-                    kind: "PLAIN".into(),
-                    key_bits: p.key_len * 8,
-                    keyslot: None,
-                    uuid: None,
-                },
-                header_file: None,
-            })
-        }
-        "loopaes" => open_loopaes(ctx, device, a),
-        "bitlk" => open_bitlk(ctx, device, a),
-        "fvault2" => open_fvault2(ctx, device, a),
-        "tcrypt" => {
-            let u = unlock_tcrypt(ctx, device, a)?;
-            Ok(OpenedVolume {
-                info: VolumeInfo {
-                    kind: if u.header.veracrypt {
-                        "VERACRYPT"
-                    } else {
-                        "TCRYPT"
-                    }
-                    .into(),
-                    key_bits: u.header.key_bits(),
-                    keyslot: None,
-                    uuid: None,
-                },
-                volume: u.volume,
-                header_file: None,
-            })
-        }
-        other => Err(CliError::usage(format!(
-            "unsupported --type {other} (luks, plain, loopaes, tcrypt, bitlk, fvault2)"
-        ))),
-    }
+    let fail = |e: cryptblk_volume::Error| match (a.kind, e) {
+        (
+            VolumeType::Tcrypt,
+            cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase),
+        ) => CliError::new(
+            EXIT_PERMISSION,
+            "No device header detected with this passphrase.",
+        ),
+        (_, e) => volume_error(device, e),
+    };
+    let opts = a.open_options(ctx, device)?;
+    // The device first: missing, busy or of another type is said before any prompt.
+    let probe = cryptblk_volume::probe(a.kind, device, &opts).map_err(fail)?;
+    let secret = read_secret(a, device, &opts, &probe)?;
+    cryptblk_volume::open(a.kind, device, &secret, &opts).map_err(fail)
+}
+
+/// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in
+/// 512-byte sectors (`test-passphrase`, `dump`).
+pub fn tcrypt_header(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
+    let opts = a.open_options(ctx, device)?;
+    let fail = |e| volume_error(device, e);
+    let data = opts.devices.open(device, true).map_err(fail)?;
+    let size = cryptblk_volume::Storage::size(&data).map_err(|e| io_err(device, e))?;
+    let pass = get_tcrypt_passphrase(
+        &format!("Enter passphrase for {}: ", device.display()),
+        !opts.tcrypt.keyfiles.is_empty(),
+    )?;
+    let h = cryptblk_volume::tcrypt_header(
+        &data,
+        opts.header.as_deref(),
+        &opts.devices,
+        &opts.tcrypt,
+        &pass,
+    )
+    .map_err(|e| match e {
+        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => CliError::new(
+            EXIT_PERMISSION,
+            "No device header detected with this passphrase.",
+        ),
+        e => fail(e),
+    })?;
+    let offset = h.data_offset(&opts.tcrypt, size);
+    Ok((h, offset))
 }

@@ -3,10 +3,10 @@
 
 use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult, io_err};
-use crate::unlock::VolumeInfo;
 use cryptblk_device::BlockDevice;
 use cryptblk_fuse::{FuseExport, FuseMount, FuseStats};
 use cryptblk_volume::Volume;
+use cryptblk_volume::VolumeInfo;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

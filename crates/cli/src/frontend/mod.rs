@@ -16,10 +16,11 @@ pub mod ublk;
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, EXIT_USAGE, io_err};
 use crate::rundir::{self, SocketAccess};
-use crate::unlock::{OpenedVolume, VolumeArgs, VolumeInfo, open_volume};
+use crate::unlock::{VolumeArgs, open_volume};
 use clap::Args;
 use cryptblk_device::BlockDevice;
 use cryptblk_volume::Volume;
+use cryptblk_volume::{Opened, VolumeInfo};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixListener;
@@ -234,7 +235,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         drop(claim);
         return spawn_daemon(&a, &dir);
     }
-    let OpenedVolume {
+    let Opened {
         volume,
         info,
         header_file,

@@ -6,10 +6,10 @@
 use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult};
 use crate::rundir::{self, SocketAccess};
-use crate::unlock::VolumeInfo;
 use cryptblk_device::BlockDevice;
 use cryptblk_nbd::{NbdServer, NbdTls, ShutdownHandle, TlsMode};
 use cryptblk_volume::Volume;
+use cryptblk_volume::VolumeInfo;
 use serde_json::{Value, json};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};

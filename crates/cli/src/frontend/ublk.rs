@@ -7,11 +7,11 @@
 use super::{Control, Frontend, OpenArgs, Started};
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE};
 use crate::rundir;
-use crate::unlock::VolumeInfo;
 use clap::Args;
 use cryptblk_device::BlockDevice;
 use cryptblk_ublk::{Features, ShutdownHandle, UblkServer};
 use cryptblk_volume::Volume;
+use cryptblk_volume::VolumeInfo;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

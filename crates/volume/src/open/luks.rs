@@ -1,0 +1,134 @@
+//! LUKS1 and LUKS2: a passphrase opens a keyslot; mid-reencryption the data has a
+//! segment per key (an interrupted step is recovered first, as cryptsetup does).
+
+use super::*;
+use crate::storage::Storage;
+use crate::{DataSegment, Error, Result, Volume, VolumeParams};
+use cryptblk_device::DataDevice;
+use cryptblk_format::{LuksHeader, load_header};
+use std::path::Path;
+
+/// An unlocked LUKS volume with the header it came from.
+pub struct UnlockedLuks {
+    /// The volume, ready for I/O.
+    pub volume: Volume,
+    /// The LUKS1/LUKS2 header, as loaded from the data device or the detached header.
+    pub header: Box<dyn LuksHeader>,
+    /// Number of the keyslot the passphrase opened.
+    pub keyslot: u32,
+    /// Where the header lives, open read-write unless the volume is read-only (the data
+    /// device, under the same lock, or the detached header): for a reencryption run while
+    /// the volume serves.
+    pub header_file: DataDevice,
+}
+
+/// Unlocks a LUKS1/LUKS2 volume with `passphrase` and binds it to its data device.
+pub fn open_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<Volume> {
+    unlock_luks(device, opts, passphrase).map(|u| u.volume)
+}
+
+/// A reencryption step cut off by a crash leaves data that cannot be read until its hot
+/// zone is recovered. cryptsetup recovers it whenever it activates the volume, read-only
+/// included; so does a read-only open here: the device (and a detached header) are opened
+/// read-write just for the recovery, under the exclusive lock, and closed again. Without
+/// write access the error says what to run.
+fn recover_for_reading(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<()> {
+    {
+        let data = opts.devices.open(device, true)?;
+        let mut hdev = match &opts.header {
+            Some(h) => opts.devices.open_header(h, true)?,
+            None => data.clone(),
+        };
+        if !load_header(&mut hdev)?.interrupted_step() {
+            return Ok(());
+        }
+    }
+    let needs_write = |e: Error| match e {
+        Error::Io(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Error::Invalid(format!(
+                "a reencryption step was interrupted on {}: recovering it needs write access \
+                 (`cryptblk repair` as a user who may write it, or open it read-write)",
+                device.display()
+            ))
+        }
+        e => e,
+    };
+    let data = opts.devices.open(device, false).map_err(needs_write)?;
+    let mut hdev = match &opts.header {
+        Some(h) => opts.devices.open_header(h, false).map_err(needs_write)?,
+        None => data.clone(),
+    };
+    let mut header = load_header(&mut hdev)?;
+    let size = data.size()?;
+    header.recover_interrupted_step(&mut hdev, &data, passphrase, opts.key_slot, size)?;
+    Ok(())
+}
+
+/// Like [`open_luks`], also returning the header and the keyslot that opened it.
+pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Result<UnlockedLuks> {
+    if opts.read_only {
+        recover_for_reading(device, opts, passphrase)?;
+    }
+    let data = opts.devices.open(device, opts.read_only)?;
+    let mut hdev = match &opts.header {
+        // Read-write only where a crashed reencryption step may have to be recovered.
+        Some(h) => opts.devices.open_header(h, opts.read_only)?,
+        None => data.clone(),
+    };
+    let mut header = load_header(&mut hdev)?;
+    let data_size = data.size()?;
+    if !opts.read_only {
+        // A reencryption step cut off by a crash is finished first, as cryptsetup does on
+        // activation (a read-only open refuses such a volume instead).
+        header.recover_interrupted_step(&mut hdev, &data, passphrase, opts.key_slot, data_size)?;
+    }
+    let (keyslot, mut segments) =
+        header.unlock_segments(&mut hdev, passphrase, opts.key_slot, data_size)?;
+    let volume = if let [one] = segments.as_slice() {
+        let params = VolumeParams {
+            cipher: one.cipher,
+            sector_size: one.sector_size,
+            iv: one.iv,
+            data_offset: one.storage_offset,
+            // The layout's own length (mid-reencryption the header's segment is the
+            // final layout's, not the data's).
+            data_length: if header.data_length().is_some() || header.in_reencryption() {
+                Some(one.len)
+            } else {
+                None
+            },
+            read_only: opts.read_only,
+            allow_discards: opts.allow_discards,
+        };
+        let storage = opts.io.storage(data, params.sector_size)?;
+        volume_from_key(storage, &one.key, &params)?
+    } else {
+        // A LUKS2 volume mid-reencryption: one cipher per stretch of the data.
+        let largest = segments.iter().map(|s| s.sector_size).max().unwrap_or(512);
+        let storage = opts.io.storage(data, largest)?;
+        let parts = segments
+            .drain(..)
+            .map(data_segment)
+            .collect::<Result<Vec<_>>>()?;
+        Volume::with_segments(storage, parts, opts.read_only, opts.allow_discards)?
+    };
+    Ok(UnlockedLuks {
+        volume,
+        header,
+        keyslot,
+        header_file: hdev,
+    })
+}
+
+/// The layout a volume serves, unlocked again from its header (`luksResume`): each
+/// segment keyed with what `passphrase` opens.
+pub fn unlock_layout(
+    header: &dyn LuksHeader,
+    dev: &mut dyn cryptblk_format::Storage,
+    passphrase: &[u8],
+    slot: Option<u32>,
+    data_size: u64,
+) -> Result<Vec<DataSegment>> {
+    let (_, segments) = header.unlock_segments(dev, passphrase, slot, data_size)?;
+    segments.into_iter().map(data_segment).collect()
+}
