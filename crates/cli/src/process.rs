@@ -37,3 +37,21 @@ pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit takes an integer, touches no memory of ours and does not return.
     unsafe { libc::_exit(code) }
 }
+
+/// Whether process `pid` has exited for good: gone, or a zombie (not yet reaped) whose
+/// other threads have ended too. The first thread to exit shows a zombie while the others
+/// still run and hold the process's files (a data file's lock, a block device's O_EXCL
+/// claim): a `close` that returned then would leave the device busy for the next opener.
+pub(crate) fn has_exited(pid: i32) -> bool {
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true);
+    zombie
+        && std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.count() <= 1)
+            .unwrap_or(true)
+}

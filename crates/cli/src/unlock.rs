@@ -3,166 +3,19 @@
 //! passphrase, a key file's keys, a volume key), then `cryptblk_volume::open`. With
 //! cryptsetup's option names.
 
+use crate::args::VolumeArgs;
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_PERMISSION, io_err};
 use crate::passphrase::{get_passphrase, get_tcrypt_passphrase, read_key_file};
-use crate::{HeaderArgs, KeyArgs};
-use clap::Args;
 use cryptblk_crypto::CipherSpec;
 use cryptblk_crypto::SecretBytes;
 use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::plain::PlainParams;
-use cryptblk_format::tcrypt::{TcryptHeader, TcryptOptions};
+use cryptblk_format::tcrypt::TcryptHeader;
 use cryptblk_volume::{
     LoopAesOptions, OpenOptions, Opened, Secret, VolumeInfo, VolumeParams, VolumeType,
 };
 use std::path::Path;
-
-/// Everything that says how to unlock and map a volume.
-#[derive(Args, Debug, Clone, Default)]
-pub struct VolumeArgs {
-    #[command(flatten)]
-    pub header: HeaderArgs,
-    #[command(flatten)]
-    pub key: KeyArgs,
-    /// luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, loopaes, tcrypt
-    /// (TrueCrypt/VeraCrypt), bitlk (BitLocker) or fvault2 (FileVault 2).
-    #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks)]
-    pub kind: VolumeType,
-    /// BitLocker, FileVault 2: open with the volume key in this file (as `dump
-    /// --dump-volume-key` shows it, raw bytes) instead of a passphrase.
-    #[arg(long = "volume-key-file", alias = "master-key-file")]
-    pub volume_key_file: Option<std::path::PathBuf>,
-    #[command(flatten)]
-    pub tcrypt: TcryptArgs,
-    #[arg(short = 'S', long = "key-slot")]
-    pub key_slot: Option<u32>,
-    /// Open read-only.
-    #[arg(short = 'r', long = "readonly", alias = "read-only")]
-    pub read_only: bool,
-    /// Pass discards (TRIM) down to the storage (reveals unused blocks; off by default).
-    #[arg(long = "allow-discards")]
-    pub allow_discards: bool,
-    /// Plain mode: cipher specification.
-    #[arg(short = 'c', long)]
-    pub cipher: Option<String>,
-    /// Plain mode: key size in bits.
-    #[arg(short = 's', long = "key-size")]
-    pub key_size: Option<usize>,
-    /// Plain mode: passphrase hash (sha256, ripemd160, plain, sha256:LEN, ...); TCRYPT: only
-    /// this header KDF (a PBKDF2 hash, or argon2id).
-    #[arg(short = 'h', long)]
-    pub hash: Option<String>,
-    /// Plain mode: data start on the device, in 512-byte sectors.
-    #[arg(short = 'o', long)]
-    pub offset: Option<u64>,
-    /// Plain mode: IV offset in 512-byte sectors.
-    #[arg(short = 'p', long)]
-    pub skip: Option<u64>,
-    /// Plain mode: size in 512-byte sectors.
-    #[arg(short = 'b', long)]
-    pub size: Option<u64>,
-    /// Plain mode: encryption sector size.
-    #[arg(long = "sector-size")]
-    pub sector_size: Option<u32>,
-    /// Plain mode: IVs count encryption sectors, not 512-byte sectors.
-    #[arg(long = "iv-large-sectors")]
-    pub iv_large_sectors: bool,
-    /// How the image is read and written: auto (mmap for an image on tmpfs/ramfs, psync
-    /// otherwise), psync (pread/pwrite), io_uring or mmap (a shared mapping).
-    #[arg(long = "io-engine", default_value = "auto")]
-    pub io_engine: cryptblk_volume::IoEngine,
-    /// Bypass the page cache (O_DIRECT) for the image.
-    #[arg(long = "direct-io")]
-    pub direct_io: bool,
-}
-
-impl VolumeArgs {
-    fn file_io(&self) -> cryptblk_volume::FileIo {
-        cryptblk_volume::FileIo {
-            engine: self.io_engine,
-            direct: self.direct_io,
-        }
-    }
-}
-
-/// TrueCrypt/VeraCrypt options (cryptsetup's names); `-c`/`-h` narrow the cipher chains
-/// and header KDFs tried.
-#[derive(Args, Debug, Clone, Default)]
-pub struct TcryptArgs {
-    /// TCRYPT: open the hidden volume.
-    #[arg(long = "tcrypt-hidden")]
-    pub hidden: bool,
-    /// TCRYPT: a system-encrypted disk (header at sector 62).
-    #[arg(long = "tcrypt-system")]
-    pub system: bool,
-    /// TCRYPT: use the backup header at the end of the device.
-    #[arg(long = "tcrypt-backup")]
-    pub backup: bool,
-    /// TCRYPT: try VeraCrypt's formats too (the default; kept for cryptsetup's scripts).
-    #[arg(long)]
-    pub veracrypt: bool,
-    /// TCRYPT: TrueCrypt formats only.
-    #[arg(long = "disable-veracrypt", conflicts_with = "veracrypt")]
-    pub disable_veracrypt: bool,
-    /// TCRYPT: VeraCrypt's Personal Iterations Multiplier.
-    #[arg(long = "veracrypt-pim")]
-    pub pim: Option<u32>,
-}
-
-impl VolumeArgs {
-    /// The TCRYPT options with the keyfiles read (`--key-file`, each at most 1 MiB used).
-    pub fn tcrypt_options(&self) -> CliResult<TcryptOptions> {
-        let t = &self.tcrypt;
-        if (t.hidden || t.system || t.backup || t.pim.is_some() || t.disable_veracrypt)
-            && self.kind != VolumeType::Tcrypt
-        {
-            return Err(CliError::usage(
-                "Options --tcrypt-hidden, --tcrypt-system, --tcrypt-backup, --veracrypt-pim and --disable-veracrypt are supported only for TCRYPT devices.",
-            ));
-        }
-        if t.hidden && t.system {
-            return Err(CliError::usage(
-                "--tcrypt-hidden and --tcrypt-system cannot be combined.",
-            ));
-        }
-        if t.hidden && self.allow_discards {
-            return Err(CliError::usage(
-                "Option --tcrypt-hidden cannot be combined with --allow-discards.",
-            ));
-        }
-        let keyfiles = self
-            .key
-            .key_files
-            .iter()
-            .map(|f| read_key_file(f, 0, None).map(trim_keyfile))
-            .collect::<CliResult<Vec<_>>>()?;
-        Ok(TcryptOptions {
-            hidden: t.hidden,
-            system: t.system,
-            backup: t.backup,
-            no_veracrypt: t.disable_veracrypt,
-            pim: t.pim,
-            kdf: self
-                .hash
-                .as_deref()
-                .map(cryptblk_format::tcrypt::TcryptKdf::from_name)
-                .transpose()?,
-            cipher: self.cipher.clone(),
-            keyfiles,
-            partition_start: None,
-        })
-    }
-}
-
-/// A keyfile's first MiB (all TrueCrypt reads).
-fn trim_keyfile(k: cryptblk_crypto::SecretBytes) -> cryptblk_crypto::SecretBytes {
-    if k.len() > cryptblk_format::tcrypt::KEYFILE_MAX {
-        cryptblk_crypto::SecretBytes::from_slice(&k[..cryptblk_format::tcrypt::KEYFILE_MAX])
-    } else {
-        k
-    }
-}
 
 pub(crate) fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError {
     match e {
@@ -291,10 +144,6 @@ fn volume_key_file(a: &VolumeArgs, len: usize) -> CliResult<Option<SecretBytes>>
 }
 
 impl VolumeArgs {
-    fn file_io_of(&self) -> cryptblk_volume::FileIo {
-        self.file_io()
-    }
-
     /// The options of opening `device` as this type: where the header is, the data path,
     /// and the type's own parameters (plain mode's, loop-AES's, TrueCrypt's with their
     /// keyfiles read).
@@ -305,7 +154,7 @@ impl VolumeArgs {
             read_only: self.read_only,
             allow_discards: self.allow_discards,
             key_slot: None,
-            io: self.file_io_of(),
+            io: self.file_io(),
             ..Default::default()
         };
         match self.kind {

@@ -1,10 +1,11 @@
 //! Serving an unlocked volume: one lifecycle for every frontend (NBD, FUSE, ublk, and the
-//! ones to come), each of which is one file here implementing [`Frontend`].
+//! ones to come), each of which is one file here implementing [`Frontend`] (and, if its
+//! server can leave kernel state behind when killed, [`Leftovers`]).
 //!
-//! The lifecycle ([`open`]): check the options and what the frontend needs, detach
-//! (`--daemon`), unlock the volume, start the frontend, announce it in the run directory
-//! (control socket NAME.ctl, NAME.pid, signal handlers), answer `status` and `close` on
-//! the control socket, run until closed, clean up, flush.
+//! The lifecycle ([`open`]), one function per step: claim the name and check the options
+//! and what the frontend needs, detach (`--daemon`), unlock the volume, start the
+//! frontend, announce it in the run directory (control socket NAME.ctl, NAME.pid, signal
+//! handlers), answer the control socket, run until closed, flush, clean up.
 
 mod fuse;
 mod nbd;
@@ -13,10 +14,12 @@ mod shutdown;
 mod suspend;
 pub mod ublk;
 
+use crate::args::VolumeArgs;
+use crate::control::{Reply, Request};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, EXIT_USAGE, io_err};
 use crate::rundir::{self, SocketAccess};
-use crate::unlock::{VolumeArgs, open_volume};
+use crate::unlock::open_volume;
 use clap::Args;
 use cryptblk_device::BlockDevice;
 use cryptblk_volume::Volume;
@@ -146,6 +149,30 @@ pub(crate) trait Frontend {
     ) -> CliResult<Started>;
 }
 
+/// What a frontend's server can leave behind when it dies without closing (a kernel
+/// device): `close` removes it, `status` explains it. A frontend with such state adds its
+/// [`Leftovers`] to [`LEFTOVERS`].
+pub(crate) trait Leftovers: Sync {
+    /// Removes what the dead server of `name` left; `None` when it left nothing.
+    fn close_stale(&self, dir: &Path, name: &str) -> Option<CliResult<()>>;
+    /// What `status` says about it; `None` when it left nothing.
+    fn stale_status(&self, dir: &Path, name: &str) -> Option<String>;
+}
+
+/// Every frontend's leftovers (NBD and FUSE leave none: their sockets and mounts go with
+/// the process).
+const LEFTOVERS: &[&dyn Leftovers] = &[&ublk::UblkLeftovers];
+
+/// Removes what the dead server of `name` left behind, if anything did.
+pub(crate) fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
+    LEFTOVERS.iter().find_map(|l| l.close_stale(dir, name))
+}
+
+/// What the dead server of `name` left behind, as `status` reports it.
+pub(crate) fn stale_status(dir: &Path, name: &str) -> Option<String> {
+    LEFTOVERS.iter().find_map(|l| l.stale_status(dir, name))
+}
+
 /// A frontend that serves.
 pub(crate) struct Started {
     /// `status`'s frontend field: "nbd unix:PATH", "fuse FILE", "ublk".
@@ -196,45 +223,90 @@ fn choose(a: &OpenArgs) -> CliResult<Box<dyn Frontend>> {
     }
 }
 
-/// `open`: the whole lifecycle, for whichever frontend the options name.
-pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
+/// `open`: the whole lifecycle, for whichever frontend the options name, as its steps:
+/// [`claim`] (checks, run directory, the name, the frontend's own checks; `--daemon`
+/// detaches after it), [`unlock`], [`Serving::start`], [`Serving::announce`] (control
+/// socket, pid file, signals), [`Serving::say_ready`], [`Serving::run_and_close`].
+pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     // From here on this process holds the passphrase and the volume key: no core dumps,
     // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
     // flag, so the `--daemon` child, which runs this function too, sets it again itself.
     crate::process::set_not_dumpable();
     if a.test_passphrase {
-        let t = crate::commands::TestArgs {
-            device: a.device,
-            header: a.vol.header,
-            key: a.vol.key,
-            key_slot: a.vol.key_slot,
-            select: crate::commands::TypeSelect {
-                kind: Some(a.vol.kind),
-                tcrypt: a.vol.tcrypt,
-                cipher: a.vol.cipher,
-                hash: a.vol.hash,
-            },
-        };
-        return crate::commands::test_passphrase(ctx, t);
+        return test_passphrase(ctx, a);
     }
+    let claimed = claim(&mut a)?;
+    if a.daemon && !a.daemon_child {
+        // The child claims the name itself (if another `open` takes it in between, the
+        // child says so and this process reports it).
+        drop(claimed.name);
+        return spawn_daemon(&a, &claimed.dir);
+    }
+    let unlocked = unlock(ctx, &a)?;
+    let serving = Serving::start(&a, claimed, unlocked)?;
+    serving.announce()?;
+    serving.say_ready(ctx, &a);
+    serving.run_and_close(&a)
+}
+
+/// `open --test-passphrase`: `test-passphrase` with the same options.
+fn test_passphrase(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
+    let t = crate::commands::keyslots::TestArgs {
+        device: a.device,
+        header: a.vol.header,
+        key: a.vol.key,
+        key_slot: a.vol.key_slot,
+        select: crate::args::TypeSelect {
+            kind: Some(a.vol.kind),
+            tcrypt: a.vol.tcrypt,
+            cipher: a.vol.cipher,
+            hash: a.vol.hash,
+        },
+    };
+    crate::commands::keyslots::test_passphrase(ctx, t)
+}
+
+/// What [`claim`] holds until the process exits.
+struct Claimed {
+    frontend: Box<dyn Frontend>,
+    dir: PathBuf,
+    name: rundir::NameClaim,
+}
+
+/// Everything checked before a passphrase is asked for: the name, the frontend and what
+/// it needs from the host, the private run directory; then the name is claimed, so that a
+/// second `open` of it is refused before it serves anything (or leaves a socket behind).
+fn claim(a: &mut OpenArgs) -> CliResult<Claimed> {
     rundir::check_name(&a.name)?;
     if a.daemon_child && a.vol.key.key_file().map(|p| p.as_path()) == Some(Path::new("-")) {
         // Our parent skipped --keyfile-offset of its stdin already (see spawn_daemon).
         a.vol.key.keyfile_offset = 0;
     }
-    let mut fe = choose(&a)?;
+    let mut frontend = choose(a)?;
     let dir = rundir::private_run_dir(&a.run_dir)?;
-    let ctl_path = dir.join(format!("{}.ctl", a.name));
-    // The name first: a second `open` of it is refused before it serves anything (or
-    // leaves a socket behind). Held until this process exits.
-    let claim = claim_name(&dir, &a.name)?;
-    fe.prepare(&a, &dir)?;
-    if a.daemon && !a.daemon_child {
-        // The child claims the name itself (if another `open` takes it in between, the
-        // child says so and this process reports it).
-        drop(claim);
-        return spawn_daemon(&a, &dir);
-    }
+    let name = claim_name(&dir, &a.name)?;
+    frontend.prepare(a, &dir)?;
+    Ok(Claimed {
+        frontend,
+        dir,
+        name,
+    })
+}
+
+/// The unlocked volume and what serves it besides the frontend.
+struct Unlocked {
+    vol: Arc<Volume>,
+    info: VolumeInfo,
+    /// A detached header on a remote store (its own RBD image, with its own lock) is
+    /// closed at exit too; an attached one is the volume's own storage.
+    header_store: Option<cryptblk_device::DataDevice>,
+    suspension: Arc<suspend::SuspendControl>,
+    jobs: Arc<online::OnlineJobs>,
+}
+
+/// Reads the passphrase or key, unlocks the volume, and readies suspend/resume and online
+/// reencryption over it.
+fn unlock(ctx: &Ctx, a: &OpenArgs) -> CliResult<Unlocked> {
     let Opened {
         volume,
         info,
@@ -242,49 +314,109 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     } = open_volume(ctx, &a.device, &a.vol)?;
     let vol = Arc::new(volume);
     let suspension = suspend::SuspendControl::new(vol.clone(), header_file.as_ref(), &a.device)?;
-    // A detached header on a remote store (its own RBD image, with its own lock) is
-    // closed at exit too; an attached one is the volume's own storage.
     let header_store = header_file.clone();
     let jobs = online::OnlineJobs::new(vol.clone(), header_file, &a.device);
-    let started = fe.start(&a, &dir, vol.clone(), &info)?;
-    let served = Arc::new(Served {
-        name: a.name.clone(),
-        device: a.device.display().to_string(),
-        device_id: rundir::identity(&a.device),
+    Ok(Unlocked {
+        vol,
         info,
-        frontend: started.desc.clone(),
-    });
-    let pid_path = dir.join(format!("{}.pid", a.name));
-    let files = shutdown::ExitFiles::new(ctl_path.clone(), pid_path.clone());
-    let closer = Arc::new(shutdown::Closer::default());
-    let deadline = {
-        let (name, files, closer) = (a.name.clone(), files.clone(), closer.clone());
-        shutdown::ShutdownDeadline::new(Duration::from_secs(a.close_timeout), move |why| {
-            files.remove_ctl();
-            files.remove_pid();
-            let msg = format!(
-                "{name}: {why}; exiting without (what was not flushed may be lost, and an \
-                 RBD image's lock is held until the cluster expires its watch)"
-            );
-            closer.tell_within(
-                &format!("error {EXIT_NO_DEVICE}: {msg}"),
-                Duration::from_millis(200),
-            );
-            shutdown::say_briefly(msg);
-            crate::process::exit_now(EXIT_NO_DEVICE);
+        header_store,
+        suspension,
+        jobs,
+    })
+}
+
+/// A volume being served, from its frontend's start to its last flush.
+struct Serving {
+    name: String,
+    _claim: rundir::NameClaim,
+    vol: Arc<Volume>,
+    header_store: Option<cryptblk_device::DataDevice>,
+    suspension: Arc<suspend::SuspendControl>,
+    jobs: Arc<online::OnlineJobs>,
+    started: Started,
+    served: Arc<Served>,
+    ctl_path: PathBuf,
+    pid_path: PathBuf,
+    files: Arc<shutdown::ExitFiles>,
+    /// The accepted `close`'s connection, told how the exit went.
+    closer: Arc<shutdown::Closer>,
+    /// Bounds the exit once a stop is accepted (`--close-timeout`).
+    deadline: shutdown::ShutdownDeadline,
+    /// The first accepted stop is final: later ones (a signal during a `close`) are
+    /// answered yes and change nothing; a `suspend` waits for a stop in progress and is
+    /// refused after it.
+    stopping: Arc<Mutex<bool>>,
+}
+
+impl Serving {
+    /// Starts the frontend: clients may come from here on.
+    fn start(a: &OpenArgs, claimed: Claimed, u: Unlocked) -> CliResult<Self> {
+        let Claimed {
+            frontend,
+            dir,
+            name: claim,
+        } = claimed;
+        let started = frontend.start(a, &dir, u.vol.clone(), &u.info)?;
+        let served = Arc::new(Served {
+            name: a.name.clone(),
+            device: a.device.display().to_string(),
+            device_id: rundir::identity(&a.device),
+            info: u.info,
+            frontend: started.desc.clone(),
+        });
+        let ctl_path = dir.join(format!("{}.ctl", a.name));
+        let pid_path = dir.join(format!("{}.pid", a.name));
+        let files = shutdown::ExitFiles::new(ctl_path.clone(), pid_path.clone());
+        let closer = Arc::new(shutdown::Closer::default());
+        let deadline = {
+            let (name, files, closer) = (a.name.clone(), files.clone(), closer.clone());
+            shutdown::ShutdownDeadline::new(Duration::from_secs(a.close_timeout), move |why| {
+                files.remove_ctl();
+                files.remove_pid();
+                let msg = format!(
+                    "{name}: {why}; exiting without (what was not flushed may be lost, and an \
+                     RBD image's lock is held until the cluster expires its watch)"
+                );
+                closer.tell_within(
+                    &Reply::Error {
+                        code: EXIT_NO_DEVICE,
+                        message: msg.clone(),
+                    },
+                    Duration::from_millis(200),
+                );
+                shutdown::say_briefly(msg);
+                crate::process::exit_now(EXIT_NO_DEVICE);
+            })
+        };
+        Ok(Serving {
+            name: a.name.clone(),
+            _claim: claim,
+            vol: u.vol,
+            header_store: u.header_store,
+            suspension: u.suspension,
+            jobs: u.jobs,
+            started,
+            served,
+            ctl_path,
+            pid_path,
+            files,
+            closer,
+            deadline,
+            stopping: Arc::new(Mutex::new(false)),
         })
-    };
-    // The first accepted stop is final: later ones (a signal during a `close`) are
-    // answered yes and change nothing; a `suspend` waits for a stop in progress and is
-    // refused after it.
-    let stopping = Arc::new(Mutex::new(false));
-    let stopping_main = stopping.clone();
-    // A reencryption in progress stops (after its step) before the volume closes, and no
-    // other starts; a suspended volume is resumed first (its held I/O could not drain).
-    // The clock for the whole exit starts here.
-    let stop = {
-        let (c, jobs, suspension) = (started.control.clone(), jobs.clone(), suspension.clone());
-        let (deadline, stopping) = (deadline.clone(), stopping.clone());
+    }
+
+    /// A clean stop, as `close` and signals ask for it: a reencryption in progress stops
+    /// (after its step) before the volume closes, and no other starts; a suspended volume
+    /// is resumed first (its held I/O could not drain). The clock for the whole exit
+    /// starts here.
+    fn stop_fn(&self) -> impl Fn() -> Result<(), String> + Send + Clone + 'static {
+        let (c, jobs, suspension) = (
+            self.started.control.clone(),
+            self.jobs.clone(),
+            self.suspension.clone(),
+        );
+        let (deadline, stopping) = (self.deadline.clone(), self.stopping.clone());
         move || {
             // Armed before any lock: a `suspend` stuck on storage that hangs (holding
             // them) cannot keep this stop unbounded. Taken back if the stop is refused.
@@ -313,24 +445,34 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 }
             }
         }
-    };
+    }
 
-    // SIGTERM / SIGINT: stop accepting, drain, flush, exit 0 (a busy FUSE file stays up);
-    // a second one during the close exits at once.
-    let force = {
-        let deadline = deadline.clone();
-        move || deadline.expire_now()
-    };
-    let ctl = announce(&ctl_path, &pid_path, &a.name, stop.clone(), force)?;
-    files.bound();
-    {
-        let (c, served, vol, jobs, limit, closer) = (
-            started.control.clone(),
-            served.clone(),
-            vol.clone(),
-            jobs.clone(),
-            deadline.limit(),
-            closer.clone(),
+    /// Makes the volume visible to the other commands: the control socket and pid file,
+    /// SIGTERM/SIGINT (stop accepting, drain, flush, exit 0; a busy FUSE file stays up; a
+    /// second one during the close exits at once), and the thread answering the socket.
+    fn announce(&self) -> CliResult<()> {
+        let stop = self.stop_fn();
+        let force = {
+            let deadline = self.deadline.clone();
+            move || deadline.expire_now()
+        };
+        let ctl = announce(
+            &self.ctl_path,
+            &self.pid_path,
+            &self.name,
+            stop.clone(),
+            force,
+        )?;
+        self.files.bound();
+        let (c, served, vol, jobs, suspension, limit, closer, stopping) = (
+            self.started.control.clone(),
+            self.served.clone(),
+            self.vol.clone(),
+            self.jobs.clone(),
+            self.suspension.clone(),
+            self.deadline.limit(),
+            self.closer.clone(),
+            self.stopping.clone(),
         );
         std::thread::spawn(move || {
             let status = || {
@@ -338,7 +480,7 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 v["suspended"] = json!(suspension.is_suspended());
                 v
             };
-            let resize = |req: &str| resize(&vol, &*c, &jobs, &suspension, req);
+            let resize = |new: Option<u64>| resize(&vol, &*c, &jobs, &suspension, new);
             let ends = ControlEnds {
                 close: stop,
                 stopping: &stopping,
@@ -347,46 +489,59 @@ pub fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             };
             control_loop(ctl, status, resize, &jobs, &suspension, ends)
         });
+        Ok(())
     }
-    if ctx.verbose || !a.daemon_child {
-        eprintln!(
-            "{}: {} {} served at {}",
-            a.name,
-            served.info.kind,
-            vol.with_cipher(|c| c.description()),
-            started.summary
-        );
+
+    /// Says where the volume is served; a `--daemon` child tells its parent it is ready
+    /// ("READY" or "READY /dev/ublkbN"), and the parent exits.
+    fn say_ready(&self, ctx: &Ctx, a: &OpenArgs) {
+        if ctx.verbose || !a.daemon_child {
+            eprintln!(
+                "{}: {} {} served at {}",
+                self.name,
+                self.served.info.kind,
+                self.vol.with_cipher(|c| c.description()),
+                self.started.summary
+            );
+        }
+        let node = self.started.device_node.clone().unwrap_or_default();
+        if a.daemon_child {
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "READY {node}").and_then(|_| out.flush());
+        } else if !node.is_empty() {
+            println!("{node}");
+        }
     }
-    let node = started.device_node.clone().unwrap_or_default();
-    if a.daemon_child {
-        // Tell the parent we are ready ("READY" or "READY /dev/ublkbN"); it closes its
-        // end and exits.
-        let mut out = std::io::stdout();
-        let _ = writeln!(out, "READY {node}").and_then(|_| out.flush());
-    } else if !node.is_empty() {
-        println!("{node}");
+
+    /// Serves until stopped (or until the frontend ends on its own: a FUSE file unmounted,
+    /// a ublk device deleted), then the last flush, the storage let go, and the `close`
+    /// that asked told how it went.
+    fn run_and_close(self, a: &OpenArgs) -> CliResult<()> {
+        let result = (self.started.run)();
+        // An end of the frontend's own is bounded all the same, and counts as an
+        // accepted stop.
+        self.deadline.commit();
+        *self.stopping.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.jobs.close();
+        self.files.remove_ctl();
+        // The last flush, then the storage lets go of what it holds elsewhere (an RBD
+        // image's lock and watch): other threads still hold the volume, so it is never
+        // dropped. Before the pid file goes (`close` waits for that).
+        let closed = self.vol.close();
+        let header = self
+            .header_store
+            .map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
+        self.deadline.done();
+        let outcome = closed.and(header).map_err(|e| io_err(&a.device, e));
+        self.closer
+            .tell(&match outcome.as_ref().and(result.as_ref()) {
+                Ok(()) => Reply::Closed,
+                Err(e) => Reply::error(e),
+            });
+        self.files.remove_pid();
+        outcome?;
+        result
     }
-    let result = (started.run)();
-    // The frontend may also have ended on its own (a FUSE file unmounted, a ublk device
-    // deleted): the exit is bounded all the same, and counts as an accepted stop.
-    deadline.commit();
-    *stopping_main.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    jobs.close();
-    files.remove_ctl();
-    // The last flush, then the storage lets go of what it holds elsewhere (an RBD image's
-    // lock and watch): other threads still hold the volume, so it is never dropped. Before
-    // the pid file goes (`close` waits for that).
-    let closed = vol.close();
-    let header = header_store.map_or(Ok(()), |h| cryptblk_device::Storage::close(&h));
-    deadline.done();
-    let outcome = closed.and(header).map_err(|e| io_err(&a.device, e));
-    closer.tell(&match outcome.as_ref().and(result.as_ref()) {
-        Ok(()) => "closed".to_string(),
-        Err(e) => format!("error {}: {}", e.code, e.message.replace('\n', " ")),
-    });
-    files.remove_pid();
-    outcome?;
-    result
 }
 
 /// Everything `status` reports, fixed at open time.
@@ -492,9 +647,12 @@ fn resize(
     c: &dyn Control,
     jobs: &online::OnlineJobs,
     suspension: &suspend::SuspendControl,
-    req: &str,
-) -> String {
-    let refused = |why: String| format!("error {EXIT_BUSY}: {why}");
+    new: Option<u64>,
+) -> Reply {
+    let refused = |why: String| Reply::Error {
+        code: EXIT_BUSY,
+        message: why,
+    };
     if suspension.is_suspended() {
         return refused("the volume is suspended: luksResume it first".into());
     }
@@ -504,16 +662,12 @@ fn resize(
     if let Err(why) = c.can_resize() {
         return refused(why);
     }
-    let new = match req.trim() {
-        "max" => None,
-        n => match n.parse::<u64>() {
-            Ok(n) => Some(n),
-            Err(_) => return format!("error {EXIT_USAGE}: bad size '{n}'"),
-        },
-    };
     match vol.resize(new) {
-        Ok(n) => format!("resized {n}"),
-        Err(e) => format!("error {EXIT_USAGE}: {e}"),
+        Ok(n) => Reply::Resized(n),
+        Err(e) => Reply::Error {
+            code: EXIT_USAGE,
+            message: e.to_string(),
+        },
     }
 }
 
@@ -534,7 +688,7 @@ struct ControlEnds<'a, F> {
 fn control_loop(
     ctl: UnixListener,
     status: impl Fn() -> Value,
-    resize: impl Fn(&str) -> String,
+    resize: impl Fn(Option<u64>) -> Reply,
     jobs: &Arc<online::OnlineJobs>,
     suspension: &suspend::SuspendControl,
     ends: ControlEnds<'_, impl Fn() -> Result<(), String>>,
@@ -552,48 +706,47 @@ fn control_loop(
         {
             continue;
         }
-        let line = line.trim();
-        let answer = if let Some(request) = line.strip_prefix("reencrypt ") {
-            Some(if suspension.is_suspended() {
-                format!("error {EXIT_BUSY}: the volume is suspended: luksResume it first")
-            } else {
-                jobs.start(request)
-            })
-        } else if let Some(request) = line.strip_prefix("resize ") {
-            Some(resize(request))
-        } else if let Some(request) = line.strip_prefix("resume ") {
-            Some(suspension.resume(request))
-        } else if line == "suspend" {
-            // Not under the lock: a suspend waiting on storage that hangs must not hold
-            // up a stop (which is armed first and bounded either way).
-            let stopping = *ends.stopping.lock().unwrap_or_else(|e| e.into_inner());
-            Some(if stopping {
-                format!("error {EXIT_BUSY}: the volume is closing")
-            } else {
-                suspension.suspend(jobs.running())
-            })
-        } else {
-            None
+        let busy = |why: &str| Reply::Error {
+            code: EXIT_BUSY,
+            message: why.to_string(),
         };
-        if let Some(a) = answer {
-            let _ = writeln!(conn, "{a}");
-            continue;
-        }
-        match line {
-            "reencrypt-stop" => {
+        let reply = match Request::parse(line.trim()) {
+            Err(e) => e,
+            Ok(Request::Reencrypt { passphrase, job }) => {
+                if suspension.is_suspended() {
+                    busy("the volume is suspended: luksResume it first")
+                } else {
+                    jobs.start(&passphrase, &job)
+                }
+            }
+            Ok(Request::Resize(new)) => resize(new),
+            Ok(Request::Resume {
+                passphrase,
+                key_slot,
+            }) => suspension.resume(&passphrase, key_slot),
+            Ok(Request::Suspend) => {
+                // Not under the lock: a suspend waiting on storage that hangs must not hold
+                // up a stop (which is armed first and bounded either way).
+                let stopping = *ends.stopping.lock().unwrap_or_else(|e| e.into_inner());
+                if stopping {
+                    busy("the volume is closing")
+                } else {
+                    suspension.suspend(jobs.running())
+                }
+            }
+            Ok(Request::ReencryptStop) => {
                 jobs.request_stop();
-                let _ = writeln!(conn, "stopping");
+                Reply::Stopping
             }
-            "status" => {
-                let _ = writeln!(conn, "{}", status());
-            }
-            "close" => {
+            Ok(Request::Status) => Reply::Status(status()),
+            Ok(Request::Close) => {
                 // Announced before the stop: the stop can end the whole close (and the
                 // main thread exit) before this connection is kept.
                 ends.closer.expect();
                 match (ends.close)() {
                     Ok(()) => {
-                        if writeln!(conn, "closing {}", ends.limit.as_secs()).is_ok() {
+                        let closing = Reply::Closing(Some(ends.limit.as_secs()));
+                        if writeln!(conn, "{closing}").is_ok() {
                             ends.closer.keep(conn);
                         } else {
                             ends.closer.give_up();
@@ -602,14 +755,12 @@ fn control_loop(
                     }
                     Err(e) => {
                         ends.closer.give_up();
-                        let _ = writeln!(conn, "busy: {e}");
+                        Reply::Busy(e)
                     }
                 }
             }
-            _ => {
-                let _ = writeln!(conn, "error: unknown command");
-            }
-        }
+        };
+        let _ = writeln!(conn, "{reply}");
     }
 }
 

@@ -4,8 +4,9 @@
 //! progress, and `close` stops it before the volume closes. The job runs on its own
 //! thread; clients go on reading and writing throughout.
 
+use crate::commands::reencrypt::{Job, from_wire, read_luks2};
+use crate::control::Reply;
 use crate::error::{CliError, CliResult};
-use crate::reencrypt::{Job, from_wire, read_luks2};
 use cryptblk_format::luks2::{Luks2Header, ReencryptOutcome};
 use cryptblk_volume::DataDevice;
 use cryptblk_volume::Volume;
@@ -84,27 +85,22 @@ impl OnlineJobs {
         })
     }
 
-    /// `reencrypt PASSPHRASE-HEX JSON`: starts the job and answers once its metadata is
-    /// written (or the job in progress is taken up): `started`, or `error CODE: message`.
-    pub(crate) fn start(self: &Arc<Self>, request: &str) -> String {
-        match self.try_start(request) {
-            Ok(()) => "started".into(),
-            Err(e) => format!("error {}: {}", e.code, e.message.replace('\n', " ")),
+    /// `reencrypt`: starts the job and answers once its metadata is written (or the job in
+    /// progress is taken up): `started`, or `error CODE: message`.
+    pub(crate) fn start(self: &Arc<Self>, pass: &[u8], job: &Value) -> Reply {
+        match self.try_start(pass, job) {
+            Ok(()) => Reply::Started,
+            Err(e) => Reply::error(&e),
         }
     }
 
-    fn try_start(self: &Arc<Self>, request: &str) -> CliResult<()> {
+    fn try_start(self: &Arc<Self>, pass: &[u8], v: &Value) -> CliResult<()> {
         let closing = || CliError::new(crate::error::EXIT_BUSY, "the volume is closing");
         if self.lock_thread().closed {
             return Err(closing());
         }
-        let (pass_hex, json) = request.split_once(' ').unwrap_or((request, ""));
-        let pass = Zeroizing::new(
-            hex::decode(pass_hex).map_err(|_| CliError::usage("bad passphrase encoding"))?,
-        );
-        let v: Value = serde_json::from_str(json)
-            .map_err(|e| CliError::usage(format!("bad reencrypt request: {e}")))?;
-        let job = Job::of(&from_wire(&v, &self.device))?;
+        let pass = Zeroizing::new(pass.to_vec());
+        let job = Job::of(&from_wire(v, &self.device))?;
         if cryptblk_device::BlockDevice::read_only(&*self.vol) {
             return Err(CliError::usage(
                 "the volume is served read-only: reencrypt it with the volume closed, or \
@@ -309,14 +305,15 @@ mod tests {
         let vol = Volume::new(Box::new(MemStorage::new(1 << 20)), sc, &params).unwrap();
         let jobs = OnlineJobs::new(Arc::new(vol), None, Path::new("mem:test"));
         // Serving: the request is looked at (and this one is malformed).
-        let served = jobs.start("00 {");
-        assert!(served.contains("bad reencrypt request"), "{served}");
+        let malformed = serde_json::json!({"cipher": 7});
+        let served = jobs.start(&[0], &malformed).to_string();
+        assert!(served.starts_with("error"), "{served}");
         jobs.close();
-        let closing = jobs.start("00 {");
+        let closing = jobs.start(&[0], &malformed).to_string();
         assert_eq!(closing, "error 5: the volume is closing");
         assert!(!jobs.running());
         // The stop was refused after all: requests are looked at again.
         jobs.reopen();
-        assert!(jobs.start("00 {").contains("bad reencrypt request"));
+        assert_ne!(jobs.start(&[0], &malformed).to_string(), closing);
     }
 }

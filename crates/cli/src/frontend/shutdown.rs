@@ -5,6 +5,7 @@
 //! process says so and exits with code 4 (an RBD image's lock then expires with its
 //! watch), instead of hanging with its control socket and pid file in place.
 
+use crate::control::Reply;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -263,15 +264,15 @@ impl Closer {
 
     /// Tells the waiting `close` (now, or once it is kept) its last line; waits for a
     /// `close` being taken at most `HANDOVER_WAIT`, and never long for its reader.
-    pub(crate) fn tell(&self, line: &str) {
-        self.tell_within(line, HANDOVER_WAIT);
+    pub(crate) fn tell(&self, reply: &Reply) {
+        self.tell_within(reply, HANDOVER_WAIT);
     }
 
     /// `tell`, waiting for a `close` being taken at most `wait`: the watchdog, which
     /// must end the process now (that `close` may be stuck behind the hung storage).
-    pub(crate) fn tell_within(&self, line: &str, wait: Duration) {
+    pub(crate) fn tell_within(&self, reply: &Reply, wait: Duration) {
         let mut s = self.lock();
-        s.last.get_or_insert_with(|| line.to_string());
+        s.last.get_or_insert_with(|| reply.to_string());
         Self::send(&mut s);
         let (s, _) = self
             .handed
@@ -306,6 +307,7 @@ pub(crate) fn say_briefly(msg: String) {
 #[cfg(test)]
 mod tests {
     use super::{Closer, Expiry, HANDOVER_WAIT, ShutdownDeadline};
+    use crate::control::Reply;
     use std::sync::Arc;
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
@@ -404,13 +406,19 @@ mod tests {
         let closer = Closer::default();
         let (ours, theirs) = UnixStream::pair().unwrap();
         closer.keep(ours);
-        closer.tell("closed");
-        closer.tell("error 4: too late");
+        closer.tell(&Reply::Closed);
+        closer.tell(&Reply::Error {
+            code: 4,
+            message: "too late".into(),
+        });
         drop(closer);
         assert_eq!(read_all(theirs), "closed\n");
         // Told first (the close ended while the connection was being handed over).
         let closer = Closer::default();
-        closer.tell("error 4: gave up");
+        closer.tell(&Reply::Error {
+            code: 4,
+            message: "gave up".into(),
+        });
         let (ours, theirs) = UnixStream::pair().unwrap();
         closer.keep(ours);
         drop(closer);
@@ -428,7 +436,7 @@ mod tests {
                 closer.keep(ours);
             })
         };
-        closer.tell("closed");
+        closer.tell(&Reply::Closed);
         // `keep` runs 200 ms after `t` at the earliest: a `tell` that waited for it
         // cannot return sooner, however the threads are scheduled.
         assert!(
@@ -456,14 +464,14 @@ mod tests {
             })
         };
         let t = Instant::now();
-        closer.tell("closed");
+        closer.tell(&Reply::Closed);
         assert!(t.elapsed() < HANDOVER_WAIT, "{:?}", t.elapsed());
         refuser.join().unwrap();
         // A handover that never comes is waited for only HANDOVER_WAIT.
         let closer = Closer::default();
         closer.expect();
         let t = Instant::now();
-        closer.tell("closed");
+        closer.tell(&Reply::Closed);
         assert!(t.elapsed() >= HANDOVER_WAIT && t.elapsed() < 5 * HANDOVER_WAIT);
     }
 }

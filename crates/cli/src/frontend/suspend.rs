@@ -3,24 +3,17 @@
 //! unlocks the header again and lets the I/O go on. Refused for volumes without a LUKS
 //! header (nothing to unlock them again with) and while a reencryption runs.
 
+use crate::control::Reply;
 use crate::error::{CliError, CliResult, EXIT_BUSY};
 use cryptblk_volume::DataDevice;
 use cryptblk_volume::{Suspended, Volume};
 use std::sync::{Arc, Mutex};
-use zeroize::Zeroizing;
 
 pub(crate) struct SuspendControl {
     vol: Arc<Volume>,
     /// The LUKS header's file (none for plain and memory volumes).
     header: Option<DataDevice>,
     state: Mutex<Option<Suspended>>,
-}
-
-fn reply(r: CliResult<&str>) -> String {
-    match r {
-        Ok(s) => s.to_string(),
-        Err(e) => format!("error {}: {}", e.code, e.message.replace('\n', " ")),
-    }
 }
 
 impl SuspendControl {
@@ -47,8 +40,8 @@ impl SuspendControl {
     }
 
     /// `suspend`: `suspended`, or `error CODE: message`. `reencrypting`: whether a job runs.
-    pub(crate) fn suspend(&self, reencrypting: bool) -> String {
-        reply((|| {
+    pub(crate) fn suspend(&self, reencrypting: bool) -> Reply {
+        Reply::of((|| {
             if self.header.is_none() {
                 return Err(CliError::usage(
                     "only LUKS volumes can be suspended (a plain volume has no header to \
@@ -71,24 +64,17 @@ impl SuspendControl {
                     .suspend()
                     .map_err(|e| CliError::new(EXIT_BUSY, e.to_string()))?,
             );
-            Ok("suspended")
+            Ok(Reply::Suspended)
         })())
     }
 
-    /// `resume PASSPHRASE-HEX [SLOT]`: `resumed`, or `error CODE: message` (the volume
-    /// then stays suspended).
-    pub(crate) fn resume(&self, request: &str) -> String {
-        reply((|| {
+    /// `resume`: `resumed`, or `error CODE: message` (the volume then stays suspended).
+    pub(crate) fn resume(&self, pass: &[u8], slot: Option<u32>) -> Reply {
+        Reply::of((|| {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             let s = st
                 .as_mut()
                 .ok_or_else(|| CliError::usage("the volume is not suspended"))?;
-            let mut words = request.split_whitespace();
-            let pass = Zeroizing::new(
-                hex::decode(words.next().unwrap_or(""))
-                    .map_err(|_| CliError::usage("bad passphrase encoding"))?,
-            );
-            let slot = words.next().and_then(|w| w.parse().ok());
             let file = self
                 .header
                 .as_ref()
@@ -99,23 +85,22 @@ impl SuspendControl {
                 .vol
                 .storage_size()
                 .map_err(|e| CliError::usage(e.to_string()))?;
-            let layout =
-                cryptblk_volume::unlock_layout(&*hdr, &mut f, &pass, slot, size).map_err(|e| {
-                    match e {
-                        cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => {
-                            CliError::new(
-                                crate::error::EXIT_PERMISSION,
-                                "No key available with this passphrase.",
-                            )
-                        }
-                        cryptblk_volume::Error::Format(f) => CliError::from(f),
-                        e => CliError::usage(e.to_string()),
+            let layout = cryptblk_volume::unlock_layout(&*hdr, &mut f, pass, slot, size).map_err(
+                |e| match e {
+                    cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => {
+                        CliError::new(
+                            crate::error::EXIT_PERMISSION,
+                            "No key available with this passphrase.",
+                        )
                     }
-                })?;
+                    cryptblk_volume::Error::Format(f) => CliError::from(f),
+                    e => CliError::usage(e.to_string()),
+                },
+            )?;
             s.resume(layout)
                 .map_err(|e| CliError::usage(e.to_string()))?;
             *st = None;
-            Ok("resumed")
+            Ok(Reply::Resumed)
         })())
     }
 }

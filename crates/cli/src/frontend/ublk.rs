@@ -348,13 +348,13 @@ impl Frontend for UblkFrontend {
 
 /// `close NAME` when no server answers: if NAME had a ublk device, remove it (its server
 /// died; pending I/O fails). `None` if there is nothing of NAME's to remove.
-pub fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
+fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
     let id = recorded_dev_id(dir, name)?;
     let r = match cryptblk_ublk::device_state(id) {
         Ok(None) => Ok(()),
         // A process that has exited (gone, or a zombie whose threads have all ended)
         // serves nothing any more.
-        Ok(Some((_, pid))) if pid > 0 && !crate::serve::has_exited(pid) => Err(CliError::new(
+        Ok(Some((_, pid))) if pid > 0 && !crate::process::has_exited(pid) => Err(CliError::new(
             EXIT_BUSY,
             format!("/dev/ublkb{id} is served by pid {pid}, which does not answer"),
         )),
@@ -371,7 +371,7 @@ pub fn close_stale(dir: &Path, name: &str) -> Option<CliResult<()>> {
 }
 
 /// What `status NAME` says when no server answers but NAME had a ublk device.
-pub fn stale_status(dir: &Path, name: &str) -> Option<String> {
+fn stale_status(dir: &Path, name: &str) -> Option<String> {
     let id = recorded_dev_id(dir, name)?;
     let state = cryptblk_ublk::device_state(id).ok()??.0;
     Some(match state {
@@ -383,6 +383,18 @@ pub fn stale_status(dir: &Path, name: &str) -> Option<String> {
             "{name}: its server is gone and /dev/ublkb{id} is stopped; `cryptblk close {name}` removes it"
         ),
     })
+}
+
+/// The kernel device a dead ublk server leaves: removed by `close`, explained by `status`.
+pub(super) struct UblkLeftovers;
+
+impl super::Leftovers for UblkLeftovers {
+    fn close_stale(&self, dir: &Path, name: &str) -> Option<CliResult<()>> {
+        close_stale(dir, name)
+    }
+    fn stale_status(&self, dir: &Path, name: &str) -> Option<String> {
+        stale_status(dir, name)
+    }
 }
 
 #[cfg(test)]

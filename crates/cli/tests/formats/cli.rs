@@ -821,3 +821,39 @@ fn repair_fixes_headers_as_cryptsetup_does() {
     );
     ok(&cb(&["test-passphrase", "--key-file", &pw, &img]));
 }
+
+/// A missing device is said at once, exit 4 as cryptsetup, for every type and every
+/// command that opens a volume: the device is checked before any secret is read (a
+/// terminal would have been asked for a passphrase first).
+#[test]
+fn a_missing_device_is_an_error_before_any_passphrase() {
+    let env = Env::new();
+    let missing = env.s("missing.img");
+    let sock = format!("unix:{}", env.s("s.sock"));
+    let run_dir = env.s("run");
+    let out = env.s("out");
+    for kind in [
+        "luks", "luks2", "plain", "loopaes", "tcrypt", "bitlk", "fvault2",
+    ] {
+        for args in [
+            vec![
+                "open",
+                &missing,
+                "vol",
+                "--nbd",
+                &sock,
+                "--run-dir",
+                &run_dir,
+            ],
+            vec!["export", &missing, &out],
+        ] {
+            let mut a = args.clone();
+            a.extend(["--type", kind]);
+            // A passphrase on stdin: it must not even be read.
+            let o = run(bin(), &a, b"some passphrase\n");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(4), "{kind} {}: {err}", args[0]);
+            assert!(err.contains("No such file"), "{kind} {}: {err}", args[0]);
+        }
+    }
+}

@@ -1,8 +1,10 @@
 //! `dump`: what cryptsetup luksDump shows, in its layout (`luksdump.rs`) or as JSON.
 
-use crate::commands::{DumpArgs, load, open_header};
+use super::{load, open_header};
+use crate::args::{HeaderArgs, KeyArgs, TypeSelect};
 use crate::ctx::Ctx;
 use crate::error::CliResult;
+use clap::Args;
 use cryptblk_crypto::Kdf;
 use cryptblk_format::bitlk::BitlkHeader;
 use cryptblk_format::fvault2::Fvault2Header;
@@ -10,6 +12,27 @@ use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{KeyslotInfo, LuksHeader};
 use serde_json::{Value, json};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// Print the metadata as JSON (LUKS2: the header's own JSON area).
+    #[arg(long)]
+    pub json: bool,
+    /// Also print the volume key (asks for a passphrase).
+    #[arg(long = "dump-volume-key", alias = "dump-master-key")]
+    pub dump_volume_key: bool,
+    /// LUKS2: print the header's JSON metadata as cryptsetup does.
+    #[arg(long = "dump-json-metadata")]
+    pub dump_json_metadata: bool,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    #[command(flatten)]
+    pub select: TypeSelect,
+}
 
 fn kdf_json(k: &Kdf) -> Value {
     match k {
@@ -91,9 +114,9 @@ const VOLUME_KEY_WARNING: &str = "The header dump with volume key is sensitive i
 pub fn bitlk_volume_key(
     ctx: &Ctx,
     device: &std::path::Path,
-    key: &crate::KeyArgs,
+    key: &crate::args::KeyArgs,
 ) -> CliResult<(BitlkHeader, cryptblk_crypto::SecretBytes)> {
-    let v = crate::unlock::VolumeArgs {
+    let v = crate::args::VolumeArgs {
         key: key.clone(),
         kind: cryptblk_volume::VolumeType::Bitlk,
         read_only: true,
@@ -126,7 +149,7 @@ fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
 pub fn fvault2_volume_key(
     ctx: &Ctx,
     device: &std::path::Path,
-    key: &crate::KeyArgs,
+    key: &crate::args::KeyArgs,
 ) -> CliResult<(Fvault2Header, cryptblk_crypto::SecretBytes)> {
     let fail = |e| crate::unlock::volume_error(device, e);
     let header = cryptblk_volume::fvault2_header(device, &ctx.volume_devices()).map_err(fail)?;
@@ -221,11 +244,11 @@ pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         }
         let h = Luks2Header::read_ignoring_requirements(&mut dev)?;
         // As cryptsetup: no newline after the closing brace.
-        print!("{}", crate::luksdump::json_c_pretty(h.json()));
+        print!("{}", crate::commands::luksdump::json_c_pretty(h.json()));
         return Ok(());
     }
     if let Some(vk) = &volume_key {
-        let text = crate::luksdump::volume_key(
+        let text = crate::commands::luksdump::volume_key(
             &a.device.display().to_string(),
             &hdr.cipher().to_string(),
             hdr.data_offset() / 512,
@@ -236,9 +259,9 @@ pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         return Ok(());
     }
     let text = if hdr.version() == 1 {
-        crate::luksdump::luks1(&Luks1Header::read(&mut dev)?, &shown)
+        crate::commands::luksdump::luks1(&Luks1Header::read(&mut dev)?, &shown)
     } else {
-        crate::luksdump::luks2(&Luks2Header::read_ignoring_requirements(&mut dev)?)
+        crate::commands::luksdump::luks2(&Luks2Header::read_ignoring_requirements(&mut dev)?)
     };
     print!("{text}");
     Ok(())

@@ -5,15 +5,15 @@
 //! answering `status` and `close`) and NAME.log (the daemon's stderr). The directory is
 //! private (0700, ours, checked before use) and so are its files: see `rundir`.
 
+use crate::control::{Reply, Request, ask, not_active};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_BUSY, EXIT_NO_DEVICE, io_err};
-use crate::frontend::ublk;
 use crate::rundir::{self, check_name, existing_run_dir};
 use clap::Args;
 use serde_json::Value;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct NameArgs {
@@ -30,20 +30,6 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-pub(crate) fn ask(dir: &Path, name: &str, cmd: &str) -> CliResult<String> {
-    check_name(name)?;
-    let p = dir.join(format!("{name}.ctl"));
-    let mut s = UnixStream::connect(&p).map_err(|_| not_active(name))?;
-    writeln!(s, "{cmd}").map_err(|e| io_err(&p, e))?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| io_err(&p, e))?;
-    Ok(out)
-}
-
-fn not_active(name: &str) -> CliError {
-    CliError::new(EXIT_NO_DEVICE, format!("Device {name} is not active."))
-}
-
 pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     use std::io::BufRead;
     use std::time::{Duration, Instant};
@@ -54,16 +40,16 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         .and_then(|s| s.trim().parse().ok());
     let ctl = dir.join(format!("{name}.ctl"));
     let Ok(mut conn) = UnixStream::connect(&ctl) else {
-        // A ublk device whose server died is removed here.
-        return ublk::close_stale(&dir, name).unwrap_or(Err(not_active(name)));
+        // A kernel device whose server died (ublk) is removed here.
+        return crate::frontend::close_stale(&dir, name).unwrap_or(Err(not_active(name)));
     };
-    writeln!(conn, "close").map_err(|e| io_err(&ctl, e))?;
+    writeln!(conn, "{}", Request::Close.line().as_str()).map_err(|e| io_err(&ctl, e))?;
     // The answer comes once the stop is accepted (a reencryption step ends first).
     let _ = conn.set_read_timeout(Some(Duration::from_secs(300)));
     let mut conn = std::io::BufReader::new(conn);
     let mut reply = String::new();
     conn.read_line(&mut reply).map_err(|e| io_err(&ctl, e))?;
-    if let Some(why) = reply.trim().strip_prefix("busy: ") {
+    if let Reply::Busy(why) = Reply::parse(&reply) {
         return Err(CliError::new(
             EXIT_BUSY,
             format!("Device {name} is still in use: {why}"),
@@ -74,13 +60,12 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     // an older server, which says nothing more). Past its limit it exits all the same,
     // so a little more than that is waited for.
     // No answer at all: the server exited first (say, its stop ran out of time).
-    let limit = match reply.trim() {
-        "closing" => None,
-        "" => Some(0),
-        r => match r.strip_prefix("closing ").map(|n| n.parse::<u64>()) {
-            Some(Ok(n)) => Some(n),
-            _ => return Err(CliError::usage(format!("{name}: unexpected answer '{r}'"))),
-        },
+    let limit = match Reply::parse(&reply) {
+        _ if reply.trim().is_empty() => Some(0),
+        Reply::Closing(n) => n,
+        r => {
+            return Err(CliError::usage(format!("{name}: unexpected answer '{r}'")));
+        }
     };
     let wait = Duration::from_secs(limit.unwrap_or(60).min(86_400) + 10);
     let deadline = Instant::now() + wait;
@@ -117,63 +102,41 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         Some(s) => pid.is_none() || s.trim().parse::<i32>().ok() == pid,
         None => false,
     };
-    while pid_file_ours() || pid.is_some_and(|p| !has_exited(p)) {
+    while pid_file_ours() || pid.is_some_and(|p| !crate::process::has_exited(p)) {
         if Instant::now() > deadline {
             return Err(too_long());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    match last.as_deref() {
-        None | Some("closed") => Ok(()),
+    match last.as_deref().map(Reply::parse) {
+        None | Some(Reply::Closed) => Ok(()),
         Some(other) => {
-            // Not closed cleanly, and the server is gone: a ublk device it left goes now.
-            let _ = ublk::close_stale(&dir, name);
-            Err(
-                match other
-                    .strip_prefix("error ")
-                    .and_then(|r| r.split_once(": "))
-                {
-                    Some((code, why)) => {
-                        CliError::new(code.parse().unwrap_or(EXIT_NO_DEVICE), why.to_string())
-                    }
-                    None => CliError::new(
-                        EXIT_NO_DEVICE,
-                        format!("{name}: the server exited without closing cleanly (see its log)"),
-                    ),
-                },
-            )
+            // Not closed cleanly, and the server is gone: a kernel device it left goes now.
+            let _ = crate::frontend::close_stale(&dir, name);
+            Err(match other {
+                Reply::Error { code, message } => CliError::new(code, message),
+                _ => CliError::new(
+                    EXIT_NO_DEVICE,
+                    format!("{name}: the server exited without closing cleanly (see its log)"),
+                ),
+            })
         }
     }
-}
-
-/// Whether process `pid` has exited for good: gone, or a zombie (not yet reaped) whose
-/// other threads have ended too. The first thread to exit shows a zombie while the others
-/// still run and hold the process's files (a data file's lock, a block device's O_EXCL
-/// claim): a `close` that returned then would leave the device busy for the next opener.
-pub(crate) fn has_exited(pid: i32) -> bool {
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true);
-    zombie
-        && std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| d.count() <= 1)
-            .unwrap_or(true)
 }
 
 pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
-    let out =
-        ask(&dir, &a.name, "status").map_err(|e| match ublk::stale_status(&dir, &a.name) {
-            Some(msg) => CliError::new(e.code, msg),
-            None => e,
-        })?;
-    let v: Value = serde_json::from_str(out.trim())
-        .map_err(|e| CliError::usage(format!("bad status reply: {e}")))?;
+    let v = match ask(&dir, &a.name, &Request::Status) {
+        Ok(Reply::Status(v)) => v,
+        Ok(r) => return Err(r.into_error()),
+        Err(e) => {
+            return Err(match crate::frontend::stale_status(&dir, &a.name) {
+                Some(msg) => CliError::new(e.code, msg),
+                None => e,
+            });
+        }
+    };
     println!(
         "{} is active{}.",
         v["path"]
@@ -238,8 +201,7 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
         for e in rd.flatten() {
             let file = e.file_name().to_string_lossy().into_owned();
             if let Some(name) = file.strip_suffix(".ctl")
-                && let Ok(out) = ask(dir, name, "status")
-                && let Ok(v) = serde_json::from_str::<Value>(out.trim())
+                && let Ok(Reply::Status(v)) = ask(dir, name, &Request::Status)
             {
                 rows.push(v);
             }
@@ -271,20 +233,9 @@ pub struct ResumeArgs {
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub key: crate::KeyArgs,
+    pub key: crate::args::KeyArgs,
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
-}
-
-/// A control-socket answer: the expected word, or `error CODE: message`.
-fn answered(reply: &str, expect: &str) -> CliResult<()> {
-    let reply = reply.trim();
-    if reply == expect {
-        return Ok(());
-    }
-    let rest = reply.strip_prefix("error ").unwrap_or(reply);
-    let (code, msg) = rest.split_once(": ").unwrap_or(("1", rest));
-    Err(CliError::new(code.parse().unwrap_or(1), msg))
 }
 
 #[derive(Args, Debug)]
@@ -319,16 +270,14 @@ pub fn resize(ctx: &Ctx, a: ResizeArgs) -> CliResult<()> {
         (None, None) => None,
     };
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
-    let req = format!("resize {}", bytes.map_or("max".into(), |b| b.to_string()));
-    let reply = ask(&dir, &a.name, &req)?;
-    match reply.trim().strip_prefix("resized ") {
-        Some(n) => {
+    match ask(&dir, &a.name, &Request::Resize(bytes))? {
+        Reply::Resized(n) => {
             if ctx.verbose {
                 eprintln!("{}: {n} bytes", a.name);
             }
             Ok(())
         }
-        None => answered(&reply, "resized"),
+        r => Err(r.into_error()),
     }
 }
 
@@ -337,7 +286,7 @@ pub fn resize(ctx: &Ctx, a: ResizeArgs) -> CliResult<()> {
 pub fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
-    answered(&ask(&dir, &a.name, "suspend")?, "suspended")
+    ask(&dir, &a.name, &Request::Suspend)?.expect(Reply::Suspended)
 }
 
 /// `resume NAME` (cryptsetup luksResume): unlocks the suspended volume again with a
@@ -350,10 +299,9 @@ pub fn resume(_ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
         &format!("Enter passphrase for {}: ", a.name),
         false,
     )?;
-    let line = zeroize::Zeroizing::new(format!(
-        "resume {}{}",
-        zeroize::Zeroizing::new(hex::encode(&*pass)).as_str(),
-        a.key_slot.map_or(String::new(), |s| format!(" {s}"))
-    ));
-    answered(&ask(&dir, &a.name, &line)?, "resumed")
+    let req = Request::Resume {
+        passphrase: zeroize::Zeroizing::new(pass.to_vec()),
+        key_slot: a.key_slot,
+    };
+    ask(&dir, &a.name, &req)?.expect(Reply::Resumed)
 }

@@ -4,11 +4,13 @@
 //! and writing). Metadata and resilience data are cryptsetup's, so either tool resumes
 //! (or recovers) what the other started.
 
+pub(crate) mod online;
+
+use crate::args::{HeaderArgs, KdfArgs, KeyArgs};
 use crate::commands::open_header;
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION, io_err};
 use crate::passphrase::get_passphrase;
-use crate::{HeaderArgs, KdfArgs, KeyArgs};
 use clap::Args;
 use cryptblk_crypto::{CipherSpec, HashAlg};
 use cryptblk_format::LuksHeader;
@@ -305,15 +307,17 @@ pub(crate) fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
 pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     let job = Job::of(&a)?;
     if let Some(name) = &a.active_name {
-        return crate::online::reencrypt_served(ctx, &a, &job, name);
+        return crate::commands::reencrypt::online::reencrypt_served(ctx, &a, &job, name);
     }
     // The data device is locked exclusively: a volume being served is reencrypted by the
     // process serving it, never behind its back.
     let data = match ctx.volume_devices().open(&a.device, false) {
         Ok(f) => f,
         Err(cryptblk_volume::Error::Busy(what)) => {
-            return match crate::online::served_name(&a.device, &a.run_dir)? {
-                Some(name) => crate::online::reencrypt_served(ctx, &a, &job, &name),
+            return match crate::commands::reencrypt::online::served_name(&a.device, &a.run_dir)? {
+                Some(name) => {
+                    crate::commands::reencrypt::online::reencrypt_served(ctx, &a, &job, &name)
+                }
                 None => Err(CliError::new(
                     crate::error::EXIT_BUSY,
                     format!(

@@ -2,7 +2,7 @@
 //! messages (`cryptsetup token`), e.g. to move a systemd-cryptenroll or clevis token
 //! between volumes, or add a kernel-keyring token.
 
-use crate::HeaderArgs;
+use crate::args::HeaderArgs;
 use crate::commands::{header_path, open_header};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, io_err};

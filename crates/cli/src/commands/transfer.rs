@@ -1,9 +1,10 @@
 //! `export` / `import`: plaintext of a volume to or from a file, without root or a kernel
 //! mapping (recovery, scripting, and the dm-crypt interop tests).
 
+use crate::args::VolumeArgs;
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, io_err};
-use crate::unlock::{VolumeArgs, open_volume};
+use crate::unlock::open_volume;
 use clap::Args;
 use cryptblk_device::BlockDevice;
 use cryptblk_volume::Volume;

@@ -3,13 +3,12 @@
 //! shows the progress until the job ends. Ctrl-C stops the job after its current step;
 //! either tool resumes it later.
 
+use crate::commands::reencrypt::{Job, ReencryptArgs, show_progress, to_wire};
+use crate::control::{Reply, Request, ask};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_USAGE};
 use crate::passphrase::get_passphrase;
-use crate::reencrypt::{Job, ReencryptArgs, show_progress, to_wire};
 use crate::rundir::{self, existing_run_dir};
-use crate::serve::ask;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,8 +30,7 @@ pub fn served_name(device: &Path, run_dir: &Option<PathBuf>) -> CliResult<Option
     for e in entries.flatten() {
         let file = e.file_name().to_string_lossy().into_owned();
         if let Some(name) = file.strip_suffix(".ctl")
-            && let Ok(out) = ask(&dir, name, "status")
-            && let Ok(v) = serde_json::from_str::<Value>(out.trim())
+            && let Ok(Reply::Status(v)) = ask(&dir, name, &Request::Status)
             && v["device_id"] == serde_json::json!([id.0, id.1])
         {
             return Ok(Some(name.to_string()));
@@ -61,22 +59,13 @@ pub fn reencrypt_served(ctx: &Ctx, a: &ReencryptArgs, job: &Job, name: &str) -> 
         ));
     }
     let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
-    let line = Zeroizing::new(format!(
-        "reencrypt {} {}",
-        Zeroizing::new(hex::encode(&*pass)).as_str(),
-        to_wire(a)
-    ));
-    let reply = ask(&dir, name, &line).map_err(|_| not_served(name))?;
-    if let Some(rest) = reply.trim().strip_prefix("error ") {
-        let (code, msg) = rest.split_once(": ").unwrap_or(("1", rest));
-        return Err(CliError::new(code.parse().unwrap_or(EXIT_USAGE), msg));
-    }
-    if reply.trim() != "started" {
-        return Err(CliError::usage(format!(
-            "unexpected reply: {}",
-            reply.trim()
-        )));
-    }
+    let req = Request::Reencrypt {
+        passphrase: Zeroizing::new(pass.to_vec()),
+        job: to_wire(a),
+    };
+    ask(&dir, name, &req)
+        .map_err(|_| not_served(name))?
+        .expect(Reply::Started)?;
     if job.init_only {
         return Ok(());
     }
@@ -102,16 +91,17 @@ fn follow(ctx: &Ctx, dir: &Path, name: &str) -> CliResult<()> {
     loop {
         std::thread::sleep(Duration::from_millis(200));
         if interrupted.load(Ordering::Relaxed) && !asked {
-            asked = ask(dir, name, "reencrypt-stop").is_ok();
+            asked = ask(dir, name, &Request::ReencryptStop).is_ok();
         }
-        let status = ask(dir, name, "status").map_err(|_| {
-            CliError::usage(format!(
-                "{name} stopped serving during the reencryption; resume it with \
-                 `reencrypt --resume-only`"
-            ))
-        })?;
-        let v: Value = serde_json::from_str(status.trim())
-            .map_err(|e| CliError::usage(format!("bad status reply: {e}")))?;
+        let v = match ask(dir, name, &Request::Status) {
+            Ok(Reply::Status(v)) => v,
+            _ => {
+                return Err(CliError::usage(format!(
+                    "{name} stopped serving during the reencryption; resume it with \
+                     `reencrypt --resume-only`"
+                )));
+            }
+        };
         let r = &v["reencryption"];
         let (done, total) = (
             r["done_bytes"].as_u64().unwrap_or(0),

@@ -1,0 +1,293 @@
+//! The arguments several commands share (clap `Args` groups): where the key comes from,
+//! where the header is, the KDF's cost, the volume's type and how to map it.
+
+use crate::error::{CliError, CliResult};
+use crate::passphrase::{KeySource, read_key_file};
+use clap::Args;
+use cryptblk_format::tcrypt::TcryptOptions;
+use cryptblk_volume::VolumeType;
+use std::path::PathBuf;
+
+/// Options that say where the key or passphrase comes from.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KeyArgs {
+    /// Read the passphrase from this file ("-" for standard input) instead of asking.
+    /// TrueCrypt/VeraCrypt (--type tcrypt): keyfiles, repeatable; the passphrase is asked.
+    #[arg(short = 'd', long = "key-file", action = clap::ArgAction::Append)]
+    pub key_files: Vec<PathBuf>,
+    /// Bytes to read from the key file.
+    #[arg(short = 'l', long = "keyfile-size")]
+    pub keyfile_size: Option<usize>,
+    /// Bytes to skip at the start of the key file.
+    #[arg(long = "keyfile-offset", default_value_t = 0)]
+    pub keyfile_offset: u64,
+}
+
+/// Where the LUKS header is.
+#[derive(Args, Debug, Clone, Default)]
+pub struct HeaderArgs {
+    /// Detached header file (the device then holds only data).
+    #[arg(long)]
+    pub header: Option<PathBuf>,
+}
+
+/// KDF cost options (luksFormat / luksAddKey).
+#[derive(Args, Debug, Clone, Default)]
+pub struct KdfArgs {
+    /// pbkdf2, argon2i or argon2id.
+    #[arg(long)]
+    pub pbkdf: Option<String>,
+    /// Target unlock time in milliseconds.
+    #[arg(short = 'i', long = "iter-time")]
+    pub iter_time: Option<u32>,
+    /// Fixed PBKDF2 iterations or Argon2 time cost (no benchmark).
+    #[arg(long = "pbkdf-force-iterations")]
+    pub pbkdf_force_iterations: Option<u32>,
+    /// Argon2 memory cost in KiB.
+    #[arg(long = "pbkdf-memory")]
+    pub pbkdf_memory: Option<u32>,
+    /// Argon2 parallel lanes.
+    #[arg(long = "pbkdf-parallel")]
+    pub pbkdf_parallel: Option<u32>,
+    /// Hash for PBKDF2 and the anti-forensic splitter.
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// Image file or block device.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+}
+
+impl KeyArgs {
+    /// The key file, for everything but TCRYPT (which takes several keyfiles).
+    pub fn key_file(&self) -> Option<&PathBuf> {
+        self.key_files.first()
+    }
+
+    /// Where the passphrase or key comes from, as the arguments say.
+    pub fn source(&self) -> KeySource {
+        KeySource {
+            key_file: self.key_file().cloned(),
+            extra_key_files: self.key_files.len().saturating_sub(1),
+            keyfile_size: self.keyfile_size,
+            keyfile_offset: self.keyfile_offset,
+        }
+    }
+}
+
+/// `--type` and the TCRYPT search options of `test-passphrase` and `dump`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TypeSelect {
+    /// luks (detected), tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
+    /// --test-passphrase --type tcrypt), bitlk (BitLocker; bitlkDump) or fvault2
+    /// (FileVault 2; fvault2Dump).
+    #[arg(long = "type", value_enum)]
+    pub kind: Option<VolumeType>,
+    #[command(flatten)]
+    pub tcrypt: crate::args::TcryptArgs,
+    /// TCRYPT: only cipher chains whose name contains this.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// TCRYPT: only this KDF: a PBKDF2 hash, or argon2id (VeraCrypt 1.26.29+).
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
+}
+
+impl TypeSelect {
+    /// Whether `--type tcrypt` was given; any other type but LUKS, BITLK and FVAULT2 is
+    /// refused.
+    pub(crate) fn is_tcrypt(&self) -> CliResult<bool> {
+        match self.kind {
+            Some(VolumeType::Tcrypt) => Ok(true),
+            None
+            | Some(
+                VolumeType::Luks
+                | VolumeType::Luks1
+                | VolumeType::Luks2
+                | VolumeType::Bitlk
+                | VolumeType::Fvault2,
+            ) => Ok(false),
+            Some(k) => Err(CliError::usage(format!(
+                "unsupported --type {k} here (luks, tcrypt, bitlk, fvault2)"
+            ))),
+        }
+    }
+
+    /// Whether `--type fvault2` was given.
+    pub(crate) fn is_fvault2(&self) -> bool {
+        self.kind == Some(VolumeType::Fvault2)
+    }
+
+    /// Whether `--type bitlk` was given.
+    pub(crate) fn is_bitlk(&self) -> bool {
+        self.kind == Some(VolumeType::Bitlk)
+    }
+
+    /// The volume arguments of a TCRYPT `test-passphrase`/`dump`: read-only, the filters.
+    pub(crate) fn tcrypt_args(
+        &self,
+        header: &HeaderArgs,
+        key: &KeyArgs,
+    ) -> crate::args::VolumeArgs {
+        crate::args::VolumeArgs {
+            header: header.clone(),
+            key: key.clone(),
+            kind: VolumeType::Tcrypt,
+            tcrypt: self.tcrypt.clone(),
+            cipher: self.cipher.clone(),
+            hash: self.hash.clone(),
+            read_only: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Everything that says how to unlock and map a volume.
+#[derive(Args, Debug, Clone, Default)]
+pub struct VolumeArgs {
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, loopaes, tcrypt
+    /// (TrueCrypt/VeraCrypt), bitlk (BitLocker) or fvault2 (FileVault 2).
+    #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks)]
+    pub kind: VolumeType,
+    /// BitLocker, FileVault 2: open with the volume key in this file (as `dump
+    /// --dump-volume-key` shows it, raw bytes) instead of a passphrase.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
+    pub volume_key_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub tcrypt: TcryptArgs,
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    /// Open read-only.
+    #[arg(short = 'r', long = "readonly", alias = "read-only")]
+    pub read_only: bool,
+    /// Pass discards (TRIM) down to the storage (reveals unused blocks; off by default).
+    #[arg(long = "allow-discards")]
+    pub allow_discards: bool,
+    /// Plain mode: cipher specification.
+    #[arg(short = 'c', long)]
+    pub cipher: Option<String>,
+    /// Plain mode: key size in bits.
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
+    /// Plain mode: passphrase hash (sha256, ripemd160, plain, sha256:LEN, ...); TCRYPT: only
+    /// this header KDF (a PBKDF2 hash, or argon2id).
+    #[arg(short = 'h', long)]
+    pub hash: Option<String>,
+    /// Plain mode: data start on the device, in 512-byte sectors.
+    #[arg(short = 'o', long)]
+    pub offset: Option<u64>,
+    /// Plain mode: IV offset in 512-byte sectors.
+    #[arg(short = 'p', long)]
+    pub skip: Option<u64>,
+    /// Plain mode: size in 512-byte sectors.
+    #[arg(short = 'b', long)]
+    pub size: Option<u64>,
+    /// Plain mode: encryption sector size.
+    #[arg(long = "sector-size")]
+    pub sector_size: Option<u32>,
+    /// Plain mode: IVs count encryption sectors, not 512-byte sectors.
+    #[arg(long = "iv-large-sectors")]
+    pub iv_large_sectors: bool,
+    /// How the image is read and written: auto (mmap for an image on tmpfs/ramfs, psync
+    /// otherwise), psync (pread/pwrite), io_uring or mmap (a shared mapping).
+    #[arg(long = "io-engine", default_value = "auto")]
+    pub io_engine: cryptblk_volume::IoEngine,
+    /// Bypass the page cache (O_DIRECT) for the image.
+    #[arg(long = "direct-io")]
+    pub direct_io: bool,
+}
+
+impl VolumeArgs {
+    pub(crate) fn file_io(&self) -> cryptblk_volume::FileIo {
+        cryptblk_volume::FileIo {
+            engine: self.io_engine,
+            direct: self.direct_io,
+        }
+    }
+}
+
+/// TrueCrypt/VeraCrypt options (cryptsetup's names); `-c`/`-h` narrow the cipher chains
+/// and header KDFs tried.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TcryptArgs {
+    /// TCRYPT: open the hidden volume.
+    #[arg(long = "tcrypt-hidden")]
+    pub hidden: bool,
+    /// TCRYPT: a system-encrypted disk (header at sector 62).
+    #[arg(long = "tcrypt-system")]
+    pub system: bool,
+    /// TCRYPT: use the backup header at the end of the device.
+    #[arg(long = "tcrypt-backup")]
+    pub backup: bool,
+    /// TCRYPT: try VeraCrypt's formats too (the default; kept for cryptsetup's scripts).
+    #[arg(long)]
+    pub veracrypt: bool,
+    /// TCRYPT: TrueCrypt formats only.
+    #[arg(long = "disable-veracrypt", conflicts_with = "veracrypt")]
+    pub disable_veracrypt: bool,
+    /// TCRYPT: VeraCrypt's Personal Iterations Multiplier.
+    #[arg(long = "veracrypt-pim")]
+    pub pim: Option<u32>,
+}
+
+impl VolumeArgs {
+    /// The TCRYPT options with the keyfiles read (`--key-file`, each at most 1 MiB used).
+    pub fn tcrypt_options(&self) -> CliResult<TcryptOptions> {
+        let t = &self.tcrypt;
+        if (t.hidden || t.system || t.backup || t.pim.is_some() || t.disable_veracrypt)
+            && self.kind != VolumeType::Tcrypt
+        {
+            return Err(CliError::usage(
+                "Options --tcrypt-hidden, --tcrypt-system, --tcrypt-backup, --veracrypt-pim and --disable-veracrypt are supported only for TCRYPT devices.",
+            ));
+        }
+        if t.hidden && t.system {
+            return Err(CliError::usage(
+                "--tcrypt-hidden and --tcrypt-system cannot be combined.",
+            ));
+        }
+        if t.hidden && self.allow_discards {
+            return Err(CliError::usage(
+                "Option --tcrypt-hidden cannot be combined with --allow-discards.",
+            ));
+        }
+        let keyfiles = self
+            .key
+            .key_files
+            .iter()
+            .map(|f| read_key_file(f, 0, None).map(trim_keyfile))
+            .collect::<CliResult<Vec<_>>>()?;
+        Ok(TcryptOptions {
+            hidden: t.hidden,
+            system: t.system,
+            backup: t.backup,
+            no_veracrypt: t.disable_veracrypt,
+            pim: t.pim,
+            kdf: self
+                .hash
+                .as_deref()
+                .map(cryptblk_format::tcrypt::TcryptKdf::from_name)
+                .transpose()?,
+            cipher: self.cipher.clone(),
+            keyfiles,
+            partition_start: None,
+        })
+    }
+}
+
+/// A keyfile's first MiB (all TrueCrypt reads).
+fn trim_keyfile(k: cryptblk_crypto::SecretBytes) -> cryptblk_crypto::SecretBytes {
+    if k.len() > cryptblk_format::tcrypt::KEYFILE_MAX {
+        cryptblk_crypto::SecretBytes::from_slice(&k[..cryptblk_format::tcrypt::KEYFILE_MAX])
+    } else {
+        k
+    }
+}

@@ -1,0 +1,225 @@
+//! `format` (cryptsetup luksFormat): a new LUKS1 or LUKS2 header.
+
+use super::{header_path, kdf_request, remote};
+use crate::args::{HeaderArgs, KdfArgs, KeyArgs};
+use crate::ctx::Ctx;
+use crate::error::{CliError, CliResult, io_err};
+use crate::passphrase::{confirm, get_passphrase, read_key_file};
+use clap::Args;
+use cryptblk_crypto::{CipherSpec, HashAlg, SecretBytes};
+use cryptblk_format::luks1::Luks1Header;
+use cryptblk_format::luks2::Luks2Header;
+use cryptblk_format::{FormatOptions, LuksHeader, Storage};
+use cryptblk_volume::DataDevice;
+use cryptblk_volume::VolumeType;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct FormatArgs {
+    pub device: PathBuf,
+    /// luks1 or luks2 (luks: LUKS2).
+    #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks2)]
+    pub kind: VolumeType,
+    /// Cipher specification, e.g. aes-xts-plain64, aes-cbc-essiv:sha256.
+    #[arg(short = 'c', long, default_value = "aes-xts-plain64")]
+    pub cipher: String,
+    /// Volume key size in bits (default: 512 for XTS, 256 otherwise).
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
+    /// Encryption sector size in bytes (LUKS2: 512-4096). Default: 512 for LUKS1; for
+    /// LUKS2 4096 when the data area allows it (as cryptsetup picks for image files), else 512.
+    #[arg(long = "sector-size")]
+    pub sector_size: Option<u32>,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// LUKS2 label.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// LUKS2 subsystem.
+    #[arg(long)]
+    pub subsystem: Option<String>,
+    /// Volume UUID instead of a random one.
+    #[arg(long)]
+    pub uuid: Option<String>,
+    /// Data offset in 512-byte sectors.
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// Keyslot for the passphrase.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    /// Use this volume key (raw bytes) instead of a random one.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
+    pub volume_key_file: Option<PathBuf>,
+    /// LUKS2 metadata area size (bytes: 16384 ... 4194304).
+    #[arg(long = "luks2-metadata-size")]
+    pub luks2_metadata_size: Option<u64>,
+    /// LUKS2 keyslots area size in bytes.
+    #[arg(long = "luks2-keyslots-size")]
+    pub luks2_keyslots_size: Option<u64>,
+}
+
+pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
+    let luks1 = match a.kind {
+        VolumeType::Luks1 => true,
+        VolumeType::Luks2 | VolumeType::Luks => false,
+        other => {
+            return Err(CliError::usage(format!(
+                "unsupported --type {other} (luks1, luks2)"
+            )));
+        }
+    };
+    let mut opts = format_options(&a, luks1)?;
+    // Check the data device exists before asking anything.
+    let data_size = match remote(ctx, &a.device, true)? {
+        Some(r) => {
+            // On an RBD image the data starts on an object boundary, as librbd's own
+            // encryption formats it (the default offset rounded up to the object size).
+            if let Some(obj) = r
+                .alignment()
+                .filter(|_| a.offset.is_none() && a.header.header.is_none())
+            {
+                let default = if luks1 {
+                    // cryptsetup's LUKS1 layout: eight 4000-stripe keyslots after the
+                    // 4 KiB header, the payload on the next MiB.
+                    let slot = (opts.key_len as u64 * 4000)
+                        .div_ceil(512)
+                        .next_multiple_of(8);
+                    (8 + 8 * slot).next_multiple_of(2048) * 512
+                } else {
+                    16 << 20
+                };
+                let aligned = u64::max(default, obj).next_multiple_of(obj);
+                if aligned != default {
+                    opts.data_offset = Some(aligned);
+                }
+            }
+            r.size().map_err(|e| io_err(&a.device, e))?
+        }
+        None => {
+            let f = File::open(&a.device).map_err(|e| io_err(&a.device, e))?;
+            Storage::size(&f).map_err(|e| io_err(&a.device, e))?
+        }
+    };
+    if a.sector_size.is_none()
+        && !luks1
+        && data_size.is_multiple_of(4096)
+        && a.offset.is_none_or(|o| o.is_multiple_of(8))
+    {
+        opts.sector_size = 4096;
+    }
+    confirm(
+        ctx.batch,
+        &format!(
+            "This will overwrite data on {} irrevocably.",
+            header_path(&a.device, &a.header).display()
+        ),
+    )?;
+    let volume_key = match &a.volume_key_file {
+        Some(p) => {
+            let k = read_key_file(p, 0, Some(opts.key_len))?;
+            SecretBytes::from_slice(&k)
+        }
+        None => SecretBytes::random(opts.key_len)?,
+    };
+    let pass = get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        true,
+    )?;
+
+    let mut dev = open_header_for_format(ctx, &a)?;
+    let hdr: Box<dyn LuksHeader> = if luks1 {
+        Box::new(Luks1Header::format(&mut dev, &opts, &volume_key, &pass)?)
+    } else {
+        Box::new(Luks2Header::format(&mut dev, &opts, &volume_key, &pass)?)
+    };
+    // cryptsetup refuses devices that cannot hold any data after the header.
+    if !opts.detached_header && data_size <= hdr.data_offset() {
+        return Err(CliError::usage(format!(
+            "Device {} is too small: the data segment would start at byte {} of {data_size}.",
+            a.device.display(),
+            hdr.data_offset()
+        )));
+    }
+    if ctx.verbose {
+        eprintln!(
+            "Formatted {} as LUKS{} ({}), UUID {}",
+            a.device.display(),
+            hdr.version(),
+            hdr.cipher(),
+            hdr.uuid()
+        );
+    }
+    Ok(())
+}
+
+/// The format options the arguments ask for (the sector size may still change with the
+/// device's size).
+fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
+    let cipher = CipherSpec::parse(&a.cipher)?;
+    let key_len = match a.key_size {
+        Some(bits) if bits % 8 != 0 => {
+            return Err(CliError::usage("key size must be a multiple of 8 bits"));
+        }
+        Some(bits) => bits / 8,
+        None => cipher.default_key_len(),
+    };
+    if !cipher.valid_key_len(key_len) {
+        return Err(CliError::usage(format!(
+            "key size {} bits is not valid for {cipher}",
+            key_len * 8
+        )));
+    }
+    let mut opts = FormatOptions::new(kdf_request(&a.kdf, luks1)?);
+    opts.cipher = cipher;
+    opts.key_len = key_len;
+    opts.sector_size = a.sector_size.unwrap_or(512);
+    if let Some(h) = &a.kdf.hash {
+        opts.hash = HashAlg::from_name(h)?;
+    }
+    opts.uuid = a.uuid.clone();
+    opts.label = a.label.clone();
+    opts.subsystem = a.subsystem.clone();
+    opts.data_offset = a.offset.map(|s| s * 512);
+    opts.detached_header = a.header.header.is_some();
+    opts.keyslot = a.key_slot;
+    opts.luks2_metadata_size = a.luks2_metadata_size;
+    opts.luks2_keyslots_size = a.luks2_keyslots_size;
+    Ok(opts)
+}
+
+/// Opens (a detached header: creates, 0600: its keyslots would let another user attack the
+/// passphrase offline) where the header goes, locked against a concurrent format or open
+/// of the same file.
+fn open_header_for_format(ctx: &Ctx, a: &FormatArgs) -> CliResult<DataDevice> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let hpath = header_path(&a.device, &a.header);
+    if let Some(r) = remote(ctx, hpath, false)? {
+        return Ok(r);
+    }
+    let dev = if a.header.header.is_some() {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(hpath)
+    } else {
+        OpenOptions::new().read(true).write(true).open(hpath)
+    }
+    .map_err(|e| io_err(hpath, e))?;
+    dev.try_lock().map_err(|_| {
+        CliError::new(
+            crate::error::EXIT_BUSY,
+            format!("{} is in use", hpath.display()),
+        )
+    })?;
+    Ok(DataDevice::File(Arc::new(dev)))
+}

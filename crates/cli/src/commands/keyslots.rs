@@ -1,0 +1,293 @@
+//! Keyslots: `add-key`, `change-key`, `convert-key`, `remove-key`, `kill-slot`,
+//! `test-passphrase` (cryptsetup luksAddKey, luksChangeKey, luksConvertKey, luksRemoveKey,
+//! luksKillSlot, open --test-passphrase).
+
+use super::{header_path, kdf_request, load, open_header, unlock};
+use crate::args::{HeaderArgs, KdfArgs, KeyArgs, TypeSelect};
+use crate::ctx::Ctx;
+use crate::error::{CliError, CliResult, EXIT_PERMISSION};
+use crate::passphrase::{KeySource, confirm, get_passphrase};
+use clap::Args;
+use cryptblk_format::{LuksHeader, Storage, load_header};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct AddKeyArgs {
+    pub device: PathBuf,
+    /// File holding the new passphrase (else asked, or the next line of stdin).
+    pub new_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// Existing passphrase source.
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Bytes of the new key file to use.
+    #[arg(long = "new-keyfile-size")]
+    pub new_keyfile_size: Option<usize>,
+    #[arg(long = "new-keyfile-offset", default_value_t = 0)]
+    pub new_keyfile_offset: u64,
+    /// Keyslot for the new passphrase.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoveKeyArgs {
+    pub device: PathBuf,
+    /// File holding the passphrase to remove.
+    pub remove_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertKeyArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// The keyslot to convert (kept in place); else the one the passphrase opens, moved
+    /// to the first free slot as cryptsetup does.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct KillSlotArgs {
+    pub device: PathBuf,
+    pub slot: u32,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    /// A remaining passphrase (required unless --batch-mode).
+    #[command(flatten)]
+    pub key: KeyArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TestArgs {
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: HeaderArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
+    #[command(flatten)]
+    pub select: TypeSelect,
+}
+
+fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
+    KeySource {
+        key_file: a.new_key_file.clone(),
+        extra_key_files: 0,
+        keyfile_size: a.new_keyfile_size,
+        keyfile_offset: a.new_keyfile_offset,
+    }
+}
+
+pub fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let (_, vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &a.key.source(),
+        "Enter any existing passphrase: ",
+        None,
+    )?;
+    let new = get_passphrase(
+        &new_passphrase_source(&a),
+        "Enter new passphrase for key slot: ",
+        true,
+    )?;
+    let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
+    let slot = hdr.add_keyslot(&mut dev, &vk, &new, a.key_slot, &kdf)?;
+    eprintln!("Key slot {slot} created.");
+    Ok(())
+}
+
+pub fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let (old_slot, vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &a.key.source(),
+        "Enter passphrase to be changed: ",
+        a.key_slot,
+    )?;
+    let new = get_passphrase(&new_passphrase_source(&a), "Enter new passphrase: ", true)?;
+    let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
+    // Each format does it as crash-safely as its layout allows (see `replace_keyslot`).
+    let slot = hdr.replace_keyslot(&mut dev, old_slot, &vk, &new, None, &kdf)?;
+    eprintln!("Key slot {old_slot} changed (new passphrase in key slot {slot}).");
+    Ok(())
+}
+
+pub fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
+    let path = header_path(&a.device, &a.header);
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    if load_header(&mut dev).map(|h| h.version()).ok() != Some(2) {
+        return Err(CliError::usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            path.display()
+        )));
+    }
+    let mut hdr = cryptblk_format::luks2::Luks2Header::read(&mut dev)?;
+    if let Some(s) = a.key_slot
+        && !hdr.keyslots().iter().any(|k| k.active && k.id == s)
+    {
+        return Err(CliError::usage(format!("Keyslot {s} is not active.")));
+    }
+    let kdf = kdf_request(&a.kdf, false)?;
+    let pass = get_passphrase(
+        &a.key.source(),
+        "Enter passphrase for keyslot to be converted: ",
+        false,
+    )?;
+    let slot = hdr
+        .change_keyslot(&mut dev, &pass, &pass, a.key_slot, a.key_slot, &kdf)
+        .map_err(|e| match e {
+            cryptblk_format::Error::WrongPassphrase => {
+                CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+            }
+            e => e.into(),
+        })?;
+    if ctx.verbose {
+        eprintln!("Key slot {slot} created.");
+    }
+    Ok(())
+}
+
+pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let src = match &a.remove_key_file {
+        Some(p) => KeySource {
+            key_file: Some(p.clone()),
+            extra_key_files: 0,
+            ..Default::default()
+        },
+        None => a.key.source(),
+    };
+    let (slot, _vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &src,
+        "Enter passphrase to be deleted: ",
+        None,
+    )?;
+    if hdr.keyslots().iter().filter(|k| k.active).count() == 1 {
+        confirm(
+            ctx.batch,
+            "This is the last keyslot. Device will become unusable after purging this key.",
+        )?;
+    }
+    hdr.kill_keyslot(&mut dev, slot)?;
+    eprintln!("Key slot {slot} removed.");
+    Ok(())
+}
+
+pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let active: Vec<u32> = hdr
+        .keyslots()
+        .iter()
+        .filter(|k| k.active)
+        .map(|k| k.id)
+        .collect();
+    if !active.contains(&a.slot) {
+        return Err(CliError::usage(format!(
+            "Keyslot {} is not active.",
+            a.slot
+        )));
+    }
+    // As cryptsetup: a passphrase is checked unless in batch mode with none supplied (no
+    // key file, standard input a terminal); one that was supplied and is wrong refuses,
+    // wrong or not batch. Only an empty standard input counts as none supplied.
+    let src = a.key.source();
+    let supplied = src.key_file.is_some() || !std::io::stdin().is_terminal();
+    if !ctx.batch || supplied {
+        let pass = match get_passphrase(&src, "Enter any remaining passphrase: ", false) {
+            Ok(p) => Some(p),
+            Err(_) if ctx.batch && src.key_file.is_none() => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(pass) = pass {
+            verify_remaining(&*hdr, &mut dev, &pass, a.slot, &active)?;
+        }
+    }
+    if active.len() == 1 {
+        confirm(
+            ctx.batch,
+            "This is the last keyslot. Device will become unusable after purging this key.",
+        )?;
+    }
+    hdr.kill_keyslot(&mut dev, a.slot)?;
+    eprintln!("Key slot {} wiped.", a.slot);
+    Ok(())
+}
+
+/// cryptsetup's check before a keyslot is wiped: the passphrase opens a keyslot that stays
+/// (or the slot itself when it is the last one), so nobody wipes a slot without a way in
+/// that remains.
+fn verify_remaining(
+    hdr: &dyn LuksHeader,
+    dev: &mut dyn Storage,
+    pass: &[u8],
+    slot: u32,
+    active: &[u32],
+) -> CliResult<()> {
+    let candidates: Vec<u32> = if active == [slot] {
+        vec![slot]
+    } else {
+        active.iter().copied().filter(|&s| s != slot).collect()
+    };
+    for s in candidates {
+        match hdr.unlock(dev, pass, Some(s)) {
+            Ok(_) => return Ok(()),
+            Err(cryptblk_format::Error::WrongPassphrase) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CliError::new(
+        EXIT_PERMISSION,
+        format!("No key available with this passphrase. Keyslot {slot} was NOT wiped."),
+    ))
+}
+
+pub fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
+    if a.select.is_bitlk() {
+        crate::commands::dump::bitlk_volume_key(ctx, &a.device, &a.key)?;
+        return Ok(());
+    }
+    if a.select.is_fvault2() {
+        crate::commands::dump::fvault2_volume_key(ctx, &a.device, &a.key)?;
+        return Ok(());
+    }
+    if a.select.is_tcrypt()? {
+        crate::unlock::tcrypt_header(ctx, &a.device, &a.select.tcrypt_args(&a.header, &a.key))?;
+        return Ok(());
+    }
+    let mut dev = open_header(ctx, &a.device, &a.header, false)?;
+    let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    let (slot, _vk) = unlock(
+        &*hdr,
+        &mut dev,
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        a.key_slot,
+    )?;
+    eprintln!("Key slot {slot} unlocked.");
+    Ok(())
+}

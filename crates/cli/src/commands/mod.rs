@@ -1,0 +1,123 @@
+//! The commands on a device's header and volume, one module per theme; what several of
+//! them need (opening the header device, loading the header, the KDF options, unlocking a
+//! keyslot) is here.
+
+pub(crate) mod bench;
+pub(crate) mod benchmark;
+pub(crate) mod convert;
+pub(crate) mod dump;
+pub(crate) mod format;
+pub(crate) mod header;
+pub(crate) mod keyslots;
+pub(crate) mod luksdump;
+pub(crate) mod reencrypt;
+pub(crate) mod served;
+pub(crate) mod token;
+pub(crate) mod transfer;
+
+use crate::args::{HeaderArgs, KdfArgs};
+use crate::ctx::Ctx;
+use crate::error::{CliError, CliResult, EXIT_PERMISSION, io_err};
+use crate::passphrase::{KeySource, get_passphrase};
+use cryptblk_crypto::{HashAlg, KdfKind, KdfRequest, SecretBytes};
+use cryptblk_format::{LuksHeader, Storage, load_header};
+use cryptblk_volume::DataDevice;
+use std::fs::OpenOptions;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The file holding the header: `--header` if given, else the device.
+pub(crate) fn header_path<'a>(device: &'a Path, h: &'a HeaderArgs) -> &'a Path {
+    h.header.as_deref().unwrap_or(device)
+}
+
+/// Opens the header device; writers take an exclusive lock so two cryptblk (or a
+/// cryptblk and a running `open`) never change metadata at once.
+pub(crate) fn open_header(
+    ctx: &Ctx,
+    device: &Path,
+    h: &HeaderArgs,
+    write: bool,
+) -> CliResult<DataDevice> {
+    let path = header_path(device, h);
+    if let Some(r) = remote(ctx, path, !write)? {
+        return Ok(r);
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)
+        .map_err(|e| io_err(path, e))?;
+    if write {
+        f.try_lock().map_err(|_| {
+            CliError::new(
+                crate::error::EXIT_BUSY,
+                format!("{} is in use (locked by another process)", path.display()),
+            )
+        })?;
+    }
+    Ok(DataDevice::File(Arc::new(f)))
+}
+
+/// The remote export `path` names (`nbd://...`), connected read-only or read-write; `None`
+/// for a local path.
+pub(crate) fn remote(ctx: &Ctx, path: &Path, read_only: bool) -> CliResult<Option<DataDevice>> {
+    ctx.devices
+        .open_remote(path, read_only)
+        .map_err(|e| crate::unlock::volume_error(path, cryptblk_volume::Error::Io(e)))
+}
+
+pub(crate) fn load(dev: &mut dyn Storage, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
+    load_header(dev).map_err(|e| match e {
+        cryptblk_format::Error::NotLuks => CliError::usage(format!(
+            "Device {} is not a valid LUKS device.",
+            path.display()
+        )),
+        e => CliError::from(e),
+    })
+}
+
+pub(crate) fn kdf_request(args: &KdfArgs, luks1: bool) -> CliResult<KdfRequest> {
+    let mut r = if luks1 {
+        KdfRequest::luks1_default()
+    } else {
+        KdfRequest::luks2_default()
+    };
+    if let Some(p) = &args.pbkdf {
+        r.kind = KdfKind::from_name(p)?;
+    }
+    if luks1 && r.kind != KdfKind::Pbkdf2 {
+        return Err(CliError::usage("LUKS1 supports only the pbkdf2 PBKDF"));
+    }
+    if let Some(h) = &args.hash {
+        r.hash = HashAlg::from_name(h)?;
+    }
+    if let Some(t) = args.iter_time {
+        r.iter_time_ms = t;
+    }
+    r.forced_iterations = args.pbkdf_force_iterations;
+    if let Some(m) = args.pbkdf_memory {
+        r.memory_kib = m;
+    }
+    if let Some(p) = args.pbkdf_parallel {
+        r.parallel = p;
+    }
+    Ok(r)
+}
+
+/// Unlocks with a passphrase from `src`, mapping a failure to cryptsetup's message.
+pub(crate) fn unlock(
+    hdr: &dyn LuksHeader,
+    dev: &mut dyn Storage,
+    src: &KeySource,
+    prompt: &str,
+    slot: Option<u32>,
+) -> CliResult<(u32, SecretBytes)> {
+    let pass = get_passphrase(src, prompt, false)?;
+    hdr.unlock(dev, &pass, slot).map_err(|e| match e {
+        cryptblk_format::Error::WrongPassphrase => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        e => e.into(),
+    })
+}
