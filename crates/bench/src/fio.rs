@@ -7,7 +7,7 @@ use std::path::Path;
 /// Which published experiment a workload reproduces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Family {
+pub(crate) enum Family {
     /// Cloudflare's dm-crypt article: 4k mixed read/write, queue depth 1.
     Cloudflare,
     /// Cybozu's dm-crypt study: seq/rand read/write × block size × parallel jobs.
@@ -20,7 +20,7 @@ pub enum Family {
 
 impl Family {
     /// The heading of this family's section in the report.
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Family::Cloudflare => "Cloudflare test (4k readwrite, QD1)",
             Family::Cybozu => "Cybozu matrix (jobs = parallel clients, QD1 each)",
@@ -32,7 +32,7 @@ impl Family {
 
 /// One fio job description, independent of the target.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Workload {
+pub(crate) struct Workload {
     /// Unique and file-name safe, e.g. `cybozu-randread-4k-j2`.
     pub id: String,
     /// The experiment this workload belongs to (decides its table and chart).
@@ -52,7 +52,14 @@ pub struct Workload {
 
 impl Workload {
     /// A workload without a flush per write.
-    pub fn new(id: &str, family: Family, rw: &str, bs: &str, iodepth: u32, numjobs: u32) -> Self {
+    pub(crate) fn new(
+        id: &str,
+        family: Family,
+        rw: &str,
+        bs: &str,
+        iodepth: u32,
+        numjobs: u32,
+    ) -> Self {
         Workload {
             id: id.to_string(),
             family,
@@ -65,22 +72,22 @@ impl Workload {
     }
 
     /// The pattern without the parallelism: what a throughput-vs-jobs chart plots as one chart.
-    pub fn pattern(&self) -> String {
+    pub(crate) fn pattern(&self) -> String {
         format!("{} {}", self.rw, self.bs)
     }
 
     /// Whether the workload issues reads (it has read latencies).
-    pub fn reads(&self) -> bool {
+    pub(crate) fn reads(&self) -> bool {
         self.rw.contains("read") || self.rw.contains("rw")
     }
 
     /// Whether the workload issues writes (it has write latencies).
-    pub fn writes(&self) -> bool {
+    pub(crate) fn writes(&self) -> bool {
         self.rw.contains("write") || self.rw.contains("rw")
     }
 
     /// Short human description.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut s = format!(
             "{} {} QD{} × {} job{}",
             self.rw,
@@ -99,7 +106,7 @@ impl Workload {
 /// Where fio sends the I/O.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum IoPath {
+pub(crate) enum IoPath {
     /// fio's nbd engine (libnbd); each job opens its own connection.
     Nbd {
         /// The NBD URI, e.g. `nbd+unix:///?socket=/dev/shm/x/nbd.sock`.
@@ -114,7 +121,7 @@ pub enum IoPath {
 
 /// Run length and data set size shared by every job of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunParams {
+pub(crate) struct RunParams {
     /// Seconds per fio run.
     pub runtime: u32,
     /// Bytes of the device used (and of each image).
@@ -122,7 +129,7 @@ pub struct RunParams {
 }
 
 /// The fio arguments (without the program name) for `w` on `io`, writing JSON to `output`.
-pub fn fio_args(w: &Workload, io: &IoPath, p: &RunParams, output: &Path) -> Vec<String> {
+pub(crate) fn fio_args(w: &Workload, io: &IoPath, p: &RunParams, output: &Path) -> Vec<String> {
     let mut a = vec![
         format!("--name={}", w.id),
         format!("--rw={}", w.rw),
@@ -166,7 +173,7 @@ pub fn fio_args(w: &Workload, io: &IoPath, p: &RunParams, output: &Path) -> Vec<
 }
 
 /// Quotes an argument for a shell command line shown to people (and run by the guest).
-pub fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_=./:,+@%".contains(c))
@@ -178,7 +185,7 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// `prog args...` as one shell-quoted line, for the report and the guest script.
-pub fn command_line(prog: &str, args: &[String]) -> String {
+pub(crate) fn command_line(prog: &str, args: &[String]) -> String {
     let mut s = shell_quote(prog);
     for a in args {
         s.push(' ');
@@ -189,7 +196,7 @@ pub fn command_line(prog: &str, args: &[String]) -> String {
 
 /// Completion-latency percentiles of one direction, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     /// Median, µs.
     pub p50: f64,
     /// 99th percentile, µs.
@@ -200,7 +207,7 @@ pub struct Percentiles {
 
 /// One direction (read or write) of a fio result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct DirStats {
+pub(crate) struct DirStats {
     /// I/Os completed in this direction (0: the workload does not read, or write).
     pub ios: u64,
     /// Bytes per second.
@@ -213,7 +220,7 @@ pub struct DirStats {
 
 /// What the report uses of one fio JSON output.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FioResult {
+pub(crate) struct FioResult {
     /// The read side.
     pub read: DirStats,
     /// The write side.
@@ -235,12 +242,12 @@ impl DirStats {
 
 impl FioResult {
     /// Read + write, in MB/s (10^6 bytes).
-    pub fn mb_s(&self) -> f64 {
+    pub(crate) fn mb_s(&self) -> f64 {
         (self.read.bw_bytes + self.write.bw_bytes) / 1e6
     }
 
     /// Read + write I/Os per second.
-    pub fn iops(&self) -> f64 {
+    pub(crate) fn iops(&self) -> f64 {
         self.read.iops + self.write.iops
     }
 }
@@ -276,7 +283,7 @@ fn dir_stats(job: &Value, dir: &str) -> Result<DirStats, String> {
 
 /// Parses fio's `--output-format=json` (run with `--group_reporting`: one job entry).
 /// A job that reports an error fails the parse.
-pub fn parse_fio_json(text: &str) -> Result<FioResult, String> {
+pub(crate) fn parse_fio_json(text: &str) -> Result<FioResult, String> {
     let v = json_object(text)?;
     let jobs = v
         .get("jobs")

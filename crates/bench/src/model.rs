@@ -5,11 +5,11 @@ use crate::fio::Workload;
 use serde::{Deserialize, Serialize};
 
 /// The index's file name in the report directory.
-pub const INDEX_FILE: &str = "runs.json";
+pub(crate) const INDEX_FILE: &str = "runs.json";
 
 /// How the benchmark was run, and on what.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Meta {
+pub(crate) struct Meta {
     /// The preset's name (`quick`, `standard`, `full`).
     pub preset: String,
     /// Seconds per fio run.
@@ -30,7 +30,7 @@ pub struct Meta {
 /// What became of a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     /// It was set up and its workloads ran (single runs may still have failed).
     Ok,
     /// It could not run here (a missing tool, no VM harness, ...).
@@ -41,7 +41,7 @@ pub enum Status {
 
 /// One target (server or device) of the run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TargetRecord {
+pub(crate) struct TargetRecord {
     /// Unique and file-name safe, e.g. `cryptblk-aes-xts-plain64-512-4096`.
     pub id: String,
     /// Its name in tables and charts.
@@ -64,7 +64,7 @@ pub struct TargetRecord {
 
 /// One fio run: a repetition of a workload on a target.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunRecord {
+pub(crate) struct RunRecord {
     /// The [`TargetRecord::id`] it ran on.
     pub target: String,
     /// The [`Workload::id`] it ran.
@@ -82,7 +82,7 @@ pub struct RunRecord {
 
 /// The whole index: the contents of `runs.json`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Index {
+pub(crate) struct Index {
     /// How the benchmark was run.
     pub meta: Meta,
     /// The workloads, in report order.
@@ -95,14 +95,14 @@ pub struct Index {
 
 impl Index {
     /// Reads `runs.json` from the report directory `dir`.
-    pub fn load(dir: &std::path::Path) -> Result<Index, String> {
+    pub(crate) fn load(dir: &std::path::Path) -> Result<Index, String> {
         let p = dir.join(INDEX_FILE);
         let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
     }
 
     /// Writes `runs.json` into the report directory `dir`.
-    pub fn save(&self, dir: &std::path::Path) -> Result<(), String> {
+    pub(crate) fn save(&self, dir: &std::path::Path) -> Result<(), String> {
         let p = dir.join(INDEX_FILE);
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
         std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 
 /// What a VM target measures.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum VmKind {
+pub(crate) enum VmKind {
     /// The RAM disk itself (brd, /dev/ram0): the baseline of every other VM target.
     Brd,
     /// dm-crypt with this cipher and these optional table parameters.
@@ -33,7 +33,7 @@ pub enum VmKind {
 
 /// One target measured inside the VM.
 #[derive(Clone, Debug)]
-pub struct VmTarget {
+pub(crate) struct VmTarget {
     /// Unique and file-name safe, e.g. `vm-dmcrypt-aes-xts-plain64-512-4096-default`.
     pub id: String,
     /// Its name in tables and charts.
@@ -49,7 +49,7 @@ const SKIP_UBLK: &str = "cryptblk has no ublk frontend in this build";
 
 /// Every VM target, in report order: the performance flags are tried with the first
 /// cipher only.
-pub fn vm_targets(ciphers: &[CipherChoice]) -> Vec<VmTarget> {
+pub(crate) fn vm_targets(ciphers: &[CipherChoice]) -> Vec<VmTarget> {
     let mut v = vec![VmTarget {
         id: "vm-brd".into(),
         label: "brd (plain)".into(),
@@ -107,7 +107,7 @@ pub fn vm_targets(ciphers: &[CipherChoice]) -> Vec<VmTarget> {
 }
 
 /// Whether this cryptblk has `open --ublk`.
-pub fn has_ublk(cryptblk: &Path) -> bool {
+pub(crate) fn has_ublk(cryptblk: &Path) -> bool {
     Command::new(cryptblk)
         .args(["open", "--help"])
         .output()
@@ -115,7 +115,7 @@ pub fn has_ublk(cryptblk: &Path) -> bool {
 }
 
 /// Why the VM will run under TCG (emulation) here, if it will (the test tests/vm/vm.sh makes).
-pub fn tcg_reason() -> Option<String> {
+pub(crate) fn tcg_reason() -> Option<String> {
     match std::env::var("CRYPTBLK_VM_ACCEL").as_deref() {
         Ok("tcg") => return Some("CRYPTBLK_VM_ACCEL=tcg".into()),
         Ok("kvm") => return None,
@@ -150,7 +150,7 @@ const GUEST_TARGET: &str = include_str!("guest/target.sh");
 /// The guest script (`guest/prelude.sh`, then `guest/target.sh` once per target). Each
 /// target prints `STATUS id ok|skipped|failed reason`, each fio run `PROGRESS id workload
 /// rep` before it starts.
-pub fn guest_script(
+pub(crate) fn guest_script(
     cfg: &Config,
     targets: &[VmTarget],
     workloads: &[Workload],
@@ -272,7 +272,7 @@ fn setup_description(t: &VmTarget) -> Vec<String> {
 }
 
 /// Generates guest.sh, boots the VM, and folds the guest's results into `index`.
-pub fn run(
+pub(crate) fn run(
     cfg: &Config,
     targets: &[VmTarget],
     workloads: &[Workload],

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Options that say where the key or passphrase comes from.
 #[derive(Args, Debug, Clone, Default)]
-pub struct KeyArgs {
+pub(crate) struct KeyArgs {
     /// Read the passphrase from this file ("-" for standard input) instead of asking.
     /// TrueCrypt/VeraCrypt (--type tcrypt): keyfiles, repeatable; the passphrase is asked.
     #[arg(short = 'd', long = "key-file", action = clap::ArgAction::Append)]
@@ -25,7 +25,7 @@ pub struct KeyArgs {
 
 /// Where the LUKS header is.
 #[derive(Args, Debug, Clone, Default)]
-pub struct HeaderArgs {
+pub(crate) struct HeaderArgs {
     /// Detached header file (the device then holds only data).
     #[arg(long)]
     pub header: Option<PathBuf>,
@@ -33,7 +33,7 @@ pub struct HeaderArgs {
 
 /// KDF cost options (luksFormat / luksAddKey).
 #[derive(Args, Debug, Clone, Default)]
-pub struct KdfArgs {
+pub(crate) struct KdfArgs {
     /// pbkdf2, argon2i or argon2id.
     #[arg(long)]
     pub pbkdf: Option<String>,
@@ -55,7 +55,7 @@ pub struct KdfArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct DeviceArgs {
+pub(crate) struct DeviceArgs {
     /// Image file or block device.
     pub device: PathBuf,
     #[command(flatten)]
@@ -64,12 +64,12 @@ pub struct DeviceArgs {
 
 impl KeyArgs {
     /// The key file, for everything but TCRYPT (which takes several keyfiles).
-    pub fn key_file(&self) -> Option<&PathBuf> {
+    pub(crate) fn key_file(&self) -> Option<&PathBuf> {
         self.key_files.first()
     }
 
     /// Where the passphrase or key comes from, as the arguments say.
-    pub fn source(&self) -> KeySource {
+    pub(crate) fn source(&self) -> KeySource {
         KeySource {
             key_file: self.key_file().cloned(),
             extra_key_files: self.key_files.len().saturating_sub(1),
@@ -81,7 +81,7 @@ impl KeyArgs {
 
 /// `--type` and the TCRYPT search options of `test-passphrase` and `dump`.
 #[derive(Args, Debug, Clone, Default)]
-pub struct TypeSelect {
+pub(crate) struct TypeSelect {
     /// luks (detected), tcrypt (TrueCrypt/VeraCrypt; cryptsetup's tcryptDump/open
     /// --test-passphrase --type tcrypt), bitlk (BitLocker; bitlkDump) or fvault2
     /// (FileVault 2; fvault2Dump).
@@ -148,7 +148,7 @@ impl TypeSelect {
 
 /// Everything that says how to unlock and map a volume.
 #[derive(Args, Debug, Clone, Default)]
-pub struct VolumeArgs {
+pub(crate) struct VolumeArgs {
     #[command(flatten)]
     pub header: HeaderArgs,
     #[command(flatten)]
@@ -217,7 +217,7 @@ impl VolumeArgs {
 /// TrueCrypt/VeraCrypt options (cryptsetup's names); `-c`/`-h` narrow the cipher chains
 /// and header KDFs tried.
 #[derive(Args, Debug, Clone, Default)]
-pub struct TcryptArgs {
+pub(crate) struct TcryptArgs {
     /// TCRYPT: open the hidden volume.
     #[arg(long = "tcrypt-hidden")]
     pub hidden: bool,
@@ -240,7 +240,7 @@ pub struct TcryptArgs {
 
 impl VolumeArgs {
     /// The TCRYPT options with the keyfiles read (`--key-file`, each at most 1 MiB used).
-    pub fn tcrypt_options(&self) -> CliResult<TcryptOptions> {
+    pub(crate) fn tcrypt_options(&self) -> CliResult<TcryptOptions> {
         let t = &self.tcrypt;
         if (t.hidden || t.system || t.backup || t.pim.is_some() || t.disable_veracrypt)
             && self.kind != VolumeType::Tcrypt

@@ -15,7 +15,7 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     /// The data path's view of [`Ctx::devices`] (for `cryptblk_volume::OpenOptions`).
-    pub fn volume_devices(&self) -> cryptblk_volume::Devices {
+    pub(crate) fn volume_devices(&self) -> cryptblk_volume::Devices {
         cryptblk_volume::Devices(std::sync::Arc::new(self.devices.clone()))
     }
 }

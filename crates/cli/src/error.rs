@@ -3,27 +3,27 @@
 use std::fmt;
 
 /// Exit codes, as cryptsetup documents them.
-pub const EXIT_OK: i32 = 0;
-pub const EXIT_USAGE: i32 = 1;
-pub const EXIT_PERMISSION: i32 = 2;
-pub const EXIT_NO_MEMORY: i32 = 3;
-pub const EXIT_NO_DEVICE: i32 = 4;
-pub const EXIT_BUSY: i32 = 5;
+pub(crate) const EXIT_OK: i32 = 0;
+pub(crate) const EXIT_USAGE: i32 = 1;
+pub(crate) const EXIT_PERMISSION: i32 = 2;
+pub(crate) const EXIT_NO_MEMORY: i32 = 3;
+pub(crate) const EXIT_NO_DEVICE: i32 = 4;
+pub(crate) const EXIT_BUSY: i32 = 5;
 
 #[derive(Debug)]
-pub struct CliError {
+pub(crate) struct CliError {
     pub code: i32,
     pub message: String,
 }
 
 impl CliError {
-    pub fn new(code: i32, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: i32, message: impl Into<String>) -> Self {
         CliError {
             code,
             message: message.into(),
         }
     }
-    pub fn usage(message: impl Into<String>) -> Self {
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
         Self::new(EXIT_USAGE, message)
     }
 }
@@ -53,10 +53,10 @@ impl From<cryptblk_crypto::Error> for CliError {
     }
 }
 
-pub type CliResult<T> = Result<T, CliError>;
+pub(crate) type CliResult<T> = Result<T, CliError>;
 
 /// Attaches the path to an I/O error and picks the exit code.
-pub fn io_err(path: &std::path::Path, e: std::io::Error) -> CliError {
+pub(crate) fn io_err(path: &std::path::Path, e: std::io::Error) -> CliError {
     let code = match e.kind() {
         std::io::ErrorKind::NotFound => EXIT_NO_DEVICE,
         std::io::ErrorKind::PermissionDenied => EXIT_NO_DEVICE,

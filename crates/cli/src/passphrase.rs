@@ -7,13 +7,13 @@ use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
 /// cryptsetup's default maximum key file size (8 MiB).
-pub const KEYFILE_MAX: usize = 8 << 20;
+pub(crate) const KEYFILE_MAX: usize = 8 << 20;
 /// cryptsetup's maximum interactive passphrase length.
-pub const PASSPHRASE_MAX: usize = 512;
+pub(crate) const PASSPHRASE_MAX: usize = 512;
 
 /// `--key-file`, `--keyfile-size`, `--keyfile-offset`.
 #[derive(Debug, Clone, Default)]
-pub struct KeySource {
+pub(crate) struct KeySource {
     pub key_file: Option<PathBuf>,
     /// `--key-file` given more than once (only TCRYPT takes several): refused here.
     pub extra_key_files: usize,
@@ -24,7 +24,11 @@ pub struct KeySource {
 /// Reads a key file (`-` = standard input): `size` bytes after `offset`, or all of it.
 /// The skipped bytes are seeked over (a regular file) or read and wiped in small pieces
 /// (a pipe), never held whole.
-pub fn read_key_file(path: &Path, offset: u64, size: Option<usize>) -> CliResult<SecretBytes> {
+pub(crate) fn read_key_file(
+    path: &Path,
+    offset: u64,
+    size: Option<usize>,
+) -> CliResult<SecretBytes> {
     if size.is_some_and(|n| n > KEYFILE_MAX) {
         return Err(CliError::usage(format!(
             "--keyfile-size is larger than the maximum of {KEYFILE_MAX} bytes"
@@ -99,7 +103,7 @@ fn skip_bytes(f: &mut std::fs::File, n: u64) -> std::io::Result<()> {
 
 /// Standard input after its first `offset` bytes (skipped, never held), up to `limit`
 /// bytes, into locked memory: what `--daemon` hands its child when the key file is `-`.
-pub fn read_stdin_key(offset: u64, limit: usize) -> CliResult<SecretBytes> {
+pub(crate) fn read_stdin_key(offset: u64, limit: usize) -> CliResult<SecretBytes> {
     let err = |e| io_err(Path::new("-"), e);
     let mut stdin = unbuffered_stdin().map_err(err)?;
     skip_bytes(&mut stdin, offset).map_err(err)?;
@@ -173,7 +177,11 @@ fn prompt_tty(prompt: &str) -> CliResult<SecretBytes> {
 
 /// A passphrase: from the key file if given, else a line of stdin when stdin is not a
 /// terminal, else the terminal (asked twice when `verify`).
-pub fn get_passphrase(src: &KeySource, prompt: &str, verify: bool) -> CliResult<SecretBytes> {
+pub(crate) fn get_passphrase(
+    src: &KeySource,
+    prompt: &str,
+    verify: bool,
+) -> CliResult<SecretBytes> {
     if src.extra_key_files > 0 {
         return Err(CliError::usage("Only one --key-file argument is allowed."));
     }
@@ -200,7 +208,7 @@ pub fn get_passphrase(src: &KeySource, prompt: &str, verify: bool) -> CliResult<
 
 /// A TrueCrypt/VeraCrypt passphrase: a line of stdin when stdin is not a terminal, else
 /// the terminal; empty is allowed when keyfiles carry the secret (`may_be_empty`).
-pub fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResult<SecretBytes> {
+pub(crate) fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResult<SecretBytes> {
     let pass = if !std::io::stdin().is_terminal() {
         read_stdin_line()?
     } else {
@@ -213,7 +221,7 @@ pub fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResult<Secr
 }
 
 /// Asks for "YES" on the terminal before a destructive action, unless `batch`.
-pub fn confirm(batch: bool, question: &str) -> CliResult<()> {
+pub(crate) fn confirm(batch: bool, question: &str) -> CliResult<()> {
     if batch {
         return Ok(());
     }

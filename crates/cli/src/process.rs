@@ -4,20 +4,20 @@
 #![allow(unsafe_code)]
 
 /// The real user id.
-pub fn uid() -> u32 {
+pub(crate) fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
     unsafe { libc::getuid() }
 }
 
 /// The effective user id (who owns what we create).
-pub fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
 
 /// Makes this process non-dumpable: no core dump, and no ptrace or /proc/PID/mem for
 /// other (non-root) processes, even of the same user.
-pub fn set_not_dumpable() {
+pub(crate) fn set_not_dumpable() {
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers and touches no memory of ours.
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -25,7 +25,7 @@ pub fn set_not_dumpable() {
 }
 
 /// Whether this process is dumpable (shown by `status`).
-pub fn is_dumpable() -> bool {
+pub(crate) fn is_dumpable() -> bool {
     // SAFETY: prctl(PR_GET_DUMPABLE) takes plain integers and touches no memory of ours.
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
 }
@@ -33,7 +33,7 @@ pub fn is_dumpable() -> bool {
 /// Ends the process now with `code`, without the C library's exit handlers: they would
 /// run librbd's static destructors while a thread that gave up waiting is still inside
 /// librbd (a crash instead of the exit code). Output already written stays written.
-pub fn exit_now(code: i32) -> ! {
+pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit takes an integer, touches no memory of ours and does not return.
     unsafe { libc::_exit(code) }
 }

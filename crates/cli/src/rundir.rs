@@ -102,7 +102,7 @@ fn check_private_dir(dir: &Path) -> CliResult<()> {
 
 /// Creates `dir` (0700, whatever the umask) or checks the existing one; every directory
 /// above it is checked too. Returns `dir`.
-pub fn ensure_private_dir(dir: &Path) -> CliResult<PathBuf> {
+pub(crate) fn ensure_private_dir(dir: &Path) -> CliResult<PathBuf> {
     check_ancestors(dir)?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty())
         && !parent.exists()
@@ -130,7 +130,7 @@ pub fn ensure_private_dir(dir: &Path) -> CliResult<PathBuf> {
 
 /// Checks a run directory before trusting what answers in it (`close`, `status`, `list`).
 /// `Ok(false)` when it does not exist (then nothing is open).
-pub fn check_existing(dir: &Path) -> CliResult<bool> {
+pub(crate) fn check_existing(dir: &Path) -> CliResult<bool> {
     if std::fs::symlink_metadata(dir).is_err() {
         return Ok(false);
     }
@@ -141,7 +141,7 @@ pub fn check_existing(dir: &Path) -> CliResult<bool> {
 
 /// Creates `path` anew, 0600, never following a link: an old file of that name (ours: it
 /// lies in a private directory) is unlinked first.
-pub fn create_private_file(path: &Path) -> CliResult<File> {
+pub(crate) fn create_private_file(path: &Path) -> CliResult<File> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -160,13 +160,13 @@ pub fn create_private_file(path: &Path) -> CliResult<File> {
 /// removed, so that no two processes can each lock a different file of that name), locked
 /// (`flock`) as long as this value (in practice, the serving process) lives. Taken before
 /// anything is served, so a second `open NAME` is refused before it starts a frontend.
-pub struct NameClaim {
+pub(crate) struct NameClaim {
     _file: File,
 }
 
 /// Claims `name` in the private run directory `dir`; `Ok(None)` when another process
 /// holds it.
-pub fn claim_name(dir: &Path, name: &str) -> CliResult<Option<NameClaim>> {
+pub(crate) fn claim_name(dir: &Path, name: &str) -> CliResult<Option<NameClaim>> {
     let path = dir.join(format!("{name}.lock"));
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -185,13 +185,13 @@ pub fn claim_name(dir: &Path, name: &str) -> CliResult<Option<NameClaim>> {
 }
 
 /// Writes `contents` into a new private file at `path` (see [`create_private_file`]).
-pub fn write_private_file(path: &Path, contents: &[u8]) -> CliResult<()> {
+pub(crate) fn write_private_file(path: &Path, contents: &[u8]) -> CliResult<()> {
     let mut f = create_private_file(path)?;
     io::Write::write_all(&mut f, contents).map_err(|e| io_err(path, e))
 }
 
 /// Reads a small file of ours without following a link.
-pub fn read_private_file(path: &Path) -> Option<String> {
+pub(crate) fn read_private_file(path: &Path) -> Option<String> {
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -204,7 +204,7 @@ pub fn read_private_file(path: &Path) -> Option<String> {
 
 /// Who may connect to a unix socket we serve on.
 #[derive(Clone, Copy, Debug)]
-pub struct SocketAccess {
+pub(crate) struct SocketAccess {
     /// Permission bits of the socket file (connecting needs write permission).
     pub mode: u32,
     /// Group to give the socket to, when sharing it with a group on purpose.
@@ -242,7 +242,7 @@ impl Drop for UmaskGuard {
 /// through a path someone could swap for a link). The directories above it must be safe
 /// (see [`check_ancestors`]); with `access.gid` it is given to that group (`lchown`: never
 /// through a link).
-pub fn bind_socket(path: &Path, access: SocketAccess) -> CliResult<UnixListener> {
+pub(crate) fn bind_socket(path: &Path, access: SocketAccess) -> CliResult<UnixListener> {
     check_ancestors(path)?;
     let l = {
         let _mask = UmaskGuard::set(!access.mode & 0o777);
@@ -255,7 +255,7 @@ pub fn bind_socket(path: &Path, access: SocketAccess) -> CliResult<UnixListener>
 }
 
 /// `--socket-mode` (octal, e.g. 660) and `--socket-group` (name or number).
-pub fn socket_access(mode: Option<&str>, group: Option<&str>) -> CliResult<SocketAccess> {
+pub(crate) fn socket_access(mode: Option<&str>, group: Option<&str>) -> CliResult<SocketAccess> {
     let mode = match mode {
         None => 0o600,
         Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
@@ -289,14 +289,14 @@ fn group_id(name: &str) -> CliResult<u32> {
 }
 
 /// The (device, inode) of what is at `path` now, to remove only what we created.
-pub fn identity(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino()))
 }
 
 /// Removes `path` only if it is still the entry `id` names (not one put there since).
-pub fn remove_if_same(path: &Path, id: Option<(u64, u64)>) {
+pub(crate) fn remove_if_same(path: &Path, id: Option<(u64, u64)>) {
     if id.is_some() && identity(path) == id {
         let _ = std::fs::remove_file(path);
     }
@@ -305,7 +305,7 @@ pub fn remove_if_same(path: &Path, id: Option<(u64, u64)>) {
 /// Makes `path` free for a new socket: nothing there, or a stale socket nobody answers on
 /// (removed). A live socket is busy; anything else (a file, a directory, a link) is left
 /// alone and refused, never deleted.
-pub fn clear_stale_socket(path: &Path) -> CliResult<()> {
+pub(crate) fn clear_stale_socket(path: &Path) -> CliResult<()> {
     use std::os::unix::fs::FileTypeExt;
     let m = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
@@ -334,7 +334,7 @@ pub fn clear_stale_socket(path: &Path) -> CliResult<()> {
 // Where a served volume's files live, and the names they may have.
 // ---------------------------------------------------------------------------------------
 
-pub fn default_run_dir() -> PathBuf {
+pub(crate) fn default_run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return Path::new(&d).join("cryptblk");
     }
@@ -346,24 +346,24 @@ pub fn default_run_dir() -> PathBuf {
     }
 }
 
-pub fn run_dir(d: &Option<PathBuf>) -> PathBuf {
+pub(crate) fn run_dir(d: &Option<PathBuf>) -> PathBuf {
     d.clone().unwrap_or_else(default_run_dir)
 }
 
 /// The run directory of a command that creates things in it: made 0700, or checked to be
 /// private if it exists (see `rundir`).
-pub fn private_run_dir(d: &Option<PathBuf>) -> CliResult<PathBuf> {
+pub(crate) fn private_run_dir(d: &Option<PathBuf>) -> CliResult<PathBuf> {
     ensure_private_dir(&run_dir(d))
 }
 
 /// The run directory of a command that only talks to what runs there: `None` when it
 /// does not exist; an error when it is not private (what answers there may not be ours).
-pub fn existing_run_dir(d: &Option<PathBuf>) -> CliResult<Option<PathBuf>> {
+pub(crate) fn existing_run_dir(d: &Option<PathBuf>) -> CliResult<Option<PathBuf>> {
     let dir = run_dir(d);
     Ok(check_existing(&dir)?.then_some(dir))
 }
 
-pub fn check_name(name: &str) -> CliResult<()> {
+pub(crate) fn check_name(name: &str) -> CliResult<()> {
     if name.is_empty()
         || name.len() > 64
         || !name

@@ -2,7 +2,7 @@
 //! 1024) or S (512-byte sectors), as cryptsetup takes them.
 
 /// The bytes `s` stands for, or why it is not a size.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {

@@ -33,7 +33,7 @@ pub(crate) fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError
     }
 }
 
-pub fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
+pub(crate) fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
     let mut p = PlainParams::default();
     if let Some(c) = &a.cipher {
         p.cipher = CipherSpec::parse(c)?;
@@ -57,7 +57,7 @@ pub fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
 }
 
 /// Parses `mem:SIZE` (K, M, G, T suffixes, powers of 1024).
-pub fn parse_mem(device: &Path) -> Option<CliResult<u64>> {
+pub(crate) fn parse_mem(device: &Path) -> Option<CliResult<u64>> {
     let s = device.to_str()?.strip_prefix("mem:")?;
     Some(
         crate::units::parse_size(s)
@@ -113,7 +113,7 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<Opened> {
 /// a line of standard input, the terminal) or a startup key (`--key-file` with the .BEK
 /// file); nothing for a volume whose protection is suspended (its clear key opens it,
 /// as Windows itself does).
-pub fn bitlk_secret(
+pub(crate) fn bitlk_secret(
     ctx: &Ctx,
     device: &Path,
     a: &VolumeArgs,
@@ -250,7 +250,7 @@ fn read_secret(
 }
 
 /// Unlocks `device` as the options say: a volume of any type, or `mem:SIZE` (RAM).
-pub fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<Opened> {
+pub(crate) fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<Opened> {
     if let Some(size) = parse_mem(device) {
         return open_memory(size?, a);
     }
@@ -278,7 +278,11 @@ pub fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<Opened
 
 /// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in
 /// 512-byte sectors (`test-passphrase`, `dump`).
-pub fn tcrypt_header(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult<(TcryptHeader, u64)> {
+pub(crate) fn tcrypt_header(
+    ctx: &Ctx,
+    device: &Path,
+    a: &VolumeArgs,
+) -> CliResult<(TcryptHeader, u64)> {
     let opts = a.open_options(ctx, device)?;
     let fail = |e| volume_error(device, e);
     let data = opts.devices.open(device, true).map_err(fail)?;

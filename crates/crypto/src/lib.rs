@@ -5,7 +5,6 @@
 
 mod af;
 mod backend;
-pub mod bench;
 mod block;
 mod ccm;
 mod crc;
@@ -20,6 +19,7 @@ mod modes;
 mod secret;
 mod sector;
 mod spec;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod twofish;
 mod unit;

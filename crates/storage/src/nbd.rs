@@ -70,7 +70,7 @@ pub enum NbdAddress {
 }
 
 /// The NBD port IANA assigned.
-pub const DEFAULT_PORT: u16 = 10809;
+pub(crate) const DEFAULT_PORT: u16 = 10809;
 
 impl NbdUri {
     /// Whether `s` is meant as an NBD URI (`nbd:`, `nbd+unix:`, `nbds:` ...): such a device

@@ -12,12 +12,12 @@ pub const CONTROL_PATH: &str = "/dev/ublk-control";
 
 /// An open control device. Each command uses a short-lived ring of its own, so commands
 /// that block in the kernel (START_DEV waits for the queues) can run on any thread.
-pub struct Control {
+pub(crate) struct Control {
     file: File,
 }
 
 impl Control {
-    pub fn open() -> io::Result<Self> {
+    pub(crate) fn open() -> io::Result<Self> {
         match OpenOptions::new().read(true).write(true).open(CONTROL_PATH) {
             Ok(file) => Ok(Control { file }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(io::Error::new(
@@ -64,7 +64,7 @@ impl Control {
     }
 
     /// The feature bits this kernel's ublk driver supports (GET_FEATURES, Linux 6.5+).
-    pub fn features(&self) -> io::Result<u64> {
+    pub(crate) fn features(&self) -> io::Result<u64> {
         let mut f: u64 = 0;
         let cmd = CtrlCmd {
             dev_id: u32::MAX,
@@ -82,7 +82,7 @@ impl Control {
         Ok(f)
     }
 
-    pub fn add_dev(&self, info: &mut DevInfo) -> io::Result<()> {
+    pub(crate) fn add_dev(&self, info: &mut DevInfo) -> io::Result<()> {
         let cmd = CtrlCmd {
             dev_id: info.dev_id,
             queue_id: u16::MAX,
@@ -103,7 +103,7 @@ impl Control {
         self.cmd(op, cmd)
     }
 
-    pub fn dev_info(&self, dev_id: u32) -> io::Result<DevInfo> {
+    pub(crate) fn dev_info(&self, dev_id: u32) -> io::Result<DevInfo> {
         let mut info = DevInfo::default();
         let cmd = CtrlCmd {
             dev_id,
@@ -116,7 +116,7 @@ impl Control {
         Ok(info)
     }
 
-    pub fn set_params(&self, dev_id: u32, p: &Params) -> io::Result<()> {
+    pub(crate) fn set_params(&self, dev_id: u32, p: &Params) -> io::Result<()> {
         let mut p = *p;
         p.len = params_len();
         let cmd = CtrlCmd {
@@ -129,7 +129,7 @@ impl Control {
         self.cmd(sys::U_CMD_SET_PARAMS, cmd).map(drop)
     }
 
-    pub fn params(&self, dev_id: u32) -> io::Result<Params> {
+    pub(crate) fn params(&self, dev_id: u32) -> io::Result<Params> {
         let mut p = Params {
             len: params_len(),
             ..Default::default()
@@ -146,7 +146,7 @@ impl Control {
     }
 
     /// CPUs the block layer maps to queue `q` (a `cpu_set_t` worth of bits).
-    pub fn queue_affinity(&self, dev_id: u32, q: u16) -> io::Result<Vec<usize>> {
+    pub(crate) fn queue_affinity(&self, dev_id: u32, q: u16) -> io::Result<Vec<usize>> {
         let mut set = [0u64; 16]; // 1024 CPUs, the size of cpu_set_t
         let cmd = CtrlCmd {
             dev_id,
@@ -163,21 +163,21 @@ impl Control {
             .collect())
     }
 
-    pub fn start_dev(&self, dev_id: u32) -> io::Result<()> {
+    pub(crate) fn start_dev(&self, dev_id: u32) -> io::Result<()> {
         self.dev_cmd(sys::U_CMD_START_DEV, dev_id, std::process::id() as u64)
             .map(drop)
     }
-    pub fn stop_dev(&self, dev_id: u32) -> io::Result<()> {
+    pub(crate) fn stop_dev(&self, dev_id: u32) -> io::Result<()> {
         self.dev_cmd(sys::U_CMD_STOP_DEV, dev_id, 0).map(drop)
     }
-    pub fn del_dev(&self, dev_id: u32) -> io::Result<()> {
+    pub(crate) fn del_dev(&self, dev_id: u32) -> io::Result<()> {
         self.dev_cmd(sys::U_CMD_DEL_DEV, dev_id, 0).map(drop)
     }
-    pub fn start_recovery(&self, dev_id: u32) -> io::Result<()> {
+    pub(crate) fn start_recovery(&self, dev_id: u32) -> io::Result<()> {
         self.dev_cmd(sys::U_CMD_START_USER_RECOVERY, dev_id, 0)
             .map(drop)
     }
-    pub fn end_recovery(&self, dev_id: u32) -> io::Result<()> {
+    pub(crate) fn end_recovery(&self, dev_id: u32) -> io::Result<()> {
         self.dev_cmd(
             sys::U_CMD_END_USER_RECOVERY,
             dev_id,

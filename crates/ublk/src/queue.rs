@@ -13,12 +13,12 @@ use std::sync::mpsc::Sender;
 
 /// Per-queue counters (each queue writes only its own; `stats` sums them).
 #[derive(Default, Debug)]
-pub struct QueueCounters {
+pub(crate) struct QueueCounters {
     pub requests: AtomicU64,
     pub errors: AtomicU64,
 }
 
-pub struct QueueSetup {
+pub(crate) struct QueueSetup {
     pub q_id: u16,
     pub depth: u16,
     /// Bytes of buffer per tag (the device's max_io_buf_bytes).
@@ -480,7 +480,7 @@ struct Pending {
 }
 
 /// The body of a queue thread: set up, report readiness, serve until the kernel aborts.
-pub fn queue_thread(setup: QueueSetup, ready: Sender<io::Result<()>>) -> io::Result<()> {
+pub(crate) fn queue_thread(setup: QueueSetup, ready: Sender<io::Result<()>>) -> io::Result<()> {
     if let Err(e) = pin(&setup.cpus) {
         eprintln!(
             "ublk queue {}: cannot pin to CPUs {:?}: {e}",

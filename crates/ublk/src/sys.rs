@@ -9,44 +9,44 @@ const IOWR: u32 = 3;
 const CTRL: usize = std::mem::size_of::<CtrlCmd>();
 const IO: usize = std::mem::size_of::<IoCmd>();
 
-pub const U_CMD_GET_QUEUE_AFFINITY: u32 = ioc(IOR, 0x01, CTRL);
-pub const U_CMD_GET_DEV_INFO: u32 = ioc(IOR, 0x02, CTRL);
-pub const U_CMD_ADD_DEV: u32 = ioc(IOWR, 0x04, CTRL);
-pub const U_CMD_DEL_DEV: u32 = ioc(IOWR, 0x05, CTRL);
-pub const U_CMD_START_DEV: u32 = ioc(IOWR, 0x06, CTRL);
-pub const U_CMD_STOP_DEV: u32 = ioc(IOWR, 0x07, CTRL);
-pub const U_CMD_SET_PARAMS: u32 = ioc(IOWR, 0x08, CTRL);
-pub const U_CMD_GET_PARAMS: u32 = ioc(IOR, 0x09, CTRL);
-pub const U_CMD_START_USER_RECOVERY: u32 = ioc(IOWR, 0x10, CTRL);
-pub const U_CMD_END_USER_RECOVERY: u32 = ioc(IOWR, 0x11, CTRL);
-pub const U_CMD_GET_FEATURES: u32 = ioc(IOR, 0x13, CTRL);
+pub(crate) const U_CMD_GET_QUEUE_AFFINITY: u32 = ioc(IOR, 0x01, CTRL);
+pub(crate) const U_CMD_GET_DEV_INFO: u32 = ioc(IOR, 0x02, CTRL);
+pub(crate) const U_CMD_ADD_DEV: u32 = ioc(IOWR, 0x04, CTRL);
+pub(crate) const U_CMD_DEL_DEV: u32 = ioc(IOWR, 0x05, CTRL);
+pub(crate) const U_CMD_START_DEV: u32 = ioc(IOWR, 0x06, CTRL);
+pub(crate) const U_CMD_STOP_DEV: u32 = ioc(IOWR, 0x07, CTRL);
+pub(crate) const U_CMD_SET_PARAMS: u32 = ioc(IOWR, 0x08, CTRL);
+pub(crate) const U_CMD_GET_PARAMS: u32 = ioc(IOR, 0x09, CTRL);
+pub(crate) const U_CMD_START_USER_RECOVERY: u32 = ioc(IOWR, 0x10, CTRL);
+pub(crate) const U_CMD_END_USER_RECOVERY: u32 = ioc(IOWR, 0x11, CTRL);
+pub(crate) const U_CMD_GET_FEATURES: u32 = ioc(IOR, 0x13, CTRL);
 
-pub const U_IO_FETCH_REQ: u32 = ioc(IOWR, 0x20, IO);
-pub const U_IO_COMMIT_AND_FETCH_REQ: u32 = ioc(IOWR, 0x21, IO);
+pub(crate) const U_IO_FETCH_REQ: u32 = ioc(IOWR, 0x20, IO);
+pub(crate) const U_IO_COMMIT_AND_FETCH_REQ: u32 = ioc(IOWR, 0x21, IO);
 
-pub const IO_RES_OK: i32 = 0;
+pub(crate) const IO_RES_OK: i32 = 0;
 
-pub const CMD_BUF_OFFSET: i64 = 0;
-pub const MAX_QUEUE_DEPTH: u32 = 4096;
+pub(crate) const CMD_BUF_OFFSET: i64 = 0;
+pub(crate) const MAX_QUEUE_DEPTH: u32 = 4096;
 /// Largest per-request buffer the kernel accepts (`UBLK_IO_BUF_BITS`).
-pub const MAX_IO_BUF_BYTES: u32 = 1 << 25;
+pub(crate) const MAX_IO_BUF_BYTES: u32 = 1 << 25;
 
-pub const F_URING_CMD_COMP_IN_TASK: u64 = 1 << 1;
-pub const F_NEED_GET_DATA: u64 = 1 << 2;
-pub const F_USER_RECOVERY: u64 = 1 << 3;
-pub const F_USER_RECOVERY_REISSUE: u64 = 1 << 4;
-pub const F_UNPRIVILEGED_DEV: u64 = 1 << 5;
-pub const F_CMD_IOCTL_ENCODE: u64 = 1 << 6;
-pub const F_USER_COPY: u64 = 1 << 7;
-pub const F_ZONED: u64 = 1 << 8;
-pub const F_USER_RECOVERY_FAIL_IO: u64 = 1 << 9;
-pub const F_UPDATE_SIZE: u64 = 1 << 10;
-pub const F_AUTO_BUF_REG: u64 = 1 << 11;
-pub const F_QUIESCE: u64 = 1 << 12;
-pub const F_PER_IO_DAEMON: u64 = 1 << 13;
+pub(crate) const F_URING_CMD_COMP_IN_TASK: u64 = 1 << 1;
+pub(crate) const F_NEED_GET_DATA: u64 = 1 << 2;
+pub(crate) const F_USER_RECOVERY: u64 = 1 << 3;
+pub(crate) const F_USER_RECOVERY_REISSUE: u64 = 1 << 4;
+pub(crate) const F_UNPRIVILEGED_DEV: u64 = 1 << 5;
+pub(crate) const F_CMD_IOCTL_ENCODE: u64 = 1 << 6;
+pub(crate) const F_USER_COPY: u64 = 1 << 7;
+pub(crate) const F_ZONED: u64 = 1 << 8;
+pub(crate) const F_USER_RECOVERY_FAIL_IO: u64 = 1 << 9;
+pub(crate) const F_UPDATE_SIZE: u64 = 1 << 10;
+pub(crate) const F_AUTO_BUF_REG: u64 = 1 << 11;
+pub(crate) const F_QUIESCE: u64 = 1 << 12;
+pub(crate) const F_PER_IO_DAEMON: u64 = 1 << 13;
 
 /// Names of the feature bits, for messages and `status`.
-pub const FEATURE_NAMES: &[(u64, &str)] = &[
+pub(crate) const FEATURE_NAMES: &[(u64, &str)] = &[
     (1 << 0, "SUPPORT_ZERO_COPY"),
     (F_URING_CMD_COMP_IN_TASK, "URING_CMD_COMP_IN_TASK"),
     (F_NEED_GET_DATA, "NEED_GET_DATA"),
@@ -63,9 +63,9 @@ pub const FEATURE_NAMES: &[(u64, &str)] = &[
     (F_PER_IO_DAEMON, "PER_IO_DAEMON"),
 ];
 
-pub const S_DEV_DEAD: u16 = 0;
-pub const S_DEV_LIVE: u16 = 1;
-pub const S_DEV_QUIESCED: u16 = 2;
+pub(crate) const S_DEV_DEAD: u16 = 0;
+pub(crate) const S_DEV_LIVE: u16 = 1;
+pub(crate) const S_DEV_QUIESCED: u16 = 2;
 
 /// `UBLK_IO_OP_READ`: read `nr_sectors` from `start_sector` into the tag's buffer.
 pub const IO_OP_READ: u8 = 0;
@@ -80,20 +80,20 @@ pub const IO_OP_WRITE_ZEROES: u8 = 5;
 /// `UBLK_IO_F_FUA` (in [`IoDesc::op_flags`]): forced unit access; the write must be durable
 /// when it completes.
 pub const IO_F_FUA: u32 = 1 << 13;
-pub const IO_F_NOUNMAP: u32 = 1 << 15;
+pub(crate) const IO_F_NOUNMAP: u32 = 1 << 15;
 
-pub const ATTR_READ_ONLY: u32 = 1 << 0;
-pub const ATTR_ROTATIONAL: u32 = 1 << 1;
-pub const ATTR_VOLATILE_CACHE: u32 = 1 << 2;
-pub const ATTR_FUA: u32 = 1 << 3;
+pub(crate) const ATTR_READ_ONLY: u32 = 1 << 0;
+pub(crate) const ATTR_ROTATIONAL: u32 = 1 << 1;
+pub(crate) const ATTR_VOLATILE_CACHE: u32 = 1 << 2;
+pub(crate) const ATTR_FUA: u32 = 1 << 3;
 
-pub const PARAM_TYPE_BASIC: u32 = 1 << 0;
-pub const PARAM_TYPE_DISCARD: u32 = 1 << 1;
+pub(crate) const PARAM_TYPE_BASIC: u32 = 1 << 0;
+pub(crate) const PARAM_TYPE_DISCARD: u32 = 1 << 1;
 
 /// `struct ublksrv_ctrl_cmd`: the payload of a control command (in the SQE's cmd area).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CtrlCmd {
+pub(crate) struct CtrlCmd {
     pub dev_id: u32,
     pub queue_id: u16,
     pub len: u16,
@@ -107,7 +107,7 @@ pub struct CtrlCmd {
 /// `struct ublksrv_ctrl_dev_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct DevInfo {
+pub(crate) struct DevInfo {
     pub nr_hw_queues: u16,
     pub queue_depth: u16,
     pub state: u16,
@@ -155,7 +155,7 @@ impl IoDesc {
 /// `struct ublksrv_io_cmd`: the payload of FETCH / COMMIT_AND_FETCH.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct IoCmd {
+pub(crate) struct IoCmd {
     pub q_id: u16,
     pub tag: u16,
     pub result: i32,
@@ -164,7 +164,7 @@ pub struct IoCmd {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ParamBasic {
+pub(crate) struct ParamBasic {
     pub attrs: u32,
     pub logical_bs_shift: u8,
     pub physical_bs_shift: u8,
@@ -178,7 +178,7 @@ pub struct ParamBasic {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ParamDiscard {
+pub(crate) struct ParamDiscard {
     pub discard_alignment: u32,
     pub discard_granularity: u32,
     pub max_discard_sectors: u32,
@@ -189,7 +189,7 @@ pub struct ParamDiscard {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ParamDevt {
+pub(crate) struct ParamDevt {
     pub char_major: u32,
     pub char_minor: u32,
     pub disk_major: u32,
@@ -199,7 +199,7 @@ pub struct ParamDevt {
 /// `struct ublk_params` up to the devt part (the kernel takes `len` bytes of it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Params {
+pub(crate) struct Params {
     pub len: u32,
     pub types: u32,
     pub basic: ParamBasic,

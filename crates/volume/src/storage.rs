@@ -1,7 +1,7 @@
 //! Where ciphertext lives: a file or block device (memory storage is
 //! `cryptblk_device::MemStorage`).
 
-pub use cryptblk_device::Storage;
+pub(crate) use cryptblk_device::Storage;
 
 use std::fs::File;
 use std::io;

@@ -7,7 +7,7 @@ use cryptblk_bench::{CipherChoice, Config, Preset};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Small matrix, 1 s runs, 2 repetitions: under two minutes (the default).
     #[arg(long, conflicts_with_all = ["standard", "full"])]
     pub quick: bool,
@@ -56,7 +56,7 @@ pub struct BenchArgs {
 }
 
 /// Parses 64M, 1G, 4096 (powers of 1024): at least 1 MiB, whole 4 KiB.
-pub fn parse_size(s: &str) -> CliResult<u64> {
+pub(crate) fn parse_size(s: &str) -> CliResult<u64> {
     Some(crate::units::parse_size(s).map_err(CliError::usage)?)
         .filter(|&n| n >= 1 << 20 && n % 4096 == 0)
         .ok_or_else(|| {
@@ -66,7 +66,7 @@ pub fn parse_size(s: &str) -> CliResult<u64> {
         })
 }
 
-pub fn run(a: BenchArgs) -> CliResult<()> {
+pub(crate) fn run(a: BenchArgs) -> CliResult<()> {
     if let Some(dir) = &a.report_only {
         let charts = cryptblk_bench::report::generate(dir).map_err(CliError::usage)?;
         println!(

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 /// `cryptsetup erase`: wipes every keyslot, after which no passphrase opens the volume
 /// (the data is unreadable for good: crypto-shredding).
 #[derive(Args, Debug)]
-pub struct ConvertArgs {
+pub(crate) struct ConvertArgs {
     /// Image file or block device.
     pub device: PathBuf,
     #[command(flatten)]
@@ -24,7 +24,7 @@ pub struct ConvertArgs {
 
 /// `convert --type luks1|luks2` (cryptsetup's checks and messages). The device is locked
 /// exclusively: a volume being served is never converted behind its server's back.
-pub fn convert(ctx: &Ctx, a: ConvertArgs) -> CliResult<()> {
+pub(crate) fn convert(ctx: &Ctx, a: ConvertArgs) -> CliResult<()> {
     use cryptblk_format::luks1::Luks1Header;
     use cryptblk_format::luks2::Luks2Header;
     let to: u8 = match a.kind {

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct DumpArgs {
+pub(crate) struct DumpArgs {
     pub device: PathBuf,
     #[command(flatten)]
     pub header: HeaderArgs,
@@ -63,7 +63,7 @@ fn slot_json(s: &KeyslotInfo) -> Value {
 }
 
 /// The header as one JSON document (stable field names, for scripts and tests).
-pub fn header_json(h: &dyn LuksHeader) -> Value {
+pub(crate) fn header_json(h: &dyn LuksHeader) -> Value {
     let slots: Vec<Value> = h
         .keyslots()
         .iter()
@@ -111,7 +111,7 @@ const VOLUME_KEY_WARNING: &str = "The header dump with volume key is sensitive i
      This dump should be stored encrypted in a safe place.";
 
 /// The FVEK of a BitLocker volume from the secret `key` names (or its clear key).
-pub fn bitlk_volume_key(
+pub(crate) fn bitlk_volume_key(
     ctx: &Ctx,
     device: &std::path::Path,
     key: &crate::args::KeyArgs,
@@ -146,7 +146,7 @@ fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
 
 /// The volume key of a FileVault 2 volume from a passphrase (key file, a line of standard
 /// input, the terminal).
-pub fn fvault2_volume_key(
+pub(crate) fn fvault2_volume_key(
     ctx: &Ctx,
     device: &std::path::Path,
     key: &crate::args::KeyArgs,
@@ -179,7 +179,7 @@ fn dump_fvault2(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
+pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     if a.select.is_bitlk() {
         return dump_bitlk(ctx, &a);
     }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Args, Debug)]
-pub struct FormatArgs {
+pub(crate) struct FormatArgs {
     pub device: PathBuf,
     /// luks1 or luks2 (luks: LUKS2).
     #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks2)]
@@ -64,7 +64,7 @@ pub struct FormatArgs {
     pub luks2_keyslots_size: Option<u64>,
 }
 
-pub fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
+pub(crate) fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     let luks1 = match a.kind {
         VolumeType::Luks1 => true,
         VolumeType::Luks2 | VolumeType::Luks => false,

@@ -14,7 +14,7 @@ use std::fs::OpenOptions;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct RepairArgs {
+pub(crate) struct RepairArgs {
     pub device: PathBuf,
     #[command(flatten)]
     pub header: HeaderArgs,
@@ -28,7 +28,7 @@ pub struct RepairArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct BackupArgs {
+pub(crate) struct BackupArgs {
     pub device: PathBuf,
     #[arg(long = "header-backup-file")]
     pub header_backup_file: PathBuf,
@@ -37,7 +37,7 @@ pub struct BackupArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct UuidArgs {
+pub(crate) struct UuidArgs {
     /// Image file or block device.
     pub device: PathBuf,
     #[command(flatten)]
@@ -47,7 +47,7 @@ pub struct UuidArgs {
     pub uuid: Option<String>,
 }
 
-pub fn uuid(ctx: &Ctx, a: UuidArgs) -> CliResult<()> {
+pub(crate) fn uuid(ctx: &Ctx, a: UuidArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, a.uuid.is_some())?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     match &a.uuid {
@@ -67,7 +67,7 @@ pub fn uuid(ctx: &Ctx, a: UuidArgs) -> CliResult<()> {
 }
 
 #[derive(Args, Debug)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     /// LUKS2 image file or block device.
     pub device: PathBuf,
     #[command(flatten)]
@@ -87,7 +87,7 @@ pub struct ConfigArgs {
 }
 
 /// `cryptsetup config`: label, subsystem, keyslot priority (LUKS2 only).
-pub fn config(ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
+pub(crate) fn config(ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
     use cryptblk_format::luks2::Priority;
     if a.label.is_none() && a.subsystem.is_none() && a.priority.is_none() {
         return Err(CliError::usage(
@@ -123,7 +123,7 @@ pub fn config(ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
+pub(crate) fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     confirm(
@@ -137,7 +137,7 @@ pub fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
+pub(crate) fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     match load_header(&mut dev) {
         Ok(h) => {
@@ -161,7 +161,7 @@ pub fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
 /// keyslots area (128 MiB), which also bounds every LUKS1 layout cryptsetup makes.
 const MAX_HEADER_BACKUP: u64 = (8 << 20) + (128 << 20);
 
-pub fn header_backup(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
+pub(crate) fn header_backup(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     let hpath = header_path(&a.device, &a.header).to_path_buf();
     let hdr = load(&mut dev, &hpath)?;
@@ -205,7 +205,7 @@ pub fn header_backup(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
+pub(crate) fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     let backup =
         std::fs::read(&a.header_backup_file).map_err(|e| io_err(&a.header_backup_file, e))?;
     let mut mem = MemStorage::from_vec(backup);
@@ -289,7 +289,7 @@ pub fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
 /// both header copies rewritten when one is damaged or stale, then the reencryption
 /// metadata: a step cut off is recovered, a job between steps has its metadata verified
 /// (both need the passphrase). A header with nothing wrong is left as it is.
-pub fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
+pub(crate) fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
     let hpath = header_path(&a.device, &a.header).to_path_buf();
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut magic = [0u8; 8];

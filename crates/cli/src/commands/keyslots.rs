@@ -13,7 +13,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct AddKeyArgs {
+pub(crate) struct AddKeyArgs {
     pub device: PathBuf,
     /// File holding the new passphrase (else asked, or the next line of stdin).
     pub new_key_file: Option<PathBuf>,
@@ -35,7 +35,7 @@ pub struct AddKeyArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct RemoveKeyArgs {
+pub(crate) struct RemoveKeyArgs {
     pub device: PathBuf,
     /// File holding the passphrase to remove.
     pub remove_key_file: Option<PathBuf>,
@@ -46,7 +46,7 @@ pub struct RemoveKeyArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct ConvertKeyArgs {
+pub(crate) struct ConvertKeyArgs {
     pub device: PathBuf,
     #[command(flatten)]
     pub header: HeaderArgs,
@@ -61,7 +61,7 @@ pub struct ConvertKeyArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct KillSlotArgs {
+pub(crate) struct KillSlotArgs {
     pub device: PathBuf,
     pub slot: u32,
     #[command(flatten)]
@@ -72,7 +72,7 @@ pub struct KillSlotArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct TestArgs {
+pub(crate) struct TestArgs {
     pub device: PathBuf,
     #[command(flatten)]
     pub header: HeaderArgs,
@@ -94,7 +94,7 @@ fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
     }
 }
 
-pub fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (_, vk) = unlock(
@@ -115,7 +115,7 @@ pub fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (old_slot, vk) = unlock(
@@ -133,7 +133,7 @@ pub fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
+pub(crate) fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
     let path = header_path(&a.device, &a.header);
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     if load_header(&mut dev).map(|h| h.version()).ok() != Some(2) {
@@ -168,7 +168,7 @@ pub fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
+pub(crate) fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let src = match &a.remove_key_file {
@@ -197,7 +197,7 @@ pub fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
+pub(crate) fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let active: Vec<u32> = hdr
@@ -266,7 +266,7 @@ fn verify_remaining(
     ))
 }
 
-pub fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
+pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     if a.select.is_bitlk() {
         crate::commands::dump::bitlk_volume_key(ctx, &a.device, &a.key)?;
         return Ok(());

@@ -35,7 +35,7 @@ fn hex_b64(out: &mut String, v: &Value) {
 }
 
 /// `luksDump` of a LUKS1 header read from `path`.
-pub fn luks1(h: &Luks1Header, path: &str) -> String {
+pub(crate) fn luks1(h: &Luks1Header, path: &str) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "LUKS header information for {path}\n");
     let _ = writeln!(o, "Version:       \t1");
@@ -112,7 +112,7 @@ fn unbound(j: &Value, slot: u32) -> bool {
 }
 
 /// `luksDump` of a LUKS2 header.
-pub fn luks2(h: &Luks2Header) -> String {
+pub(crate) fn luks2(h: &Luks2Header) -> String {
     let j = h.json();
     let mut o = String::new();
     let or = |s: &str, none: &str| {
@@ -335,7 +335,7 @@ fn digests(o: &mut String, j: &Value) {
 }
 
 /// `luksDump --dump-volume-key`'s text (cryptsetup's, after the header questions).
-pub fn volume_key(
+pub(crate) fn volume_key(
     path: &str,
     cipher: &str,
     payload_sectors: u64,
@@ -359,7 +359,7 @@ pub fn volume_key(
 /// JSON as json-c prints it pretty (what `luksDump --dump-json-metadata` shows): two
 /// spaces an indent level, no space after a colon, empty containers split over two lines,
 /// keys in their on-disk order.
-pub fn json_c_pretty(v: &Value) -> String {
+pub(crate) fn json_c_pretty(v: &Value) -> String {
     fn go(v: &Value, level: usize, o: &mut String) {
         let pad = |o: &mut String, n: usize| o.push_str(&"  ".repeat(n));
         let items: Vec<(Option<&String>, &Value)> = match v {

@@ -16,21 +16,21 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct NameArgs {
+pub(crate) struct NameArgs {
     pub name: String,
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+pub(crate) fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     use std::io::BufRead;
     use std::time::{Duration, Instant};
     check_name(&a.name)?;
@@ -124,7 +124,7 @@ pub fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     }
 }
 
-pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+pub(crate) fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
     let v = match ask(&dir, &a.name, &Request::Status) {
@@ -193,7 +193,7 @@ pub fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
+pub(crate) fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
     let dir = existing_run_dir(&a.run_dir)?;
     let mut rows = Vec::new();
     if let Some(rd) = dir.as_ref().and_then(|d| std::fs::read_dir(d).ok()) {
@@ -228,7 +228,7 @@ pub fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
 }
 
 #[derive(Args, Debug)]
-pub struct ResumeArgs {
+pub(crate) struct ResumeArgs {
     pub name: String,
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
@@ -239,7 +239,7 @@ pub struct ResumeArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct ResizeArgs {
+pub(crate) struct ResizeArgs {
     pub name: String,
     /// New size in 512-byte sectors (default: all the device holds after the data offset).
     #[arg(long, short = 'b')]
@@ -254,7 +254,7 @@ pub struct ResizeArgs {
 /// `resize NAME` (cryptsetup resize): the served volume takes the size given, or all the
 /// device now holds (a file or device that grew). NBD clients connecting from now on and
 /// the FUSE file see the new size; a ublk device is refused (close and reopen).
-pub fn resize(ctx: &Ctx, a: ResizeArgs) -> CliResult<()> {
+pub(crate) fn resize(ctx: &Ctx, a: ResizeArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let bytes = match (a.size, &a.device_size) {
         (Some(_), Some(_)) => {
@@ -283,7 +283,7 @@ pub fn resize(ctx: &Ctx, a: ResizeArgs) -> CliResult<()> {
 
 /// `suspend NAME` (cryptsetup luksSuspend): the served volume drops its keys and holds
 /// its I/O until `resume`.
-pub fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+pub(crate) fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
     ask(&dir, &a.name, &Request::Suspend)?.expect(Reply::Suspended)
@@ -291,7 +291,7 @@ pub fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
 
 /// `resume NAME` (cryptsetup luksResume): unlocks the suspended volume again with a
 /// passphrase (sent over the private control socket, never on a command line).
-pub fn resume(_ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
+pub(crate) fn resume(_ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
     let pass = crate::passphrase::get_passphrase(

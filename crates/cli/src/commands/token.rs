@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct TokenArgs {
+pub(crate) struct TokenArgs {
     /// add, remove, import, export or unassign.
     pub action: String,
     /// The LUKS2 device or image file.
@@ -42,7 +42,7 @@ fn need<T: Copy>(v: Option<T>, what: &str, action: &str) -> CliResult<T> {
     v.ok_or_else(|| CliError::usage(format!("Option {what} is required for token {action}.")))
 }
 
-pub fn token(ctx: &Ctx, a: TokenArgs) -> CliResult<()> {
+pub(crate) fn token(ctx: &Ctx, a: TokenArgs) -> CliResult<()> {
     let path = header_path(&a.device, &a.header).to_path_buf();
     let write = a.action != "export";
     let mut dev = open_header(ctx, &a.device, &a.header, write)?;

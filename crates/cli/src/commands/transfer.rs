@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, mpsc};
 
 #[derive(Args, Debug)]
-pub struct TransferArgs {
+pub(crate) struct TransferArgs {
     pub device: PathBuf,
     /// File to write (export) or read (import); "-" for stdout/stdin.
     pub file: PathBuf,
@@ -76,7 +76,7 @@ const MAX_REQUEST: u64 = 64 << 20;
 /// multi-conn gives); on a local one the cipher then runs on several cores.
 const DEPTH: usize = 4;
 
-pub fn export(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
+pub(crate) fn export(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
     let vol = open(ctx, &a, true)?;
     let end = match a.length {
         Some(n) => {
@@ -191,7 +191,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
+pub(crate) fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
     let vol = open(ctx, &a, false)?;
     let chunk = a.request_size;
     let mut input: Box<dyn Read> = if a.file.as_os_str() == "-" {

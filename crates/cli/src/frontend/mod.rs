@@ -12,7 +12,7 @@ mod nbd;
 mod online;
 mod shutdown;
 mod suspend;
-pub mod ublk;
+pub(crate) mod ublk;
 
 use crate::args::VolumeArgs;
 use crate::control::{Reply, Request};
@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Args, Debug)]
-pub struct OpenArgs {
+pub(crate) struct OpenArgs {
     /// Image file, block device, or `mem:SIZE` (RAM, e.g. mem:1G; plain mode, for benchmarks).
     pub device: PathBuf,
     /// Name of the mapping (used by close/status).

@@ -41,7 +41,7 @@ enum Bound {
 
 /// `--tls`: whether NBD clients must, may or cannot switch to TLS.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TlsArg {
+pub(crate) enum TlsArg {
     /// Only clients that switch to TLS (NBD_OPT_STARTTLS) are served.
     Required,
     /// Clients may switch to TLS; plaintext clients are served too.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Options of `open` for the ublk frontend.
 #[derive(Args, Debug, Default)]
-pub struct UblkArgs {
+pub(crate) struct UblkArgs {
     /// Serve as a kernel block device /dev/ublkbN (needs ublk_drv, Linux 6.5+).
     #[arg(long)]
     pub ublk: bool,
@@ -43,7 +43,7 @@ pub struct UblkArgs {
 }
 
 /// Rejects ublk options given without `--ublk`.
-pub fn check_unused(a: &UblkArgs) -> CliResult<()> {
+pub(crate) fn check_unused(a: &UblkArgs) -> CliResult<()> {
     if a.queues.is_some() || a.recover || a.no_recovery || a.dev_id.is_some() {
         return Err(CliError::usage(
             "--queues, --recover, --no-recovery and --dev-id need --ublk",

@@ -4,7 +4,7 @@ use super::ok;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub struct Cluster {
+pub(crate) struct Cluster {
     dir: PathBuf,
     /// The cluster's ceph.conf, for `--ceph-conf` and librados.
     pub conf: String,
@@ -14,7 +14,7 @@ pub struct Cluster {
 impl Cluster {
     /// Starts one in `dir/ceph`; python3-rbd, ceph-mon, ceph-osd and ceph-common must be
     /// there (the script says which is missing).
-    pub fn start(dir: &Path) -> Cluster {
+    pub(crate) fn start(dir: &Path) -> Cluster {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ceph/cluster.sh");
         let dir = dir.join("ceph");
         let o = Command::new("bash")
@@ -27,7 +27,7 @@ impl Cluster {
         Cluster { dir, conf, script }
     }
 
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let _ = Command::new("bash")
             .arg(&self.script)
             .arg("stop")

@@ -5,12 +5,12 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-pub fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cryptblk")
 }
 
 /// Path of a system tool; fails (never skips) naming the Debian package to install.
-pub fn tool(name: &str, pkg: &str) -> String {
+pub(crate) fn tool(name: &str, pkg: &str) -> String {
     for d in ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/bin"] {
         let p = format!("{d}/{name}");
         if Path::new(&p).exists() {
@@ -21,13 +21,18 @@ pub fn tool(name: &str, pkg: &str) -> String {
 }
 
 /// Runs `cmd` with `stdin` fed to it.
-pub fn run_in(cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
+pub(crate) fn run_in(cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
     run_at(None, cmd, args, stdin)
 }
 
 /// [`run_in`] with the working directory set to `cwd` (for tools that leave files behind,
 /// like fio's verify state: in the test's temporary directory, never in the repository).
-pub fn run_at(cwd: Option<&std::path::Path>, cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
+pub(crate) fn run_at(
+    cwd: Option<&std::path::Path>,
+    cmd: &str,
+    args: &[&str],
+    stdin: &[u8],
+) -> Output {
     use std::io::Write;
     let mut command = Command::new(cmd);
     if let Some(d) = cwd {
@@ -48,7 +53,7 @@ pub fn run_at(cwd: Option<&std::path::Path>, cmd: &str, args: &[&str], stdin: &[
 }
 
 /// Asserts success and returns stdout.
-pub fn ok(o: &Output) -> String {
+pub(crate) fn ok(o: &Output) -> String {
     assert!(
         o.status.success(),
         "failed: {}\n{}",
@@ -58,11 +63,11 @@ pub fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-pub mod ceph;
-pub mod nbd;
+pub(crate) mod ceph;
+pub(crate) mod nbd;
 
 /// Whether the tests run as root (needed to create users, loop devices, mounts).
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()
         .lines()
@@ -72,14 +77,14 @@ pub fn is_root() -> bool {
 /// A local user other than the one running the tests, created if missing (`useradd`), for
 /// tests of what another user can reach. `None` when the tests do not run as root: the
 /// caller then says loudly that it did not run.
-pub struct LocalUser {
+pub(crate) struct LocalUser {
     pub name: String,
     pub uid: u32,
     pub gid: u32,
 }
 
 impl LocalUser {
-    pub fn get(name: &str) -> Option<LocalUser> {
+    pub(crate) fn get(name: &str) -> Option<LocalUser> {
         if !is_root() {
             eprintln!(
                 "NOT RUN: this test needs root to create the local user {name} and act as it \
@@ -118,7 +123,13 @@ impl LocalUser {
 
     /// Runs `cmd` as this user (setpriv: real and effective ids, no supplementary groups),
     /// with `env` added and XDG_RUNTIME_DIR removed.
-    pub fn run(&self, env: &[(&str, &str)], cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
+    pub(crate) fn run(
+        &self,
+        env: &[(&str, &str)],
+        cmd: &str,
+        args: &[&str],
+        stdin: &[u8],
+    ) -> Output {
         use std::io::Write;
         let mut c = Command::new(tool("setpriv", "util-linux"));
         c.args([
@@ -149,7 +160,7 @@ impl LocalUser {
     }
 
     /// A directory of this user's (0700) inside `parent`.
-    pub fn dir(&self, parent: &Path, name: &str) -> std::path::PathBuf {
+    pub(crate) fn dir(&self, parent: &Path, name: &str) -> std::path::PathBuf {
         use std::os::unix::fs::PermissionsExt;
         let d = parent.join(name);
         std::fs::create_dir(&d).unwrap();
@@ -161,10 +172,10 @@ impl LocalUser {
 
 /// A directory under /tmp that every user can traverse (0755, root's), removed on drop:
 /// the tests' usual temporary directories are 0700 and other users could not reach in.
-pub struct SharedDir(pub tempfile::TempDir);
+pub(crate) struct SharedDir(pub tempfile::TempDir);
 
 impl SharedDir {
-    pub fn new() -> SharedDir {
+    pub(crate) fn new() -> SharedDir {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::Builder::new()
             .prefix("cryptblk-test-")
@@ -173,7 +184,7 @@ impl SharedDir {
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         SharedDir(d)
     }
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.0.path()
     }
 }
@@ -183,7 +194,7 @@ impl SharedDir {
 /// signatures": random key material or ciphertext can match a short magic), this says
 /// loudly what blkid found and runs it again with `--disable-blkid`: that check is about
 /// other signatures on the device, not about the LUKS2 metadata under test.
-pub fn cryptsetup(cs: &str, args: &[&str]) -> Output {
+pub(crate) fn cryptsetup(cs: &str, args: &[&str]) -> Output {
     let out = run_in(cs, args, b"");
     if out.status.success()
         || !String::from_utf8_lossy(&out.stderr).contains("ambiguous signatures")
@@ -209,7 +220,7 @@ pub fn cryptsetup(cs: &str, args: &[&str]) -> Output {
 }
 
 /// The volume key in `luksDump --dump-volume-key` output (the hex after "MK dump:").
-pub fn dumped_volume_key(dump: &str) -> Vec<u8> {
+pub(crate) fn dumped_volume_key(dump: &str) -> Vec<u8> {
     dump.split("MK dump:")
         .nth(1)
         .expect("a volume key dump")
@@ -225,7 +236,7 @@ pub fn dumped_volume_key(dump: &str) -> Vec<u8> {
 /// A folder of cryptsetup's own test images (`luks1-images`, `tcrypt-images`, ...), which
 /// scripts/fetch-cryptsetup-images.sh takes from Debian's cryptsetup source package; fails
 /// (never skips) saying so when they are missing.
-pub fn cryptsetup_images(set: &str) -> std::path::PathBuf {
+pub(crate) fn cryptsetup_images(set: &str) -> std::path::PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cryptsetup-tests");
     let dir = root.join(set);
     assert!(
@@ -239,7 +250,7 @@ pub fn cryptsetup_images(set: &str) -> std::path::PathBuf {
 /// Starts `cryptblk open ARGS... --nbd unix:SOCK` in the foreground with `stdin` as its
 /// passphrase input and waits (up to 60 s) for the socket; fails with the server's output
 /// if it exits first.
-pub fn serve_nbd_unix(args: &[&str], sock: &Path, stdin: &[u8]) -> std::process::Child {
+pub(crate) fn serve_nbd_unix(args: &[&str], sock: &Path, stdin: &[u8]) -> std::process::Child {
     use std::io::Write as _;
     let mut child = std::process::Command::new(bin())
         .args(args)
@@ -263,7 +274,7 @@ pub fn serve_nbd_unix(args: &[&str], sock: &Path, stdin: &[u8]) -> std::process:
 
 /// fio's nbd engine against `uri`: each `(rw, bs, iodepth)` writes 8 MiB per job (two jobs,
 /// apart) and verifies it (`verify=crc32c`, fatal); state files go to `cwd`.
-pub fn fio_verify(cwd: &Path, uri: &str, runs: &[(&str, &str, &str)]) {
+pub(crate) fn fio_verify(cwd: &Path, uri: &str, runs: &[(&str, &str, &str)]) {
     let fio = tool("fio", "fio");
     for (rw, bs, qd) in runs {
         let out = ok(&run_at(
@@ -295,14 +306,14 @@ pub fn fio_verify(cwd: &Path, uri: &str, runs: &[(&str, &str, &str)]) {
 
 /// A free TCP port on this machine (bound and released: another process could take it in
 /// between, which would fail the test loudly, not pass it).
-pub fn free_port() -> String {
+pub(crate) fn free_port() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port().to_string()
 }
 
 /// A CA, a server certificate for localhost/127.0.0.1 and a client certificate, made with
 /// the openssl tool, in `dir` under the names libnbd expects.
-pub fn make_pki(dir: &Path) {
+pub(crate) fn make_pki(dir: &Path) {
     let openssl = tool("openssl", "openssl");
     let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
     let ec = [
@@ -374,7 +385,7 @@ pub fn make_pki(dir: &Path) {
 
 /// Whether process `pid` has exited for good: gone, or a zombie whose other threads have
 /// ended too (until then they hold its files: a data file's lock, a device's claim).
-pub fn has_exited(pid: i32) -> bool {
+pub(crate) fn has_exited(pid: i32) -> bool {
     let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             s.rsplit(')')
@@ -389,7 +400,7 @@ pub fn has_exited(pid: i32) -> bool {
 }
 
 /// Waits (up to 10 s) for process `pid`, killed, to have exited for good.
-pub fn wait_exited(pid: i32) {
+pub(crate) fn wait_exited(pid: i32) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !has_exited(pid) {
         assert!(

@@ -5,14 +5,14 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-pub const CMD_READ: u16 = 0;
-pub const CMD_WRITE: u16 = 1;
-pub const CMD_DISC: u16 = 2;
-pub const CMD_FLUSH: u16 = 3;
-pub const REQUEST_MAGIC: u32 = 0x2560_9513;
-pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub(crate) const CMD_READ: u16 = 0;
+pub(crate) const CMD_WRITE: u16 = 1;
+pub(crate) const CMD_DISC: u16 = 2;
+pub(crate) const CMD_FLUSH: u16 = 3;
+pub(crate) const REQUEST_MAGIC: u32 = 0x2560_9513;
+pub(crate) const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 
-pub struct NbdClient {
+pub(crate) struct NbdClient {
     /// The connection, for tests that send (parts of) requests by hand.
     pub s: UnixStream,
     pub size: u64,
@@ -20,10 +20,10 @@ pub struct NbdClient {
 }
 
 /// The server's answer to a request: `Ok(errno)` (0 = success) or the connection failed.
-pub type Reply<T> = io::Result<Result<T, u32>>;
+pub(crate) type Reply<T> = io::Result<Result<T, u32>>;
 
 impl NbdClient {
-    pub fn connect(sock: &str, export: &str) -> io::Result<NbdClient> {
+    pub(crate) fn connect(sock: &str, export: &str) -> io::Result<NbdClient> {
         let mut s = UnixStream::connect(sock)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut hello = [0u8; 18];
@@ -44,7 +44,7 @@ impl NbdClient {
     }
 
     /// The header of the next request (a new cookie), for sending by hand or with a payload.
-    pub fn header(&mut self, typ: u16, offset: u64, len: u32) -> Vec<u8> {
+    pub(crate) fn header(&mut self, typ: u16, offset: u64, len: u32) -> Vec<u8> {
         self.cookie += 1;
         let mut h = Vec::with_capacity(28);
         h.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -70,7 +70,7 @@ impl NbdClient {
         Ok(u32::from_be_bytes(r[4..8].try_into().unwrap()))
     }
 
-    pub fn write(&mut self, offset: u64, data: &[u8]) -> Reply<()> {
+    pub(crate) fn write(&mut self, offset: u64, data: &[u8]) -> Reply<()> {
         Ok(
             match self.request(CMD_WRITE, offset, data.len() as u32, data)? {
                 0 => Ok(()),
@@ -79,7 +79,7 @@ impl NbdClient {
         )
     }
 
-    pub fn read(&mut self, offset: u64, len: usize) -> Reply<Vec<u8>> {
+    pub(crate) fn read(&mut self, offset: u64, len: usize) -> Reply<Vec<u8>> {
         match self.request(CMD_READ, offset, len as u32, &[])? {
             0 => {
                 let mut b = vec![0u8; len];
@@ -90,14 +90,14 @@ impl NbdClient {
         }
     }
 
-    pub fn flush(&mut self) -> Reply<()> {
+    pub(crate) fn flush(&mut self) -> Reply<()> {
         Ok(match self.request(CMD_FLUSH, 0, 0, &[])? {
             0 => Ok(()),
             e => Err(e),
         })
     }
 
-    pub fn disconnect(mut self) {
+    pub(crate) fn disconnect(mut self) {
         let h = self.header(CMD_DISC, 0, 0);
         let _ = self.s.write_all(&h);
     }

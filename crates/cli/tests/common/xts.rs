@@ -2,7 +2,7 @@
 
 /// A textbook AES-256-XTS (RustCrypto's AES block cipher; plain64 IVs, 512-byte sectors)
 /// decrypting a few sectors of `raw` into `plain`, independent of cryptblk's cipher code.
-pub fn xts_decrypts(raw: &[u8], key: &[u8], plain: &[u8]) -> bool {
+pub(crate) fn xts_decrypts(raw: &[u8], key: &[u8], plain: &[u8]) -> bool {
     use aes::cipher::{BlockCipherDecrypt, BlockCipherEncrypt, KeyInit};
     let k1 = aes::Aes256::new_from_slice(&key[..32]).unwrap();
     let k2 = aes::Aes256::new_from_slice(&key[32..]).unwrap();

@@ -15,35 +15,35 @@ use cryptblk_crypto::Backend;
 
 /// One record of a data file.
 #[derive(Debug, Clone)]
-pub struct Record {
+pub(crate) struct Record {
     /// File name and 1-based line of the record's first field, for failure messages.
     pub origin: String,
     fields: Vec<(String, String)>,
 }
 
 impl Record {
-    pub fn opt(&self, name: &str) -> Option<&str> {
+    pub(crate) fn opt(&self, name: &str) -> Option<&str> {
         self.fields
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.opt(name).is_some()
     }
 
-    pub fn get(&self, name: &str) -> &str {
+    pub(crate) fn get(&self, name: &str) -> &str {
         self.opt(name)
             .unwrap_or_else(|| panic!("{}: missing field `{name}`", self.origin))
     }
 
-    pub fn hex(&self, name: &str) -> Vec<u8> {
+    pub(crate) fn hex(&self, name: &str) -> Vec<u8> {
         hex::decode(self.get(name))
             .unwrap_or_else(|e| panic!("{}: field `{name}`: {e}", self.origin))
     }
 
-    pub fn u64(&self, name: &str) -> u64 {
+    pub(crate) fn u64(&self, name: &str) -> u64 {
         let v = self.get(name);
         let parsed = match v.strip_prefix("0x") {
             Some(h) => u64::from_str_radix(h, 16),
@@ -52,12 +52,12 @@ impl Record {
         parsed.unwrap_or_else(|e| panic!("{}: field `{name}` = {v:?}: {e}", self.origin))
     }
 
-    pub fn u32(&self, name: &str) -> u32 {
+    pub(crate) fn u32(&self, name: &str) -> u32 {
         u32::try_from(self.u64(name))
             .unwrap_or_else(|_| panic!("{}: `{name}` exceeds u32", self.origin))
     }
 
-    pub fn flag(&self, name: &str) -> bool {
+    pub(crate) fn flag(&self, name: &str) -> bool {
         match self.get(name) {
             "1" | "yes" | "true" => true,
             "0" | "no" | "false" => false,
@@ -66,7 +66,7 @@ impl Record {
     }
 
     /// The record's `name` field if it has one, else its origin.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self.opt("name") {
             Some(n) => format!("{n} ({})", self.origin),
             None => self.origin.clone(),
@@ -75,7 +75,7 @@ impl Record {
 }
 
 /// Parses the text of a data file; `file` is used in messages only.
-pub fn parse(file: &str, text: &str) -> Vec<Record> {
+pub(crate) fn parse(file: &str, text: &str) -> Vec<Record> {
     let mut out = Vec::new();
     let mut cur: Option<Record> = None;
     for (i, raw) in text.lines().enumerate() {
@@ -117,7 +117,7 @@ pub fn parse(file: &str, text: &str) -> Vec<Record> {
 }
 
 /// Loads `tests/data/<name>`.
-pub fn load(name: &str) -> Vec<Record> {
+pub(crate) fn load(name: &str) -> Vec<Record> {
     let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let recs = parse(name, &text);
@@ -128,7 +128,7 @@ pub fn load(name: &str) -> Vec<Record> {
 /// The lines of `tests/data/<name>` in the one-case-per-line format (whitespace-separated
 /// hex fields, `-` for an empty one; `#` comments and blank lines skipped): each line with
 /// its fields decoded.
-pub fn load_lines(name: &str) -> Vec<(String, Vec<Vec<u8>>)> {
+pub(crate) fn load_lines(name: &str) -> Vec<(String, Vec<Vec<u8>>)> {
     let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     text.lines()
@@ -147,7 +147,7 @@ pub fn load_lines(name: &str) -> Vec<(String, Vec<Vec<u8>>)> {
 }
 
 /// Every backend this CPU runs; the generic one is always among them.
-pub fn backends() -> Vec<Backend> {
+pub(crate) fn backends() -> Vec<Backend> {
     static WARN: std::sync::Once = std::sync::Once::new();
     WARN.call_once(|| {
         let missing: Vec<&str> = Backend::ALL
@@ -183,14 +183,14 @@ pub fn backends() -> Vec<Backend> {
 
 /// SplitMix64: a tiny deterministic generator so failures reproduce from the printed seed.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -199,18 +199,18 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (n > 0; the tiny modulo bias is irrelevant here).
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
 
-    pub fn fill(&mut self, buf: &mut [u8]) {
+    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
         for chunk in buf.chunks_mut(8) {
             let v = self.next_u64().to_le_bytes();
             chunk.copy_from_slice(&v[..chunk.len()]);
         }
     }
 
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
         let mut v = vec![0u8; n];
         self.fill(&mut v);
         v
@@ -218,7 +218,7 @@ impl Rng {
 }
 
 /// Hex of at most the first 64 bytes, for readable assertion messages on long buffers.
-pub fn short_hex(b: &[u8]) -> String {
+pub(crate) fn short_hex(b: &[u8]) -> String {
     if b.len() <= 64 {
         hex::encode(b)
     } else {
@@ -228,7 +228,7 @@ pub fn short_hex(b: &[u8]) -> String {
 
 /// Asserts two byte strings are equal, reporting the first differing 16-byte block.
 #[track_caller]
-pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
+pub(crate) fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
     if got == want {
         return;
     }

@@ -127,7 +127,7 @@ pub(crate) const HASH_SPEC_LEN: usize = LEN_HASH_SPEC;
 impl Phdr {
     /// Parses the raw fields. Only the magic, version and string encoding are checked here;
     /// [`Phdr::validate`] checks the contents.
-    pub fn parse(buf: &[u8]) -> Result<Self> {
+    pub(crate) fn parse(buf: &[u8]) -> Result<Self> {
         if buf.len() < PHDR_SIZE {
             return Err(Error::Truncated {
                 need: PHDR_SIZE as u64,
@@ -180,7 +180,7 @@ impl Phdr {
         })
     }
 
-    pub fn to_bytes(&self) -> [u8; PHDR_SIZE] {
+    pub(crate) fn to_bytes(&self) -> [u8; PHDR_SIZE] {
         let mut b = [0u8; PHDR_SIZE];
         b[..MAGIC.len()].copy_from_slice(MAGIC);
         b[OFF_VERSION..OFF_VERSION + 2].copy_from_slice(&1u16.to_be_bytes());
@@ -205,7 +205,7 @@ impl Phdr {
     }
 
     /// Checks every field that later code relies on and returns the parsed cipher and hash.
-    pub fn validate(&self) -> Result<(CipherSpec, HashAlg)> {
+    pub(crate) fn validate(&self) -> Result<(CipherSpec, HashAlg)> {
         let cipher =
             CipherSpec::from_parts(&self.cipher_name, &self.cipher_mode).map_err(|_| {
                 Luks1Error::UnsupportedCipher(format!("{}-{}", self.cipher_name, self.cipher_mode))
@@ -230,7 +230,7 @@ impl Phdr {
     }
 
     /// Area of slot `i` as (start, end) in 512-byte sectors, without overflow.
-    pub fn slot_area(&self, i: usize) -> (u64, u64) {
+    pub(crate) fn slot_area(&self, i: usize) -> (u64, u64) {
         let s = &self.slots[i];
         let start = u64::from(s.key_material_offset);
         (
@@ -301,7 +301,7 @@ impl Phdr {
     }
 
     /// End of the last keyslot area, in sectors (cryptsetup's `LUKS_device_sectors`).
-    pub fn end_sectors(&self) -> u64 {
+    pub(crate) fn end_sectors(&self) -> u64 {
         (0..NUM_KEYSLOTS)
             .map(|i| self.slot_area(i).1)
             .max()

@@ -46,7 +46,7 @@ impl SlotCrypto<'_> {
     }
 
     /// Decrypts the area and merges the stripes: the candidate volume key.
-    pub fn open(&self, dev: &mut dyn Storage, passphrase: &[u8]) -> Result<SecretBytes> {
+    pub(super) fn open(&self, dev: &mut dyn Storage, passphrase: &[u8]) -> Result<SecretBytes> {
         let cipher = self.slot_cipher(passphrase)?;
         let mut material = SecretBytes::zeroed(self.area_len());
         dev.read_at(&mut material, self.area_offset())?;
@@ -60,7 +60,12 @@ impl SlotCrypto<'_> {
     }
 
     /// Splits, encrypts and writes `volume_key` into the area, then syncs.
-    pub fn store(&self, dev: &mut dyn Storage, volume_key: &[u8], passphrase: &[u8]) -> Result<()> {
+    pub(super) fn store(
+        &self,
+        dev: &mut dyn Storage,
+        volume_key: &[u8],
+        passphrase: &[u8],
+    ) -> Result<()> {
         let cipher = self.slot_cipher(passphrase)?;
         let split = af_split(volume_key, self.stripes, self.hash)?;
         // The tail of the last sector stays zero before encryption, as in cryptsetup.

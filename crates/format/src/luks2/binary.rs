@@ -11,19 +11,19 @@ use serde_json::Value;
 
 use crate::Storage;
 
-pub const BIN_HDR_LEN: usize = 4096;
-pub const PRIMARY_MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
-pub const SECONDARY_MAGIC: &[u8; 6] = b"SKUL\xba\xbe";
+pub(super) const BIN_HDR_LEN: usize = 4096;
+pub(super) const PRIMARY_MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
+pub(super) const SECONDARY_MAGIC: &[u8; 6] = b"SKUL\xba\xbe";
 /// The only valid sizes of one header copy; the secondary copy starts at `hdr_size`, so
 /// these are also the offsets where a secondary copy can be found.
 pub const HDR_SIZES: [u64; 9] = [
     0x4000, 0x8000, 0x1_0000, 0x2_0000, 0x4_0000, 0x8_0000, 0x10_0000, 0x20_0000, 0x40_0000,
 ];
 /// Label and subsystem fields; the last byte is always NUL.
-pub const LABEL_LEN: usize = 48;
-pub const UUID_LEN: usize = 40;
+pub(super) const LABEL_LEN: usize = 48;
+pub(super) const UUID_LEN: usize = 40;
 const CSUM_ALG_LEN: usize = 32;
-pub const SALT_LEN: usize = 64;
+pub(super) const SALT_LEN: usize = 64;
 
 const OFF_VERSION: usize = 6;
 const OFF_HDR_SIZE: usize = 8;
@@ -39,7 +39,7 @@ const CSUM_LEN: usize = 64;
 
 /// The fields of one binary header.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BinHeader {
+pub(super) struct BinHeader {
     pub secondary: bool,
     pub hdr_size: u64,
     pub seqid: u64,
@@ -71,13 +71,13 @@ fn put_cstr(b: &mut [u8], off: usize, len: usize, s: &str) {
 }
 
 /// The checksum algorithm named in a header, if we can compute it.
-pub fn checksum_hash(name: &str) -> Result<HashAlg, String> {
+pub(super) fn checksum_hash(name: &str) -> Result<HashAlg, String> {
     HashAlg::from_name(name).map_err(|_| format!("unsupported checksum algorithm '{name}'"))
 }
 
 impl BinHeader {
     /// Serializes the binary header with a zeroed checksum field.
-    pub fn encode(&self) -> [u8; BIN_HDR_LEN] {
+    pub(super) fn encode(&self) -> [u8; BIN_HDR_LEN] {
         let mut b = [0u8; BIN_HDR_LEN];
         b[..6].copy_from_slice(if self.secondary {
             SECONDARY_MAGIC
@@ -97,7 +97,7 @@ impl BinHeader {
     }
 
     /// Parses and sanity-checks a binary header found at `offset`.
-    pub fn decode(b: &[u8; BIN_HDR_LEN], offset: u64) -> Result<Self, String> {
+    pub(super) fn decode(b: &[u8; BIN_HDR_LEN], offset: u64) -> Result<Self, String> {
         let secondary = match &b[..6] {
             m if m == PRIMARY_MAGIC => false,
             m if m == SECONDARY_MAGIC => true,
@@ -156,7 +156,7 @@ fn checksum(alg: HashAlg, area: &[u8]) -> Vec<u8> {
 }
 
 /// Builds one complete copy: binary header, JSON text, zero padding and checksum.
-pub fn encode_copy(bin: &BinHeader, json_text: &[u8]) -> Result<Vec<u8>, String> {
+pub(super) fn encode_copy(bin: &BinHeader, json_text: &[u8]) -> Result<Vec<u8>, String> {
     let alg = checksum_hash(&bin.checksum_alg)?;
     let size = usize::try_from(bin.hdr_size).map_err(|_| "header size")?;
     if json_text.len() >= size - BIN_HDR_LEN {
@@ -173,20 +173,20 @@ pub fn encode_copy(bin: &BinHeader, json_text: &[u8]) -> Result<Vec<u8>, String>
 /// One header copy read from disk with a good checksum and well-formed JSON
 /// (not yet validated against the LUKS2 rules).
 #[derive(Debug, Clone)]
-pub struct RawCopy {
+pub(super) struct RawCopy {
     pub bin: BinHeader,
     pub json: Value,
 }
 
 /// Why a copy could not be read; `magic` tells whether a LUKS2 magic was there at all.
 #[derive(Debug, Clone)]
-pub struct CopyFailure {
+pub(super) struct CopyFailure {
     pub magic: bool,
     pub reason: String,
 }
 
 /// Reads and checks the copy at `offset` (0 for the primary).
-pub fn read_copy(dev: &mut dyn Storage, offset: u64) -> Result<RawCopy, CopyFailure> {
+pub(super) fn read_copy(dev: &mut dyn Storage, offset: u64) -> Result<RawCopy, CopyFailure> {
     let fail = |magic: bool, reason: String| CopyFailure { magic, reason };
     let dev_size = dev
         .size()

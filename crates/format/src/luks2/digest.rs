@@ -11,12 +11,12 @@ use super::model::Digest;
 use crate::Result;
 
 /// cryptsetup's target time for the digest iterations (`LUKS_MKD_ITERATIONS_MS`).
-pub const DIGEST_ITER_MS: u32 = 125;
+pub(super) const DIGEST_ITER_MS: u32 = 125;
 /// ... and its floor, also used as is when PBKDF benchmarks are off (forced iterations).
-pub const DIGEST_MIN_ITERATIONS: u32 = 1000;
+pub(super) const DIGEST_MIN_ITERATIONS: u32 = 1000;
 
 /// Whether `key` matches the digest.
-pub fn verify(d: &Digest, key: &[u8]) -> Result<bool> {
+pub(super) fn verify(d: &Digest, key: &[u8]) -> Result<bool> {
     let p = d
         .pbkdf2
         .as_ref()
@@ -32,7 +32,7 @@ pub fn verify(d: &Digest, key: &[u8]) -> Result<bool> {
 
 /// Iterations as cryptsetup picks them for a new digest: 125 ms worth, at least 1000;
 /// exactly 1000 when the user forced the keyslot's PBKDF cost (no benchmark is run then).
-pub fn iterations(hash: HashAlg, key_len: usize, forced: bool) -> Result<u32> {
+pub(super) fn iterations(hash: HashAlg, key_len: usize, forced: bool) -> Result<u32> {
     if forced {
         return Ok(DIGEST_MIN_ITERATIONS);
     }
@@ -41,7 +41,7 @@ pub fn iterations(hash: HashAlg, key_len: usize, forced: bool) -> Result<u32> {
 }
 
 /// A new digest object for `key`, assigned to `keyslots` and `segments`.
-pub fn create(
+pub(super) fn create(
     key: &[u8],
     hash: HashAlg,
     iterations: u32,

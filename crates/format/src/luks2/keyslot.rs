@@ -13,21 +13,21 @@ use super::model::{Luks2Keyslot, Model, STRIPES};
 use crate::{Result, Storage};
 
 /// Salt length of keyslot KDFs and digests (cryptsetup's `LUKS_SALTSIZE`).
-pub const SALT_LEN: usize = 32;
+pub(super) const SALT_LEN: usize = 32;
 
 /// Bytes of AF material for a key: `key_len * stripes`, in whole 512-byte sectors.
-pub fn material_len(key_len: usize, stripes: u32) -> usize {
+pub(super) fn material_len(key_len: usize, stripes: u32) -> usize {
     (key_len * stripes as usize).div_ceil(512) * 512
 }
 
 /// Size cryptsetup reserves for a keyslot area: the material rounded up to 4 KiB.
-pub fn area_size_for(key_len: usize) -> u64 {
+pub(super) fn area_size_for(key_len: usize) -> u64 {
     ((key_len as u64) * STRIPES as u64).div_ceil(4096) * 4096
 }
 
 /// First gap (lowest offset) in the keyslots area that holds `len` bytes, as cryptsetup
 /// searches it: start after the two header copies, skip past each used area in order.
-pub fn find_area_gap(model: &Model, hdr_size: u64, len: u64) -> Option<u64> {
+pub(super) fn find_area_gap(model: &Model, hdr_size: u64, len: u64) -> Option<u64> {
     let end = 2 * hdr_size + model.keyslots_size;
     let mut off = 2 * hdr_size;
     for (a_off, a_len) in used_areas(model) {
@@ -52,7 +52,7 @@ fn used_areas(model: &Model) -> Vec<(u64, u64)> {
 
 /// The largest free stretch of the keyslots area, `(offset, size)` (where cryptsetup puts
 /// the reencrypt keyslot's checksums or journal).
-pub fn largest_area_gap(model: &Model, hdr_size: u64) -> Option<(u64, u64)> {
+pub(super) fn largest_area_gap(model: &Model, hdr_size: u64) -> Option<(u64, u64)> {
     let end = 2 * hdr_size + model.keyslots_size;
     let mut best: Option<(u64, u64)> = None;
     let mut off = 2 * hdr_size;
@@ -71,7 +71,7 @@ fn area_cipher(spec: CipherSpec, key: &[u8]) -> Result<SectorCipher> {
 }
 
 /// Recovers the key stored in a slot with `passphrase` (not yet checked against a digest).
-pub fn open(
+pub(super) fn open(
     dev: &mut dyn Storage,
     ks: &Luks2Keyslot,
     key_size: usize,
@@ -87,7 +87,7 @@ pub fn open(
 }
 
 /// Everything a new keyslot needs besides the passphrase and key.
-pub struct NewKeyslot<'a> {
+pub(super) struct NewKeyslot<'a> {
     pub kdf: Kdf,
     pub af_hash: HashAlg,
     pub area_cipher: &'a str,
@@ -98,7 +98,7 @@ pub struct NewKeyslot<'a> {
 
 /// Writes the encrypted, split key into the area (not synced) and returns the slot's JSON,
 /// with fields in cryptsetup's order.
-pub fn create(
+pub(super) fn create(
     dev: &mut dyn Storage,
     p: &NewKeyslot<'_>,
     volume_key: &[u8],
@@ -151,7 +151,7 @@ pub fn create(
 }
 
 /// Overwrites a keyslot area with random bytes (not synced).
-pub fn wipe_area(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
+pub(super) fn wipe_area(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     let mut done = 0u64;
     while done < len {

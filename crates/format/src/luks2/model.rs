@@ -16,11 +16,11 @@ use super::Luks2Error;
 use super::binary::BIN_HDR_LEN;
 
 /// Keyslots, tokens and segments are numbered 0..32.
-pub const MAX_OBJECTS: u32 = 32;
+pub(super) const MAX_OBJECTS: u32 = 32;
 /// cryptsetup's ceiling for the keyslots area.
-pub const MAX_KEYSLOTS_SIZE: u64 = 128 * 1024 * 1024;
+pub(super) const MAX_KEYSLOTS_SIZE: u64 = 128 * 1024 * 1024;
 /// The only AF stripe count cryptsetup reads or writes.
-pub const STRIPES: u32 = 4000;
+pub(super) const STRIPES: u32 = 4000;
 
 type Obj = Map<String, Value>;
 
@@ -51,7 +51,7 @@ fn get_str<'a>(o: &'a Obj, key: &str, what: &str) -> Result<&'a str, Luks2Error>
 }
 
 /// A decimal number stored as a string (LUKS2 stores 64-bit values this way).
-pub fn parse_u64_str(s: &str) -> Option<u64> {
+pub(super) fn parse_u64_str(s: &str) -> Option<u64> {
     if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
         return None;
     }
@@ -101,7 +101,7 @@ fn opt_str_array<'a>(o: &'a Obj, key: &str, what: &str) -> Result<Vec<&'a str>, 
 }
 
 /// An object id ("0".."31"), in canonical decimal form so that no two keys map to one id.
-pub fn parse_id(key: &str, what: &str) -> Result<u32, Luks2Error> {
+pub(super) fn parse_id(key: &str, what: &str) -> Result<u32, Luks2Error> {
     let id = parse_u64_str(key)
         .filter(|&n| n < MAX_OBJECTS as u64 && n.to_string() == key)
         .ok_or_else(|| {
@@ -125,7 +125,7 @@ pub enum Priority {
 
 /// The parameters of a `luks2` keyslot we can compute with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Luks2Keyslot {
+pub(crate) struct Luks2Keyslot {
     pub area_cipher: CipherSpec,
     pub area_key_size: usize,
     pub kdf: Kdf,
@@ -135,7 +135,7 @@ pub struct Luks2Keyslot {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyslotEntry {
+pub(crate) struct KeyslotEntry {
     pub kind: String,
     pub key_size: u32,
     pub area_offset: u64,
@@ -229,14 +229,14 @@ impl Resilience {
 
 /// The `reencrypt` keyslot: the state of an unfinished reencryption.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReencryptKeyslot {
+pub(crate) struct ReencryptKeyslot {
     pub mode: ReencryptMode,
     pub direction: ReencryptDirection,
     pub resilience: Resilience,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Segment {
+pub(crate) struct Segment {
     pub kind: String,
     pub offset: u64,
     /// `None` = "dynamic" (to the end of the device).
@@ -252,17 +252,17 @@ pub struct Segment {
 impl Segment {
     /// A reencryption's record of a layout (`backup-previous`, `backup-final`,
     /// `backup-moved-segment`), not a stretch of live data.
-    pub fn is_backup(&self) -> bool {
+    pub(crate) fn is_backup(&self) -> bool {
         self.flags.iter().any(|f| f.starts_with("backup-"))
     }
     /// The hot zone of a reencryption step that was running when the process stopped.
-    pub fn in_reencryption(&self) -> bool {
+    pub(crate) fn in_reencryption(&self) -> bool {
         self.flags.iter().any(|f| f == "in-reencryption")
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pbkdf2Digest {
+pub(crate) struct Pbkdf2Digest {
     pub hash: HashAlg,
     pub iterations: u32,
     pub salt: Vec<u8>,
@@ -270,7 +270,7 @@ pub struct Pbkdf2Digest {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Digest {
+pub(crate) struct Digest {
     pub kind: String,
     pub keyslots: Vec<u32>,
     pub segments: Vec<u32>,
@@ -279,7 +279,7 @@ pub struct Digest {
 
 /// The validated metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Model {
+pub(crate) struct Model {
     pub json_size: u64,
     pub keyslots_size: u64,
     pub flags: Vec<String>,
@@ -587,7 +587,7 @@ fn section<'a>(root: &'a Obj, key: &str) -> Result<&'a Obj, Luks2Error> {
 
 impl Model {
     /// Validates `json` for a header copy of `hdr_size` bytes.
-    pub fn from_json(json: &Value, hdr_size: u64) -> Result<Model, Luks2Error> {
+    pub(crate) fn from_json(json: &Value, hdr_size: u64) -> Result<Model, Luks2Error> {
         let root = as_obj(json, "JSON metadata")?;
 
         // config
@@ -754,7 +754,7 @@ impl Model {
     }
 
     /// The segment data goes through: the lowest-numbered crypt segment that is not a backup.
-    pub fn default_segment(&self) -> Option<(u32, &Segment)> {
+    pub(crate) fn default_segment(&self) -> Option<(u32, &Segment)> {
         self.segments
             .iter()
             .find(|(_, s)| !s.is_backup())
@@ -762,7 +762,7 @@ impl Model {
     }
 
     /// The digest that checks the volume key of segment `seg`.
-    pub fn segment_digest(&self, seg: u32) -> Option<(u32, &Digest)> {
+    pub(crate) fn segment_digest(&self, seg: u32) -> Option<(u32, &Digest)> {
         self.digests
             .iter()
             .find(|(_, d)| d.segments.contains(&seg))

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Path of the cryptsetup binary under test.
-pub fn cryptsetup_path() -> PathBuf {
+pub(crate) fn cryptsetup_path() -> PathBuf {
     let p = PathBuf::from(
         std::env::var_os("CRYPTSETUP").unwrap_or_else(|| "/usr/sbin/cryptsetup".into()),
     );
@@ -23,7 +23,7 @@ pub fn cryptsetup_path() -> PathBuf {
 }
 
 /// Runs cryptsetup with `args` and returns its output, whatever the exit status.
-pub fn try_cryptsetup<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+pub(crate) fn try_cryptsetup<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(cryptsetup_path())
         .args(args)
         .env("LC_ALL", "C")
@@ -32,7 +32,7 @@ pub fn try_cryptsetup<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 }
 
 /// Runs cryptsetup and panics with its stderr unless it succeeds; returns stdout.
-pub fn cryptsetup<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
+pub(crate) fn cryptsetup<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
     let out = try_cryptsetup(args);
     let shown: Vec<String> = args
         .iter()
@@ -50,7 +50,7 @@ pub fn cryptsetup<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
 }
 
 /// A sparse image file of `size` bytes in `dir`.
-pub fn image(dir: &Path, name: &str, size: u64) -> PathBuf {
+pub(crate) fn image(dir: &Path, name: &str, size: u64) -> PathBuf {
     let p = dir.join(name);
     let f = std::fs::File::create(&p).expect("create image");
     f.set_len(size).expect("size image");
@@ -58,7 +58,7 @@ pub fn image(dir: &Path, name: &str, size: u64) -> PathBuf {
 }
 
 /// A key file holding exactly `contents` (passphrases go through files, never argv).
-pub fn key_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
+pub(crate) fn key_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, contents).expect("write key file");
     p
@@ -68,7 +68,7 @@ pub fn key_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
 /// 1000 iterations): LUKS1 aes-cbc-essiv:sha256 with a 128-bit key, or LUKS2
 /// aes-xts-plain64 with a 256-bit key. `layout` holds the test's extra `luksFormat`
 /// options (offsets, metadata sizes).
-pub fn two_passphrase_volume(
+pub(crate) fn two_passphrase_volume(
     dir: &Path,
     name: &str,
     size: u64,
@@ -112,7 +112,7 @@ pub fn two_passphrase_volume(
 }
 
 /// Opens an image read-write for the code under test.
-pub fn open_rw(path: &Path) -> std::fs::File {
+pub(crate) fn open_rw(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -121,7 +121,7 @@ pub fn open_rw(path: &Path) -> std::fs::File {
 }
 
 /// Parses hex bytes separated by any whitespace ("07 0c b3 ...").
-pub fn parse_hex_bytes(s: &str) -> Vec<u8> {
+pub(crate) fn parse_hex_bytes(s: &str) -> Vec<u8> {
     s.split_whitespace()
         .map(|b| u8::from_str_radix(b, 16).unwrap_or_else(|_| panic!("bad hex byte '{b}'")))
         .collect()
@@ -130,7 +130,7 @@ pub fn parse_hex_bytes(s: &str) -> Vec<u8> {
 /// The `key: value` lines of a dump, in order. A line without a key whose content is hex
 /// (a salt or digest wrapped onto several lines) is appended to the previous value.
 /// Keys and values are trimmed; indentation is dropped.
-pub fn dump_fields(text: &str) -> Vec<(String, String)> {
+pub(crate) fn dump_fields(text: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for line in text.lines() {
         let t = line.trim();
@@ -154,7 +154,7 @@ pub fn dump_fields(text: &str) -> Vec<(String, String)> {
 }
 
 /// First value of `key` in dump fields.
-pub fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
     fields
         .iter()
         .find(|(k, _)| k == key)
@@ -163,7 +163,7 @@ pub fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
 
 /// One LUKS1 keyslot as `cryptsetup luksDump` prints it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Luks1DumpSlot {
+pub(crate) struct Luks1DumpSlot {
     pub enabled: bool,
     pub iterations: Option<u32>,
     pub salt: Option<Vec<u8>>,
@@ -173,7 +173,7 @@ pub struct Luks1DumpSlot {
 
 /// What `cryptsetup luksDump` prints for a LUKS1 header.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Luks1Dump {
+pub(crate) struct Luks1Dump {
     pub version: u32,
     pub cipher_name: String,
     pub cipher_mode: String,
@@ -188,7 +188,7 @@ pub struct Luks1Dump {
 }
 
 /// Parses LUKS1 `luksDump` output.
-pub fn parse_luks1_dump(text: &str) -> Luks1Dump {
+pub(crate) fn parse_luks1_dump(text: &str) -> Luks1Dump {
     let fields = dump_fields(text);
     let get =
         |k: &str| field(&fields, k).unwrap_or_else(|| panic!("luksDump lacks '{k}':\n{text}"));
@@ -233,7 +233,7 @@ pub fn parse_luks1_dump(text: &str) -> Luks1Dump {
 }
 
 /// `cryptsetup luksDump [--header H] DEV`.
-pub fn luks_dump(device: &Path, header: Option<&Path>) -> String {
+pub(crate) fn luks_dump(device: &Path, header: Option<&Path>) -> String {
     let mut args: Vec<&std::ffi::OsStr> = vec!["luksDump".as_ref()];
     if let Some(h) = header {
         args.extend(["--header".as_ref(), h.as_os_str()]);
@@ -244,7 +244,7 @@ pub fn luks_dump(device: &Path, header: Option<&Path>) -> String {
 
 /// The volume key via `luksDump --dump-volume-key` (cryptsetup >= 2.5; older releases only
 /// know `--dump-master-key`, which is tried when the first is rejected).
-pub fn dump_volume_key(device: &Path, header: Option<&Path>, key_file: &Path) -> Vec<u8> {
+pub(crate) fn dump_volume_key(device: &Path, header: Option<&Path>, key_file: &Path) -> Vec<u8> {
     for flag in ["--dump-volume-key", "--dump-master-key"] {
         let mut args: Vec<&std::ffi::OsStr> = vec![
             "luksDump".as_ref(),
@@ -278,7 +278,7 @@ pub fn dump_volume_key(device: &Path, header: Option<&Path>, key_file: &Path) ->
 
 /// Exit status of `cryptsetup open --test-passphrase`: 0 accepted, 2 wrong passphrase,
 /// 1 e.g. "No usable keyslot" for a given inactive slot.
-pub fn test_passphrase(
+pub(crate) fn test_passphrase(
     device: &Path,
     header: Option<&Path>,
     key_file: &Path,

@@ -16,7 +16,7 @@ use cryptblk_nbd::{NbdServer, ShutdownHandle};
 use cryptblk_volume::VolumeParams;
 
 /// A server on a unix socket in a temporary directory, serving on a thread of its own.
-pub struct Serving {
+pub(crate) struct Serving {
     pub path: PathBuf,
     pub handle: ShutdownHandle,
     thread: JoinHandle<io::Result<()>>,
@@ -24,7 +24,7 @@ pub struct Serving {
 }
 
 impl Serving {
-    pub fn start(server: NbdServer) -> Serving {
+    pub(crate) fn start(server: NbdServer) -> Serving {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nbd.sock");
         let handle = server.shutdown_handle();
@@ -41,7 +41,7 @@ impl Serving {
 
     /// Shuts the server down, waits for it to return (it must succeed), and hands back
     /// the handle (its stats stay readable; it holds the last references to the exports).
-    pub fn stop(self) -> ShutdownHandle {
+    pub(crate) fn stop(self) -> ShutdownHandle {
         self.handle.shutdown();
         self.thread.join().unwrap().unwrap();
         self.handle
@@ -50,7 +50,7 @@ impl Serving {
 
 /// aes-xts-plain64 on 4096-byte sectors (IVs counted in 4096-byte units), read-write, no
 /// discards: the data path's common case.
-pub fn xts_4096_params(data_offset: u64) -> VolumeParams {
+pub(crate) fn xts_4096_params(data_offset: u64) -> VolumeParams {
     VolumeParams {
         cipher: CipherSpec::parse("aes-xts-plain64").unwrap(),
         sector_size: 4096,
@@ -65,13 +65,13 @@ pub fn xts_4096_params(data_offset: u64) -> VolumeParams {
     }
 }
 
-pub struct Client {
+pub(crate) struct Client {
     pub s: UnixStream,
     pub size: u64,
     cookie: u64,
 }
 
-pub fn wait_for_socket(path: &Path) {
+pub(crate) fn wait_for_socket(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !path.exists() {
         assert!(Instant::now() < deadline, "server socket never appeared");
@@ -80,7 +80,7 @@ pub fn wait_for_socket(path: &Path) {
 }
 
 impl Client {
-    pub fn connect(path: &Path) -> Client {
+    pub(crate) fn connect(path: &Path) -> Client {
         let mut s = UnixStream::connect(path).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut hello = [0u8; 18];
@@ -99,7 +99,7 @@ impl Client {
     }
 
     /// Sends one request (and its payload); returns its cookie.
-    pub fn send(&mut self, typ: u16, offset: u64, len: u32, payload: &[u8]) -> u64 {
+    pub(crate) fn send(&mut self, typ: u16, offset: u64, len: u32, payload: &[u8]) -> u64 {
         self.cookie += 1;
         let r = Request {
             magic: REQUEST_MAGIC,
@@ -115,7 +115,7 @@ impl Client {
     }
 
     /// Reads one simple reply header: (error, cookie).
-    pub fn reply(&mut self) -> (u32, u64) {
+    pub(crate) fn reply(&mut self) -> (u32, u64) {
         let mut r = [0u8; 16];
         self.s.read_exact(&mut r).unwrap();
         assert_eq!(
@@ -129,14 +129,14 @@ impl Client {
     }
 
     /// One write, waiting for its reply: the NBD error (0 = success).
-    pub fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
+    pub(crate) fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
         let c = self.send(CMD_WRITE, offset, data.len() as u32, data);
         let (err, cookie) = self.reply();
         assert_eq!(cookie, c);
         err
     }
 
-    pub fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, u32> {
+    pub(crate) fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, u32> {
         let c = self.send(CMD_READ, offset, len as u32, &[]);
         let (err, cookie) = self.reply();
         assert_eq!(cookie, c);
@@ -148,20 +148,20 @@ impl Client {
         Ok(b)
     }
 
-    pub fn flush(&mut self) -> u32 {
+    pub(crate) fn flush(&mut self) -> u32 {
         let c = self.send(CMD_FLUSH, 0, 0, &[]);
         let (err, cookie) = self.reply();
         assert_eq!(cookie, c);
         err
     }
 
-    pub fn disconnect(mut self) {
+    pub(crate) fn disconnect(mut self) {
         self.send(CMD_DISC, 0, 0, &[]);
     }
 }
 
 /// The path of `name` in PATH; a missing tool fails the test, naming its package.
-pub fn tool(name: &str, package: &str) -> PathBuf {
+pub(crate) fn tool(name: &str, package: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path) {
         let p = dir.join(name);
@@ -175,7 +175,7 @@ pub fn tool(name: &str, package: &str) -> PathBuf {
 }
 
 /// Runs `cmd`, which must succeed (its output is shown when it does not).
-pub fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
@@ -190,7 +190,7 @@ pub fn run(cmd: &mut Command) -> Output {
 }
 
 /// A server process (qemu-nbd, nbdkit), killed when dropped.
-pub struct External {
+pub(crate) struct External {
     pub child: Child,
 }
 
@@ -202,7 +202,7 @@ impl Drop for External {
 }
 
 /// Starts `cmd` (a server that creates the unix socket `sock`) and waits for the socket.
-pub fn spawn_on_socket(cmd: &mut Command, sock: &Path) -> External {
+pub(crate) fn spawn_on_socket(cmd: &mut Command, sock: &Path) -> External {
     let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -230,7 +230,7 @@ pub fn spawn_on_socket(cmd: &mut Command, sock: &Path) -> External {
 
 /// qemu-nbd serving the raw `file` on `sock` (8 clients, write-back cache), with `extra`
 /// arguments (TLS objects) before the file.
-pub fn qemu_nbd_with(file: &Path, sock: &Path, extra: &[String]) -> External {
+pub(crate) fn qemu_nbd_with(file: &Path, sock: &Path, extra: &[String]) -> External {
     let mut cmd = Command::new(tool("qemu-nbd", "qemu-utils"));
     cmd.args([
         "--format",
@@ -248,12 +248,12 @@ pub fn qemu_nbd_with(file: &Path, sock: &Path, extra: &[String]) -> External {
     spawn_on_socket(&mut cmd, sock)
 }
 
-pub fn qemu_nbd(file: &Path, sock: &Path) -> External {
+pub(crate) fn qemu_nbd(file: &Path, sock: &Path) -> External {
     qemu_nbd_with(file, sock, &[])
 }
 
 /// nbdkit's file plugin serving `file` on `sock`, with `extra` arguments (`--tls=...`).
-pub fn nbdkit_with(file: &Path, sock: &Path, extra: &[String]) -> External {
+pub(crate) fn nbdkit_with(file: &Path, sock: &Path, extra: &[String]) -> External {
     let mut cmd = Command::new(tool("nbdkit", "nbdkit"));
     cmd.args(["--foreground", "--exit-with-parent", "--unix"])
         .arg(sock)
@@ -263,6 +263,6 @@ pub fn nbdkit_with(file: &Path, sock: &Path, extra: &[String]) -> External {
     spawn_on_socket(&mut cmd, sock)
 }
 
-pub fn nbdkit(file: &Path, sock: &Path) -> External {
+pub(crate) fn nbdkit(file: &Path, sock: &Path) -> External {
     nbdkit_with(file, sock, &[])
 }

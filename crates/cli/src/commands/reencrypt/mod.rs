@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 #[derive(Args, Debug)]
-pub struct ReencryptArgs {
+pub(crate) struct ReencryptArgs {
     /// The LUKS2 device or image file.
     pub device: PathBuf,
     #[command(flatten)]
@@ -304,7 +304,7 @@ pub(crate) fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
     );
 }
 
-pub fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
+pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
     let job = Job::of(&a)?;
     if let Some(name) = &a.active_name {
         return crate::commands::reencrypt::online::reencrypt_served(ctx, &a, &job, name);

@@ -17,7 +17,7 @@ use zeroize::Zeroizing;
 
 /// The name under which this user serves `device` (the same file or block device), if
 /// one of the run directory's volumes does.
-pub fn served_name(device: &Path, run_dir: &Option<PathBuf>) -> CliResult<Option<String>> {
+pub(crate) fn served_name(device: &Path, run_dir: &Option<PathBuf>) -> CliResult<Option<String>> {
     let Some(id) = rundir::identity(device) else {
         return Ok(None);
     };
@@ -40,7 +40,12 @@ pub fn served_name(device: &Path, run_dir: &Option<PathBuf>) -> CliResult<Option
 }
 
 /// Hands the job to the volume served as `name` and follows it to its end.
-pub fn reencrypt_served(ctx: &Ctx, a: &ReencryptArgs, job: &Job, name: &str) -> CliResult<()> {
+pub(crate) fn reencrypt_served(
+    ctx: &Ctx,
+    a: &ReencryptArgs,
+    job: &Job,
+    name: &str,
+) -> CliResult<()> {
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_served(name))?;
     if a.encrypt {
         return Err(CliError::usage(

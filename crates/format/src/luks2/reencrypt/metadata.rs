@@ -154,7 +154,7 @@ impl Reencryption<'_> {
     /// The regular segments in order, each with the plaintext stretch it covers, for a data
     /// device of `data_size` bytes. All fixed sizes: the volume is their sum; a dynamic last
     /// segment runs to the end of the device as cryptsetup sizes it.
-    pub fn layout(&self, model: &Model, data_size: u64) -> Result<Vec<Stretch>, Luks2Error> {
+    pub(crate) fn layout(&self, model: &Model, data_size: u64) -> Result<Vec<Stretch>, Luks2Error> {
         let data_offset = self.data_offset();
         let device_size = data_size.checked_sub(data_offset).ok_or_else(|| {
             bad(format!(
@@ -195,7 +195,7 @@ impl Reencryption<'_> {
     /// `reencrypt_assembly_verification_data`): "v", the version digit, the old and the new
     /// volume key (each only if that side is encrypted; one key if both sides share it),
     /// then the reencrypt keyslot and the backup segments, field by field.
-    pub fn verification_data(
+    pub(crate) fn verification_data(
         &self,
         old_key: Option<&[u8]>,
         new_key: Option<&[u8]>,

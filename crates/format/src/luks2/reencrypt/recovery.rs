@@ -131,7 +131,7 @@ impl Reencryption<'_> {
     /// How a crash in the step that the metadata `model` describes as running (its hot
     /// zone) would be recovered: the one place that says so, for the recovery itself
     /// and for the drivers' write policy ([`StepRecovery::keeps_rewritten_writes`]).
-    pub fn step_recovery(&self, model: &Model) -> Result<StepRecovery, Luks2Error> {
+    pub(crate) fn step_recovery(&self, model: &Model) -> Result<StepRecovery, Luks2Error> {
         if self.params.resilience == Resilience::None {
             return Ok(StepRecovery::Nothing);
         }
@@ -147,7 +147,7 @@ impl Reencryption<'_> {
     /// does (lib/luks2/luks2_reencrypt.c, `reencrypt_recover_segment`): what still holds
     /// old bytes is converted to the final layout, what was already converted is left.
     /// Safe to repeat if it is itself interrupted.
-    pub fn rewrite_hot_zone(
+    pub(crate) fn rewrite_hot_zone(
         &self,
         model: &Model,
         keyslot_area: &dyn crate::Storage,
@@ -236,7 +236,7 @@ impl Reencryption<'_> {
     /// Whether every regular segment already holds the final layout: the last step is done
     /// but the job was not finished (cryptsetup commits the last step before it removes
     /// the old key and the reencryption metadata).
-    pub fn all_done(&self, model: &Model) -> bool {
+    pub(crate) fn all_done(&self, model: &Model) -> bool {
         model
             .segments
             .iter()
@@ -247,7 +247,7 @@ impl Reencryption<'_> {
     /// The metadata that finishes a job whose data is all done ([`Self::all_done`]): one
     /// final segment, the old key, the backups and the reencryption metadata gone. The
     /// stale copies ([`Self::stale_copies`]) must be wiped before it is committed.
-    pub fn finished(
+    pub(crate) fn finished(
         &self,
         model: &Model,
         json: &serde_json::Value,
@@ -442,7 +442,7 @@ impl Reencryption<'_> {
 
     /// The stale copies of data a finished job leaves on the data device: the moved
     /// plaintext of an encryption, the tail a forward data shift leaves behind.
-    pub fn stale_copies(&self, data_size: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn stale_copies(&self, data_size: u64) -> Vec<(u64, u64)> {
         let mut v = Vec::new();
         if let Some((_, m)) = self.moved
             && self.params.mode == ReencryptMode::Encrypt
@@ -461,7 +461,7 @@ impl Reencryption<'_> {
     /// backups follow the regular segments; if nothing old is left, the reencryption is
     /// finished in the same commit (old keyslots, backups, the reencrypt keyslot, its
     /// digest and the requirement go; their areas are wiped after the commit).
-    pub fn after_recovery(
+    pub(crate) fn after_recovery(
         &self,
         model: &Model,
         json: &serde_json::Value,
