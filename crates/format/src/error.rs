@@ -1,7 +1,11 @@
 use std::fmt;
 
+use crate::bitlk::BitlkError;
+use crate::fvault2::Fvault2Error;
+use crate::loopaes::LoopAesError;
 use crate::luks1::Luks1Error;
 use crate::luks2::Luks2Error;
+use crate::tcrypt::TcryptError;
 
 /// Every error of the on-disk format layer.
 #[derive(Debug)]
@@ -32,6 +36,14 @@ pub enum Error {
     Luks1(Luks1Error),
     /// LUKS2 binary header or JSON metadata is invalid or a LUKS2 operation was refused.
     Luks2(Luks2Error),
+    /// A TrueCrypt/VeraCrypt header is damaged or uses what cannot be mapped.
+    Tcrypt(TcryptError),
+    /// BitLocker metadata or a startup key is damaged, unsupported or not mappable.
+    Bitlk(BitlkError),
+    /// FileVault 2 (Core Storage) metadata is damaged or unsupported.
+    Fvault2(Fvault2Error),
+    /// A loop-AES key file is not one.
+    LoopAes(LoopAesError),
 }
 
 impl fmt::Display for Error {
@@ -49,6 +61,10 @@ impl fmt::Display for Error {
             Error::InvalidOption(s) => write!(f, "invalid option: {s}"),
             Error::Luks1(e) => write!(f, "LUKS1: {e}"),
             Error::Luks2(e) => write!(f, "LUKS2: {e}"),
+            Error::Tcrypt(e) => write!(f, "TCRYPT: {e}"),
+            Error::Bitlk(e) => write!(f, "BITLK: {e}"),
+            Error::Fvault2(e) => write!(f, "FVAULT2: {e}"),
+            Error::LoopAes(e) => write!(f, "loop-AES: {e}"),
         }
     }
 }
@@ -86,6 +102,23 @@ impl From<Luks2Error> for Error {
         Error::Luks2(e)
     }
 }
+
+/// Each format's error goes into [`Error`] by `?`.
+macro_rules! from_format_error {
+    ($($variant:ident($ty:ty)),*) => {$(
+        impl From<$ty> for Error {
+            fn from(e: $ty) -> Self {
+                Error::$variant(e)
+            }
+        }
+    )*};
+}
+from_format_error!(
+    Tcrypt(TcryptError),
+    Bitlk(BitlkError),
+    Fvault2(Fvault2Error),
+    LoopAes(LoopAesError)
+);
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

@@ -276,11 +276,13 @@ fn bad_input_is_refused_and_changes_nothing() {
         .parse()
         .unwrap();
     // Damage: the FVE signature, the first wrapped key's bytes, the entry list's sizes.
-    for (what, at, len) in [
-        ("signature", meta, 8),
-        ("metadata sizes", meta + 64, 16),
-        ("entries", meta + 112, 512),
-        ("boot sector", 3, 8),
+    // Each says what it is: damage the reader can see is "corrupt metadata"; damaged
+    // wrapped keys only show as keys that do not unwrap.
+    for (what, at, len, says) in [
+        ("signature", meta, 8, "BITLK: corrupt metadata"),
+        ("metadata sizes", meta + 64, 16, "BITLK: corrupt metadata"),
+        ("entries", meta + 112, 512, ""),
+        ("boot sector", 3, 8, "not a valid BITLK device"),
     ] {
         let p = dir.path().join("damaged.img");
         let mut d = orig.clone();
@@ -298,6 +300,7 @@ fn bad_input_is_refused_and_changes_nothing() {
             err.contains("BITLK") || err.contains("No key available"),
             "{what}: {err}"
         );
+        assert!(err.contains(says), "{what}: {err} (wanted {says})");
         assert!(!err.contains("panicked"), "{what}: {err}");
         assert!(std::fs::read(&p).unwrap() == d, "{what}: the image changed");
     }

@@ -19,6 +19,41 @@ use cryptblk_crypto::{
 use cryptblk_device::Storage;
 use std::fmt::Write as _;
 
+/// What can be wrong with a BitLocker volume or its startup key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BitlkError {
+    /// No BitLocker signature in the boot sector.
+    NotBitlk,
+    /// Metadata that does not parse or contradicts itself (what is wrong).
+    CorruptMetadata(String),
+    /// A BitLocker variant cryptsetup does not support either (which).
+    Unsupported(String),
+    /// A volume cryptsetup refuses to map: mid-conversion, encrypt-on-write, of unknown
+    /// type (which).
+    NotMappable(String),
+    /// Every protector needs a TPM or a smart card.
+    OnlyHardwareProtectors,
+    /// A startup key (.BEK) file that is damaged or not this volume's (why).
+    StartupKey(String),
+}
+
+impl std::fmt::Display for BitlkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BitlkError::NotBitlk => write!(f, "device is not a valid BITLK device"),
+            BitlkError::CorruptMetadata(what) => write!(f, "corrupt metadata: {what}"),
+            BitlkError::Unsupported(what) => write!(f, "unsupported: {what}"),
+            BitlkError::NotMappable(why) => write!(f, "{why}: cannot be activated"),
+            BitlkError::OnlyHardwareProtectors => write!(
+                f,
+                "only TPM or smart card protectors: this operation is not supported"
+            ),
+            BitlkError::StartupKey(why) => write!(f, "startup key: {why}"),
+        }
+    }
+}
+
 const SIGNATURE: &[u8; 8] = b"-FVE-FS-";
 const SIGNATURE_TOGO: &[u8; 8] = b"MSWIN4.1";
 const BOOTCODE_V1: &[u8; 3] = b"\xeb\x52\x90";
@@ -305,7 +340,7 @@ pub struct BitlkSegment {
 }
 
 fn corrupt(what: &str) -> Error {
-    Error::InvalidOption(format!("invalid BITLK metadata: {what}"))
+    BitlkError::CorruptMetadata(what.to_string()).into()
 }
 
 /// A Windows GUID (first three fields little-endian) as text.
@@ -357,27 +392,19 @@ impl BitlkHeader {
         } else if &boot[3..11] == SIGNATURE_TOGO {
             (true, SUPERBLOCK_OFFSET_TOGO)
         } else {
-            return Err(Error::InvalidOption(
-                "device is not a valid BITLK device".into(),
-            ));
+            return Err(BitlkError::NotBitlk.into());
         };
         if &boot[..3] == BOOTCODE_V1 {
-            return Err(Error::InvalidOption(
-                "BITLK version 1 is currently not supported".into(),
-            ));
+            return Err(BitlkError::Unsupported("version 1".into()).into());
         }
         if &boot[..3] != BOOTCODE_V2 {
-            return Err(Error::InvalidOption(
-                "invalid or unknown boot signature for BITLK device".into(),
-            ));
+            return Err(corrupt("invalid or unknown boot signature"));
         }
         let sector_size = match u16_at(&boot, 11) {
             0 => 512,
             s @ (512 | 4096) => s as u32,
             s => {
-                return Err(Error::InvalidOption(format!(
-                    "unsupported BITLK sector size {s}"
-                )));
+                return Err(BitlkError::Unsupported(format!("sector size {s}")).into());
             }
         };
         let sb = &boot[sb_offset as usize..sb_offset as usize + 40];
@@ -399,7 +426,10 @@ impl BitlkHeader {
         let metadata_size = u32_at(mh, 0) as usize;
         let guid = guid_at(mh, 16);
         let encryption = Encryption::from_raw(u16_at(mh, 36)).ok_or_else(|| {
-            Error::InvalidOption("unknown or unsupported BITLK encryption type".into())
+            Error::from(BitlkError::Unsupported(format!(
+                "encryption type {:#x}",
+                u16_at(mh, 36)
+            )))
         })?;
         let filetime = u64_at(mh, 40);
         // Windows FILETIME: 100 ns units since 1601.
@@ -463,20 +493,17 @@ impl BitlkHeader {
     /// (partially encrypted or decrypted) or encrypt-on-write.
     pub fn check_mappable(&self) -> Result<()> {
         if !self.state_normal {
-            return Err(Error::InvalidOption(
-                "this BITLK device is in an unsupported state (partially encrypted or \
-                 decrypted) and cannot be activated"
-                    .into(),
-            ));
+            return Err(BitlkError::NotMappable(
+                "partially encrypted or decrypted (an unsupported state)".into(),
+            )
+            .into());
         }
         match self.kind {
             VolumeKind::Normal => Ok(()),
-            VolumeKind::EncryptOnWrite => Err(Error::InvalidOption(
-                "BITLK devices with type 'encrypt-on-write' cannot be activated".into(),
-            )),
-            VolumeKind::Unknown => Err(Error::InvalidOption(
-                "BITLK devices with type 'unknown' cannot be activated".into(),
-            )),
+            VolumeKind::EncryptOnWrite => {
+                Err(BitlkError::NotMappable("type 'encrypt-on-write'".into()).into())
+            }
+            VolumeKind::Unknown => Err(BitlkError::NotMappable("type 'unknown'".into()).into()),
         }
     }
 
@@ -506,9 +533,7 @@ impl BitlkHeader {
             }
         }
         if !self.vmks.is_empty() && self.vmks.iter().all(|v| !v.protection.usable()) {
-            return Err(Error::InvalidOption(
-                "only TPM or smart card protectors: this operation is not supported".into(),
-            ));
+            return Err(BitlkError::OnlyHardwareProtectors.into());
         }
         Err(Error::WrongPassphrase)
     }
@@ -797,30 +822,30 @@ fn startup_key(file: &[u8], vmk: &Vmk, volume_guid: &str) -> Result<Option<Secre
         return Ok(None);
     }
     if u32_at(file, 4) != 1 {
-        return Err(Error::InvalidOption(format!(
+        return Err(BitlkError::StartupKey(format!(
             "unsupported BEK metadata version {}",
             u32_at(file, 4)
-        )));
+        ))
+        .into());
     }
     if u32_at(file, 0) as usize != file.len() {
-        return Err(Error::InvalidOption(
+        return Err(BitlkError::StartupKey(
             "BEK metadata size does not match the BEK file's length".into(),
-        ));
+        )
+        .into());
     }
     let list = entries(&file[BEK_HEADER_LEN..])?;
     let Some(&(ENTRY_STARTUP_KEY, VALUE_EXTERNAL_KEY, body)) = list.first() else {
-        return Err(Error::InvalidOption(
-            "unexpected metadata entry in the startup key".into(),
-        ));
+        return Err(BitlkError::StartupKey("unexpected metadata entry".into()).into());
     };
     if body.len() < STARTUP_KEY_HEADER_LEN {
         return Err(corrupt("startup key entry too short"));
     }
     for (ty, value, e) in entries(&body[STARTUP_KEY_HEADER_LEN..])? {
         if ty != ENTRY_PROPERTY && ty != ENTRY_VOLUME_GUID {
-            return Err(Error::InvalidOption(format!(
-                "unexpected metadata entry type {ty} in the startup key"
-            )));
+            return Err(
+                BitlkError::StartupKey(format!("unexpected metadata entry type {ty}")).into(),
+            );
         }
         match value {
             VALUE_KEY if e.len() > 4 => return Ok(Some(SecretBytes::from_slice(&e[4..]))),
@@ -828,15 +853,16 @@ fn startup_key(file: &[u8], vmk: &Vmk, volume_guid: &str) -> Result<Option<Secre
             VALUE_GUID if e.len() >= 16 => {
                 let g = guid_at(e, 0);
                 if g != volume_guid {
-                    return Err(Error::InvalidOption(format!(
+                    return Err(BitlkError::StartupKey(format!(
                         "BEK file GUID '{g}' does not match GUID of the volume"
-                    )));
+                    ))
+                    .into());
                 }
             }
             v => {
-                return Err(Error::InvalidOption(format!(
-                    "unexpected metadata entry value {v} in the startup key"
-                )));
+                return Err(
+                    BitlkError::StartupKey(format!("unexpected metadata entry value {v}")).into(),
+                );
             }
         }
     }

@@ -22,6 +22,28 @@ use cryptblk_crypto::{
 use cryptblk_device::Storage;
 use std::fmt::Write as _;
 
+/// What can be wrong with a FileVault 2 (Core Storage) volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fvault2Error {
+    /// No Core Storage magic in the volume header.
+    NotFvault2,
+    /// Metadata that does not parse, fails its CRC or contradicts itself (what is wrong).
+    CorruptMetadata(String),
+    /// A Core Storage version other than 1.
+    UnsupportedVersion(u16),
+}
+
+impl std::fmt::Display for Fvault2Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fvault2Error::NotFvault2 => write!(f, "not a FileVault 2 (Core Storage) volume"),
+            Fvault2Error::CorruptMetadata(what) => write!(f, "corrupt metadata: {what}"),
+            Fvault2Error::UnsupportedVersion(v) => write!(f, "unsupported version {v}"),
+        }
+    }
+}
+
 const VOLUME_HEADER_LEN: usize = 512;
 /// Size of one metadata block.
 const BLOCK_LEN: usize = 8192;
@@ -71,7 +93,7 @@ pub struct Fvault2Header {
 }
 
 fn corrupt(what: &str) -> Error {
-    Error::InvalidOption(format!("invalid FVAULT2 metadata: {what}"))
+    Fvault2Error::CorruptMetadata(what.to_string()).into()
 }
 
 /// Checks a block's CRC-32C: its first 4 bytes hold the value, the next 4 the seed, which
@@ -234,16 +256,12 @@ impl Fvault2Header {
         let mut vh = [0u8; VOLUME_HEADER_LEN];
         read_within(dev, &mut vh, 0)?;
         if u16::from_be_bytes([vh[88], vh[89]]) != CORE_STORAGE_MAGIC {
-            return Err(Error::InvalidOption(
-                "not a FileVault 2 (Core Storage) volume".into(),
-            ));
+            return Err(Fvault2Error::NotFvault2.into());
         }
         check_crc(&vh, "volume header")?;
         let version = u16_at(&vh, 8);
         if version != 1 {
-            return Err(Error::InvalidOption(format!(
-                "unsupported FVAULT2 version {version}"
-            )));
+            return Err(Fvault2Error::UnsupportedVersion(version).into());
         }
         if u32_at(&vh, 168) != AES_KEY_LEN as u32 {
             return Err(corrupt("metadata key is not AES-128"));

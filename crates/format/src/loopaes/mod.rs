@@ -29,8 +29,34 @@ impl std::fmt::Debug for LoopAesKey {
     }
 }
 
+/// What can be wrong with a loop-AES key file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LoopAesError {
+    /// Not a loop-AES key file: empty, unterminated lines, a key count or key length
+    /// loop-AES does not use (cryptsetup's "Incompatible loop-AES keyfile detected.").
+    IncompatibleKeyfile,
+    /// A GPG-encrypted key file, which must be decrypted first.
+    GpgKeyfile,
+}
+
+impl std::fmt::Display for LoopAesError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoopAesError::IncompatibleKeyfile => {
+                write!(f, "Incompatible loop-AES keyfile detected.")
+            }
+            LoopAesError::GpgKeyfile => write!(
+                f,
+                "GPG-encrypted key files are not read directly: use gpg --decrypt KEYFILE | \
+                 cryptblk ... --key-file -"
+            ),
+        }
+    }
+}
+
 fn incompatible() -> Error {
-    Error::InvalidOption("Incompatible loop-AES keyfile detected.".into())
+    LoopAesError::IncompatibleKeyfile.into()
 }
 
 /// Parses a key file (`file`, as read) into `key_len`-byte keys of `cipher` (16, 24 or
@@ -46,9 +72,7 @@ pub fn parse_keyfile(
     }
     let head = &file[..file.len().min(100)];
     if head.windows(17).any(|w| w == b"BEGIN PGP MESSAGE") {
-        return Err(Error::InvalidOption(
-            "GPG-encrypted key files are not read directly: use gpg --decrypt KEYFILE | cryptblk ... --key-file -".into(),
-        ));
+        return Err(LoopAesError::GpgKeyfile.into());
     }
     // Lines end in \n or \r; every key, the last one too, must be terminated.
     let is_eol = |b: &u8| *b == b'\n' || *b == b'\r';
@@ -172,18 +196,26 @@ mod tests {
         unterminated.pop();
         let mut uneven = file(64, 20);
         uneven.insert(5, b'x');
-        for (what, f, len) in [
-            ("empty", vec![], 16),
-            ("unterminated", unterminated, 16),
-            ("2 keys", file(2, 20), 16),
-            ("uneven", uneven, 16),
-            ("gpg", b"-----BEGIN PGP MESSAGE-----\n".to_vec(), 16),
-            ("20-byte keys", file(1, 20), 20),
+        use LoopAesError::{GpgKeyfile, IncompatibleKeyfile};
+        for (what, f, len, want) in [
+            ("empty", vec![], 16, Some(IncompatibleKeyfile)),
+            ("unterminated", unterminated, 16, Some(IncompatibleKeyfile)),
+            ("2 keys", file(2, 20), 16, Some(IncompatibleKeyfile)),
+            ("uneven", uneven, 16, Some(IncompatibleKeyfile)),
+            (
+                "gpg",
+                b"-----BEGIN PGP MESSAGE-----\n".to_vec(),
+                16,
+                Some(GpgKeyfile),
+            ),
+            // The key file is fine; the key size asked for is not (an option).
+            ("20-byte keys", file(1, 20), 20, None),
         ] {
-            assert!(
-                parse_keyfile(&f, BlockCipherAlg::Aes, len, None).is_err(),
-                "{what}"
-            );
+            match (parse_keyfile(&f, BlockCipherAlg::Aes, len, None), want) {
+                (Err(Error::LoopAes(e)), Some(want)) => assert_eq!(e, want, "{what}"),
+                (Err(Error::InvalidOption(_)), None) => {}
+                (r, _) => panic!("{what}: {:?}", r.map(|_| ())),
+            }
         }
     }
 }

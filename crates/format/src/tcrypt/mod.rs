@@ -15,6 +15,37 @@ use cryptblk_crypto::{
 };
 use std::fmt::Write as _;
 
+/// What can be wrong with a TrueCrypt/VeraCrypt volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TcryptError {
+    /// A header that decrypted (its magic matched) but fails a CRC32: damaged (which).
+    CorruptMetadata(String),
+    /// A passphrase longer than the pool it goes into (the maximum).
+    PassphraseTooLong(usize),
+    /// A sector size TrueCrypt/VeraCrypt does not define.
+    UnsupportedSectorSize(u32),
+    /// One of TrueCrypt's legacy CBC modes, which neither dm-crypt nor cryptblk maps.
+    LegacyMode(String),
+}
+
+impl std::fmt::Display for TcryptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TcryptError::CorruptMetadata(what) => write!(f, "corrupt metadata: {what}"),
+            TcryptError::PassphraseTooLong(max) => {
+                write!(f, "maximum TCRYPT passphrase length ({max}) exceeded")
+            }
+            TcryptError::UnsupportedSectorSize(s) => write!(f, "sector size {s} is not supported"),
+            TcryptError::LegacyMode(name) => write!(
+                f,
+                "TrueCrypt legacy mode {name} cannot be mapped (nor can cryptsetup map it); \
+                 copy the data out with TrueCrypt 7.1a"
+            ),
+        }
+    }
+}
+
 /// Bytes of the header on disk: salt and encrypted part.
 pub const HEADER_LEN: usize = 512;
 const SALT_LEN: usize = 64;
@@ -628,9 +659,7 @@ fn password_pool(o: &TcryptOptions, passphrase: &[u8]) -> Result<SecretBytes> {
     let vera_long = !o.no_veracrypt && passphrase.len() > POOL_LEN;
     let max = if vera_long { VERA_POOL_LEN } else { POOL_LEN };
     if passphrase.len() > max {
-        return Err(Error::InvalidOption(format!(
-            "maximum TCRYPT passphrase length ({max}) exceeded"
-        )));
+        return Err(TcryptError::PassphraseTooLong(max).into());
     }
     let mut pool = SecretBytes::zeroed(max);
     for kf in &o.keyfiles {
@@ -885,14 +914,10 @@ impl TcryptHeader {
             let version = be16(&d, 4);
             // The magic matched: a CRC mismatch now is a damaged header, not a wrong guess.
             if version > 3 && crc32(&d[..188]) != be32(&d, 188) {
-                return Err(Error::InvalidOption(
-                    "TCRYPT header CRC32 mismatch (damaged header)".into(),
-                ));
+                return Err(TcryptError::CorruptMetadata("header CRC32 mismatch".into()).into());
             }
             if crc32(&d[192..448]) != be32(&d, 8) {
-                return Err(Error::InvalidOption(
-                    "TCRYPT keys CRC32 mismatch (damaged header)".into(),
-                ));
+                return Err(TcryptError::CorruptMetadata("keys CRC32 mismatch".into()).into());
             }
             let mk_offset = match be64(&d, 44) {
                 0 => 512,
@@ -903,9 +928,7 @@ impl TcryptHeader {
                 v => v,
             };
             if sector_size % 512 != 0 || !sector_size.is_power_of_two() || sector_size > 4096 {
-                return Err(Error::InvalidOption(format!(
-                    "TCRYPT sector size {sector_size} is not supported"
-                )));
+                return Err(TcryptError::UnsupportedSectorSize(sector_size).into());
             }
             return Ok(Some(TcryptHeader {
                 veracrypt,
@@ -1046,10 +1069,7 @@ impl TcryptHeader {
             // no data to check an implementation against: refused rather than guessed.
             // Their headers open (dump, test-passphrase).
             _ if self.chain.mode_name.ends_with("-tcrypt") => {
-                return Err(Error::InvalidOption(format!(
-                    "TrueCrypt legacy mode {name} cannot be mapped (nor can cryptsetup map \
-                     it); copy the data out with TrueCrypt 7.1a"
-                )));
+                return Err(TcryptError::LegacyMode(name.to_string()).into());
             }
             CbcTcw => (ChainMode::Cbc, IvMode::Tcw),
             CbcInner | CbcOuter => unreachable!("-tcrypt modes, refused above"),
