@@ -170,7 +170,7 @@ fi
 # partition with IVs counted from the disk's start. cryptsetup's system image, its
 # partition entry moved to where the encrypted area starts (sector 256). The hash is
 # given: trying every KDF (VeraCrypt's 500,000 iterations each) took 7 minutes in the
-# emulator; finding the hash is tested on the host (crates/cli/tests/tcrypt.rs).
+# emulator; finding the hash is tested on the host (crates/cli/tests/formats/tcrypt.rs).
 if ! want tcrypt-system "TrueCrypt system partition"; then
   :
 elif [ -f /results/tcrypt/sys_vc_1-sha256-xts-aes ]; then

@@ -196,7 +196,8 @@ impl VolumeArgs {
                 opts.tcrypt = tc;
                 opts.header = header;
             }
-            VolumeType::Bitlk | VolumeType::Fvault2 => {}
+            // BitLocker, FileVault 2, and any type without options of its own.
+            _ => {}
         }
         Ok(opts)
     }
@@ -217,7 +218,6 @@ fn read_secret(
     let passphrase = || get_passphrase(&a.key.source(), &prompt, false).map(Secret::Passphrase);
     let key_len = probe.key_len.unwrap_or(0);
     Ok(match a.kind {
-        VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2 => passphrase()?,
         // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
         VolumeType::Plain => match a.key.key_file() {
             Some(f) if f.as_os_str() != "-" => {
@@ -246,6 +246,8 @@ fn read_secret(
             }
             None => passphrase()?,
         },
+        // LUKS, and any type that takes nothing but a passphrase.
+        _ => passphrase()?,
     })
 }
 

@@ -1,7 +1,9 @@
 //! The crypto layer of cryptblk: dm-crypt compatible sector ciphers with runtime CPU dispatch,
 //! the KDFs LUKS uses, the LUKS anti-forensic splitter, and AES-GCM for NBD's TLS records.
 //!
-//! `unsafe` is confined to `x86` (CPU intrinsics) and `secret` (mlock).
+//! One module per AES backend (`backend/generic.rs`, `backend/x86/`), chosen at run time
+//! (`CRYPTBLK_CRYPTO_BACKEND` overrides); the generic modes in `modes/`.
+//! `unsafe` is confined to `backend/x86` (CPU intrinsics, assembly) and `secret` (mlock).
 
 mod af;
 mod backend;

@@ -1,6 +1,9 @@
-//! An unlocked cryptblk volume: plaintext I/O on the encrypted data segment of a LUKS1,
-//! LUKS2 or plain volume, stored in a file, a block device, memory or an NBD export on
-//! another host.
+//! An unlocked cryptblk volume (the data path): plaintext I/O with inline crypto on the
+//! data segments of any volume type cryptsetup opens (LUKS1, LUKS2, plain, loop-AES,
+//! TrueCrypt/VeraCrypt, BitLocker, FileVault 2), over any [`Storage`]: a file or block
+//! device here, remote storage through the [`DeviceOpener`] the caller passes in
+//! ([`OpenOptions::devices`]). Opening goes through [`probe`] and [`open`], one module per
+//! type under `open/`; online reencryption and suspend/resume act on a serving volume.
 //!
 //! ```no_run
 //! use cryptblk_volume::{OpenOptions, open_luks};

@@ -1,7 +1,7 @@
 //! `dump`'s text: cryptsetup's `luksDump` layout, field for field (names, order, units,
 //! tabs and hex wrapping as cryptsetup 2.6 prints them), so scripts that parse
 //! cryptsetup's output work on cryptblk's. Tested byte for byte against the real
-//! cryptsetup (`crates/cli/tests/luksdump.rs`).
+//! cryptsetup (`crates/cli/tests/formats/luksdump.rs`).
 
 use base64::Engine;
 use cryptblk_format::LuksHeader;

@@ -1,5 +1,5 @@
 //! Unit tests of the TCRYPT header logic; whole volumes are checked against cryptsetup's
-//! and tcplay's images in crates/cli/tests/tcrypt.rs.
+//! and tcplay's images in crates/cli/tests/formats/tcrypt.rs.
 
 use super::*;
 
