@@ -572,27 +572,21 @@ mod tests {
     /// a fault: it is not turned into a pread retry, it gets SIGBUS's default action.
     #[test]
     fn a_sigbus_sent_by_a_process_is_not_taken_for_a_fault() {
-        use std::os::unix::process::ExitStatusExt;
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "mmap::tests::queued_sigbus_child", "--nocapture"])
-            .env("CRYPTBLK_QUEUED_SIGBUS_CHILD", "1")
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.signal(),
-            Some(libc::SIGBUS),
-            "{:?} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert_child_dies_of_sigbus("queued_sigbus_child", "CRYPTBLK_QUEUED_SIGBUS_CHILD");
     }
 
     #[test]
     fn a_fault_outside_any_copy_still_kills_the_process() {
+        assert_child_dies_of_sigbus("sigbus_child", "CRYPTBLK_SIGBUS_CHILD");
+    }
+
+    /// Runs the test `child` of this module in a child process (`env` set tells it to
+    /// act) and asserts that SIGBUS killed it.
+    fn assert_child_dies_of_sigbus(child: &str, env: &str) {
         use std::os::unix::process::ExitStatusExt;
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "mmap::tests::sigbus_child", "--nocapture"])
-            .env("CRYPTBLK_SIGBUS_CHILD", "1")
+            .args(["--exact", &format!("mmap::tests::{child}"), "--nocapture"])
+            .env(env, "1")
             .output()
             .unwrap();
         assert_eq!(
