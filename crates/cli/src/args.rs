@@ -291,3 +291,41 @@ fn trim_keyfile(k: cryptblk_crypto::SecretBytes) -> cryptblk_crypto::SecretBytes
         k
     }
 }
+
+/// cryptsetup's options that every action takes, and what each means here. A script
+/// written for cryptsetup passes them; cryptblk honours what applies to it.
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct CompatArgs {
+    /// Print more about what is done (as -v: cryptblk has no separate debug log).
+    #[arg(long, global = true)]
+    pub debug: bool,
+    /// As --debug (cryptsetup: JSON metadata in the debug log too).
+    #[arg(long = "debug-json", global = true)]
+    pub debug_json: bool,
+    /// Accepted for cryptsetup's scripts: cryptblk's locks are flock(2) on the device
+    /// itself and need no lock directory, so they are kept.
+    #[arg(long = "disable-locks", global = true)]
+    pub disable_locks: bool,
+    /// Do not look for other signatures (filesystems, LVM, RAID) on the device: format
+    /// does not refuse over them, isLuks does not call two signatures ambiguous.
+    #[arg(long = "disable-blkid", global = true)]
+    pub disable_blkid: bool,
+    /// Accepted: cryptblk never puts keys in the kernel keyring.
+    #[arg(long = "disable-keyring", global = true)]
+    pub disable_keyring: bool,
+    /// Accepted: cryptblk loads no external token plugins.
+    #[arg(long = "disable-external-tokens", global = true)]
+    pub disable_external_tokens: bool,
+    /// Accepted: cryptblk checks no password quality rules.
+    #[arg(long = "force-password", global = true)]
+    pub force_password: bool,
+    /// Accepted: each cryptblk process derives one memory-hard key at a time already.
+    #[arg(long = "serialize-memory-hard-pbkdf", global = true)]
+    pub serialize_memory_hard_pbkdf: bool,
+    /// Seconds to wait for a passphrase typed at a terminal (0: forever).
+    #[arg(short = 't', long = "timeout", global = true, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+    /// How many times a passphrase typed at a terminal may be tried.
+    #[arg(short = 'T', long = "tries", global = true, value_name = "N")]
+    pub tries: Option<u32>,
+}

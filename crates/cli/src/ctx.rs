@@ -7,8 +7,12 @@ use cryptblk_storage::Devices;
 pub(crate) struct Ctx {
     /// `-q`: no confirmation questions.
     pub batch: bool,
-    /// `-v`.
+    /// `-v` (or cryptsetup's `--debug`).
     pub verbose: bool,
+    /// Run under the name `cryptsetup`: its drop-in (`open` detaches once serving).
+    pub dropin: bool,
+    /// `--disable-blkid`: no check for other signatures on the device.
+    pub disable_blkid: bool,
     /// Opens every DEVICE and `--header` argument.
     pub devices: Devices,
 }

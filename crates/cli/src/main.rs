@@ -7,13 +7,14 @@ mod control;
 mod ctx;
 mod error;
 mod frontend;
+mod grammar;
 mod passphrase;
 mod process;
 mod rundir;
 mod units;
 mod unlock;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -43,6 +44,8 @@ struct Cli {
     /// Ceph client id for `rbd:` devices (default: admin).
     #[arg(long = "ceph-id", global = true, value_name = "ID")]
     ceph_id: Option<String>,
+    #[command(flatten)]
+    compat: args::CompatArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,7 +81,7 @@ enum Command {
     Uuid(commands::header::UuidArgs),
     /// Exit 0 if the device holds a LUKS header (cryptsetup isLuks).
     #[command(alias = "isLuks")]
-    IsLuks(args::DeviceArgs),
+    IsLuks(commands::header::IsLuksArgs),
     /// Set a LUKS2 volume's label, subsystem or keyslot priority (cryptsetup config).
     Config(commands::header::ConfigArgs),
     /// Convert a volume between LUKS1 and LUKS2 in place (cryptsetup convert --type).
@@ -130,10 +133,25 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let argv = grammar::normalize(&Cli::command(), std::env::args_os().collect());
+    // Run as `cryptsetup` (a link of that name), cryptblk is its drop-in: messages name
+    // it so, and `open` returns once the volume is served, as cryptsetup returns once the
+    // mapping exists.
+    let dropin = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "cryptsetup");
+    let name = if dropin { "cryptsetup" } else { "cryptblk" };
+    let matches = Cli::command()
+        .name(name)
+        .bin_name(name)
+        .get_matches_from(argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let ctx = ctx::Ctx {
         batch: cli.batch_mode,
-        verbose: cli.verbose,
+        verbose: cli.verbose || cli.compat.debug,
+        dropin,
+        disable_blkid: cli.compat.disable_blkid,
         devices: cryptblk_storage::Devices {
             rbd: cryptblk_storage::RbdOptions {
                 conf: cli.ceph_conf.clone(),

@@ -220,9 +220,13 @@ pub(crate) fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResu
     Ok(pass)
 }
 
-/// Asks for "YES" on the terminal before a destructive action, unless `batch`.
+/// Asks for "YES" on the terminal before a destructive action, unless `batch` or
+/// standard input is not a terminal: cryptsetup asks only when it can (`echo PW |
+/// cryptsetup luksFormat DEV` formats without asking), and scripts written for it rely on
+/// that.
 pub(crate) fn confirm(batch: bool, question: &str) -> CliResult<()> {
-    if batch {
+    use std::io::IsTerminal;
+    if batch || !std::io::stdin().is_terminal() {
         return Ok(());
     }
     use std::io::{BufRead, Write};
@@ -230,11 +234,7 @@ pub(crate) fn confirm(batch: bool, question: &str) -> CliResult<()> {
         .read(true)
         .write(true)
         .open("/dev/tty")
-        .map_err(|_| {
-            CliError::usage(format!(
-                "{question}\nNo terminal to confirm on: pass --batch-mode to proceed."
-            ))
-        })?;
+        .map_err(|e| CliError::usage(format!("{question}\ncannot open the terminal: {e}")))?;
     let mut w = &tty;
     write!(
         w,

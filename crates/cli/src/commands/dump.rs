@@ -26,6 +26,14 @@ pub(crate) struct DumpArgs {
     #[arg(long = "dump-volume-key", alias = "dump-master-key")]
     pub dump_volume_key: bool,
     /// LUKS2: print the header's JSON metadata as cryptsetup does.
+    /// With --dump-volume-key: write the key to this new file (mode 0400) instead of
+    /// printing it.
+    #[arg(
+        long = "volume-key-file",
+        alias = "master-key-file",
+        requires = "dump_volume_key"
+    )]
+    pub volume_key_file: Option<PathBuf>,
     #[arg(long = "dump-json-metadata")]
     pub dump_json_metadata: bool,
     #[command(flatten)]
@@ -248,13 +256,20 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         return Ok(());
     }
     if let Some(vk) = &volume_key {
-        let text = crate::commands::luksdump::volume_key(
+        let mut text = crate::commands::luksdump::volume_key(
             &a.device.display().to_string(),
             &hdr.cipher().to_string(),
             hdr.data_offset() / 512,
             hdr.uuid(),
             vk,
         );
+        if let Some(f) = &a.volume_key_file {
+            write_volume_key_file(f, vk)?;
+            // The same lines, the key itself replaced by where it went (as cryptsetup).
+            let cut = text.find("MK dump:").unwrap_or(text.len());
+            text.truncate(cut);
+            text.push_str(&format!("Key stored to file {}.\n", f.display()));
+        }
         print!("{text}");
         return Ok(());
     }
@@ -265,4 +280,24 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     };
     print!("{text}");
     Ok(())
+}
+
+/// Writes a volume key to a new file, readable by its owner only; an existing file is
+/// never overwritten (cryptsetup's rule: O_EXCL, mode 0400).
+fn write_volume_key_file(path: &std::path::Path, key: &[u8]) -> CliResult<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            crate::error::CliError::usage(format!(
+                "Cannot open keyfile {} for write: {e}",
+                path.display()
+            ))
+        })?;
+    f.write_all(key).map_err(|e| crate::error::io_err(path, e))
 }

@@ -19,6 +19,10 @@ use std::sync::Arc;
 #[derive(Args, Debug)]
 pub(crate) struct FormatArgs {
     pub device: PathBuf,
+    /// Key file holding the passphrase (cryptsetup's positional form of --key-file, which
+    /// takes precedence).
+    #[arg(value_name = "KEY_FILE")]
+    pub positional_key_file: Option<PathBuf>,
     /// luks1 or luks2 (luks: LUKS2).
     #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks2)]
     pub kind: VolumeType,
@@ -47,9 +51,13 @@ pub(crate) struct FormatArgs {
     /// Volume UUID instead of a random one.
     #[arg(long)]
     pub uuid: Option<String>,
-    /// Data offset in 512-byte sectors.
-    #[arg(long)]
+    /// Data offset in 512-byte sectors (a multiple of 8: 4096 bytes).
+    #[arg(short = 'o', long, conflicts_with = "align_payload")]
     pub offset: Option<u64>,
+    /// Put the data on a boundary of this many 512-byte sectors (with --header: the data
+    /// offset itself), as cryptsetup's --align-payload.
+    #[arg(long = "align-payload", value_name = "SECTORS")]
+    pub align_payload: Option<u32>,
     /// Keyslot for the passphrase.
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
@@ -64,7 +72,19 @@ pub(crate) struct FormatArgs {
     pub luks2_keyslots_size: Option<u64>,
 }
 
-pub(crate) fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
+pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
+    if let Some(k) = a.positional_key_file.take() {
+        if a.key.key_files.is_empty() {
+            a.key.key_files.push(k);
+        } else {
+            eprintln!("Option --key-file takes precedence over specified key file argument.");
+        }
+    }
+    if a.offset.is_some_and(|o| !o.is_multiple_of(8)) {
+        return Err(CliError::usage(
+            "Data offset is not multiple of 4096 bytes.",
+        ));
+    }
     let luks1 = match a.kind {
         VolumeType::Luks1 => true,
         VolumeType::Luks2 | VolumeType::Luks => false,
@@ -109,7 +129,7 @@ pub(crate) fn format(ctx: &Ctx, a: FormatArgs) -> CliResult<()> {
     if a.sector_size.is_none()
         && !luks1
         && data_size.is_multiple_of(4096)
-        && a.offset.is_none_or(|o| o.is_multiple_of(8))
+        && opts.data_offset.is_none_or(|o| o.is_multiple_of(4096))
     {
         opts.sector_size = 4096;
     }
@@ -188,6 +208,9 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
     opts.subsystem = a.subsystem.clone();
     opts.data_offset = a.offset.map(|s| s * 512);
     opts.detached_header = a.header.header.is_some();
+    if let Some(align) = a.align_payload.filter(|&n| n > 0) {
+        opts.data_offset = Some(aligned_data_offset(&opts, luks1, u64::from(align) * 512));
+    }
     opts.keyslot = a.key_slot;
     opts.luks2_metadata_size = a.luks2_metadata_size;
     opts.luks2_keyslots_size = a.luks2_keyslots_size;
@@ -222,4 +245,22 @@ fn open_header_for_format(ctx: &Ctx, a: &FormatArgs) -> CliResult<DataDevice> {
         )
     })?;
     Ok(DataDevice::File(Arc::new(dev)))
+}
+
+/// `--align-payload`: cryptsetup's layout with the data on an `align`-byte boundary. With
+/// a detached header the alignment is the data offset itself; otherwise the header and
+/// keyslot areas (at their default sizes) end rounded up to it.
+fn aligned_data_offset(opts: &FormatOptions, luks1: bool, align: u64) -> u64 {
+    if opts.detached_header {
+        return align;
+    }
+    let areas_end = if luks1 {
+        // The 4 KiB header, then eight keyslots of 4000 stripes, each 4 KiB-aligned.
+        let slot = (opts.key_len as u64 * 4000).next_multiple_of(4096);
+        4096 + 8 * slot
+    } else {
+        let hdr = opts.luks2_metadata_size.unwrap_or(16 << 10);
+        opts.luks2_keyslots_size.map_or(16 << 20, |k| 2 * hdr + k)
+    };
+    areas_end.next_multiple_of(align)
 }

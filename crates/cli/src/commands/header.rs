@@ -10,6 +10,7 @@ use crate::passphrase::{confirm, get_passphrase};
 use clap::Args;
 use cryptblk_format::luks2::Luks2Header;
 use cryptblk_format::{LuksHeader, MemStorage, Storage, load_header};
+use cryptblk_volume::VolumeType;
 use std::fs::OpenOptions;
 use std::path::PathBuf;
 
@@ -137,9 +138,40 @@ pub(crate) fn erase(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
     Ok(())
 }
 
-pub(crate) fn is_luks(ctx: &Ctx, a: DeviceArgs) -> CliResult<()> {
+/// `isLuks`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct IsLuksArgs {
+    /// Image file or block device.
+    pub device: PathBuf,
+    #[command(flatten)]
+    pub header: crate::args::HeaderArgs,
+    /// luks (either version), luks1 or luks2: only that version counts.
+    #[arg(long = "type", value_enum)]
+    pub kind: Option<VolumeType>,
+}
+
+pub(crate) fn is_luks(ctx: &Ctx, a: IsLuksArgs) -> CliResult<()> {
+    let want = match a.kind {
+        None | Some(VolumeType::Luks) => None,
+        Some(VolumeType::Luks1) => Some(1),
+        Some(VolumeType::Luks2) => Some(2),
+        Some(other) => {
+            return Err(CliError::usage(format!(
+                "isLuks: --type {other} is not a LUKS type (luks, luks1, luks2)"
+            )));
+        }
+    };
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     match load_header(&mut dev) {
+        Ok(h) if want.is_some_and(|v| v != h.version()) => Err(CliError::usage(if ctx.verbose {
+            format!(
+                "Device {} is not a valid LUKS{} device.",
+                a.device.display(),
+                want.unwrap_or_default()
+            )
+        } else {
+            String::new()
+        })),
         Ok(h) => {
             if ctx.verbose {
                 eprintln!("{} is a LUKS{} device.", a.device.display(), h.version());

@@ -8,6 +8,7 @@ use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION};
 use crate::passphrase::{KeySource, confirm, get_passphrase};
 use clap::Args;
+use cryptblk_crypto::SecretBytes;
 use cryptblk_format::{LuksHeader, Storage, load_header};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -27,9 +28,20 @@ pub(crate) struct AddKeyArgs {
     pub new_keyfile_size: Option<usize>,
     #[arg(long = "new-keyfile-offset", default_value_t = 0)]
     pub new_keyfile_offset: u64,
-    /// Keyslot for the new passphrase.
+    /// Keyslot for the new passphrase; with --new-key-slot, the keyslot the existing
+    /// passphrase opens (as cryptsetup).
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
+    /// Keyslot for the new passphrase (-S then names the existing one).
+    #[arg(long = "new-key-slot")]
+    pub new_key_slot: Option<u32>,
+    /// File holding the new passphrase (as the positional NEW_KEY_FILE, which wins).
+    #[arg(long = "new-keyfile")]
+    pub new_keyfile: Option<PathBuf>,
+    /// Take the volume key from this file (raw bytes, the volume's key size) instead of
+    /// unlocking with an existing passphrase; checked against the header's digest.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
+    pub volume_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub kdf: KdfArgs,
 }
@@ -74,6 +86,9 @@ pub(crate) struct KillSlotArgs {
 #[derive(Args, Debug)]
 pub(crate) struct TestArgs {
     pub device: PathBuf,
+    /// LUKS: check this volume key (raw bytes) against the header instead of a passphrase.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
+    pub volume_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub header: HeaderArgs,
     #[command(flatten)]
@@ -87,7 +102,7 @@ pub(crate) struct TestArgs {
 
 fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
     KeySource {
-        key_file: a.new_key_file.clone(),
+        key_file: a.new_key_file.clone().or_else(|| a.new_keyfile.clone()),
         extra_key_files: 0,
         keyfile_size: a.new_keyfile_size,
         keyfile_offset: a.new_keyfile_offset,
@@ -97,25 +112,71 @@ fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
 pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
-    let (_, vk) = unlock(
-        &*hdr,
-        &mut dev,
-        &a.key.source(),
-        "Enter any existing passphrase: ",
-        None,
-    )?;
+    // cryptsetup's rule: -S alone names the new keyslot; with --new-key-slot it names the
+    // keyslot the existing passphrase must open.
+    let (old_slot, new_slot) = match a.new_key_slot {
+        Some(n) => (a.key_slot, Some(n)),
+        None => (None, a.key_slot),
+    };
+    let vk = match &a.volume_key_file {
+        Some(p) => volume_key_from_file(&*hdr, p)?,
+        None => {
+            unlock(
+                &*hdr,
+                &mut dev,
+                &a.key.source(),
+                "Enter any existing passphrase: ",
+                old_slot,
+            )?
+            .1
+        }
+    };
     let new = get_passphrase(
         &new_passphrase_source(&a),
         "Enter new passphrase for key slot: ",
         true,
     )?;
     let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
-    let slot = hdr.add_keyslot(&mut dev, &vk, &new, a.key_slot, &kdf)?;
+    let slot = hdr.add_keyslot(&mut dev, &vk, &new, new_slot, &kdf)?;
     eprintln!("Key slot {slot} created.");
     Ok(())
 }
 
+/// `--volume-key-file`: the volume key, exactly the header's key size, checked against
+/// its digest.
+pub(crate) fn volume_key_from_file(
+    hdr: &dyn LuksHeader,
+    path: &std::path::Path,
+) -> CliResult<SecretBytes> {
+    let len = hdr.key_len();
+    let k = crate::passphrase::read_key_file(path, 0, Some(len))?;
+    if k.len() != len {
+        return Err(CliError::usage(format!(
+            "Cannot read {len} bytes from volume key file {}.",
+            path.display()
+        )));
+    }
+    let vk = SecretBytes::from_slice(&k);
+    if !hdr.verify_volume_key(&vk)? {
+        return Err(CliError::new(
+            EXIT_PERMISSION,
+            "Volume key does not match the volume.",
+        ));
+    }
+    Ok(vk)
+}
+
 pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    for (set, opt) in [
+        (a.new_key_slot.is_some(), "--new-key-slot"),
+        (a.volume_key_file.is_some(), "--volume-key-file"),
+    ] {
+        if set {
+            return Err(CliError::usage(format!(
+                "Option {opt} is not allowed for luksChangeKey."
+            )));
+        }
+    }
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (old_slot, vk) = unlock(
@@ -281,6 +342,11 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     }
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
+    if let Some(p) = &a.volume_key_file {
+        volume_key_from_file(&*hdr, p)?;
+        eprintln!("Volume key matches the volume.");
+        return Ok(());
+    }
     let (slot, _vk) = unlock(
         &*hdr,
         &mut dev,

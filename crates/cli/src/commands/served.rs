@@ -18,6 +18,9 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub(crate) struct NameArgs {
     pub name: String,
+    /// Accepted for cryptsetup's scripts: the serving process holds the header already.
+    #[arg(long = "header", value_name = "HEADER", hide = true)]
+    pub header: Option<PathBuf>,
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
 }
@@ -230,6 +233,9 @@ pub(crate) fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
 #[derive(Args, Debug)]
 pub(crate) struct ResumeArgs {
     pub name: String,
+    /// Accepted for cryptsetup's scripts: the serving process holds the header already.
+    #[arg(long = "header", value_name = "HEADER", hide = true)]
+    pub header: Option<PathBuf>,
     #[arg(long = "run-dir")]
     pub run_dir: Option<PathBuf>,
     #[command(flatten)]
@@ -241,6 +247,9 @@ pub(crate) struct ResumeArgs {
 #[derive(Args, Debug)]
 pub(crate) struct ResizeArgs {
     pub name: String,
+    /// Accepted for cryptsetup's scripts: the serving process holds the header already.
+    #[arg(long = "header", value_name = "HEADER", hide = true)]
+    pub header: Option<PathBuf>,
     /// New size in 512-byte sectors (default: all the device holds after the data offset).
     #[arg(long, short = 'b')]
     pub size: Option<u64>,

@@ -235,12 +235,26 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     if a.test_passphrase {
         return test_passphrase(ctx, a);
     }
+    if ctx.dropin && !a.daemon_child {
+        // cryptsetup's `open` returns once the mapping exists: the drop-in returns once
+        // the volume is served. With no frontend named, it is served over NBD on a
+        // socket in the private run directory; the message says where.
+        a.daemon = true;
+        if a.nbd.is_none() && a.fuse.is_none() && !a.ublk.ublk {
+            let dir = rundir::private_run_dir(&a.run_dir)?;
+            rundir::check_name(&a.name)?;
+            a.nbd = Some(format!(
+                "unix:{}",
+                dir.join(format!("{}.nbd", a.name)).display()
+            ));
+        }
+    }
     let claimed = claim(&mut a)?;
     if a.daemon && !a.daemon_child {
         // The child claims the name itself (if another `open` takes it in between, the
         // child says so and this process reports it).
         drop(claimed.name);
-        return spawn_daemon(&a, &claimed.dir);
+        return spawn_daemon(ctx, &a, &claimed.dir);
     }
     let unlocked = unlock(ctx, &a)?;
     let serving = Serving::start(&a, claimed, unlocked)?;
@@ -253,6 +267,7 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
 fn test_passphrase(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     let t = crate::commands::keyslots::TestArgs {
         device: a.device,
+        volume_key_file: a.vol.volume_key_file,
         header: a.vol.header,
         key: a.vol.key,
         key_slot: a.vol.key_slot,
@@ -765,7 +780,7 @@ fn control_loop(
 }
 
 /// Re-runs this command detached; the child signals readiness on its stdout.
-fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
+fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let log_path = dir.join(format!("{}.log", a.name));
@@ -805,6 +820,15 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.retain(|x| x != "--daemon");
     args.push("--daemon-child".into());
+    if let Some(spec) = &a.nbd
+        && !args
+            .iter()
+            .any(|x| x == "--nbd" || x.to_string_lossy().starts_with("--nbd="))
+    {
+        // The drop-in's default frontend (see `open`).
+        args.push("--nbd".into());
+        args.push(spec.into());
+    }
     let mut child = Command::new(exe)
         .args(&args)
         .stdin(Stdio::piped())
@@ -830,7 +854,21 @@ fn spawn_daemon(a: &OpenArgs, dir: &Path) -> CliResult<()> {
     // "READY" or "READY /dev/ublkbN": print the device node if there is one.
     if let Some(rest) = line.trim().strip_prefix("READY") {
         let rest = rest.trim();
-        println!("{}", if rest.is_empty() { &a.name } else { rest });
+        if ctx.dropin {
+            // cryptsetup prints nothing; a script looking for /dev/mapper/NAME is told
+            // why it is not there and where the volume is.
+            let at = match (&a.nbd, rest.is_empty()) {
+                (_, false) => rest.to_string(),
+                (Some(spec), true) => format!("NBD {spec}"),
+                (None, true) => "FUSE".to_string(),
+            };
+            eprintln!(
+                "{}: served by cryptblk at {at} (no /dev/mapper/{} is made: no device-mapper); `cryptsetup close {}` stops it",
+                a.name, a.name, a.name
+            );
+        } else {
+            println!("{}", if rest.is_empty() { &a.name } else { rest });
+        }
         return Ok(());
     }
     let status = child.wait().map_err(|e| CliError::usage(e.to_string()))?;

@@ -1,0 +1,187 @@
+//! cryptsetup's command-line grammar on top of clap's. cryptsetup parses with popt, which
+//! takes options anywhere: `cryptsetup -q --pbkdf pbkdf2 luksFormat DEV` and
+//! `cryptsetup -d KEY luksOpen DEV NAME` give the action's options before the action.
+//! clap wants a subcommand's options after it, so they are moved there before clap
+//! parses. Which options take a value is read from clap's own definitions (every
+//! subcommand's), so a new option needs nothing here.
+
+use clap::Command;
+use std::collections::HashMap;
+use std::ffi::OsString;
+
+/// Whether each option takes a value, by spelling (`--key-file`, `-d`), over the root
+/// command and every subcommand.
+#[derive(Default)]
+struct OptionTable {
+    takes_value: HashMap<String, bool>,
+}
+
+impl OptionTable {
+    fn of(cmd: &Command) -> Self {
+        let mut t = OptionTable::default();
+        t.add(cmd);
+        t
+    }
+
+    fn add(&mut self, cmd: &Command) {
+        for arg in cmd.get_arguments() {
+            if arg.is_positional() {
+                continue;
+            }
+            let value = arg.get_action().takes_values();
+            let mut spellings = Vec::new();
+            if let Some(l) = arg.get_long() {
+                spellings.push(format!("--{l}"));
+            }
+            for l in arg.get_all_aliases().into_iter().flatten() {
+                spellings.push(format!("--{l}"));
+            }
+            if let Some(s) = arg.get_short() {
+                spellings.push(format!("-{s}"));
+            }
+            for s in arg.get_all_short_aliases().into_iter().flatten() {
+                spellings.push(format!("-{s}"));
+            }
+            for s in spellings {
+                *self.takes_value.entry(s).or_insert(false) |= value;
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            self.add(sub);
+        }
+    }
+
+    fn takes_value(&self, spelling: &str) -> bool {
+        self.takes_value.get(spelling).copied().unwrap_or(false)
+    }
+
+    /// How many arguments the option at `args[i]` spans (itself and its value), or
+    /// `None` when `args[i]` is not an option.
+    fn span(&self, args: &[OsString], i: usize) -> Option<usize> {
+        let tok = args[i].to_str()?;
+        if tok == "-" || !tok.starts_with('-') {
+            return None;
+        }
+        if tok.starts_with("--") {
+            if tok.contains('=') {
+                return Some(1);
+            }
+            return Some(if self.takes_value(tok) { 2 } else { 1 });
+        }
+        // A short cluster (`-qv`, `-dKEY`): the first letter that takes a value takes
+        // the rest of the token, or the next argument when nothing follows it.
+        let letters: Vec<char> = tok[1..].chars().collect();
+        for (n, c) in letters.iter().enumerate() {
+            if self.takes_value(&format!("-{c}")) {
+                return Some(if n + 1 == letters.len() { 2 } else { 1 });
+            }
+        }
+        Some(1)
+    }
+}
+
+/// `argv` with every option given before the action moved after it (the program name
+/// stays first). Arguments after `--` are never moved.
+pub(crate) fn normalize(cmd: &Command, argv: Vec<OsString>) -> Vec<OsString> {
+    let table = OptionTable::of(cmd);
+    let mut args = argv;
+    let mut i = 1;
+    let mut before = Vec::new();
+    while i < args.len() {
+        if args[i] == "--" {
+            return args;
+        }
+        match table.span(&args, i) {
+            Some(n) => {
+                let end = (i + n).min(args.len());
+                before.push(i..end);
+                i = end;
+            }
+            None => break,
+        }
+    }
+    if i >= args.len() || before.is_empty() {
+        return args; // no action, or nothing before it
+    }
+    // args = [prog, OPTIONS..., ACTION, REST...] -> [prog, ACTION, OPTIONS..., REST...]
+    let action = args.remove(i);
+    args.insert(1, action);
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn norm(line: &str) -> String {
+        let argv: Vec<OsString> = line.split(' ').map(OsString::from).collect();
+        let out = normalize(&crate::Cli::command(), argv);
+        out.iter()
+            .map(|s| s.to_str().unwrap())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn options_before_the_action_move_after_it() {
+        assert_eq!(
+            norm("cryptsetup -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 luksFormat DEV"),
+            "cryptsetup luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 DEV"
+        );
+        assert_eq!(
+            norm("cryptsetup -d KEY luksOpen DEV NAME"),
+            "cryptsetup luksOpen -d KEY DEV NAME"
+        );
+        // `--opt=value`, an attached short value, a flag cluster.
+        assert_eq!(
+            norm("cryptsetup --key-file=- -dKEY -qv luksOpen DEV"),
+            "cryptsetup luksOpen --key-file=- -dKEY -qv DEV"
+        );
+        // A value that looks like an action stays the option's.
+        assert_eq!(
+            norm("cryptsetup -c luksFormat luksFormat DEV"),
+            "cryptsetup luksFormat -c luksFormat DEV"
+        );
+    }
+
+    #[test]
+    fn lines_already_in_order_are_unchanged() {
+        for line in [
+            "cryptsetup luksFormat -q DEV KEY",
+            "cryptsetup --version",
+            "cryptsetup -- luksFormat",
+            "cryptsetup luksAddKey DEV -d KEY -",
+            "cryptsetup",
+        ] {
+            assert_eq!(norm(line), line);
+        }
+    }
+
+    #[test]
+    fn no_option_takes_a_value_in_one_command_and_none_in_another() {
+        // The table is a union: a spelling that is a flag here and takes a value there
+        // would move the wrong argument with it.
+        fn walk(cmd: &Command, seen: &mut HashMap<String, (bool, String)>) {
+            for arg in cmd.get_arguments().filter(|a| !a.is_positional()) {
+                let v = arg.get_action().takes_values();
+                let names = arg
+                    .get_long()
+                    .map(|l| format!("--{l}"))
+                    .into_iter()
+                    .chain(arg.get_short().map(|s| format!("-{s}")));
+                for n in names {
+                    let (old, at) = seen
+                        .entry(n.clone())
+                        .or_insert((v, cmd.get_name().to_string()))
+                        .clone();
+                    assert_eq!(old, v, "{n}: in {at} and {} differently", cmd.get_name());
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, seen);
+            }
+        }
+        walk(&crate::Cli::command(), &mut HashMap::new());
+    }
+}

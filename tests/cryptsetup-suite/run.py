@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Runs cryptsetup's own test scripts (from its source package) against cryptsetup and
+against cryptblk in its drop-in role, case by case, and compares.
+
+The scripts stop at their first failure; here each `fail` is recorded and the script goes
+on, so one run scores every case. A case is a line of the script's main body (a line
+inside a function counts for the main-body line that called it) that mentions
+$CRYPTSETUP, `fail` or `RUN`, and that ran. It fails when `fail` (or the validation
+script's `fail_count`) was called for it.
+
+Nothing here needs device-mapper, a loop device or root: $LOOPDEV is the image file
+itself (`losetup` attaches nothing), `dmsetup` answers that there is no device-mapper.
+Lines that need a mapping therefore fail with cryptsetup too, and are listed as needing
+device-mapper rather than counted.
+
+The verdict: every case cryptsetup passes must pass with cryptblk, except those named
+in known-gaps.txt (each with why); a gap that passes now must be taken off that list.
+Exit 0 when that holds, 1 when it does not, 2 when the run itself could not be made.
+
+cryptblk is run as `cryptsetup` (a link of that name), as a script would find it.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+# The scripts this harness runs, and the per-invocation limit (a command that waits for a
+# terminal that is not there must not stall the suite).
+SUITES = ["luks2-validation-test", "compat-test", "compat-test2"]
+CALL_TIMEOUT_S = 120
+
+# Sourced (BASH_ENV) before the script: records each main-body line that runs and each
+# failure, by the main-body line it belongs to; stands in for losetup and dmsetup.
+PRELUDE = r"""
+exec 9>>"$SUITE_TRACE"
+__suite_top() { local n=${#BASH_LINENO[@]}; echo "${BASH_LINENO[n-2]}"; }
+fail() { echo "F $(__suite_top) ${1//$'\n'/ }" >&9; return 1; }
+fail_count() { echo "F $(__suite_top) ${1//$'\n'/ }" >&9; FAILS=$((FAILS+1)); }
+skip() { echo "S $(__suite_top) ${1//$'\n'/ }" >&9; return 1; }
+# scsi_debug (a kernel module) is not loaded here: the script would exit.
+add_scsi_device() { skip "needs the scsi_debug kernel module"; }
+losetup() {
+  case "$1" in
+    -f) echo "$PWD/$IMG" ;;
+    -d) ;;
+    "") ;;
+    *) [ $# -eq 1 ] && echo "$1: [0]:0 ($1)" ;;
+  esac
+  return 0
+}
+dmsetup() { echo "dmsetup: no device-mapper in this harness" >&2; return 1; }
+modprobe() { return 1; }
+rmmod() { return 1; }
+udevadm() { return 0; }
+# A name `open` serves stays served until closed; the scripts close their mappings with
+# dmsetup, which is not there: each test case starts with none.
+prepare() { __suite_close_all; __suite_prepare "$@"; }
+__suite_close_all() {
+  [ -n "$SUITE_CLOSE" ] || return 0
+  local n
+  for n in $("$SUITE_REAL" list 2>/dev/null | awk '{print $1}'); do
+    "$SUITE_REAL" close "$n" >/dev/null 2>&1
+  done
+}
+trap 'echo "L $LINENO" >&9' DEBUG
+"""
+
+DEF_RE = re.compile(r"^(\s*)(function\s+)?(fail|fail_count|skip|prepare|add_scsi_device)(\s*\(\))", re.M)
+CASE_RE = re.compile(r"\$CRYPTSETUP|\bfail\b|^\s*RUN\b")
+
+
+def transform(text):
+    """The script with its own fail/skip/prepare renamed, so the prelude's stand; line
+    numbers unchanged."""
+
+    def rename(m):
+        name = m.group(3)
+        new = "__suite_prepare" if name == "prepare" else "__suite_orig_" + name
+        return f"{m.group(1)}{m.group(2) or ''}{new}{m.group(4)}"
+
+    return DEF_RE.sub(rename, text)
+
+
+def function_lines(text):
+    """Line numbers inside function bodies (they count for the line that called them)."""
+    inside, depth, lines = False, 0, set()
+    for no, line in enumerate(text.splitlines(), 1):
+        if not inside and re.match(r"^\s*(function\s+\w[\w-]*|\w[\w-]*\s*\(\))", line):
+            inside, depth = True, 0
+        if inside:
+            lines.add(no)
+            depth += line.count("{") - line.count("}")
+            if depth <= 0 and "}" in line:
+                inside = False
+    return lines
+
+
+def run_suite(name, src, tool, real, out):
+    """Runs one script with `real` as $CRYPTSETUP; returns {line: (status, why)}."""
+    text = (src / name).read_text()
+    work = Path(tempfile.mkdtemp(prefix=f"cs-{name}-{tool}-", dir=out))
+    tests = work / "tests"
+    shutil.copytree(src, tests, symlinks=True)
+    (tests / name).write_text(transform(text))
+    bindir = work / "bin"
+    bindir.mkdir()
+    realdir = work / "real"
+    realdir.mkdir()
+    (realdir / "cryptsetup").symlink_to(real)
+    wrapper = bindir / "cryptsetup"
+    wrapper.write_text(
+        f"#!/bin/sh\nexec timeout -k 5 {CALL_TIMEOUT_S} {realdir / 'cryptsetup'} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    prelude = work / "prelude.sh"
+    prelude.write_text(PRELUDE)
+    trace = work / "trace"
+    rundir = work / "run"
+    rundir.mkdir(mode=0o700)
+    env = dict(os.environ)
+    env.update(
+        {
+            "BASH_ENV": str(prelude),
+            "SUITE_TRACE": str(trace),
+            "SUITE_REAL": str(realdir / "cryptsetup"),
+            "SUITE_CLOSE": "1" if tool == "cryptblk" else "",
+            "CRYPTSETUP_PATH": str(bindir),
+            "XDG_RUNTIME_DIR": str(rundir),
+            "LANG": "C",
+        }
+    )
+    env.pop("VALG", None)
+    start = time.monotonic()
+    with open(work / "output", "wb") as log:
+        proc = subprocess.run(
+            ["bash", f"./{name}"],
+            cwd=tests,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
+        )
+    secs = time.monotonic() - start
+    if tool == "cryptblk":
+        # Whatever the script left served.
+        subprocess.run(
+            ["bash", "-c", "source \"$BASH_ENV\" 9>/dev/null; __suite_close_all"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
+    in_function = function_lines(text)
+    lines = text.splitlines()
+    ran, failed, skipped = set(), {}, {}
+    for entry in trace.read_text(errors="replace").splitlines():
+        kind, _, rest = entry.partition(" ")
+        no, _, why = rest.partition(" ")
+        if not no.isdigit():
+            continue
+        no = int(no)
+        if kind == "L":
+            ran.add(no)
+        elif kind == "F":
+            failed.setdefault(no, why)
+        elif kind == "S":
+            skipped.setdefault(no, why)
+    cases = {}
+    for no in sorted(ran | set(failed)):
+        if no in in_function or no > len(lines) or not CASE_RE.search(lines[no - 1]):
+            continue
+        if no in failed:
+            cases[no] = ("fail", failed[no])
+        elif no in skipped:
+            cases[no] = ("skip", skipped[no])
+        else:
+            cases[no] = ("pass", "")
+    shutil.rmtree(work / "tests", ignore_errors=True)
+    return cases, secs, proc.returncode, lines
+
+
+def load_gaps():
+    """known-gaps.txt: `SUITE:LINE  why` per line; # comments."""
+    gaps = {}
+    path = HERE / "known-gaps.txt"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            key, _, why = line.partition(" ")
+            gaps[key] = why.strip()
+    return gaps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--src", type=Path, default=ROOT / "target/cryptsetup-src/tests",
+                    help="cryptsetup's tests/ folder (scripts/fetch-cryptsetup-images.sh)")
+    ap.add_argument("--cryptblk", type=Path, default=ROOT / "target/ci/cryptblk")
+    ap.add_argument("--cryptsetup", type=Path,
+                    default=Path(shutil.which("cryptsetup") or "/usr/sbin/cryptsetup"))
+    ap.add_argument("--out", type=Path, default=ROOT / "target/cryptsetup-suite")
+    ap.add_argument("suites", nargs="*", default=SUITES)
+    args = ap.parse_args()
+    for what, p in (("cryptsetup's test scripts", args.src / "compat-test2"),
+                    ("cryptblk", args.cryptblk), ("cryptsetup", args.cryptsetup)):
+        if not p.exists():
+            print(f"cryptsetup-suite: NOT RUN: {what} not found at {p} "
+                  "(scripts/fetch-cryptsetup-images.sh fetches the scripts)", file=sys.stderr)
+            return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    gaps = load_gaps()
+    report, bad, stale, summary = [], [], [], []
+    for suite in args.suites:
+        ref, ref_s, _, lines = run_suite(suite, args.src, "cryptsetup",
+                                         args.cryptsetup.resolve(), args.out)
+        got, got_s, _, _ = run_suite(suite, args.src, "cryptblk",
+                                     args.cryptblk.resolve(), args.out)
+        ref_pass = {n for n, (s, _) in ref.items() if s == "pass"}
+        got_pass = {n for n, (s, _) in got.items() if s == "pass"}
+        not_run = sorted(n for n, (s, _) in ref.items() if s != "pass")
+        both = len(ref_pass & got_pass)
+        summary.append((suite, both, len(ref_pass), len(ref), len(got_pass), ref_s, got_s))
+        for n in sorted(ref_pass - got_pass):
+            key = f"{suite}:{n}"
+            status, why = got.get(n, ("not reached", ""))
+            text = lines[n - 1].strip()
+            entry = {"case": key, "cryptblk": status, "why": why, "line": text}
+            report.append(entry)
+            if key not in gaps:
+                bad.append(entry)
+        for n in sorted(ref_pass & got_pass):
+            if f"{suite}:{n}" in gaps:
+                stale.append(f"{suite}:{n}")
+        (args.out / f"{suite}.json").write_text(json.dumps({
+            "cryptsetup": {n: s for n, (s, _) in ref.items()},
+            "cryptblk": {n: s for n, (s, _) in got.items()},
+            "needs_dm_or_skipped_with_cryptsetup": not_run,
+        }, indent=1))
+    print("| suite | cryptblk passes | of the cases cryptsetup passes | cases run | "
+          "cryptsetup s | cryptblk s |")
+    print("|---|---|---|---|---|---|")
+    for suite, both, ref_n, total, got_n, ref_s, got_s in summary:
+        print(f"| {suite} | {both} | {ref_n} | {total} | {ref_s:.0f} | {got_s:.0f} |")
+    for e in report:
+        mark = "known gap" if e["case"] in gaps else "NEW FAILURE"
+        print(f"{mark}: {e['case']} ({e['cryptblk']}{': ' + e['why'] if e['why'] else ''}): "
+              f"{e['line']}")
+    for key in stale:
+        print(f"STALE GAP: {key} passes now: take it off tests/cryptsetup-suite/known-gaps.txt")
+    (args.out / "report.json").write_text(json.dumps(report, indent=1))
+    if bad or stale:
+        print(f"cryptsetup-suite: {len(bad)} case(s) cryptsetup passes fail with cryptblk "
+              f"and are not known gaps; {len(stale)} stale gap(s)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
