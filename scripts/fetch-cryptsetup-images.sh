@@ -11,7 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=target/cryptsetup-tests
 STAMP=$DEST/.complete
-[ -f "$STAMP" ] && exit 0
+# The whole tests/ folder of the same source: cryptsetup's own test scripts, with their
+# images and header generators (tests/cryptsetup-suite/run.py runs them).
+SRC_DEST=target/cryptsetup-src
+SRC_STAMP=$SRC_DEST/.complete
+[ -f "$STAMP" ] && [ -f "$SRC_STAMP" ] && exit 0
 have() { command -v "$1" >/dev/null 2>&1; }
 have apt-get || { echo "fetch-cryptsetup-images: needs apt-get (Debian/Ubuntu)" >&2; exit 1; }
 have xz || { echo "fetch-cryptsetup-images: needs xz" >&2; exit 1; }
@@ -45,10 +49,15 @@ pkg=cryptsetup
   apt-get "${APT[@]}" source --download-only cryptsetup >&2)
 orig=$(ls "$work"/src/cryptsetup_*.orig.tar.* | head -n1)
 mkdir -p "$DEST"
-tar -xf "$orig" -C "$work/src" --wildcards '*/tests/*-images.tar.xz' '*/tests/conversion_imgs.tar.xz'
-for t in "$work"/src/*/tests/*.tar.xz; do
+tar -xf "$orig" -C "$work/src" --wildcards '*/tests/*'
+for t in "$work"/src/*/tests/*-images.tar.xz "$work"/src/*/tests/conversion_imgs.tar.xz; do
   tar -xJf "$t" -C "$DEST" --no-same-owner
 done
 chmod -R u+rwX,go-w "$DEST"
 basename "$orig" > "$STAMP"
+rm -rf "$SRC_DEST"
+mkdir -p "$SRC_DEST"
+cp -a "$work"/src/*/tests "$SRC_DEST/tests"
+chmod -R u+rwX,go-w "$SRC_DEST"
+basename "$orig" > "$SRC_STAMP"
 echo "fetch-cryptsetup-images: $(cat "$STAMP") -> $DEST ($(ls "$DEST" | tr '\n' ' '))" >&2

@@ -17,6 +17,11 @@ have python3 || need+=(python3)
 have strace || need+=(strace)
 have dislocker-file || need+=(dislocker)
 have tcplay || need+=(tcplay)
+# cryptsetup's own test scripts (tests/cryptsetup-suite): its header generators use jq
+# and xxd, the scripts xz.
+have jq || need+=(jq)
+have xxd || need+=(xxd)
+have xz || need+=(xz-utils)
 # A throwaway Ceph cluster for the RBD tests (tests/ceph/cluster.sh) and librbd's own
 # encryption to check against (python3-rbd, for Debian's system Python).
 have ceph-mon || need+=(ceph-mon)

@@ -26,6 +26,8 @@ cargo build --profile ci --workspace --bins --examples
 # The test binaries two at a time (TEST_JOBS, default the CPU count), longest first: most
 # tests wait on other processes as much as they compute (scripts/run-tests.py).
 python3 scripts/run-tests.py --profile ci --workspace
+stage "cryptsetup's own test scripts, cryptblk beside cryptsetup (tests/cryptsetup-suite)"
+python3 tests/cryptsetup-suite/run.py
 stage "crypto tests on the portable constant-time AES (aes_backend=soft)"
 RUSTFLAGS='--cfg aes_backend="soft"' cargo test --profile ci -p cryptblk-crypto --target-dir target/soft-aes
 stage "fuzz targets, ${FUZZ_SECONDS:-20}s each (nightly + cargo-fuzz)"

@@ -306,8 +306,7 @@ pub(crate) struct CompatArgs {
     /// itself and need no lock directory, so they are kept.
     #[arg(long = "disable-locks", global = true)]
     pub disable_locks: bool,
-    /// Do not look for other signatures (filesystems, LVM, RAID) on the device: format
-    /// does not refuse over them, isLuks does not call two signatures ambiguous.
+    /// Accepted: cryptblk does not probe devices for other signatures (blkid).
     #[arg(long = "disable-blkid", global = true)]
     pub disable_blkid: bool,
     /// Accepted: cryptblk never puts keys in the kernel keyring.
@@ -319,13 +318,16 @@ pub(crate) struct CompatArgs {
     /// Accepted: cryptblk checks no password quality rules.
     #[arg(long = "force-password", global = true)]
     pub force_password: bool,
-    /// Accepted: each cryptblk process derives one memory-hard key at a time already.
+    /// Accepted: one cryptblk process derives one memory-hard key at a time; processes
+    /// are not serialized against each other (not yet honoured).
     #[arg(long = "serialize-memory-hard-pbkdf", global = true)]
     pub serialize_memory_hard_pbkdf: bool,
-    /// Seconds to wait for a passphrase typed at a terminal (0: forever).
+    /// Accepted: seconds to wait for a passphrase typed at a terminal (not yet honoured:
+    /// cryptblk waits).
     #[arg(short = 't', long = "timeout", global = true, value_name = "SECONDS")]
     pub timeout: Option<u64>,
-    /// How many times a passphrase typed at a terminal may be tried.
+    /// Accepted: how often a passphrase typed at a terminal may be retried (not yet
+    /// honoured: cryptblk asks once).
     #[arg(short = 'T', long = "tries", global = true, value_name = "N")]
     pub tries: Option<u32>,
 }

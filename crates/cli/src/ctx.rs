@@ -11,8 +11,6 @@ pub(crate) struct Ctx {
     pub verbose: bool,
     /// Run under the name `cryptsetup`: its drop-in (`open` detaches once serving).
     pub dropin: bool,
-    /// `--disable-blkid`: no check for other signatures on the device.
-    pub disable_blkid: bool,
     /// Opens every DEVICE and `--header` argument.
     pub devices: Devices,
 }

@@ -9,6 +9,15 @@ use clap::Command;
 use std::collections::HashMap;
 use std::ffi::OsString;
 
+/// The command line as cryptsetup's grammar wants it: named `name`, and an option given
+/// twice (`-q ... -q`, popt's way) is taken once rather than refused.
+pub(crate) fn command(cmd: Command, name: &'static str) -> Command {
+    fn override_self(c: Command) -> Command {
+        c.args_override_self(true).mut_subcommands(override_self)
+    }
+    override_self(cmd.name(name).bin_name(name))
+}
+
 /// Whether each option takes a value, by spelling (`--key-file`, `-d`), over the root
 /// command and every subcommand.
 #[derive(Default)]
@@ -116,7 +125,7 @@ mod tests {
 
     fn norm(line: &str) -> String {
         let argv: Vec<OsString> = line.split(' ').map(OsString::from).collect();
-        let out = normalize(&crate::Cli::command(), argv);
+        let out = normalize(&command(crate::Cli::command(), "cryptsetup"), argv);
         out.iter()
             .map(|s| s.to_str().unwrap())
             .collect::<Vec<_>>()

@@ -133,7 +133,7 @@ enum Command {
 }
 
 fn main() {
-    let argv = grammar::normalize(&Cli::command(), std::env::args_os().collect());
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Run as `cryptsetup` (a link of that name), cryptblk is its drop-in: messages name
     // it so, and `open` returns once the volume is served, as cryptsetup returns once the
     // mapping exists.
@@ -141,17 +141,16 @@ fn main() {
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .is_some_and(|n| n == "cryptsetup");
-    let name = if dropin { "cryptsetup" } else { "cryptblk" };
-    let matches = Cli::command()
-        .name(name)
-        .bin_name(name)
-        .get_matches_from(argv);
+    let cmd = grammar::command(
+        Cli::command(),
+        if dropin { "cryptsetup" } else { "cryptblk" },
+    );
+    let matches = cmd.clone().get_matches_from(grammar::normalize(&cmd, argv));
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let ctx = ctx::Ctx {
         batch: cli.batch_mode,
         verbose: cli.verbose || cli.compat.debug,
         dropin,
-        disable_blkid: cli.compat.disable_blkid,
         devices: cryptblk_storage::Devices {
             rbd: cryptblk_storage::RbdOptions {
                 conf: cli.ceph_conf.clone(),

@@ -200,6 +200,11 @@ pub(crate) fn get_passphrase(
         }
         p
     };
+    // -l limits a typed or piped passphrase too, as cryptsetup reads it (0: no limit).
+    let pass = match src.keyfile_size {
+        Some(n) if n > 0 && pass.len() > n => SecretBytes::from_slice(&pass[..n]),
+        _ => pass,
+    };
     if pass.is_empty() {
         return Err(CliError::new(EXIT_USAGE, "empty passphrase"));
     }

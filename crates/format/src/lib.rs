@@ -234,6 +234,26 @@ pub trait LuksHeader: std::fmt::Debug + Send {
         new_slot: Option<u32>,
         kdf: &KdfRequest,
     ) -> Result<u32> {
+        if new_slot == Some(old_slot) {
+            // The same keyslot number (cryptsetup's -S): the new passphrase goes to a free
+            // slot first, the old slot is rewritten from it, then the copy goes; a crash
+            // at any point leaves one of the two passphrases working. With no free slot it
+            // is rewritten in place (cryptsetup's own way, and its crash window).
+            match self.add_keyslot(dev, volume_key, new_passphrase, None, kdf) {
+                Ok(copy) => {
+                    self.kill_keyslot(dev, old_slot)?;
+                    let slot =
+                        self.add_keyslot(dev, volume_key, new_passphrase, Some(old_slot), kdf)?;
+                    self.kill_keyslot(dev, copy)?;
+                    return Ok(slot);
+                }
+                Err(Error::NoFreeKeyslot) => {
+                    self.kill_keyslot(dev, old_slot)?;
+                    return self.add_keyslot(dev, volume_key, new_passphrase, Some(old_slot), kdf);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let slot = self.add_keyslot(dev, volume_key, new_passphrase, new_slot, kdf)?;
         self.kill_keyslot(dev, old_slot)?;
         Ok(slot)

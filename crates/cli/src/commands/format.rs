@@ -65,10 +65,10 @@ pub(crate) struct FormatArgs {
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
     /// LUKS2 metadata area size (bytes: 16384 ... 4194304).
-    #[arg(long = "luks2-metadata-size")]
+    #[arg(long = "luks2-metadata-size", value_parser = crate::units::parse_size)]
     pub luks2_metadata_size: Option<u64>,
     /// LUKS2 keyslots area size in bytes.
-    #[arg(long = "luks2-keyslots-size")]
+    #[arg(long = "luks2-keyslots-size", value_parser = crate::units::parse_size)]
     pub luks2_keyslots_size: Option<u64>,
 }
 

@@ -42,6 +42,9 @@ pub(crate) struct AddKeyArgs {
     /// unlocking with an existing passphrase; checked against the header's digest.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
+    /// With --volume-key-file: the key's size in bits (must be the volume's).
+    #[arg(short = 's', long = "key-size", requires = "volume_key_file")]
+    pub key_size: Option<usize>,
     #[command(flatten)]
     pub kdf: KdfArgs,
 }
@@ -89,6 +92,9 @@ pub(crate) struct TestArgs {
     /// LUKS: check this volume key (raw bytes) against the header instead of a passphrase.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
+    /// With --volume-key-file: the key's size in bits (must be the volume's).
+    #[arg(short = 's', long = "key-size", requires = "volume_key_file")]
+    pub key_size: Option<usize>,
     #[command(flatten)]
     pub header: HeaderArgs,
     #[command(flatten)]
@@ -119,7 +125,7 @@ pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
         None => (None, a.key_slot),
     };
     let vk = match &a.volume_key_file {
-        Some(p) => volume_key_from_file(&*hdr, p)?,
+        Some(p) => volume_key_from_file(&*hdr, p, a.key_size)?,
         None => {
             unlock(
                 &*hdr,
@@ -147,8 +153,25 @@ pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
 pub(crate) fn volume_key_from_file(
     hdr: &dyn LuksHeader,
     path: &std::path::Path,
+    key_size_bits: Option<usize>,
 ) -> CliResult<SecretBytes> {
-    let len = hdr.key_len();
+    // A LUKS2 header with no keyslot left (after `erase`) does not say the key's size:
+    // then --key-size does, as with cryptsetup.
+    let len = match (hdr.key_len(), key_size_bits) {
+        (0, Some(bits)) if bits > 0 && bits % 8 == 0 => bits / 8,
+        (0, _) => {
+            return Err(CliError::usage(
+                "The volume has no keyslot to tell the key size: give --key-size.",
+            ));
+        }
+        (len, Some(bits)) if bits != len * 8 => {
+            return Err(CliError::usage(format!(
+                "Volume key size is {} bits, not {bits}.",
+                len * 8
+            )));
+        }
+        (len, _) => len,
+    };
     let k = crate::passphrase::read_key_file(path, 0, Some(len))?;
     if k.len() != len {
         return Err(CliError::usage(format!(
@@ -189,7 +212,8 @@ pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     let new = get_passphrase(&new_passphrase_source(&a), "Enter new passphrase: ", true)?;
     let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
     // Each format does it as crash-safely as its layout allows (see `replace_keyslot`).
-    let slot = hdr.replace_keyslot(&mut dev, old_slot, &vk, &new, None, &kdf)?;
+    // cryptsetup: with -S the passphrase stays in that keyslot number.
+    let slot = hdr.replace_keyslot(&mut dev, old_slot, &vk, &new, a.key_slot, &kdf)?;
     eprintln!("Key slot {old_slot} changed (new passphrase in key slot {slot}).");
     Ok(())
 }
@@ -236,7 +260,8 @@ pub(crate) fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
         Some(p) => KeySource {
             key_file: Some(p.clone()),
             extra_key_files: 0,
-            ..Default::default()
+            keyfile_size: a.key.keyfile_size,
+            keyfile_offset: a.key.keyfile_offset,
         },
         None => a.key.source(),
     };
@@ -343,7 +368,7 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
     let hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     if let Some(p) = &a.volume_key_file {
-        volume_key_from_file(&*hdr, p)?;
+        volume_key_from_file(&*hdr, p, a.key_size)?;
         eprintln!("Volume key matches the volume.");
         return Ok(());
     }

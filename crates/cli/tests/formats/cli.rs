@@ -109,19 +109,17 @@ fn volume_key_matches_cryptsetup() {
     let env = Env::new();
     let img = env.image("v.img", 20);
     let pw = format(&env, &img, "luks2", &[]);
-    // Like cryptsetup, it asks before printing the key; with no terminal to ask on and no
-    // --batch-mode it refuses, and prints no key.
-    let asked = cb(&[
+    // Like cryptsetup, it asks before printing the key only when stdin is a terminal;
+    // here it is not, so the key is printed without -q, as cryptsetup prints it.
+    let asked = ok(&cb(&[
         "dump",
         "--json",
         "--dump-volume-key",
         "--key-file",
         &pw,
         &img,
-    ]);
-    assert!(!asked.status.success(), "dumped the key without asking");
-    assert!(String::from_utf8_lossy(&asked.stderr).contains("--batch-mode"));
-    assert!(!String::from_utf8_lossy(&asked.stdout).contains("volume_key"));
+    ]));
+    assert!(asked.contains("volume_key"));
     let mine: serde_json::Value = serde_json::from_str(&ok(&cb(&[
         "dump",
         "--json",
@@ -348,20 +346,9 @@ fn header_backup_and_restore() {
             .code(),
         Some(0)
     );
-    // Refused without confirmation and without a terminal.
-    assert_ne!(
-        cb(&["header-restore", "--header-backup-file", &bak, &img])
-            .status
-            .code(),
-        Some(0)
-    );
-    ok(&cb(&[
-        "header-restore",
-        "-q",
-        "--header-backup-file",
-        &bak,
-        &img,
-    ]));
+    // With no terminal on stdin there is nobody to ask: it goes ahead without -q, as
+    // cryptsetup's confirmation does (scripts rely on it).
+    ok(&cb(&["header-restore", "--header-backup-file", &bak, &img]));
     ok(&cb(&["test-passphrase", "--key-file", &pw, &img]));
     ok(&run(
         &cryptsetup(),

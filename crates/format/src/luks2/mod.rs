@@ -680,8 +680,21 @@ impl Luks2Header {
                 .ok_or(Error::NoFreeKeyslot)?,
         };
         let area_size = keyslot::area_size_for(volume_key.len());
-        let area_offset = keyslot::find_area_gap(&self.model, self.hdr_size, area_size)
-            .ok_or(Luks2Error::NoKeyslotSpace)?;
+        let (id, area_offset, in_place) =
+            match keyslot::find_area_gap(&self.model, self.hdr_size, area_size) {
+                Some(off) => (id, off, false),
+                // No free area: a replaced keyslot is rewritten in its own area, as
+                // cryptsetup does (a crash in between loses that keyslot's passphrase:
+                // cryptsetup's window too, taken only when the keyslots area is full).
+                None => match replace.and_then(|r| Some((r, self.model.keyslots.get(&r)?))) {
+                    Some((r, k))
+                        if k.area_size >= area_size && (slot.is_none() || slot == Some(r)) =>
+                    {
+                        (r, k.area_offset, true)
+                    }
+                    _ => return Err(Luks2Error::NoKeyslotSpace.into()),
+                },
+            };
         let kdf = kdf_req.resolve(volume_key.len())?;
         // cryptsetup's AF hash is its PBKDF hash setting (`--hash`), whatever the KDF.
         let af_hash = kdf_req.hash;
@@ -703,6 +716,7 @@ impl Luks2Header {
 
         let mut json = self.json.clone();
         let old_area = replace
+            .filter(|_| !in_place)
             .and_then(|r| self.model.keyslots.get(&r))
             .map(|k| (k.area_offset, k.area_size));
         if let Some(old) = replace {
