@@ -428,3 +428,29 @@ fn kill_writes_the_header_before_wiping() {
     assert!(!r.slot(0).unwrap().active);
     assert_eq!(r.unlock(&mut img, b"second", None).unwrap().0, 1);
 }
+
+#[test]
+fn change_keeps_the_keyslot_number_when_asked() {
+    let (mut dev, mut hdr, vk) = formatted("aes-xts-plain64", 32);
+    // A free keyslot: the new passphrase goes through it and ends in slot 0; the
+    // temporary copy is gone.
+    let slot = hdr
+        .replace_keyslot(&mut dev, 0, &vk, b"second", Some(0), &fast_kdf())
+        .unwrap();
+    assert_eq!(slot, 0);
+    assert_eq!(hdr.keyslots().iter().filter(|k| k.active).count(), 1);
+    assert!(hdr.unlock(&mut dev, b"first", None).is_err());
+    assert_eq!(hdr.unlock(&mut dev, b"second", None).unwrap().0, 0);
+    // Every keyslot in use: slot 3 is rewritten in place, the others untouched.
+    for _ in 0..7 {
+        hdr.add_keyslot(&mut dev, &vk, b"other", None, &fast_kdf())
+            .unwrap();
+    }
+    let slot = hdr
+        .replace_keyslot(&mut dev, 3, &vk, b"third", Some(3), &fast_kdf())
+        .unwrap();
+    assert_eq!(slot, 3);
+    assert_eq!(hdr.keyslots().iter().filter(|k| k.active).count(), 8);
+    assert_eq!(hdr.unlock(&mut dev, b"third", Some(3)).unwrap().0, 3);
+    assert_eq!(hdr.unlock(&mut dev, b"second", None).unwrap().0, 0);
+}

@@ -561,6 +561,20 @@ fn keyslots_area_fills_up() {
         h.add_keyslot(&mut dev, &vk(), b"s", None, &fast_kdf()),
         Err(Error::Luks2(Luks2Error::NoKeyslotSpace))
     ));
+    // A change with the area full rewrites the keyslot in its own area, as cryptsetup
+    // does (slot number kept, the other keyslots untouched).
+    let slots_before: Vec<u32> = h.keyslots().iter().map(|k| k.id).collect();
+    let changed = h
+        .change_keyslot(&mut dev, b"r", b"s", None, None, &fast_kdf())
+        .unwrap();
+    assert_eq!(changed, 2);
+    let r = Luks2Header::read(&mut dev).unwrap();
+    let slots_after: Vec<u32> = r.keyslots().iter().map(|k| k.id).collect();
+    assert_eq!(slots_before, slots_after);
+    assert!(r.unlock(&mut dev, b"r", None).is_err());
+    assert_eq!(r.unlock(&mut dev, b"s", None).unwrap().0, 2);
+    assert_eq!(r.unlock(&mut dev, b"p", None).unwrap().0, 0);
+    assert_eq!(r.unlock(&mut dev, b"q", None).unwrap().0, 1);
 }
 
 #[test]
