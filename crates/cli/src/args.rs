@@ -52,6 +52,37 @@ pub(crate) struct KdfArgs {
     /// Hash for PBKDF2 and the anti-forensic splitter.
     #[arg(short = 'h', long)]
     pub hash: Option<String>,
+    /// LUKS2: cipher of the keyslot area (default: the data cipher), with
+    /// --keyslot-key-size.
+    #[arg(long = "keyslot-cipher", requires = "keyslot_key_size")]
+    pub keyslot_cipher: Option<String>,
+    /// LUKS2: key size of the keyslot area cipher, in bits, with --keyslot-cipher.
+    #[arg(long = "keyslot-key-size", requires = "keyslot_cipher")]
+    pub keyslot_key_size: Option<usize>,
+}
+
+impl KdfArgs {
+    /// `--keyslot-cipher` and `--keyslot-key-size` (in bytes), when given.
+    pub(crate) fn keyslot_encryption(&self) -> CliResult<Option<(String, usize)>> {
+        match (&self.keyslot_cipher, self.keyslot_key_size) {
+            (Some(c), Some(bits)) if bits % 8 == 0 => Ok(Some((c.clone(), bits / 8))),
+            (Some(_), Some(bits)) => Err(CliError::usage(format!(
+                "--keyslot-key-size {bits} is not a whole number of bytes"
+            ))),
+            _ => Ok(None),
+        }
+    }
+
+    /// Applies `--keyslot-cipher`/`--keyslot-key-size` to the keyslots `hdr` writes next.
+    pub(crate) fn apply_keyslot_encryption(
+        &self,
+        hdr: &mut dyn cryptblk_format::LuksHeader,
+    ) -> CliResult<()> {
+        if let Some((c, bytes)) = self.keyslot_encryption()? {
+            hdr.set_keyslot_encryption(&c, bytes)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args, Debug)]
@@ -161,6 +192,9 @@ pub(crate) struct VolumeArgs {
     /// --dump-volume-key` shows it, raw bytes) instead of a passphrase.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<std::path::PathBuf>,
+    /// With --test-passphrase, LUKS2: check against the unbound keys' keyslots.
+    #[arg(long)]
+    pub unbound: bool,
     #[command(flatten)]
     pub tcrypt: TcryptArgs,
     #[arg(short = 'S', long = "key-slot")]
@@ -306,7 +340,9 @@ pub(crate) struct CompatArgs {
     /// itself and need no lock directory, so they are kept.
     #[arg(long = "disable-locks", global = true)]
     pub disable_locks: bool,
-    /// Accepted: cryptblk does not probe devices for other signatures (blkid).
+    /// Accepted (cryptsetup 2.7's option): the one signature check cryptblk makes still
+    /// applies (a LUKS2 header with a damaged copy is refused while another format's
+    /// signature is on the device; `repair` overrides it).
     #[arg(long = "disable-blkid", global = true)]
     pub disable_blkid: bool,
     /// Accepted: cryptblk never puts keys in the kernel keyring.

@@ -182,6 +182,19 @@ pub(crate) fn get_passphrase(
     prompt: &str,
     verify: bool,
 ) -> CliResult<SecretBytes> {
+    let pass = read_passphrase(src, prompt, verify)?;
+    if pass.is_empty() {
+        return Err(CliError::new(EXIT_USAGE, "empty passphrase"));
+    }
+    Ok(pass)
+}
+
+/// As [`get_passphrase`], an empty one (nothing on stdin) included.
+pub(crate) fn read_passphrase(
+    src: &KeySource,
+    prompt: &str,
+    verify: bool,
+) -> CliResult<SecretBytes> {
     if src.extra_key_files > 0 {
         return Err(CliError::usage("Only one --key-file argument is allowed."));
     }
@@ -201,14 +214,10 @@ pub(crate) fn get_passphrase(
         p
     };
     // -l limits a typed or piped passphrase too, as cryptsetup reads it (0: no limit).
-    let pass = match src.keyfile_size {
+    Ok(match src.keyfile_size {
         Some(n) if n > 0 && pass.len() > n => SecretBytes::from_slice(&pass[..n]),
         _ => pass,
-    };
-    if pass.is_empty() {
-        return Err(CliError::new(EXIT_USAGE, "empty passphrase"));
-    }
-    Ok(pass)
+    })
 }
 
 /// A TrueCrypt/VeraCrypt passphrase: a line of stdin when stdin is not a terminal, else

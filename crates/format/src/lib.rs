@@ -15,6 +15,7 @@ pub mod loopaes;
 pub mod luks1;
 pub mod luks2;
 pub mod plain;
+mod signatures;
 pub mod tcrypt;
 
 pub use crash::{CrashDevice, Tear};
@@ -93,6 +94,9 @@ pub struct FormatOptions {
     /// in bytes, a multiple of 4096; `None` = the space between the two header copies and
     /// the data offset, or up to 16 MiB from the device start when no offset is given.
     pub luks2_keyslots_size: Option<u64>,
+    /// LUKS2 `--keyslot-cipher` and `--keyslot-key-size` (bytes): how the first keyslot's
+    /// area is encrypted; `None` = with the data cipher. LUKS1 refuses it.
+    pub keyslot_encryption: Option<(String, usize)>,
 }
 
 impl FormatOptions {
@@ -113,6 +117,7 @@ impl FormatOptions {
             keyslot: None,
             luks2_metadata_size: None,
             luks2_keyslots_size: None,
+            keyslot_encryption: None,
         }
     }
 }
@@ -209,6 +214,14 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()>;
     /// Checks a volume key against the stored digest.
     fn verify_volume_key(&self, key: &[u8]) -> Result<bool>;
+    /// How the keyslots added or changed from now on encrypt their areas
+    /// (`--keyslot-cipher`, `--keyslot-key-size`; cryptsetup's
+    /// `crypt_keyslot_set_encryption`). Only LUKS2 keyslots have a cipher of their own.
+    fn set_keyslot_encryption(&mut self, _cipher: &str, _key_bytes: usize) -> Result<()> {
+        Err(Error::InvalidOption(
+            "keyslot encryption parameters can be set only for a LUKS2 device".into(),
+        ))
+    }
     /// Stores `volume_key` under `passphrase` in `slot` (or the first free slot).
     fn add_keyslot(
         &mut self,
@@ -254,9 +267,18 @@ pub trait LuksHeader: std::fmt::Debug + Send {
                 Err(e) => return Err(e),
             }
         }
-        let slot = self.add_keyslot(dev, volume_key, new_passphrase, new_slot, kdf)?;
-        self.kill_keyslot(dev, old_slot)?;
-        Ok(slot)
+        match self.add_keyslot(dev, volume_key, new_passphrase, new_slot, kdf) {
+            Ok(slot) => {
+                self.kill_keyslot(dev, old_slot)?;
+                Ok(slot)
+            }
+            // Every keyslot in use and none asked for: rewritten in place, as cryptsetup.
+            Err(Error::NoFreeKeyslot) if new_slot.is_none() => {
+                self.kill_keyslot(dev, old_slot)?;
+                self.add_keyslot(dev, volume_key, new_passphrase, Some(old_slot), kdf)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -26,14 +26,16 @@ pub(crate) struct DumpArgs {
     #[arg(long = "dump-volume-key", alias = "dump-master-key")]
     pub dump_volume_key: bool,
     /// LUKS2: print the header's JSON metadata as cryptsetup does.
-    /// With --dump-volume-key: write the key to this new file (mode 0400) instead of
-    /// printing it.
-    #[arg(
-        long = "volume-key-file",
-        alias = "master-key-file",
-        requires = "dump_volume_key"
-    )]
+    /// With --dump-volume-key or --unbound: write the key to this new file (mode 0400)
+    /// instead of printing it.
+    #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
+    /// LUKS2: show the unbound key of keyslot -S (its passphrase is asked).
+    #[arg(long, requires = "key_slot")]
+    pub unbound: bool,
+    /// With --unbound: the keyslot holding the unbound key.
+    #[arg(short = 'S', long = "key-slot")]
+    pub key_slot: Option<u32>,
     #[arg(long = "dump-json-metadata")]
     pub dump_json_metadata: bool,
     #[command(flatten)]
@@ -204,6 +206,14 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         .unwrap_or(&a.device)
         .to_path_buf();
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
+    if a.unbound {
+        return dump_unbound(ctx, &a, &mut dev, &path);
+    }
+    if a.volume_key_file.is_some() && !a.dump_volume_key {
+        return Err(crate::error::CliError::usage(
+            "--volume-key-file with dump needs --dump-volume-key or --unbound",
+        ));
+    }
     let hdr = load(&mut dev, &path)?;
     let volume_key = if a.dump_volume_key {
         // cryptsetup's question, before the passphrase is even asked for.
@@ -300,4 +310,48 @@ fn write_volume_key_file(path: &std::path::Path, key: &[u8]) -> CliResult<()> {
             ))
         })?;
     f.write_all(key).map_err(|e| crate::error::io_err(path, e))
+}
+
+/// `dump --unbound -S N`: the unbound key of keyslot N, as cryptsetup prints it.
+fn dump_unbound(
+    ctx: &Ctx,
+    a: &DumpArgs,
+    dev: &mut dyn cryptblk_format::Storage,
+    path: &std::path::Path,
+) -> CliResult<()> {
+    let slot = a.key_slot.expect("clap requires -S with --unbound");
+    let h = crate::commands::keyslots::luks2_header(dev, path)?;
+    if !h.unbound_keyslots().contains(&slot) {
+        return Err(crate::error::CliError::usage(format!(
+            "Keyslot {slot} does not contain unbound key."
+        )));
+    }
+    crate::passphrase::confirm(
+        ctx.batch,
+        "The header dump with unbound key is sensitive information.\n\
+         This dump should be stored encrypted in a safe place.",
+    )?;
+    let pass = crate::passphrase::get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        false,
+    )?;
+    let (_, key) = h
+        .open_unbound(dev, &pass, Some(slot))
+        .map_err(crate::commands::keyslots::wrong_passphrase)?;
+    if let Some(f) = &a.volume_key_file {
+        write_volume_key_file(f, &key)?;
+    }
+    let mut o = format!(
+        "LUKS header information for {}\nUUID:    \t{}\nKeyslot: \t{slot}\nKey bits:\t{}\n",
+        a.device.display(),
+        h.uuid(),
+        key.len() * 8
+    );
+    match &a.volume_key_file {
+        Some(f) => o.push_str(&format!("Key stored to file {}.\n", f.display())),
+        None => o.push_str(&crate::commands::luksdump::unbound_key(&key)),
+    }
+    print!("{o}");
+    Ok(())
 }

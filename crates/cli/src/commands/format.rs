@@ -154,18 +154,37 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
     )?;
 
     let mut dev = open_header_for_format(ctx, &a)?;
+    // An image file grows to hold the header (cryptsetup's way); a block device or a
+    // remote store too small for it is refused before anything is written.
+    let hpath = header_path(&a.device, &a.header);
+    if !std::fs::metadata(hpath).is_ok_and(|m| m.file_type().is_file()) {
+        let need = if luks1 {
+            opts.data_offset
+                .unwrap_or_else(|| aligned_data_offset(&opts, true, 1 << 20))
+        } else {
+            Luks2Header::header_end(&opts)?
+        };
+        let have = Storage::size(&dev).map_err(|e| io_err(hpath, e))?;
+        if have < need {
+            return Err(CliError::usage(format!(
+                "Device {} is too small: the header needs {need} bytes, it has {have}.",
+                hpath.display()
+            )));
+        }
+    }
     let hdr: Box<dyn LuksHeader> = if luks1 {
         Box::new(Luks1Header::format(&mut dev, &opts, &volume_key, &pass)?)
     } else {
         Box::new(Luks2Header::format(&mut dev, &opts, &volume_key, &pass)?)
     };
-    // cryptsetup refuses devices that cannot hold any data after the header.
+    // As cryptsetup: a device with no room for data after the header is still formatted
+    // (an image file grows to hold the header; a block device too short has failed the
+    // header write already), with a warning: it cannot be opened until it grows.
     if !opts.detached_header && data_size <= hdr.data_offset() {
-        return Err(CliError::usage(format!(
-            "Device {} is too small: the data segment would start at byte {} of {data_size}.",
-            a.device.display(),
-            hdr.data_offset()
-        )));
+        eprintln!(
+            "Device {} is too small for activation, there is no remaining space for data.",
+            a.device.display()
+        );
     }
     if ctx.verbose {
         eprintln!(
@@ -214,6 +233,7 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
     opts.keyslot = a.key_slot;
     opts.luks2_metadata_size = a.luks2_metadata_size;
     opts.luks2_keyslots_size = a.luks2_keyslots_size;
+    opts.keyslot_encryption = a.kdf.keyslot_encryption()?;
     Ok(opts)
 }
 

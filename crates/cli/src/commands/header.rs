@@ -112,11 +112,11 @@ pub(crate) fn config(ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
         return Err(CliError::usage("config is for LUKS2 volumes only"));
     }
     let mut hdr = Luks2Header::read(&mut dev)?;
-    if let Some(l) = &a.label {
-        hdr.set_label(&mut dev, Some(l))?;
-    }
-    if let Some(s) = &a.subsystem {
-        hdr.set_subsystem(&mut dev, Some(s))?;
+    // As cryptsetup (crypt_set_label takes both): giving either sets both, the one not
+    // given cleared.
+    if a.label.is_some() || a.subsystem.is_some() {
+        hdr.set_label(&mut dev, a.label.as_deref())?;
+        hdr.set_subsystem(&mut dev, a.subsystem.as_deref())?;
     }
     if let (Some(p), Some(slot)) = (priority, a.key_slot) {
         hdr.set_keyslot_priority(&mut dev, slot, p)?;
@@ -334,7 +334,7 @@ pub(crate) fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
         }
         return Ok(());
     }
-    let mut hdr = Luks2Header::read(&mut dev).map_err(|e| match e {
+    let mut hdr = Luks2Header::read_for_repair(&mut dev).map_err(|e| match e {
         cryptblk_format::Error::NotLuks => CliError::usage(format!(
             "Device {} is not a valid LUKS device.",
             hpath.display()

@@ -6,7 +6,7 @@ use super::{header_path, kdf_request, load, open_header, unlock};
 use crate::args::{HeaderArgs, KdfArgs, KeyArgs, TypeSelect};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION};
-use crate::passphrase::{KeySource, confirm, get_passphrase};
+use crate::passphrase::{KeySource, confirm, get_passphrase, read_passphrase};
 use clap::Args;
 use cryptblk_crypto::SecretBytes;
 use cryptblk_format::{LuksHeader, Storage, load_header};
@@ -42,9 +42,15 @@ pub(crate) struct AddKeyArgs {
     /// unlocking with an existing passphrase; checked against the header's digest.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
-    /// With --volume-key-file: the key's size in bits (must be the volume's).
-    #[arg(short = 's', long = "key-size", requires = "volume_key_file")]
+    /// With --volume-key-file: the key's size in bits (must be the volume's); with
+    /// --unbound: the unbound key's size.
+    #[arg(short = 's', long = "key-size")]
     pub key_size: Option<usize>,
+    /// LUKS2: add a keyslot for a key of its own, not the volume's (an unbound key:
+    /// random, or from --volume-key-file; -s gives its size). No existing passphrase is
+    /// needed.
+    #[arg(long)]
+    pub unbound: bool,
     #[command(flatten)]
     pub kdf: KdfArgs,
 }
@@ -63,6 +69,10 @@ pub(crate) struct RemoveKeyArgs {
 #[derive(Args, Debug)]
 pub(crate) struct ConvertKeyArgs {
     pub device: PathBuf,
+    /// Further arguments, ignored as cryptsetup ignores them (its test scripts give the
+    /// device twice).
+    #[arg(hide = true)]
+    pub ignored: Vec<std::ffi::OsString>,
     #[command(flatten)]
     pub header: HeaderArgs,
     #[command(flatten)]
@@ -89,6 +99,9 @@ pub(crate) struct KillSlotArgs {
 #[derive(Args, Debug)]
 pub(crate) struct TestArgs {
     pub device: PathBuf,
+    /// LUKS2: check the passphrase against the unbound keys' keyslots.
+    #[arg(long)]
+    pub unbound: bool,
     /// LUKS: check this volume key (raw bytes) against the header instead of a passphrase.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<PathBuf>,
@@ -116,6 +129,10 @@ fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
 }
 
 pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
+    if a.unbound {
+        // No existing passphrase: -S is the new keyslot, as cryptsetup's.
+        return add_unbound_key(ctx, &a, a.new_key_slot.or(a.key_slot));
+    }
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     // cryptsetup's rule: -S alone names the new keyslot; with --new-key-slot it names the
@@ -143,9 +160,64 @@ pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
         true,
     )?;
     let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
+    a.kdf.apply_keyslot_encryption(&mut *hdr)?;
     let slot = hdr.add_keyslot(&mut dev, &vk, &new, new_slot, &kdf)?;
     eprintln!("Key slot {slot} created.");
     Ok(())
+}
+
+/// `add-key --unbound`: a LUKS2 keyslot for a key of its own (random, or from
+/// --volume-key-file), of -s bits.
+fn add_unbound_key(ctx: &Ctx, a: &AddKeyArgs, slot: Option<u32>) -> CliResult<()> {
+    let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    let mut hdr = luks2_header(&mut dev, header_path(&a.device, &a.header))?;
+    let bits = a.key_size.filter(|b| *b > 0 && b % 8 == 0).ok_or_else(|| {
+        CliError::usage("Option --unbound needs --key-size (bits, a multiple of 8).")
+    })?;
+    let key = match &a.volume_key_file {
+        Some(p) => {
+            let k = crate::passphrase::read_key_file(p, 0, Some(bits / 8))?;
+            if k.len() != bits / 8 {
+                return Err(CliError::usage(format!(
+                    "Cannot read {} bytes from volume key file {}.",
+                    bits / 8,
+                    p.display()
+                )));
+            }
+            SecretBytes::from_slice(&k)
+        }
+        None => SecretBytes::random(bits / 8)?,
+    };
+    let new = get_passphrase(
+        &new_passphrase_source(a),
+        "Enter new passphrase for key slot: ",
+        true,
+    )?;
+    let kdf = kdf_request(&a.kdf, false)?;
+    a.kdf.apply_keyslot_encryption(&mut hdr)?;
+    let slot = hdr.add_unbound_keyslot(&mut dev, &key, &new, slot, &kdf)?;
+    eprintln!("Key slot {slot} created.");
+    Ok(())
+}
+
+/// The LUKS2 header of `path` (what unbound keys and keyslot ciphers need).
+pub(crate) fn luks2_header(
+    dev: &mut dyn Storage,
+    path: &std::path::Path,
+) -> CliResult<cryptblk_format::luks2::Luks2Header> {
+    if load_header(dev).map(|h| h.version()).ok() != Some(2) {
+        return Err(CliError::usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            path.display()
+        )));
+    }
+    Ok(cryptblk_format::luks2::Luks2Header::read(dev)?)
+}
+
+/// Whether keyslot `slot` of a LUKS2 header holds an unbound key.
+fn is_unbound(dev: &mut dyn Storage, slot: Option<u32>) -> bool {
+    let Some(s) = slot else { return false };
+    cryptblk_format::luks2::Luks2Header::read(dev).is_ok_and(|h| h.unbound_keyslots().contains(&s))
 }
 
 /// `--volume-key-file`: the volume key, exactly the header's key size, checked against
@@ -201,6 +273,20 @@ pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
         }
     }
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
+    if is_unbound(&mut dev, a.key_slot) {
+        // An unbound key's keyslot: the new passphrase protects the same key, unbound.
+        let mut h = luks2_header(&mut dev, header_path(&a.device, &a.header))?;
+        let old = get_passphrase(&a.key.source(), "Enter passphrase to be changed: ", false)?;
+        let new = get_passphrase(&new_passphrase_source(&a), "Enter new passphrase: ", true)?;
+        let kdf = kdf_request(&a.kdf, false)?;
+        a.kdf.apply_keyslot_encryption(&mut h)?;
+        let slot_in = a.key_slot.expect("checked by is_unbound");
+        let slot = h
+            .change_unbound_keyslot(&mut dev, &old, &new, slot_in, a.key_slot, &kdf)
+            .map_err(wrong_passphrase)?;
+        eprintln!("Key slot {slot_in} changed (new passphrase in key slot {slot}).");
+        return Ok(());
+    }
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     let (old_slot, vk) = unlock(
         &*hdr,
@@ -211,6 +297,7 @@ pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     )?;
     let new = get_passphrase(&new_passphrase_source(&a), "Enter new passphrase: ", true)?;
     let kdf = kdf_request(&a.kdf, hdr.version() == 1)?;
+    a.kdf.apply_keyslot_encryption(&mut *hdr)?;
     // Each format does it as crash-safely as its layout allows (see `replace_keyslot`).
     // cryptsetup: with -S the passphrase stays in that keyslot number.
     let slot = hdr.replace_keyslot(&mut dev, old_slot, &vk, &new, a.key_slot, &kdf)?;
@@ -234,19 +321,23 @@ pub(crate) fn convert_key(ctx: &Ctx, a: ConvertKeyArgs) -> CliResult<()> {
         return Err(CliError::usage(format!("Keyslot {s} is not active.")));
     }
     let kdf = kdf_request(&a.kdf, false)?;
+    a.kdf.apply_keyslot_encryption(&mut hdr)?;
     let pass = get_passphrase(
         &a.key.source(),
         "Enter passphrase for keyslot to be converted: ",
         false,
     )?;
-    let slot = hdr
-        .change_keyslot(&mut dev, &pass, &pass, a.key_slot, a.key_slot, &kdf)
-        .map_err(|e| match e {
-            cryptblk_format::Error::WrongPassphrase => {
-                CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
-            }
-            e => e.into(),
-        })?;
+    let unbound = a.key_slot.filter(|s| hdr.unbound_keyslots().contains(s));
+    let changed = match unbound {
+        Some(s) => hdr.change_unbound_keyslot(&mut dev, &pass, &pass, s, Some(s), &kdf),
+        None => hdr.change_keyslot(&mut dev, &pass, &pass, a.key_slot, a.key_slot, &kdf),
+    };
+    let slot = changed.map_err(|e| match e {
+        cryptblk_format::Error::WrongPassphrase => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        e => e.into(),
+    })?;
     if ctx.verbose {
         eprintln!("Key slot {slot} created.");
     }
@@ -300,14 +391,24 @@ pub(crate) fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
     }
     // As cryptsetup: a passphrase is checked unless in batch mode with none supplied (no
     // key file, standard input a terminal); one that was supplied and is wrong refuses,
-    // wrong or not batch. Only an empty standard input counts as none supplied.
+    // wrong or not batch. Nothing at all on a standard input that is not a terminal
+    // counts as none supplied (cryptsetup ignores the failed read), batch or not.
     let src = a.key.source();
     let supplied = src.key_file.is_some() || !std::io::stdin().is_terminal();
     if !ctx.batch || supplied {
-        let pass = match get_passphrase(&src, "Enter any remaining passphrase: ", false) {
-            Ok(p) => Some(p),
-            Err(_) if ctx.batch && src.key_file.is_none() => None,
-            Err(e) => return Err(e),
+        let pass = if src.key_file.is_none() && !std::io::stdin().is_terminal() {
+            Some(read_passphrase(
+                &src,
+                "Enter any remaining passphrase: ",
+                false,
+            )?)
+            .filter(|p| !p.is_empty())
+        } else {
+            match get_passphrase(&src, "Enter any remaining passphrase: ", false) {
+                Ok(p) => Some(p),
+                Err(_) if ctx.batch && src.key_file.is_none() => None,
+                Err(e) => return Err(e),
+            }
         };
         if let Some(pass) = pass {
             verify_remaining(&*hdr, &mut dev, &pass, a.slot, &active)?;
@@ -372,6 +473,21 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
         eprintln!("Volume key matches the volume.");
         return Ok(());
     }
+    if a.unbound || is_unbound(&mut dev, a.key_slot) {
+        // An unbound key's keyslot is checked against its own digest (cryptsetup's
+        // `open --test-passphrase --unbound`, or -S naming such a keyslot).
+        let h = luks2_header(&mut dev, header_path(&a.device, &a.header))?;
+        let pass = get_passphrase(
+            &a.key.source(),
+            &format!("Enter passphrase for {}: ", a.device.display()),
+            false,
+        )?;
+        let (slot, _) = h
+            .open_unbound(&mut dev, &pass, a.key_slot)
+            .map_err(wrong_passphrase)?;
+        eprintln!("Key slot {slot} unlocked.");
+        return Ok(());
+    }
     let (slot, _vk) = unlock(
         &*hdr,
         &mut dev,
@@ -381,4 +497,14 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     )?;
     eprintln!("Key slot {slot} unlocked.");
     Ok(())
+}
+
+/// A wrong passphrase as cryptsetup reports it (exit code 2).
+pub(crate) fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
+    match e {
+        cryptblk_format::Error::WrongPassphrase => {
+            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
+        }
+        e => e.into(),
+    }
 }

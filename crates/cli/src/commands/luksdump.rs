@@ -356,6 +356,14 @@ pub(crate) fn volume_key(
     o
 }
 
+/// `luksDump --unbound`'s key line: "Unbound Key:" and the key in cryptsetup's hex.
+pub(crate) fn unbound_key(key: &[u8]) -> String {
+    let mut o = String::from("Unbound Key:\t");
+    hex(&mut o, key, " ", 16, "\n\t\t");
+    o.push('\n');
+    o
+}
+
 /// JSON as json-c prints it pretty (what `luksDump --dump-json-metadata` shows): two
 /// spaces an indent level, no space after a colon, empty containers split over two lines,
 /// keys in their on-disk order.

@@ -268,6 +268,7 @@ fn test_passphrase(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
     let t = crate::commands::keyslots::TestArgs {
         device: a.device,
         volume_key_file: a.vol.volume_key_file,
+        unbound: a.vol.unbound,
         key_size: a.vol.key_size,
         header: a.vol.header,
         key: a.vol.key,

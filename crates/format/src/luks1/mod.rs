@@ -647,6 +647,9 @@ fn check_options(opts: &FormatOptions, volume_key: &[u8]) -> Result<()> {
     if opts.luks2_metadata_size.is_some() || opts.luks2_keyslots_size.is_some() {
         return invalid("metadata and keyslots area sizes are LUKS2 options".into());
     }
+    if opts.keyslot_encryption.is_some() {
+        return invalid("keyslot encryption parameters can be set only for LUKS2".into());
+    }
     if volume_key.len() != opts.key_len {
         return invalid(format!(
             "volume key is {} bytes, key size is {} bytes",

@@ -218,12 +218,27 @@ pub(super) fn read_copy(dev: &mut dyn Storage, offset: u64) -> Result<RawCopy, C
         return Err(fail(true, "checksum mismatch".into()));
     }
     let json_area = &area[BIN_HDR_LEN..];
+    // cryptsetup's rules for the area: the JSON object starts at its first byte, and
+    // every byte after the object's closing brace is NUL (at least one).
+    if json_area.first() != Some(&b'{') {
+        return Err(fail(true, "JSON area does not start with '{'".into()));
+    }
     let end = json_area
         .iter()
         .position(|&c| c == 0)
         .ok_or_else(|| fail(true, "JSON area is not NUL-terminated".into()))?;
-    let json: Value = serde_json::from_slice(&json_area[..end])
+    let mut values = serde_json::Deserializer::from_slice(&json_area[..end]).into_iter::<Value>();
+    let json: Value = values
+        .next()
+        .unwrap_or_else(|| Err(serde::de::Error::custom("empty")))
         .map_err(|e| fail(true, format!("JSON does not parse: {e}")))?;
+    let json_len = values.byte_offset();
+    if json_area[json_len..].iter().any(|&c| c != 0) {
+        return Err(fail(
+            true,
+            format!("bytes other than NUL after the JSON text (at {json_len})"),
+        ));
+    }
     if !json.is_object() {
         return Err(fail(true, "JSON metadata is not an object".into()));
     }

@@ -26,6 +26,9 @@ pub enum Luks2Error {
     /// The header carries mandatory requirements this implementation does not support
     /// (e.g. an interrupted reencryption); the volume must not be opened or changed.
     UnmetRequirements(Vec<String>),
+    /// One header copy is damaged and another format's signature (named) is on the
+    /// device: the header is not used until `repair` says it is the one to keep.
+    AmbiguousSignatures(String),
     /// A keyslot, digest or segment uses something this implementation cannot compute.
     Unsupported(String),
     /// The new JSON does not fit the JSON area.
@@ -70,6 +73,10 @@ impl fmt::Display for Luks2Error {
                 f,
                 "unmet mandatory requirements [{}]; refusing to use this device",
                 r.join(", ")
+            ),
+            Luks2Error::AmbiguousSignatures(other) => write!(
+                f,
+                "Device contains ambiguous signatures ({other} beside a damaged LUKS2 header copy), cannot auto-recover LUKS2.\nPlease run \"repair\" for recovery."
             ),
             Luks2Error::Unsupported(s) => write!(f, "unsupported: {s}"),
             Luks2Error::JsonTooLarge { need, have } => {

@@ -90,6 +90,21 @@ pub struct Luks2Header {
     in_sync: bool,
     /// Set when read with [`Luks2Header::read_ignoring_requirements`] despite requirements.
     unmet_requirements: bool,
+    /// `--keyslot-cipher`/`--keyslot-key-size`: how the next keyslots' areas are
+    /// encrypted; `None`: with the data cipher (cryptsetup's default).
+    keyslot_encryption: Option<(String, usize)>,
+    /// The type of a data segment that is neither `crypt` nor `linear`: the header loads
+    /// (dump, backup) but nothing uses its data or keys.
+    unsupported_segment: Option<String>,
+}
+
+/// Which digest a keyslot being stored belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyDigest {
+    /// This digest (the data segment's, or an unbound key's): the key must match it.
+    Existing(u32),
+    /// A new digest, bound to no segment, made for the key (an unbound key).
+    NewUnbound,
 }
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -177,11 +192,31 @@ impl Luks2Header {
         Ok(h)
     }
 
+    /// [`Luks2Header::read`] for `repair`: a header with one damaged copy loads even when
+    /// another signature is on the device (`repair` is how the user says the LUKS2
+    /// header is the one to keep).
+    pub fn read_for_repair(dev: &mut dyn Storage) -> Result<Self> {
+        let h = Self::read_copies(dev, false)?;
+        if h.unmet_requirements {
+            return Err(Luks2Error::UnmetRequirements(h.model.requirements.clone()).into());
+        }
+        Ok(h)
+    }
+
     /// Like [`Luks2Header::read`], but loads headers with mandatory requirements (for
     /// `dump`); such a header refuses `unlock` and every change.
     pub fn read_ignoring_requirements(dev: &mut dyn Storage) -> Result<Self> {
+        Self::read_copies(dev, true)
+    }
+
+    /// Reads both copies and keeps the newest valid one. With one copy damaged and
+    /// `probe`, another format's signature on the device refuses the header, as
+    /// cryptsetup refuses to recover it then.
+    fn read_copies(dev: &mut dyn Storage, probe: bool) -> Result<Self> {
         let check = |c: std::result::Result<RawCopy, binary::CopyFailure>| match c {
-            Ok(c) => match Model::from_json(&c.json, c.bin.hdr_size) {
+            Ok(c) => match Model::from_json(&c.json, c.bin.hdr_size)
+                .and_then(|m| m.check_digest_assignment().map(|()| m))
+            {
                 Ok(m) => Ok((c, m)),
                 Err(e) => Err((true, e.to_string())),
             },
@@ -227,8 +262,12 @@ impl Luks2Header {
                     p
                 }
             }
-            (Ok(p), Err(_)) => p,
-            (Err(_), Ok(s)) => s,
+            (Ok(c), Err(_)) | (Err(_), Ok(c)) => {
+                if probe && let Some(other) = crate::signatures::foreign_signature(dev) {
+                    return Err(Luks2Error::AmbiguousSignatures(other.to_string()).into());
+                }
+                c
+            }
             (Err((false, _)), Err((false, _))) => return Err(Error::NotLuks),
             (Err((_, p)), Err((_, s))) => {
                 return Err(Luks2Error::NoValidCopy {
@@ -276,6 +315,8 @@ impl Luks2Header {
             status: CopyStatus::default(),
             in_sync: true,
             unmet_requirements: false,
+            keyslot_encryption: None,
+            unsupported_segment: None,
         };
         h.refresh(h.model.clone())?;
         Ok(h)
@@ -294,12 +335,11 @@ impl Luks2Header {
             .or_else(|| model.default_segment())
             .ok_or_else(|| Luks2Error::Unsupported("header without a data segment".into()))?;
         // "linear": what a finished decryption leaves (plaintext behind a vestigial
-        // header); it loads, and unlocking it says so.
-        if seg.kind != "crypt" && seg.kind != "linear" {
-            return Err(
-                Luks2Error::Unsupported(format!("data segment of type '{}'", seg.kind)).into(),
-            );
-        }
+        // header); it loads, and unlocking it says so. A type nobody knows loads too (its
+        // metadata is valid, as cryptsetup's validation says; dump shows it) and refuses
+        // every use of the data or the keys.
+        self.unsupported_segment =
+            (seg.kind != "crypt" && seg.kind != "linear").then(|| seg.kind.clone());
         if seg.integrity {
             // The data lives on a dm-integrity device with interleaved tags; reading it as
             // plain dm-crypt would serve garbage.
@@ -308,7 +348,7 @@ impl Luks2Header {
             )
             .into());
         }
-        let cipher = if seg.kind == "linear" {
+        let cipher = if seg.kind != "crypt" {
             CipherSpec::parse("cipher_null-ecb")?
         } else {
             CipherSpec::parse(&seg.encryption)
@@ -330,6 +370,20 @@ impl Luks2Header {
             .any(|r| !reencrypt::is_known_requirement(r));
         self.model = model;
         Ok(())
+    }
+
+    /// Where the header and keyslot areas [`Luks2Header::format`] writes with `opts` end
+    /// (the data offset, or the areas' end with a detached header): the least a store
+    /// that cannot grow must hold.
+    pub fn header_end(opts: &FormatOptions) -> Result<u64> {
+        let hdr_size = opts.luks2_metadata_size.unwrap_or(16 << 10);
+        let (keyslots_size, data_offset) = compute_layout(
+            hdr_size,
+            opts.luks2_keyslots_size,
+            opts.data_offset,
+            opts.detached_header,
+        )?;
+        Ok(data_offset.max(2 * hdr_size + keyslots_size))
     }
 
     /// Creates a new LUKS2 volume header with `volume_key` in one keyslot, as
@@ -364,21 +418,22 @@ impl Luks2Header {
         if area_size > keyslots_size {
             return Err(Luks2Error::NoKeyslotSpace.into());
         }
-        if !opts.detached_header {
-            let have = dev.size()?;
-            if have < data_offset {
-                return Err(Error::InvalidOption(format!(
-                    "device is too small ({have} bytes): LUKS2 needs at least {data_offset}"
-                )));
-            }
-        }
+        // A store smaller than the header: an image file grows to hold it (cryptsetup
+        // formats such a file and warns that no data fits); a block device fails on the
+        // first write past its end (callers check that first: `header_end`).
 
         let mut req = opts.kdf.clone();
         req.hash = opts.hash;
         let kdf = req.resolve(key_len)?;
         let iterations =
             digest::iterations(opts.hash, key_len, opts.kdf.forced_iterations.is_some())?;
-        let (area_cipher, area_key_size) = keyslot_cipher(&opts.cipher, key_len);
+        let (area_cipher, area_key_size) = match &opts.keyslot_encryption {
+            Some((c, bytes)) => {
+                check_keyslot_encryption(c, *bytes)?;
+                (c.clone(), *bytes)
+            }
+            None => keyslot_cipher(&opts.cipher, key_len),
+        };
 
         wipe_for_format(
             dev,
@@ -433,6 +488,9 @@ impl Luks2Header {
     fn check_usable(&self) -> Result<()> {
         if self.unmet_requirements {
             return Err(Luks2Error::UnmetRequirements(self.model.requirements.clone()).into());
+        }
+        if let Some(kind) = &self.unsupported_segment {
+            return Err(Luks2Error::Unsupported(format!("data segment of type '{kind}'")).into());
         }
         Ok(())
     }
@@ -597,6 +655,7 @@ impl Luks2Header {
     /// primary, sync, secondary, sync. Validates before writing anything.
     fn commit(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
         let model = Model::from_json(&json, self.hdr_size)?;
+        model.check_digest_assignment()?;
         let text = serde_json::to_vec(&json).map_err(|e| bad(e.to_string()))?;
         let have = self.hdr_size - BIN_HDR_LEN as u64;
         if text.len() as u64 >= have {
@@ -660,11 +719,48 @@ impl Luks2Header {
         kdf_req: &KdfRequest,
         replace: Option<u32>,
     ) -> Result<u32> {
+        let (digest_id, _) = self.segment_digest()?;
+        self.store_keyslot_for(
+            dev,
+            volume_key,
+            passphrase,
+            slot,
+            kdf_req,
+            replace,
+            KeyDigest::Existing(digest_id),
+        )
+    }
+
+    /// [`Self::store_keyslot`] for the key of any digest: an existing one (the key is
+    /// checked against it) or a new one made for an unbound key.
+    #[allow(clippy::too_many_arguments)]
+    fn store_keyslot_for(
+        &mut self,
+        dev: &mut dyn Storage,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf_req: &KdfRequest,
+        replace: Option<u32>,
+        target: KeyDigest,
+    ) -> Result<u32> {
         self.check_changeable()?;
-        let (digest_id, digest) = self.segment_digest()?;
-        if !digest::verify(digest, volume_key)? {
-            return Err(Luks2Error::VolumeKeyMismatch.into());
-        }
+        let digest_id = match target {
+            KeyDigest::Existing(d) => {
+                let digest = self
+                    .model
+                    .digests
+                    .get(&d)
+                    .ok_or_else(|| bad(format!("digest {d} is missing")))?;
+                if !digest::verify(digest, volume_key)? {
+                    return Err(Luks2Error::VolumeKeyMismatch.into());
+                }
+                d
+            }
+            KeyDigest::NewUnbound => (0..MAX_OBJECTS)
+                .find(|i| !self.model.digests.contains_key(i))
+                .ok_or_else(|| bad("no free digest id"))?,
+        };
         let free = |id: &u32| !self.model.keyslots.contains_key(id) || Some(*id) == replace;
         let id = match slot {
             Some(s) if s >= MAX_OBJECTS => {
@@ -698,7 +794,17 @@ impl Luks2Header {
         let kdf = kdf_req.resolve(volume_key.len())?;
         // cryptsetup's AF hash is its PBKDF hash setting (`--hash`), whatever the KDF.
         let af_hash = kdf_req.hash;
-        let (area_cipher, area_key_size) = keyslot_cipher(&self.cipher, volume_key.len());
+        // The area takes the data cipher and key size (cryptsetup's default, for an
+        // unbound key of any size too); the key itself when the volume's size is unknown.
+        let area_key_len = if self.key_len > 0 {
+            self.key_len
+        } else {
+            volume_key.len()
+        };
+        let (area_cipher, area_key_size) = self
+            .keyslot_encryption
+            .clone()
+            .unwrap_or_else(|| keyslot_cipher(&self.cipher, area_key_len));
         let ks_json = keyslot::create(
             dev,
             &keyslot::NewKeyslot {
@@ -744,6 +850,16 @@ impl Luks2Header {
             }
         }
         section_mut(&mut json, "keyslots")?.insert(id.to_string(), ks_json);
+        if target == KeyDigest::NewUnbound {
+            // Its own digest, bound to no segment (cryptsetup's unbound key).
+            let iterations = digest::iterations(
+                kdf_req.hash,
+                volume_key.len(),
+                kdf_req.forced_iterations.is_some(),
+            )?;
+            let d = digest::create(volume_key, kdf_req.hash, iterations, &[], &[])?;
+            section_mut(&mut json, "digests")?.insert(digest_id.to_string(), d);
+        }
         let digests = section_mut(&mut json, "digests")?;
         let arr = digests
             .get_mut(&digest_id.to_string())
@@ -757,6 +873,96 @@ impl Luks2Header {
             dev.sync()?;
         }
         Ok(id)
+    }
+
+    /// LUKS2 keyslots holding an unbound key (their digest is bound to no segment), in
+    /// id order.
+    pub fn unbound_keyslots(&self) -> Vec<u32> {
+        self.model
+            .keyslots
+            .keys()
+            .copied()
+            .filter(|id| self.unbound_digest(*id).is_some())
+            .collect()
+    }
+
+    /// The digest of keyslot `slot` when it holds an unbound key.
+    fn unbound_digest(&self, slot: u32) -> Option<u32> {
+        self.model
+            .digests
+            .iter()
+            .find(|(_, d)| d.keyslots.contains(&slot) && d.segments.is_empty())
+            .map(|(id, _)| *id)
+    }
+
+    /// Opens an unbound key: keyslot `slot`, else any unbound keyslot the passphrase
+    /// opens (`open --unbound --test-passphrase`, `luksDump --unbound`).
+    pub fn open_unbound(
+        &self,
+        dev: &mut dyn Storage,
+        passphrase: &[u8],
+        slot: Option<u32>,
+    ) -> Result<(u32, SecretBytes)> {
+        self.check_usable()?;
+        let candidates = match slot {
+            Some(s) if self.unbound_digest(s).is_some() => vec![s],
+            Some(s) => {
+                return Err(Error::Keyslot(format!(
+                    "keyslot {s} does not contain an unbound key"
+                )));
+            }
+            None => self.unbound_keyslots(),
+        };
+        for s in candidates {
+            let d = self.unbound_digest(s).expect("an unbound keyslot");
+            match self.open_digest(dev, d, passphrase, Some(s)) {
+                Err(Error::WrongPassphrase) => {}
+                r => return r,
+            }
+        }
+        Err(Error::WrongPassphrase)
+    }
+
+    /// Adds a keyslot for an unbound key (`luksAddKey --unbound`): a key of its own,
+    /// under its own digest, not used for the data.
+    pub fn add_unbound_keyslot(
+        &mut self,
+        dev: &mut dyn Storage,
+        key: &[u8],
+        passphrase: &[u8],
+        slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        if key.is_empty() {
+            return Err(Error::InvalidOption(
+                "an unbound key needs a key size".into(),
+            ));
+        }
+        self.store_keyslot_for(dev, key, passphrase, slot, kdf, None, KeyDigest::NewUnbound)
+    }
+
+    /// Replaces keyslot `old` with `new_passphrase` for the same key, bound or unbound
+    /// (`luksChangeKey`/`luksConvertKey` on an unbound keyslot keep it unbound).
+    pub fn change_unbound_keyslot(
+        &mut self,
+        dev: &mut dyn Storage,
+        old_passphrase: &[u8],
+        new_passphrase: &[u8],
+        old_slot: u32,
+        new_slot: Option<u32>,
+        kdf: &KdfRequest,
+    ) -> Result<u32> {
+        let (old, key) = self.open_unbound(dev, old_passphrase, Some(old_slot))?;
+        let d = self.unbound_digest(old).expect("an unbound keyslot");
+        self.store_keyslot_for(
+            dev,
+            &key,
+            new_passphrase,
+            new_slot,
+            kdf,
+            Some(old),
+            KeyDigest::Existing(d),
+        )
     }
 
     /// `luksChangeKey`: stores the volume key under `new_passphrase` and removes the old slot
@@ -934,6 +1140,19 @@ impl Luks2Header {
 /// Keyslot area encryption as cryptsetup picks it (`crypt_keyslot_get_encryption`): the
 /// data segment's cipher with the volume key size, unless that cipher cannot protect a
 /// keyslot (cipher_null), then aes-xts-plain64 with a 512-bit key.
+/// A keyslot area cipher the user chose: one cryptblk can run, with a key size it takes.
+fn check_keyslot_encryption(cipher: &str, key_bytes: usize) -> Result<()> {
+    let spec = CipherSpec::parse(cipher)
+        .map_err(|e| Error::InvalidOption(format!("keyslot cipher {cipher}: {e}")))?;
+    if key_bytes == 0 || !spec.valid_key_len(key_bytes) {
+        return Err(Error::InvalidOption(format!(
+            "keyslot cipher {cipher} takes no {}-bit key",
+            key_bytes * 8
+        )));
+    }
+    Ok(())
+}
+
 fn keyslot_cipher(cipher: &CipherSpec, key_len: usize) -> (String, usize) {
     if cipher.cipher == cryptblk_crypto::BlockCipherAlg::Null {
         ("aes-xts-plain64".into(), 64)
@@ -956,6 +1175,11 @@ fn wipe_zero(dev: &mut dyn Storage, offset: u64, len: u64) -> Result<()> {
 impl LuksHeader for Luks2Header {
     fn version(&self) -> u8 {
         2
+    }
+    fn set_keyslot_encryption(&mut self, cipher: &str, key_bytes: usize) -> Result<()> {
+        check_keyslot_encryption(cipher, key_bytes)?;
+        self.keyslot_encryption = Some((cipher.to_string(), key_bytes));
+        Ok(())
     }
     fn uuid(&self) -> &str {
         &self.uuid
@@ -1193,6 +1417,14 @@ impl LuksHeader for Luks2Header {
         let (off, len) = (k.area_offset, k.area_size);
         let mut json = self.json.clone();
         remove_keyslot_json(&mut json, slot)?;
+        // An unbound key's digest goes with its last keyslot (it serves nothing else).
+        let empty = |d: &Value, k: &str| {
+            d.get(k)
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.is_empty())
+        };
+        section_mut(&mut json, "digests")?
+            .retain(|_, d| !(empty(d, "keyslots") && empty(d, "segments")));
         self.commit(dev, json)?;
         keyslot::wipe_area(dev, off, len)?;
         dev.sync()?;

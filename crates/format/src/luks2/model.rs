@@ -679,6 +679,25 @@ impl Model {
         Ok(model)
     }
 
+    /// cryptsetup's rule for whole metadata (read from disk, or about to be written): a
+    /// luks2 keyslot belongs to exactly one digest, whose key it holds. Metadata being
+    /// built may break it for a moment, so it is checked apart from [`Model::from_json`].
+    pub(crate) fn check_digest_assignment(&self) -> Result<(), Luks2Error> {
+        for (id, k) in &self.keyslots {
+            let n = self
+                .digests
+                .values()
+                .filter(|d| d.keyslots.contains(id))
+                .count();
+            if k.kind == "luks2" && n != 1 {
+                return Err(bad(format!(
+                    "keyslot {id} is assigned to {n} digests, not exactly one"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Segments and keyslot areas: no overlaps, areas inside the keyslots area, data after it.
     fn check_layout(&self, hdr_size: u64) -> Result<(), Luks2Error> {
         // Crypt segments must have a digest; segments must not overlap; only the last may be dynamic.
@@ -688,11 +707,6 @@ impl Model {
                 return Err(bad(format!(
                     "crypt segment {id} is not assigned to a key digest"
                 )));
-            }
-            if let Some(len) = s.size
-                && s.offset.checked_add(len).is_none()
-            {
-                return Err(bad(format!("segment {id} offset+size overflows")));
             }
             // Backup segments (a reencryption's record of the old and new layouts) describe
             // the same data as the live ones and overlap them by design.
@@ -704,7 +718,11 @@ impl Model {
         for w in segs.windows(2) {
             match w[0].1 {
                 None => return Err(bad("only the last segment may have a dynamic size")),
-                Some(len) if w[0].0 + len > w[1].0 => return Err(bad("overlapping segments")),
+                // A size up to 2^64-1 is valid (cryptsetup's validation takes it): a sum
+                // past u64 reaches past any following segment.
+                Some(len) if w[0].0.saturating_add(len) > w[1].0 => {
+                    return Err(bad("overlapping segments"));
+                }
                 Some(_) => {}
             }
         }

@@ -194,10 +194,16 @@ fn format_options_are_honoured() {
     o.label = None;
     o.luks2_metadata_size = Some(0x5000);
     assert!(Luks2Header::format(&mut MemStorage::default(), &o, &vk(), b"p").is_err());
-    // Not detached: the device must hold the data offset.
+    // Not detached, on a store smaller than the header: a store that can grow (a file,
+    // memory) grows to hold it, as cryptsetup formats an image file that is too small;
+    // header_end says what a store that cannot grow must hold.
     let mut o = opts();
     o.detached_header = false;
-    assert!(Luks2Header::format(&mut MemStorage::new(MIB), &o, &vk(), b"p").is_err());
+    let mut small = MemStorage::new(MIB);
+    Luks2Header::format(&mut small, &o, &vk(), b"p").unwrap();
+    assert_eq!(Luks2Header::header_end(&o).unwrap(), 16 * MIB);
+    assert!(small.size().unwrap() >= 16 * MIB);
+    assert!(Luks2Header::read(&mut small).is_ok());
 }
 
 #[test]
@@ -354,8 +360,22 @@ fn hostile_metadata_is_rejected() {
             let mut k = j["keyslots"]["0"].clone();
             k["area"]["offset"] = "36864".into();
             j["keyslots"]["1"] = k;
+            j["digests"]["0"]["keyslots"] = json!(["0", "1"]);
         },
         "overlap",
+    );
+    // cryptsetup's rule: a luks2 keyslot belongs to exactly one digest.
+    metadata_error(
+        |j| j["digests"]["0"]["keyslots"] = json!([]),
+        "assigned to 0 digests",
+    );
+    metadata_error(
+        |j| {
+            let d = j["digests"]["0"].clone();
+            j["digests"]["1"] = d;
+            j["digests"]["1"]["segments"] = json!([]);
+        },
+        "assigned to 2 digests",
     );
     metadata_error(
         |j| j["segments"]["0"]["offset"] = "1048576".into(),
@@ -411,7 +431,7 @@ fn hostile_metadata_is_rejected() {
         |j| j["tokens"]["0"] = json!({"type": "x", "keyslots": ["9"]}),
         "missing keyslot 9",
     );
-    metadata_error(|j| *j = json!([1, 2]), "not an object");
+    metadata_error(|j| *j = json!([1, 2]), "does not start with '{'");
     metadata_error(
         |j| {
             j.as_object_mut()
@@ -836,4 +856,34 @@ fn step_recovery_decides_client_writes_into_rewritten_pieces() {
     let h = Luks2Header::encrypt_shift_init(&mut dev, 4 * MIB, b"pass0", &r).unwrap();
     assert_eq!(first_step(dev, h), StepRecovery::Shift);
     assert!(!StepRecovery::Shift.keeps_rewritten_writes());
+}
+
+#[test]
+fn json_area_rules_are_cryptsetups() {
+    // The object starts at the area's first byte, and nothing but NULs follows it.
+    let area_error = |text: &[u8], needle: &str| {
+        let (mut dev, h) = fresh();
+        put_json_text(&mut dev, &h, text);
+        match luks2_err(Luks2Header::read(&mut dev)) {
+            Luks2Error::NoValidCopy { primary, .. } => {
+                assert!(primary.contains(needle), "{primary} (want {needle})")
+            }
+            e => panic!("unexpected {e:?}"),
+        }
+    };
+    let (_, h) = fresh();
+    let json = serde_json::to_vec(h.json()).unwrap();
+    let mut leading = b" ".to_vec();
+    leading.extend_from_slice(&json);
+    area_error(&leading, "does not start with '{'");
+    let mut after_nul = json.clone();
+    after_nul.extend_from_slice(b"\0\0garbage");
+    area_error(&after_nul, "other than NUL after the JSON");
+    let mut after_object = json.clone();
+    after_object.extend_from_slice(b" ");
+    area_error(&after_object, "other than NUL after the JSON");
+    // The same JSON followed by NULs only is fine.
+    let (mut dev, h) = fresh();
+    put_json_text(&mut dev, &h, &json);
+    assert!(Luks2Header::read(&mut dev).is_ok());
 }

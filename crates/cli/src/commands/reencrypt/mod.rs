@@ -216,6 +216,8 @@ pub(crate) fn from_wire(v: &serde_json::Value, device: &std::path::Path) -> Reen
             pbkdf_memory: n("pbkdf_memory"),
             pbkdf_parallel: n("pbkdf_parallel"),
             hash: s("hash"),
+            keyslot_cipher: None,
+            keyslot_key_size: None,
         },
         key_slot: n("key_slot"),
         cipher: s("cipher"),
@@ -305,6 +307,11 @@ pub(crate) fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
 }
 
 pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
+    if a.kdf.keyslot_encryption()?.is_some() {
+        return Err(CliError::usage(
+            "--keyslot-cipher is not supported by reencrypt here yet (format, add-key, change-key, convert-key take it)",
+        ));
+    }
     let job = Job::of(&a)?;
     if let Some(name) = &a.active_name {
         return crate::commands::reencrypt::online::reencrypt_served(ctx, &a, &job, name);

@@ -7,7 +7,7 @@ use super::json::{
     start_segments,
 };
 use super::metadata::ResilienceRequest;
-use crate::luks2::model::{Model, Segment};
+use crate::luks2::model::Segment;
 use crate::luks2::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
 use crate::{Error, FormatOptions, LuksHeader, MemStorage, Result, Storage};
 use cryptblk_crypto::{CipherSpec, IvOptions, KdfRequest, SecretBytes, SectorCipher, random_bytes};
@@ -172,7 +172,6 @@ impl Luks2Header {
         // Tokens that unlock the old keyslot unlock the new one too (cryptsetup's
         // assign_tokens), so they still work once the old one is gone.
         copy_token_assignments(&mut json, old_slot, new_slot)?;
-        let with_slot = Model::from_json(&json, self.hdr_size)?;
         let block = checksum_block(&old_seg, sector_size, data_size)?;
         let reenc_slot = add_reencrypt_keyslot(
             &mut json,
@@ -197,7 +196,8 @@ impl Luks2Header {
         let final_json = seg_json(&final_seg, final_at, 0, None, Some("backup-final"));
         start_segments(&mut json, seg_id, final_json);
         let iterations = digest::iterations(hash, key_len, req.kdf.forced_iterations.is_some())?;
-        let new_digest = lowest_free(&with_slot.digests)?;
+        // Digest ids: inserting a keyslot changed none.
+        let new_digest = lowest_free(&self.model.digests)?;
         let digests = section_mut(&mut json, "digests")?;
         digests
             .get_mut(&old_digest.to_string())
