@@ -188,8 +188,9 @@ pub(crate) struct VolumeArgs {
     /// (TrueCrypt/VeraCrypt), bitlk (BitLocker) or fvault2 (FileVault 2).
     #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks)]
     pub kind: VolumeType,
-    /// BitLocker, FileVault 2: open with the volume key in this file (as `dump
-    /// --dump-volume-key` shows it, raw bytes) instead of a passphrase.
+    /// Open with the volume key in this file (raw bytes, as `dump --dump-volume-key
+    /// --volume-key-file` writes it) instead of a passphrase: LUKS (no keyslot used; the
+    /// key is checked against the header's digest), BitLocker, FileVault 2.
     #[arg(long = "volume-key-file", alias = "master-key-file")]
     pub volume_key_file: Option<std::path::PathBuf>,
     /// With --test-passphrase, LUKS2: check against the unbound keys' keyslots.

@@ -246,7 +246,23 @@ fn read_secret(
             }
             None => passphrase()?,
         },
-        // LUKS, and any type that takes nothing but a passphrase.
+        // LUKS: the volume key itself (`--volume-key-file`, of the header's key size, or
+        // of --key-size when no keyslot is left to say it), else a passphrase.
+        VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2 if a.volume_key_file.is_some() => {
+            let len = match (key_len, a.key_size) {
+                (0, Some(bits)) => bits / 8,
+                (len, _) => len,
+            };
+            match volume_key_file(a, len)? {
+                Some(k) if k.len() == len && len > 0 => Secret::VolumeKey(k),
+                _ => {
+                    return Err(CliError::usage(format!(
+                        "Cannot read {len} bytes of volume key from the --volume-key-file."
+                    )));
+                }
+            }
+        }
+        // Any type that takes nothing but a passphrase.
         _ => passphrase()?,
     })
 }
@@ -256,9 +272,18 @@ pub(crate) fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult
     if let Some(size) = parse_mem(device) {
         return open_memory(size?, a);
     }
-    if a.volume_key_file.is_some() && !matches!(a.kind, VolumeType::Bitlk | VolumeType::Fvault2) {
+    if a.volume_key_file.is_some()
+        && !matches!(
+            a.kind,
+            VolumeType::Bitlk
+                | VolumeType::Fvault2
+                | VolumeType::Luks
+                | VolumeType::Luks1
+                | VolumeType::Luks2
+        )
+    {
         return Err(CliError::usage(
-            "--volume-key-file opens only --type bitlk and fvault2 volumes here",
+            "--volume-key-file opens LUKS, BitLocker and FileVault 2 volumes (--type luks, bitlk, fvault2)",
         ));
     }
     let fail = |e: cryptblk_volume::Error| match (a.kind, e) {

@@ -171,6 +171,24 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     ) -> Result<(u32, Vec<SegmentKey>)> {
         single_segment(self, dev, passphrase, slot, data_size)
     }
+    /// The data laid out with `volume_key` (cryptsetup's `open --volume-key-file`): the
+    /// key is checked against the digest; no keyslot is used. A volume in the middle of
+    /// a reencryption needs two keys and its passphrase: refused.
+    fn segments_from_volume_key(
+        &self,
+        volume_key: &[u8],
+        data_size: u64,
+    ) -> Result<Vec<SegmentKey>> {
+        if self.in_reencryption() || self.interrupted_step() {
+            return Err(Error::InvalidOption(
+                "a volume in the middle of a reencryption opens with its passphrase only".into(),
+            ));
+        }
+        if volume_key.len() != self.key_len() || !self.verify_volume_key(volume_key)? {
+            return Err(Error::WrongPassphrase);
+        }
+        single_segment_with_key(self, volume_key, data_size)
+    }
     /// Recovers the step of a LUKS2 reencryption that a crash cut off, as cryptsetup does
     /// on activation: the hot zone is rewritten from its resilience data (checksums,
     /// journal or the shifted copy) on `data` (a `data_size`-byte device), then the
@@ -312,6 +330,11 @@ pub(crate) fn single_segment<H: LuksHeader + ?Sized>(
     data_size: u64,
 ) -> Result<(u32, Vec<SegmentKey>)> {
     let (slot, key) = h.unlock(dev, passphrase, slot)?;
+    Ok((slot, vec![segment_with_key(h, key, data_size)]))
+}
+
+/// The header's one data segment, keyed with `key`, on a `data_size`-byte device.
+fn segment_with_key<H: LuksHeader + ?Sized>(h: &H, key: SecretBytes, data_size: u64) -> SegmentKey {
     let ss = h.sector_size() as u64;
     let off = h.data_offset();
     let len = h
@@ -319,7 +342,7 @@ pub(crate) fn single_segment<H: LuksHeader + ?Sized>(
         .unwrap_or_else(|| data_size.saturating_sub(off))
         / ss
         * ss;
-    let seg = SegmentKey {
+    SegmentKey {
         start: 0,
         len,
         storage_offset: off,
@@ -327,8 +350,7 @@ pub(crate) fn single_segment<H: LuksHeader + ?Sized>(
         sector_size: h.sector_size(),
         iv: h.iv_options(),
         key,
-    };
-    Ok((slot, vec![seg]))
+    }
 }
 
 /// Reads whichever LUKS version the device holds.
@@ -351,4 +373,17 @@ pub fn load_header(dev: &mut dyn Storage) -> Result<Box<dyn LuksHeader>> {
         // The primary may be wiped or damaged: LUKS2 can still be found from its secondary copy.
         _ => luks2::Luks2Header::read(dev).map(|h| Box::new(h) as Box<dyn LuksHeader>),
     }
+}
+
+/// [`LuksHeader::segments_from_volume_key`] once the key is checked: the one segment.
+pub(crate) fn single_segment_with_key<H: LuksHeader + ?Sized>(
+    h: &H,
+    volume_key: &[u8],
+    data_size: u64,
+) -> Result<Vec<SegmentKey>> {
+    Ok(vec![segment_with_key(
+        h,
+        SecretBytes::from_slice(volume_key),
+        data_size,
+    )])
 }

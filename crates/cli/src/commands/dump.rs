@@ -217,16 +217,12 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     let hdr = load(&mut dev, &path)?;
     let volume_key = if a.dump_volume_key {
         // cryptsetup's question, before the passphrase is even asked for.
-        crate::passphrase::confirm(
-            ctx.batch,
+        let pass = confirm_then_passphrase(
+            ctx,
+            &a,
             "Header dump with volume key is sensitive information\n\
              that allows access to encrypted partition without a passphrase.\n\
              This dump should be stored encrypted in a safe place.",
-        )?;
-        let pass = crate::passphrase::get_passphrase(
-            &a.key.source(),
-            &format!("Enter passphrase for {}: ", a.device.display()),
-            false,
         )?;
         Some(
             hdr.unlock(&mut dev, &pass, None)
@@ -320,25 +316,21 @@ fn dump_unbound(
     path: &std::path::Path,
 ) -> CliResult<()> {
     let slot = a.key_slot.expect("clap requires -S with --unbound");
-    let h = crate::commands::keyslots::luks2_header(dev, path)?;
+    let h = crate::commands::luks2_header(dev, path)?;
     if !h.unbound_keyslots().contains(&slot) {
         return Err(crate::error::CliError::usage(format!(
             "Keyslot {slot} does not contain unbound key."
         )));
     }
-    crate::passphrase::confirm(
-        ctx.batch,
+    let pass = confirm_then_passphrase(
+        ctx,
+        a,
         "The header dump with unbound key is sensitive information.\n\
          This dump should be stored encrypted in a safe place.",
     )?;
-    let pass = crate::passphrase::get_passphrase(
-        &a.key.source(),
-        &format!("Enter passphrase for {}: ", a.device.display()),
-        false,
-    )?;
     let (_, key) = h
         .open_unbound(dev, &pass, Some(slot))
-        .map_err(crate::commands::keyslots::wrong_passphrase)?;
+        .map_err(crate::commands::wrong_passphrase)?;
     if let Some(f) = &a.volume_key_file {
         write_volume_key_file(f, &key)?;
     }
@@ -354,4 +346,19 @@ fn dump_unbound(
     }
     print!("{o}");
     Ok(())
+}
+
+/// cryptsetup's question before a key is shown (asked before the passphrase is even
+/// read), then the passphrase.
+fn confirm_then_passphrase(
+    ctx: &Ctx,
+    a: &DumpArgs,
+    warning: &str,
+) -> CliResult<cryptblk_crypto::SecretBytes> {
+    crate::passphrase::confirm(ctx.batch, warning)?;
+    crate::passphrase::get_passphrase(
+        &a.key.source(),
+        &format!("Enter passphrase for {}: ", a.device.display()),
+        false,
+    )
 }

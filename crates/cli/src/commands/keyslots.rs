@@ -2,7 +2,7 @@
 //! `test-passphrase` (cryptsetup luksAddKey, luksChangeKey, luksConvertKey, luksRemoveKey,
 //! luksKillSlot, open --test-passphrase).
 
-use super::{header_path, kdf_request, load, open_header, unlock};
+use super::{header_path, kdf_request, load, luks2_header, open_header, unlock, wrong_passphrase};
 use crate::args::{HeaderArgs, KdfArgs, KeyArgs, TypeSelect};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION};
@@ -198,20 +198,6 @@ fn add_unbound_key(ctx: &Ctx, a: &AddKeyArgs, slot: Option<u32>) -> CliResult<()
     let slot = hdr.add_unbound_keyslot(&mut dev, &key, &new, slot, &kdf)?;
     eprintln!("Key slot {slot} created.");
     Ok(())
-}
-
-/// The LUKS2 header of `path` (what unbound keys and keyslot ciphers need).
-pub(crate) fn luks2_header(
-    dev: &mut dyn Storage,
-    path: &std::path::Path,
-) -> CliResult<cryptblk_format::luks2::Luks2Header> {
-    if load_header(dev).map(|h| h.version()).ok() != Some(2) {
-        return Err(CliError::usage(format!(
-            "Device {} is not a valid LUKS2 device.",
-            path.display()
-        )));
-    }
-    Ok(cryptblk_format::luks2::Luks2Header::read(dev)?)
 }
 
 /// Whether keyslot `slot` of a LUKS2 header holds an unbound key.
@@ -497,14 +483,4 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     )?;
     eprintln!("Key slot {slot} unlocked.");
     Ok(())
-}
-
-/// A wrong passphrase as cryptsetup reports it (exit code 2).
-pub(crate) fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
-    match e {
-        cryptblk_format::Error::WrongPassphrase => {
-            CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
-        }
-        e => e.into(),
-    }
 }

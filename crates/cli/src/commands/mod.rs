@@ -114,10 +114,29 @@ pub(crate) fn unlock(
     slot: Option<u32>,
 ) -> CliResult<(u32, SecretBytes)> {
     let pass = get_passphrase(src, prompt, false)?;
-    hdr.unlock(dev, &pass, slot).map_err(|e| match e {
+    hdr.unlock(dev, &pass, slot).map_err(wrong_passphrase)
+}
+
+/// The LUKS2 header of `path` (what unbound keys and keyslot ciphers need).
+pub(crate) fn luks2_header(
+    dev: &mut dyn Storage,
+    path: &std::path::Path,
+) -> CliResult<cryptblk_format::luks2::Luks2Header> {
+    if load_header(dev).map(|h| h.version()).ok() != Some(2) {
+        return Err(CliError::usage(format!(
+            "Device {} is not a valid LUKS2 device.",
+            path.display()
+        )));
+    }
+    Ok(cryptblk_format::luks2::Luks2Header::read(dev)?)
+}
+
+/// A wrong passphrase as cryptsetup reports it (exit code 2).
+pub(crate) fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
+    match e {
         cryptblk_format::Error::WrongPassphrase => {
             CliError::new(EXIT_PERMISSION, "No key available with this passphrase.")
         }
         e => e.into(),
-    })
+    }
 }

@@ -788,8 +788,9 @@ fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
     let log_path = dir.join(format!("{}.log", a.name));
     let log = rundir::create_private_file(&log_path)?;
     // The passphrase is read here (terminal or stdin) and handed over a pipe, never argv.
-    let needs_pass =
-        a.vol.key.key_file().is_none() && !a.device.to_string_lossy().starts_with("mem:");
+    let needs_pass = a.vol.key.key_file().is_none()
+        && a.vol.volume_key_file.is_none()
+        && !a.device.to_string_lossy().starts_with("mem:");
     let pass = if needs_pass {
         Some(crate::passphrase::get_passphrase(
             &a.vol.key.source(),

@@ -156,6 +156,71 @@ fn volume_key_matches_cryptsetup() {
 }
 
 #[test]
+fn volume_key_file_opens_what_cryptsetup_writes() {
+    // cryptsetup writes the volume key to a file; cryptblk opens the volume with it (no
+    // keyslot), checks it alone, and refuses a wrong one as a wrong passphrase (exit 2).
+    let env = Env::new();
+    let img = env.image("vk.img", 20);
+    let pw = format(&env, &img, "luks2", &[]);
+    let data = env.s("data.bin");
+    std::fs::write(
+        &data,
+        (0..1u32 << 20).map(|i| (i * 7) as u8).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    ok(&cb(&["import", "--key-file", &pw, &img, &data]));
+    let vk = env.s("vk.bin");
+    ok(&run(
+        &cryptsetup(),
+        &[
+            "luksDump",
+            "-q",
+            "--dump-volume-key",
+            "--volume-key-file",
+            &vk,
+            "--key-file",
+            &pw,
+            &img,
+        ],
+        b"",
+    ));
+    let out = env.s("out.bin");
+    ok(&cb(&["export", "--volume-key-file", &vk, &img, &out]));
+    assert_eq!(
+        std::fs::read(&out).unwrap()[..1 << 20],
+        std::fs::read(&data).unwrap()[..]
+    );
+    ok(&cb(&[
+        "open",
+        "--test-passphrase",
+        "--volume-key-file",
+        &vk,
+        &img,
+    ]));
+    let bad = env.s("bad.bin");
+    std::fs::write(&bad, [0x5a; 64]).unwrap();
+    let o = cb(&[
+        "export",
+        "--volume-key-file",
+        &bad,
+        &img,
+        &env.s("out2.bin"),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        cb(&["open", "--test-passphrase", "--volume-key-file", &bad, &img])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[test]
 fn keyslot_commands_round_trip_with_cryptsetup() {
     for kind in ["luks1", "luks2"] {
         let env = Env::new();

@@ -1176,6 +1176,28 @@ impl LuksHeader for Luks2Header {
     fn version(&self) -> u8 {
         2
     }
+    fn segments_from_volume_key(
+        &self,
+        volume_key: &[u8],
+        data_size: u64,
+    ) -> Result<Vec<SegmentKey>> {
+        self.check_usable()?;
+        if self.segment().kind == "linear" {
+            return Err(Luks2Error::PlainData(self.segment().offset).into());
+        }
+        if self.in_reencryption() || self.interrupted_step() {
+            return Err(Error::InvalidOption(
+                "a volume in the middle of a reencryption opens with its passphrase only".into(),
+            ));
+        }
+        let (_, digest) = self.segment_digest()?;
+        // With every keyslot gone (erase) the key size is unknown: the digest decides.
+        let wrong_len = self.key_len != 0 && volume_key.len() != self.key_len;
+        if wrong_len || !digest::verify(digest, volume_key)? {
+            return Err(Error::WrongPassphrase);
+        }
+        crate::single_segment_with_key(self, volume_key, data_size)
+    }
     fn set_keyslot_encryption(&mut self, cipher: &str, key_bytes: usize) -> Result<()> {
         check_keyslot_encryption(cipher, key_bytes)?;
         self.keyslot_encryption = Some((cipher.to_string(), key_bytes));

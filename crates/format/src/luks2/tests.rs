@@ -887,3 +887,67 @@ fn json_area_rules_are_cryptsetups() {
     put_json_text(&mut dev, &h, &json);
     assert!(Luks2Header::read(&mut dev).is_ok());
 }
+
+#[test]
+fn unbound_keys_have_their_own_digest_and_never_open_the_data() {
+    let (mut dev, mut h) = fresh();
+    let key = [0x42u8; 9];
+    let slot = h
+        .add_unbound_keyslot(&mut dev, &key, b"unbound", Some(3), &fast_kdf())
+        .unwrap();
+    assert_eq!(slot, 3);
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert_eq!(r.unbound_keyslots(), vec![3]);
+    let d = &r.json()["digests"];
+    assert_eq!(d.as_object().unwrap().len(), 2);
+    assert_eq!(d["1"]["segments"], json!([]));
+    assert_eq!(d["1"]["keyslots"], json!(["3"]));
+    // Its passphrase gives its key, and not the volume.
+    let (s, k) = r.open_unbound(&mut dev, b"unbound", None).unwrap();
+    assert_eq!((s, &k[..]), (3, &key[..]));
+    assert!(matches!(
+        r.unlock(&mut dev, b"unbound", None),
+        Err(Error::WrongPassphrase)
+    ));
+    assert!(r.open_unbound(&mut dev, b"pass0", None).is_err());
+    assert!(r.open_unbound(&mut dev, b"unbound", Some(0)).is_err());
+    // Changed, it stays unbound under the same digest; killed, its digest goes too.
+    let mut r = r;
+    let s = r
+        .change_unbound_keyslot(&mut dev, b"unbound", b"other", 3, Some(3), &fast_kdf())
+        .unwrap();
+    assert_eq!(s, 3);
+    assert_eq!(
+        &r.open_unbound(&mut dev, b"other", Some(3)).unwrap().1[..],
+        &key[..]
+    );
+    r.kill_keyslot(&mut dev, 3).unwrap();
+    let r = Luks2Header::read(&mut dev).unwrap();
+    assert!(r.unbound_keyslots().is_empty());
+    assert_eq!(r.json()["digests"].as_object().unwrap().len(), 1);
+}
+
+#[test]
+fn keyslot_encryption_and_opening_by_volume_key() {
+    let (mut dev, mut h) = fresh();
+    assert!(h.set_keyslot_encryption("aes-cbc-plain64", 7).is_err());
+    h.set_keyslot_encryption("aes-cbc-plain64", 16).unwrap();
+    let slot = h
+        .add_keyslot(&mut dev, &vk(), b"second", None, &fast_kdf())
+        .unwrap();
+    let r = Luks2Header::read(&mut dev).unwrap();
+    let area = &r.json()["keyslots"][slot.to_string()]["area"];
+    assert_eq!(area["encryption"], json!("aes-cbc-plain64"));
+    assert_eq!(area["key_size"], json!(16));
+    assert_eq!(r.unlock(&mut dev, b"second", None).unwrap().0, slot);
+    // The volume key alone lays out the data; another key is a wrong passphrase.
+    let segs = r.segments_from_volume_key(&vk(), 32 * MIB).unwrap();
+    assert_eq!(segs.len(), 1);
+    assert_eq!(&segs[0].key[..], &vk()[..]);
+    let mut other = vk();
+    other[0] ^= 1;
+    assert!(matches!(
+        r.segments_from_volume_key(&other, 32 * MIB),
+        Err(Error::WrongPassphrase)
+    ));
+}

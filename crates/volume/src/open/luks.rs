@@ -14,8 +14,8 @@ pub struct UnlockedLuks {
     pub volume: Volume,
     /// The LUKS1/LUKS2 header, as loaded from the data device or the detached header.
     pub header: Box<dyn LuksHeader>,
-    /// Number of the keyslot the passphrase opened.
-    pub keyslot: u32,
+    /// Number of the keyslot the passphrase opened (`None`: opened with the volume key).
+    pub keyslot: Option<u32>,
     /// Where the header lives, open read-write unless the volume is read-only (the data
     /// device, under the same lock, or the detached header): for a reencryption run while
     /// the volume serves.
@@ -115,7 +115,45 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
     Ok(UnlockedLuks {
         volume,
         header,
-        keyslot,
+        keyslot: Some(keyslot),
+        header_file: hdev,
+    })
+}
+
+/// Opens a LUKS volume with its volume key (`open --volume-key-file`): no keyslot is
+/// used; the key is checked against the header's digest. A reencryption in progress (or
+/// a step a crash cut off) needs the passphrase instead.
+pub(crate) fn unlock_luks_with_key(
+    device: &Path,
+    opts: &OpenOptions,
+    volume_key: &[u8],
+) -> Result<UnlockedLuks> {
+    let data = opts.devices.open(device, opts.read_only)?;
+    let mut hdev = match &opts.header {
+        Some(h) => opts.devices.open_header(h, true)?,
+        None => data.clone(),
+    };
+    let header = load_header(&mut hdev)?;
+    let data_size = data.size()?;
+    let segments = header.segments_from_volume_key(volume_key, data_size)?;
+    let [one] = segments.as_slice() else {
+        return Err(Error::Invalid("a volume key opens one data segment".into()));
+    };
+    let params = VolumeParams {
+        cipher: one.cipher,
+        sector_size: one.sector_size,
+        iv: one.iv,
+        data_offset: one.storage_offset,
+        data_length: header.data_length().map(|_| one.len),
+        read_only: opts.read_only,
+        allow_discards: opts.allow_discards,
+    };
+    let storage = opts.io.storage(data, params.sector_size)?;
+    let volume = volume_from_key(storage, &one.key, &params)?;
+    Ok(UnlockedLuks {
+        volume,
+        header,
+        keyslot: None,
         header_file: hdev,
     })
 }

@@ -228,14 +228,23 @@ pub fn open(
         )))
     };
     match (kind, secret) {
-        (VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2, Secret::Passphrase(p)) => {
-            let u = unlock_luks(device, opts, p)?;
+        (
+            VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2,
+            Secret::Passphrase(_) | Secret::VolumeKey(_),
+        ) => {
+            let u = if let Secret::VolumeKey(k) = secret {
+                luks::unlock_luks_with_key(device, opts, k)?
+            } else if let Secret::Passphrase(p) = secret {
+                unlock_luks(device, opts, p)?
+            } else {
+                return wrong("this secret");
+            };
             check_luks_version(kind, u.header.version())?;
             Ok(Opened {
                 info: VolumeInfo {
                     kind: format!("LUKS{}", u.header.version()),
                     key_bits: u.header.key_len() * 8,
-                    keyslot: Some(u.keyslot),
+                    keyslot: u.keyslot,
                     uuid: Some(u.header.uuid().to_string()),
                 },
                 volume: u.volume,

@@ -73,6 +73,10 @@ pub(crate) struct ReencryptArgs {
     /// (cryptsetup's data shift; e.g. 32M).
     #[arg(long = "reduce-device-size")]
     pub reduce_device_size: Option<String>,
+    /// luks2 (or luks): the only type reencrypt writes; cryptsetup's scripts say so
+    /// with `--encrypt --type luks2`. LUKS1 reencryption is refused.
+    #[arg(long = "type", value_enum)]
+    pub kind: Option<cryptblk_volume::VolumeType>,
     /// The served volume to reencrypt online (default: the one serving DEVICE, if any).
     #[arg(long = "active-name")]
     pub active_name: Option<String>,
@@ -232,6 +236,7 @@ pub(crate) fn from_wire(v: &serde_json::Value, device: &std::path::Path) -> Reen
         encrypt: false,
         decrypt: false,
         reduce_device_size: None,
+        kind: None,
         active_name: None,
         run_dir: None,
     }
@@ -307,6 +312,14 @@ pub(crate) fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
 }
 
 pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
+    use cryptblk_volume::VolumeType;
+    if let Some(k) = a.kind
+        && !matches!(k, VolumeType::Luks | VolumeType::Luks2)
+    {
+        return Err(CliError::usage(format!(
+            "reencrypt writes LUKS2 only, not --type {k} (cryptsetup's LUKS1 reencryption is not supported)"
+        )));
+    }
     if a.kdf.keyslot_encryption()?.is_some() {
         return Err(CliError::usage(
             "--keyslot-cipher is not supported by reencrypt here yet (format, add-key, change-key, convert-key take it)",
