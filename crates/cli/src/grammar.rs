@@ -79,10 +79,14 @@ impl OptionTable {
     /// How many arguments the option at `args[i]` spans (itself and its value), or
     /// `None` when `args[i]` is not an option.
     fn span(&self, args: &[OsString], i: usize) -> Option<usize> {
-        let tok = args[i].to_str()?;
-        if tok == "-" || !tok.starts_with('-') {
+        let raw = args[i].as_encoded_bytes();
+        if raw == b"-" || !raw.starts_with(b"-") {
             return None;
         }
+        // An option whose value is not UTF-8 (`--key-file=<bytes>`): the spelling before
+        // '=' is what counts.
+        let lossy = args[i].to_string_lossy();
+        let tok: &str = &lossy;
         if tok.starts_with("--") {
             if tok.contains('=') {
                 return Some(1);
@@ -171,6 +175,27 @@ mod tests {
         // clap's own checks: no option spelled twice in a command, `requires` naming
         // options that exist, ...
         command(crate::Cli::command(), "cryptsetup").debug_assert();
+    }
+
+    #[test]
+    fn an_option_with_a_value_that_is_not_utf8_is_still_an_option() {
+        use std::os::unix::ffi::OsStringExt;
+        let argv = vec![
+            OsString::from("cryptsetup"),
+            OsString::from_vec(b"--key-file=\xff\xfe".to_vec()),
+            OsString::from("luksOpen"),
+            OsString::from("DEV"),
+        ];
+        let out = normalize(&command(crate::Cli::command(), "cryptsetup"), argv.clone());
+        assert_eq!(
+            out,
+            vec![
+                argv[0].clone(),
+                argv[2].clone(),
+                argv[1].clone(),
+                argv[3].clone()
+            ]
+        );
     }
 
     #[test]

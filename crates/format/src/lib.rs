@@ -254,8 +254,9 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     /// Gives `volume_key` a keyslot under `new_passphrase` (`new_slot`, or the first free
     /// one) and removes `old_slot` (`luksChangeKey`). This default is LUKS1's, as
     /// cryptsetup does it with one header copy: the new slot first, the old one wiped
-    /// after, so a crash in between leaves both passphrases working, never neither.
-    /// Formats that can do both in one metadata update (LUKS2) override it.
+    /// after, so a crash in between leaves both passphrases working. Only with every
+    /// keyslot in use is the old one rewritten in place (cryptsetup's way, and its crash
+    /// window). Formats that can do both in one metadata update (LUKS2) override it.
     fn replace_keyslot(
         &mut self,
         dev: &mut dyn Storage,

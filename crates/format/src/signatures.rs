@@ -7,11 +7,11 @@ use crate::Storage;
 
 /// `(what, byte offset, magic)`: a signature is there when `magic` is at `offset`.
 const MAGICS: &[(&str, u64, &[u8])] = &[
-    // LVM2 physical volume label, in any of the first four sectors.
-    ("LVM2_member", 512 + 24, b"LVM2 001"),
-    ("LVM2_member", 24, b"LVM2 001"),
-    ("LVM2_member", 1024 + 24, b"LVM2 001"),
-    ("LVM2_member", 1536 + 24, b"LVM2 001"),
+    // LVM2 physical volume label ("LABELONE", its type "LVM2 001" 24 bytes on) in the
+    // second, third or fourth sector (the first holds LUKS's magic).
+    ("LVM2_member", 512, b"LABELONE\x01\0\0\0"),
+    ("LVM2_member", 1024, b"LABELONE\x02\0\0\0"),
+    ("LVM2_member", 1536, b"LABELONE\x03\0\0\0"),
     // ext2/3/4 superblock magic (0xEF53, little-endian) at 1024 + 56.
     ("ext4", 1080, &[0x53, 0xef]),
     ("btrfs", 65536 + 64, b"_BHRfS_M"),

@@ -159,8 +159,13 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
     let hpath = header_path(&a.device, &a.header);
     if !std::fs::metadata(hpath).is_ok_and(|m| m.file_type().is_file()) {
         let need = if luks1 {
-            opts.data_offset
-                .unwrap_or_else(|| aligned_data_offset(&opts, true, 1 << 20))
+            // The header and its eight keyslots; attached, the data offset too.
+            let areas = luks1_areas_end(opts.key_len);
+            match (opts.detached_header, opts.data_offset) {
+                (true, _) => areas,
+                (false, Some(off)) => off.max(areas),
+                (false, None) => areas.next_multiple_of(1 << 20),
+            }
         } else {
             Luks2Header::header_end(&opts)?
         };
@@ -275,12 +280,16 @@ fn aligned_data_offset(opts: &FormatOptions, luks1: bool, align: u64) -> u64 {
         return align;
     }
     let areas_end = if luks1 {
-        // The 4 KiB header, then eight keyslots of 4000 stripes, each 4 KiB-aligned.
-        let slot = (opts.key_len as u64 * 4000).next_multiple_of(4096);
-        4096 + 8 * slot
+        luks1_areas_end(opts.key_len)
     } else {
         let hdr = opts.luks2_metadata_size.unwrap_or(16 << 10);
         opts.luks2_keyslots_size.map_or(16 << 20, |k| 2 * hdr + k)
     };
     areas_end.next_multiple_of(align)
+}
+
+/// Where cryptsetup's LUKS1 layout ends: the 4 KiB header, then eight keyslots of 4000
+/// stripes of a `key_len`-byte key, each 4 KiB-aligned.
+fn luks1_areas_end(key_len: usize) -> u64 {
+    4096 + 8 * (key_len as u64 * 4000).next_multiple_of(4096)
 }

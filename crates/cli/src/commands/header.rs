@@ -115,8 +115,11 @@ pub(crate) fn config(ctx: &Ctx, a: ConfigArgs) -> CliResult<()> {
     // As cryptsetup (crypt_set_label takes both): giving either sets both, the one not
     // given cleared.
     if a.label.is_some() || a.subsystem.is_some() {
-        hdr.set_label(&mut dev, a.label.as_deref())?;
-        hdr.set_subsystem(&mut dev, a.subsystem.as_deref())?;
+        hdr.set_labels(
+            &mut dev,
+            a.label.as_deref().unwrap_or(""),
+            a.subsystem.as_deref().unwrap_or(""),
+        )?;
     }
     if let (Some(p), Some(slot)) = (priority, a.key_slot) {
         hdr.set_keyslot_priority(&mut dev, slot, p)?;

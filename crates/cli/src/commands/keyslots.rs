@@ -171,9 +171,16 @@ pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
 fn add_unbound_key(ctx: &Ctx, a: &AddKeyArgs, slot: Option<u32>) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = luks2_header(&mut dev, header_path(&a.device, &a.header))?;
-    let bits = a.key_size.filter(|b| *b > 0 && b % 8 == 0).ok_or_else(|| {
-        CliError::usage("Option --unbound needs --key-size (bits, a multiple of 8).")
-    })?;
+    // At most 4096 bits: cryptsetup's largest keys are 512 bits; the cap keeps a typo
+    // from asking for gigabytes.
+    let bits = a
+        .key_size
+        .filter(|b| *b > 0 && b % 8 == 0 && *b <= 4096)
+        .ok_or_else(|| {
+            CliError::usage(
+                "Option --unbound needs --key-size (bits: a multiple of 8, at most 4096).",
+            )
+        })?;
     let key = match &a.volume_key_file {
         Some(p) => {
             let k = crate::passphrase::read_key_file(p, 0, Some(bits / 8))?;
@@ -375,6 +382,28 @@ pub(crate) fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
             a.slot
         )));
     }
+    // Only keyslots of the volume's key count as a way in that remains (an unbound
+    // key's keyslot opens nothing of the data).
+    let unbound = if hdr.version() == 2 {
+        cryptblk_format::luks2::Luks2Header::read(&mut dev)
+            .map(|h| h.unbound_keyslots())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let bound: Vec<u32> = active
+        .iter()
+        .copied()
+        .filter(|s| !unbound.contains(s))
+        .collect();
+    let active = if unbound.contains(&a.slot) {
+        // Killing an unbound key's keyslot: any keyslot of the volume's key vouches.
+        let mut v = bound.clone();
+        v.push(a.slot);
+        v
+    } else {
+        bound.clone()
+    };
     // As cryptsetup: a passphrase is checked unless in batch mode with none supplied (no
     // key file, standard input a terminal); one that was supplied and is wrong refuses,
     // wrong or not batch. Nothing at all on a standard input that is not a terminal
@@ -400,7 +429,7 @@ pub(crate) fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
             verify_remaining(&*hdr, &mut dev, &pass, a.slot, &active)?;
         }
     }
-    if active.len() == 1 {
+    if bound == [a.slot] {
         confirm(
             ctx.batch,
             "This is the last keyslot. Device will become unusable after purging this key.",

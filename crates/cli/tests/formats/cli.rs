@@ -221,6 +221,71 @@ fn volume_key_file_opens_what_cryptsetup_writes() {
 }
 
 #[test]
+fn unbound_keys_are_not_a_way_in() {
+    // An unbound key's keyslot (made by cryptblk, checked by cryptsetup) never vouches
+    // for killing a keyslot of the volume's key, and does not count as one that remains.
+    let env = Env::new();
+    let img = env.image("u.img", 20);
+    let pw = format(&env, &img, "luks2", &["--key-slot", "2"]);
+    let upw = env.file("upw", b"unbound passphrase");
+    let mut add = vec![
+        "add-key",
+        "--unbound",
+        "-s",
+        "72",
+        "-S",
+        "0",
+        "--new-keyfile",
+        &upw,
+        "--key-file",
+        &pw,
+    ];
+    add.extend_from_slice(&CHEAP);
+    add.push(&img);
+    ok(&cb(&add));
+    let pw2 = env.file("pw2", b"second passphrase");
+    let mut add2 = vec!["add-key", "-S", "3", "--key-file", &pw];
+    add2.extend_from_slice(&CHEAP);
+    add2.extend_from_slice(&[&img, &pw2]);
+    ok(&cb(&add2));
+    let dump = ok(&run(&cryptsetup(), &["luksDump", &img], b""));
+    assert!(dump.contains("0: luks2 (unbound)"), "{dump}");
+    ok(&run(
+        &cryptsetup(),
+        &[
+            "open",
+            "--test-passphrase",
+            "--unbound",
+            "--key-file",
+            &upw,
+            &img,
+        ],
+        b"",
+    ));
+    // The unbound passphrase opens no data and vouches for no kill.
+    assert_eq!(
+        cb(&["open", "--test-passphrase", "--key-file", &upw, &img])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        cb(&["kill-slot", "--key-file", &upw, &img, "3"])
+            .status
+            .code(),
+        Some(2)
+    );
+    // The volume's passphrase does, whatever keyslot comes first.
+    ok(&cb(&["kill-slot", "--key-file", &pw, &img, "3"]));
+    ok(&cb(&["kill-slot", "-q", &img, "0"]));
+    ok(&run(
+        &cryptsetup(),
+        &["open", "--test-passphrase", "--key-file", &pw, &img],
+        b"",
+    ));
+}
+
+#[test]
 fn keyslot_commands_round_trip_with_cryptsetup() {
     for kind in ["luks1", "luks2"] {
         let env = Env::new();

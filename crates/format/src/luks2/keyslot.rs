@@ -104,6 +104,19 @@ pub(super) fn create(
     volume_key: &[u8],
     passphrase: &[u8],
 ) -> Result<Value> {
+    let (material, json) = prepare(p, volume_key, passphrase)?;
+    dev.write_at(&material, p.area_offset)?;
+    Ok(json)
+}
+
+/// What [`create`] writes (the encrypted key material, for `p.area_offset`) and the
+/// keyslot's JSON, nothing written: for a keyslot rewritten in its own area, whose
+/// metadata must be checked before its old material is overwritten.
+pub(super) fn prepare(
+    p: &NewKeyslot<'_>,
+    volume_key: &[u8],
+    passphrase: &[u8],
+) -> Result<(SecretBytes, Value)> {
     let spec = CipherSpec::parse(p.area_cipher)?;
     let mut salt = [0u8; SALT_LEN];
     random_bytes(&mut salt)?;
@@ -114,7 +127,6 @@ pub(super) fn create(
     material[..split.len()].copy_from_slice(&split);
     area_cipher(spec, &derived)?.encrypt(0, &mut material)?;
     debug_assert!(material.len() as u64 <= p.area_size);
-    dev.write_at(&material, p.area_offset)?;
 
     let mut kdf = serde_json::Map::new();
     kdf.insert("type".into(), p.kdf.type_name().into());
@@ -135,7 +147,7 @@ pub(super) fn create(
         }
     }
     kdf.insert("salt".into(), B64.encode(salt).into());
-    Ok(json!({
+    let json = json!({
         "type": "luks2",
         "key_size": volume_key.len(),
         "af": { "type": "luks1", "stripes": STRIPES, "hash": p.af_hash.name() },
@@ -147,7 +159,8 @@ pub(super) fn create(
             "key_size": p.area_key_size,
         },
         "kdf": Value::Object(kdf),
-    }))
+    });
+    Ok((material, json))
 }
 
 /// Overwrites a keyslot area with random bytes (not synced).

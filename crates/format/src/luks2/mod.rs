@@ -383,7 +383,12 @@ impl Luks2Header {
             opts.data_offset,
             opts.detached_header,
         )?;
-        Ok(data_offset.max(2 * hdr_size + keyslots_size))
+        let areas_end = 2 * hdr_size + keyslots_size;
+        Ok(if opts.detached_header {
+            areas_end
+        } else {
+            data_offset.max(areas_end)
+        })
     }
 
     /// Creates a new LUKS2 volume header with `volume_key` in one keyslot, as
@@ -653,10 +658,12 @@ impl Luks2Header {
 
     /// Writes `json` (and the current label/subsystem) as the next seqid to both copies:
     /// primary, sync, secondary, sync. Validates before writing anything.
-    fn commit(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
-        let model = Model::from_json(&json, self.hdr_size)?;
+    /// What [`Self::commit`] checks before writing: the metadata is valid and fits the
+    /// JSON area. Returns the parsed model and the JSON text.
+    fn check_committable(&self, json: &Value) -> Result<(Model, Vec<u8>)> {
+        let model = Model::from_json(json, self.hdr_size)?;
         model.check_digest_assignment()?;
-        let text = serde_json::to_vec(&json).map_err(|e| bad(e.to_string()))?;
+        let text = serde_json::to_vec(json).map_err(|e| bad(e.to_string()))?;
         let have = self.hdr_size - BIN_HDR_LEN as u64;
         if text.len() as u64 >= have {
             return Err(Luks2Error::JsonTooLarge {
@@ -665,6 +672,11 @@ impl Luks2Header {
             }
             .into());
         }
+        Ok((model, text))
+    }
+
+    fn commit(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
+        let (model, text) = self.check_committable(&json)?;
         let seqid = self
             .seqid
             .checked_add(1)
@@ -805,8 +817,7 @@ impl Luks2Header {
             .keyslot_encryption
             .clone()
             .unwrap_or_else(|| keyslot_cipher(&self.cipher, area_key_len));
-        let ks_json = keyslot::create(
-            dev,
+        let (material, ks_json) = keyslot::prepare(
             &keyslot::NewKeyslot {
                 kdf,
                 af_hash,
@@ -818,7 +829,11 @@ impl Luks2Header {
             volume_key,
             passphrase,
         )?;
-        dev.sync()?;
+        if !in_place {
+            // A free area: the material goes first (unreferenced until the commit).
+            dev.write_at(&material, area_offset)?;
+            dev.sync()?;
+        }
 
         let mut json = self.json.clone();
         let old_area = replace
@@ -867,6 +882,14 @@ impl Luks2Header {
             .and_then(Value::as_array_mut)
             .ok_or_else(|| bad("digest without keyslots array"))?;
         arr.push(Value::String(id.to_string()));
+        if in_place {
+            // The old material is overwritten only once the new metadata is known to be
+            // committable (valid, and fitting the JSON area): from here only an I/O error
+            // or a crash before the commit loses this keyslot (cryptsetup's window).
+            self.check_committable(&json)?;
+            dev.write_at(&material, area_offset)?;
+            dev.sync()?;
+        }
         self.commit(dev, json)?;
         if let Some((off, len)) = old_area {
             keyslot::wipe_area(dev, off, len)?;
@@ -967,8 +990,11 @@ impl Luks2Header {
 
     /// `luksChangeKey`: stores the volume key under `new_passphrase` and removes the old slot
     /// in one metadata update. The new slot is `new_slot`, else the first free slot, else the
-    /// old slot's number; its material always goes to a free area first, so a crash leaves
-    /// either the old or the new passphrase working (never neither). Returns the new slot.
+    /// old slot's number; its material goes to a free area first, so a crash leaves either
+    /// the old or the new passphrase working. Only with the keyslots area full is the
+    /// keyslot rewritten in its own area (as cryptsetup does), once the new metadata is
+    /// known to be committable: a crash in that write loses this keyslot's passphrase.
+    /// Returns the new slot.
     pub fn change_keyslot(
         &mut self,
         dev: &mut dyn Storage,
@@ -1000,7 +1026,14 @@ impl Luks2Header {
         self.set_labels(dev, &self.label.clone(), subsystem.unwrap_or(""))
     }
 
-    fn set_labels(&mut self, dev: &mut dyn Storage, label: &str, subsystem: &str) -> Result<()> {
+    /// Sets both the label and the subsystem ("" clears one) in one header write
+    /// (cryptsetup's `crypt_set_label`).
+    pub fn set_labels(
+        &mut self,
+        dev: &mut dyn Storage,
+        label: &str,
+        subsystem: &str,
+    ) -> Result<()> {
         self.check_changeable()?;
         check_label(label)?;
         check_label(subsystem)?;
@@ -1137,9 +1170,6 @@ impl Luks2Header {
     }
 }
 
-/// Keyslot area encryption as cryptsetup picks it (`crypt_keyslot_get_encryption`): the
-/// data segment's cipher with the volume key size, unless that cipher cannot protect a
-/// keyslot (cipher_null), then aes-xts-plain64 with a 512-bit key.
 /// A keyslot area cipher the user chose: one cryptblk can run, with a key size it takes.
 fn check_keyslot_encryption(cipher: &str, key_bytes: usize) -> Result<()> {
     let spec = CipherSpec::parse(cipher)
@@ -1153,6 +1183,9 @@ fn check_keyslot_encryption(cipher: &str, key_bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Keyslot area encryption as cryptsetup picks it (`crypt_keyslot_get_encryption`): the
+/// data segment's cipher with the volume key size, unless that cipher cannot protect a
+/// keyslot (cipher_null), then aes-xts-plain64 with a 512-bit key.
 fn keyslot_cipher(cipher: &CipherSpec, key_len: usize) -> (String, usize) {
     if cipher.cipher == cryptblk_crypto::BlockCipherAlg::Null {
         ("aes-xts-plain64".into(), 64)

@@ -412,14 +412,17 @@ impl ReencryptJob {
             .ok_or_else(|| bad("no reencryption"))?;
         let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
         if let Some(sh) = self.shift.filter(|sh| sh.moved_offset.is_some()) {
-            let linear = regular
-                .iter()
-                .filter(|s| s.kind == "linear")
-                .map(|s| {
-                    s.size
-                        .ok_or_else(|| bad("plaintext segment of dynamic size"))
-                })
-                .sum::<Result<u64>>()?;
+            let linear =
+                regular
+                    .iter()
+                    .filter(|s| s.kind == "linear")
+                    .try_fold(0u64, |sum, s| {
+                        let size = s
+                            .size
+                            .ok_or_else(|| bad("plaintext segment of dynamic size"))?;
+                        sum.checked_add(size)
+                            .ok_or_else(|| bad("plaintext segment sizes overflow"))
+                    })?;
             let (offset, len) = sh.next_step(linear)?;
             let hot_json = hot_layout_shift(&r, json, hdr.hdr_size, offset, len)?;
             return ReencryptStep::new(offset, len, hot_json, hdr.hdr_size);

@@ -359,7 +359,10 @@ impl Reencryption<'_> {
             let next = regular.remove(hot_index + 1);
             let cur = &mut regular[hot_index];
             cur.1.size = match (cur.1.size, next.1.size) {
-                (Some(a), Some(b)) => Some(a + b),
+                (Some(a), Some(b)) => Some(
+                    a.checked_add(b)
+                        .ok_or_else(|| bad("segment sizes overflow"))?,
+                ),
                 _ => None,
             };
         }
@@ -370,7 +373,10 @@ impl Reencryption<'_> {
             let cur = regular.remove(hot_index);
             let prev = &mut regular[hot_index - 1];
             prev.1.size = match (prev.1.size, cur.1.size) {
-                (Some(a), Some(b)) => Some(a + b),
+                (Some(a), Some(b)) => Some(
+                    a.checked_add(b)
+                        .ok_or_else(|| bad("segment sizes overflow"))?,
+                ),
                 _ => None,
             };
             merged_index = hot_index - 1;
