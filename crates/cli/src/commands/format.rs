@@ -105,12 +105,8 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
                 .filter(|_| a.offset.is_none() && a.header.header.is_none())
             {
                 let default = if luks1 {
-                    // cryptsetup's LUKS1 layout: eight 4000-stripe keyslots after the
-                    // 4 KiB header, the payload on the next MiB.
-                    let slot = (opts.key_len as u64 * 4000)
-                        .div_ceil(512)
-                        .next_multiple_of(8);
-                    (8 + 8 * slot).next_multiple_of(2048) * 512
+                    // cryptsetup's LUKS1 layout: the payload on the MiB after the keyslots.
+                    luks1_areas_end(opts.key_len).next_multiple_of(1 << 20)
                 } else {
                     16 << 20
                 };

@@ -101,7 +101,9 @@ pub struct Luks2Header {
 /// Which digest a keyslot being stored belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyDigest {
-    /// This digest (the data segment's, or an unbound key's): the key must match it.
+    /// The data segment's digest: the volume key.
+    DataSegment,
+    /// This digest (an unbound key's): the key must match it.
     Existing(u32),
     /// A new digest, bound to no segment, made for the key (an unbound key).
     NewUnbound,
@@ -722,31 +724,10 @@ impl Luks2Header {
 
     /// Writes a new keyslot `slot` (or the first free one) for `volume_key` into a free area,
     /// and in the same metadata update removes keyslot `replace` (whose area is wiped after).
-    fn store_keyslot(
-        &mut self,
-        dev: &mut dyn Storage,
-        volume_key: &[u8],
-        passphrase: &[u8],
-        slot: Option<u32>,
-        kdf_req: &KdfRequest,
-        replace: Option<u32>,
-    ) -> Result<u32> {
-        let (digest_id, _) = self.segment_digest()?;
-        self.store_keyslot_for(
-            dev,
-            volume_key,
-            passphrase,
-            slot,
-            kdf_req,
-            replace,
-            KeyDigest::Existing(digest_id),
-        )
-    }
-
-    /// [`Self::store_keyslot`] for the key of any digest: an existing one (the key is
-    /// checked against it) or a new one made for an unbound key.
+    /// The key is the data's, an unbound key's (checked against its digest), or a new
+    /// unbound key (a digest is made for it): `target`.
     #[allow(clippy::too_many_arguments)]
-    fn store_keyslot_for(
+    fn store_keyslot(
         &mut self,
         dev: &mut dyn Storage,
         volume_key: &[u8],
@@ -757,8 +738,13 @@ impl Luks2Header {
         target: KeyDigest,
     ) -> Result<u32> {
         self.check_changeable()?;
-        let digest_id = match target {
-            KeyDigest::Existing(d) => {
+        let existing = match target {
+            KeyDigest::DataSegment => Some(self.segment_digest()?.0),
+            KeyDigest::Existing(d) => Some(d),
+            KeyDigest::NewUnbound => None,
+        };
+        let digest_id = match existing {
+            Some(d) => {
                 let digest = self
                     .model
                     .digests
@@ -769,7 +755,7 @@ impl Luks2Header {
                 }
                 d
             }
-            KeyDigest::NewUnbound => (0..MAX_OBJECTS)
+            None => (0..MAX_OBJECTS)
                 .find(|i| !self.model.digests.contains_key(i))
                 .ok_or_else(|| bad("no free digest id"))?,
         };
@@ -961,7 +947,7 @@ impl Luks2Header {
                 "an unbound key needs a key size".into(),
             ));
         }
-        self.store_keyslot_for(dev, key, passphrase, slot, kdf, None, KeyDigest::NewUnbound)
+        self.store_keyslot(dev, key, passphrase, slot, kdf, None, KeyDigest::NewUnbound)
     }
 
     /// Replaces keyslot `old` with `new_passphrase` for the same key, bound or unbound
@@ -977,7 +963,7 @@ impl Luks2Header {
     ) -> Result<u32> {
         let (old, key) = self.open_unbound(dev, old_passphrase, Some(old_slot))?;
         let d = self.unbound_digest(old).expect("an unbound keyslot");
-        self.store_keyslot_for(
+        self.store_keyslot(
             dev,
             &key,
             new_passphrase,
@@ -1006,7 +992,15 @@ impl Luks2Header {
     ) -> Result<u32> {
         self.check_changeable()?;
         let (old, key) = self.unlock(dev, old_passphrase, old_slot)?;
-        self.store_keyslot(dev, &key, new_passphrase, new_slot, kdf, Some(old))
+        self.store_keyslot(
+            dev,
+            &key,
+            new_passphrase,
+            new_slot,
+            kdf,
+            Some(old),
+            KeyDigest::DataSegment,
+        )
     }
 
     /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).
@@ -1432,7 +1426,15 @@ impl LuksHeader for Luks2Header {
         slot: Option<u32>,
         kdf: &KdfRequest,
     ) -> Result<u32> {
-        self.store_keyslot(dev, volume_key, passphrase, slot, kdf, None)
+        self.store_keyslot(
+            dev,
+            volume_key,
+            passphrase,
+            slot,
+            kdf,
+            None,
+            KeyDigest::DataSegment,
+        )
     }
     /// Removes the slot from the metadata (and from digests and tokens), commits, then
     /// wipes its area: a crash in between leaves unreferenced material, never a listed
@@ -1459,6 +1461,7 @@ impl LuksHeader for Luks2Header {
             new_slot,
             kdf,
             Some(old_slot),
+            KeyDigest::DataSegment,
         )
     }
 
