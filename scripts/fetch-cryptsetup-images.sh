@@ -15,7 +15,10 @@ STAMP=$DEST/.complete
 # images and header generators (tests/cryptsetup-suite/run.py runs them).
 SRC_DEST=target/cryptsetup-src
 SRC_STAMP=$SRC_DEST/.complete
-[ -f "$STAMP" ] && [ -f "$SRC_STAMP" ] && exit 0
+# cryptsetup 2.7's TrueCrypt/VeraCrypt images (Debian 13's source), over 2.6.1's: they add
+# VeraCrypt 1.26's BLAKE2s-256 PRF, which 2.6.1 does not know.
+NEW_STAMP=$DEST/.complete-2.7
+[ -f "$STAMP" ] && [ -f "$SRC_STAMP" ] && [ -f "$NEW_STAMP" ] && exit 0
 have() { command -v "$1" >/dev/null 2>&1; }
 have apt-get || { echo "fetch-cryptsetup-images: needs apt-get (Debian/Ubuntu)" >&2; exit 1; }
 have xz || { echo "fetch-cryptsetup-images: needs xz" >&2; exit 1; }
@@ -60,4 +63,18 @@ mkdir -p "$SRC_DEST"
 cp -a "$work"/src/*/tests "$SRC_DEST/tests"
 chmod -R u+rwX,go-w "$SRC_DEST"
 basename "$orig" > "$SRC_STAMP"
-echo "fetch-cryptsetup-images: $(cat "$STAMP") -> $DEST ($(ls "$DEST" | tr '\n' ' '))" >&2
+# The newer source from the same Debian mirror, through a list of its own (the fallback
+# above must never pick it).
+mirror=$(awk '$1 == "deb-src" && $2 ~ /debian\/?$/ {print $2; exit}' "$work/sources.list")
+[ -n "$mirror" ] || { echo "fetch-cryptsetup-images: no Debian mirror for trixie's source" >&2; exit 1; }
+mkdir -p "$work/lists-new/partial" "$work/new"
+echo "deb-src $mirror trixie main" > "$work/sources-new.list"
+APT_NEW=("${APT[@]}" -o "Dir::Etc::SourceList=$work/sources-new.list" -o "Dir::State::Lists=$work/lists-new")
+apt-get "${APT_NEW[@]}" update >&2
+(cd "$work/new" && apt-get "${APT_NEW[@]}" source --download-only cryptsetup >&2)
+new_orig=$(ls "$work"/new/cryptsetup_*.orig.tar.* | head -n1)
+tar -xf "$new_orig" -C "$work/new" --wildcards '*/tests/tcrypt-images.tar.xz'
+tar -xJf "$work"/new/*/tests/tcrypt-images.tar.xz -C "$DEST" --no-same-owner
+chmod -R u+rwX,go-w "$DEST"
+basename "$new_orig" > "$NEW_STAMP"
+echo "fetch-cryptsetup-images: $(cat "$STAMP") -> $DEST ($(ls "$DEST" | tr '\n' ' ')), tcrypt images of $(cat "$NEW_STAMP")" >&2

@@ -82,6 +82,8 @@ plain() { # name, cryptsetup/cryptblk options...
 if want plain plain; then
 plain "defaults"
 plain "xts sha256 offset/skip" --cipher aes-xts-plain64 --key-size 512 --hash sha256 --offset 2048 --skip 77
+# No --key-size: 256 bits whatever the cipher (AES-128-XTS here), as cryptsetup does.
+plain "xts default key size" --cipher aes-xts-plain64 --hash sha256
 plain "xts 4096 iv-large" --cipher aes-xts-plain64 --key-size 256 --hash sha512 --sector-size 4096 --iv-large-sectors
 plain "cbc-plain64 4096" --cipher aes-cbc-plain64 --key-size 256 --hash sha256 --sector-size 4096
 head -c 64 /dev/urandom > raw.key

@@ -125,12 +125,70 @@ pub(crate) fn normalize(cmd: &Command, argv: Vec<OsString>) -> Vec<OsString> {
             None => break,
         }
     }
-    if i >= args.len() || before.is_empty() {
-        return args; // no action, or nothing before it
+    if i >= args.len() {
+        return args; // no action
     }
     // args = [prog, OPTIONS..., ACTION, REST...] -> [prog, ACTION, OPTIONS..., REST...]
-    let action = args.remove(i);
-    args.insert(1, action);
+    if !before.is_empty() {
+        let action = args.remove(i);
+        args.insert(1, action);
+    }
+    legacy_action(&table, args)
+}
+
+/// cryptsetup's older spellings of an action with a type (`plainOpen`, `tcryptDump`,
+/// `create NAME DEVICE`...) as the action and `--type` they stand for; `args[1]` is the
+/// action.
+fn legacy_action(table: &OptionTable, mut args: Vec<OsString>) -> Vec<OsString> {
+    const LEGACY: [(&str, &str, Option<&str>); 15] = [
+        ("create", "open", Some("plain")),
+        ("plainOpen", "open", Some("plain")),
+        ("loopaesOpen", "open", Some("loopaes")),
+        ("tcryptOpen", "open", Some("tcrypt")),
+        ("bitlkOpen", "open", Some("bitlk")),
+        ("fvault2Open", "open", Some("fvault2")),
+        ("tcryptDump", "dump", Some("tcrypt")),
+        ("bitlkDump", "dump", Some("bitlk")),
+        ("fvault2Dump", "dump", Some("fvault2")),
+        ("remove", "close", None),
+        ("plainClose", "close", None),
+        ("loopaesClose", "close", None),
+        ("tcryptClose", "close", None),
+        ("bitlkClose", "close", None),
+        ("fvault2Close", "close", None),
+    ];
+    let Some(&(old, action, kind)) = args
+        .get(1)
+        .and_then(|a| LEGACY.iter().find(|(old, ..)| a == *old))
+    else {
+        return args;
+    };
+    if old == "create" {
+        // `create NAME DEVICE`: the other way round from `open DEVICE NAME`.
+        let mut positional = Vec::new();
+        let mut j = 2;
+        while j < args.len() && positional.len() < 2 {
+            if args[j] == "--" {
+                positional.extend((j + 1..args.len()).take(2 - positional.len()));
+                break;
+            }
+            match table.span(&args, j) {
+                Some(n) => j += n,
+                None => {
+                    positional.push(j);
+                    j += 1;
+                }
+            }
+        }
+        if let [a, b] = positional[..] {
+            args.swap(a, b);
+        }
+    }
+    args[1] = OsString::from(action);
+    if let Some(kind) = kind {
+        // Before whatever the line says, so an explicit --type still wins.
+        args.splice(2..2, [OsString::from("--type"), OsString::from(kind)]);
+    }
     args
 }
 
@@ -167,6 +225,23 @@ mod tests {
         assert_eq!(
             norm("cryptsetup -c luksFormat luksFormat DEV"),
             "cryptsetup luksFormat -c luksFormat DEV"
+        );
+    }
+
+    #[test]
+    fn older_action_names_become_the_action_and_its_type() {
+        assert_eq!(
+            norm("cryptsetup create -c aes -h sha256 NAME DEV"),
+            "cryptsetup open --type plain -c aes -h sha256 DEV NAME"
+        );
+        assert_eq!(
+            norm("cryptsetup -q tcryptDump --veracrypt DEV"),
+            "cryptsetup dump --type tcrypt -q --veracrypt DEV"
+        );
+        assert_eq!(norm("cryptsetup remove NAME"), "cryptsetup close NAME");
+        assert_eq!(
+            norm("cryptsetup plainOpen --type luks2 DEV NAME"),
+            "cryptsetup open --type plain --type luks2 DEV NAME"
         );
     }
 

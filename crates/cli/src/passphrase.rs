@@ -34,6 +34,8 @@ pub(crate) fn read_key_file(
             "--keyfile-size is larger than the maximum of {KEYFILE_MAX} bytes"
         )));
     }
+    // `-l 0` is no limit, as in cryptsetup.
+    let size = size.filter(|&n| n > 0);
     let limit = size.unwrap_or(KEYFILE_MAX);
     let mut file = if path == Path::new("-") {
         unbuffered_stdin().map_err(|e| io_err(path, e))?
@@ -110,15 +112,27 @@ pub(crate) fn read_stdin_key(offset: u64, limit: usize) -> CliResult<SecretBytes
     read_secret(&mut stdin, limit).map_err(err)
 }
 
-/// One line of standard input without its newline (how cryptsetup reads a piped passphrase).
-fn read_stdin_line() -> CliResult<SecretBytes> {
+/// A passphrase piped on standard input, as cryptsetup reads one: up to the first newline
+/// (not included) or end of input; with `-l N` (`limit`), exactly N bytes unless a
+/// newline comes first, which, as in cryptsetup, is an error then ("Cannot read requested
+/// amount of data"). Without a limit, more than 8 MiB is refused.
+fn read_stdin_line(limit: Option<usize>) -> CliResult<SecretBytes> {
     let err = |e: std::io::Error| CliError::usage(format!("reading passphrase from stdin: {e}"));
-    // Unbuffered, one byte at a time, straight into locked memory: no copy of the
-    // passphrase is left in a stdin buffer or in a grown-and-freed vector.
+    let (cap, limited) = match limit {
+        Some(n) if n > 0 => (n, true),
+        _ => (KEYFILE_MAX + 1, false),
+    };
+    // Unbuffered, one byte at a time (nothing after the newline is consumed), straight
+    // into locked memory that is wiped whenever it grows.
     let mut stdin = unbuffered_stdin().map_err(err)?;
-    let mut line = SecretBytes::zeroed(PASSPHRASE_MAX + 1);
+    let mut line = SecretBytes::zeroed(cap.min(PASSPHRASE_MAX + 1));
     let mut n = 0;
-    loop {
+    while n < cap {
+        if n == line.len() {
+            let mut bigger = SecretBytes::zeroed((n * 2).min(cap));
+            bigger[..n].copy_from_slice(&line[..n]);
+            line = bigger;
+        }
         match stdin.read(&mut line[n..n + 1]) {
             Ok(0) => break,
             Ok(_) if line[n] == b'\n' => {
@@ -129,9 +143,16 @@ fn read_stdin_line() -> CliResult<SecretBytes> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(err(e)),
         }
-        if n > PASSPHRASE_MAX {
-            return Err(CliError::usage("passphrase on stdin is too long"));
-        }
+    }
+    if !limited && n == cap {
+        return Err(CliError::usage(
+            "passphrase on stdin is larger than the 8 MiB maximum (use --keyfile-size)",
+        ));
+    }
+    if limited && n != cap {
+        return Err(CliError::usage(format!(
+            "Cannot read the requested {cap} bytes of passphrase from stdin (--keyfile-size)."
+        )));
     }
     Ok(SecretBytes::from_slice(&line[..n]))
 }
@@ -201,19 +222,17 @@ pub(crate) fn read_passphrase(
     if let Some(path) = &src.key_file {
         return read_key_file(path, src.keyfile_offset, src.keyfile_size);
     }
-    let pass = if !std::io::stdin().is_terminal() {
-        read_stdin_line()?
-    } else {
-        let p = prompt_tty(prompt)?;
-        if verify {
-            let again = prompt_tty("Verify passphrase: ")?;
-            if p != again {
-                return Err(CliError::usage("Passphrases do not match."));
-            }
+    if !std::io::stdin().is_terminal() {
+        return read_stdin_line(src.keyfile_size);
+    }
+    let pass = prompt_tty(prompt)?;
+    if verify {
+        let again = prompt_tty("Verify passphrase: ")?;
+        if pass != again {
+            return Err(CliError::usage("Passphrases do not match."));
         }
-        p
-    };
-    // -l limits a typed or piped passphrase too, as cryptsetup reads it (0: no limit).
+    }
+    // -l limits a typed passphrase too, as cryptsetup reads it (0: no limit).
     Ok(match src.keyfile_size {
         Some(n) if n > 0 && pass.len() > n => SecretBytes::from_slice(&pass[..n]),
         _ => pass,
@@ -224,7 +243,7 @@ pub(crate) fn read_passphrase(
 /// the terminal; empty is allowed when keyfiles carry the secret (`may_be_empty`).
 pub(crate) fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResult<SecretBytes> {
     let pass = if !std::io::stdin().is_terminal() {
-        read_stdin_line()?
+        read_stdin_line(None)?
     } else {
         prompt_tty(prompt)?
     };

@@ -33,17 +33,28 @@ pub(crate) fn volume_error(device: &Path, e: cryptblk_volume::Error) -> CliError
     }
 }
 
+/// Plain mode's parameters from cryptsetup's options. As in cryptsetup: the key is 256
+/// bits whatever the cipher unless `-s` says otherwise (`-s 0` is the default too), and
+/// `--hash` is ignored when the key comes from a key file other than standard input.
 pub(crate) fn plain_params(a: &VolumeArgs) -> CliResult<PlainParams> {
     let mut p = PlainParams::default();
     if let Some(c) = &a.cipher {
         p.cipher = CipherSpec::parse(c)?;
-        p.key_len = p.cipher.default_key_len();
+        if !p.cipher.valid_key_len(p.key_len) {
+            // cryptsetup would refuse; the cipher's own size is friendlier.
+            p.key_len = p.cipher.default_key_len();
+        }
     }
-    if let Some(bits) = a.key_size {
+    if let Some(bits) = a.key_size.filter(|&b| b > 0) {
         p.key_len = bits / 8;
     }
-    if let Some(h) = &a.hash {
-        p.set_hash_spec(h)?;
+    let key_file_is_key = a.key.key_file().is_some_and(|f| f.as_os_str() != "-");
+    match &a.hash {
+        Some(_) if key_file_is_key => eprintln!(
+            "WARNING: The --hash parameter is being ignored in plain mode with keyfile specified."
+        ),
+        Some(h) => p.set_hash_spec(h)?,
+        None => {}
     }
     p.offset = a.offset.unwrap_or(0);
     p.skip = a.skip.unwrap_or(0);
@@ -219,12 +230,7 @@ fn read_secret(
     let key_len = probe.key_len.unwrap_or(0);
     Ok(match a.kind {
         // A key file (not stdin) is the key itself; a passphrase is hashed (cryptsetup).
-        VolumeType::Plain => match a.key.key_file() {
-            Some(f) if f.as_os_str() != "-" => {
-                Secret::KeyFile(read_key_file(f, a.key.keyfile_offset, None)?)
-            }
-            _ => passphrase()?,
-        },
+        VolumeType::Plain => plain_secret(a, &opts.plain, &prompt)?,
         VolumeType::Loopaes => {
             let Some(f) = a.key.key_file() else {
                 return Err(CliError::usage("Option --key-file is required."));
@@ -265,6 +271,50 @@ fn read_secret(
         // Any type that takes nothing but a passphrase.
         _ => passphrase()?,
     })
+}
+
+/// What a plain volume's key comes from, read as cryptsetup reads it: a key file is the
+/// key itself, exactly the key's size from `--keyfile-offset` on (`/dev/zero` and
+/// `/dev/urandom` work); `--key-file -` is a passphrase read to the end of input (no
+/// newline handling), exactly the key's size with `--hash plain` and else `-l` bytes
+/// (`-l 0` or none: all of it); otherwise a passphrase, from a line of stdin or the
+/// terminal.
+pub(crate) fn plain_secret(a: &VolumeArgs, p: &PlainParams, prompt: &str) -> CliResult<Secret> {
+    match a.key.key_file() {
+        Some(f) if f.as_os_str() != "-" => Ok(Secret::KeyFile(read_key_file(
+            f,
+            a.key.keyfile_offset,
+            Some(p.key_len),
+        )?)),
+        Some(f) => {
+            let size = if p.hash.is_none() && p.hash_len.is_none() {
+                Some(p.key_len)
+            } else {
+                a.key.keyfile_size
+            };
+            Ok(Secret::Passphrase(read_key_file(f, a.key.keyfile_offset, size)?))
+        }
+        None => Ok(Secret::Passphrase(get_passphrase(
+            &a.key.source(),
+            prompt,
+            false,
+        )?)),
+    }
+}
+
+/// How many bytes of standard input `--key-file -` takes with these options (at most):
+/// `-l`, or the key's size in plain mode without a hash, or the 8 MiB maximum.
+pub(crate) fn stdin_key_size(a: &VolumeArgs) -> CliResult<usize> {
+    if a.kind == VolumeType::Plain {
+        let p = plain_params(a)?;
+        if p.hash.is_none() && p.hash_len.is_none() {
+            return Ok(p.key_len);
+        }
+    }
+    Ok(a.key
+        .keyfile_size
+        .filter(|&n| n > 0)
+        .unwrap_or(crate::passphrase::KEYFILE_MAX))
 }
 
 /// Unlocks `device` as the options say: a volume of any type, or `mem:SIZE` (RAM).

@@ -38,6 +38,9 @@ pub(crate) struct DumpArgs {
     pub key_slot: Option<u32>,
     #[arg(long = "dump-json-metadata")]
     pub dump_json_metadata: bool,
+    /// --type plain: the key size in bits (as `open --type plain -s`).
+    #[arg(short = 's', long = "key-size")]
+    pub key_size: Option<usize>,
     #[command(flatten)]
     pub key: KeyArgs,
     #[command(flatten)]
@@ -189,7 +192,59 @@ fn dump_fvault2(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// `dump --type plain --dump-volume-key`: the key a plain mapping with these options
+/// would use (`-c`, `-h`, `-s` and the key options as `open --type plain` takes them).
+/// Plain mode has no header to dump; this is what `dmsetup table --showkeys` gives for a
+/// mapping, without one: what converting a plain volume to LUKS in place needs.
+fn dump_plain(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
+    if !a.dump_volume_key {
+        return Err(crate::error::CliError::usage(
+            "a plain volume has no header: dump --type plain needs --dump-volume-key",
+        ));
+    }
+    let v = crate::args::VolumeArgs {
+        key: a.key.clone(),
+        kind: cryptblk_volume::VolumeType::Plain,
+        cipher: a.select.cipher.clone(),
+        hash: a.select.hash.clone(),
+        key_size: a.key_size,
+        read_only: true,
+        ..Default::default()
+    };
+    let p = crate::unlock::plain_params(&v)?;
+    crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
+    let prompt = format!("Enter passphrase for {}: ", a.device.display());
+    let key = match crate::unlock::plain_secret(&v, &p, &prompt)? {
+        cryptblk_volume::Secret::KeyFile(raw) => p.key_from_keyfile(&raw, 0)?,
+        cryptblk_volume::Secret::Passphrase(pass) => p.derive_key(&pass)?,
+        _ => unreachable!("plain_secret gives a key file or a passphrase"),
+    };
+    let mut o = format!(
+        "Plain dm-crypt key for {}\nCipher:        \t{}\nHash:          \t{}\nMK bits:       \t{}\n",
+        a.device.display(),
+        p.cipher,
+        if a.key.key_file().is_some_and(|f| f.as_os_str() != "-") {
+            "(none: the key file is the key)".to_string()
+        } else {
+            p.hash_spec()
+        },
+        key.len() * 8
+    );
+    match &a.volume_key_file {
+        Some(f) => {
+            write_volume_key_file(f, &key)?;
+            o.push_str(&format!("Key stored to file {}.\n", f.display()));
+        }
+        None => o.push_str(&crate::commands::luksdump::key_lines("MK dump:", &key)),
+    }
+    print!("{o}");
+    Ok(())
+}
+
 pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
+    if a.select.kind == Some(cryptblk_volume::VolumeType::Plain) {
+        return dump_plain(ctx, &a);
+    }
     if a.select.is_bitlk() {
         return dump_bitlk(ctx, &a);
     }

@@ -350,15 +350,18 @@ pub(crate) fn volume_key(
     let _ = writeln!(o, "Payload offset:\t{payload_sectors}");
     let _ = writeln!(o, "UUID:          \t{uuid}");
     let _ = writeln!(o, "MK bits:       \t{}", key.len() * 8);
-    o.push_str("MK dump:\t");
-    hex(&mut o, key, " ", 16, "\n\t\t");
-    o.push('\n');
+    o.push_str(&key_lines("MK dump:", key));
     o
 }
 
 /// `luksDump --unbound`'s key line: "Unbound Key:" and the key in cryptsetup's hex.
 pub(crate) fn unbound_key(key: &[u8]) -> String {
-    let mut o = String::from("Unbound Key:\t");
+    key_lines("Unbound Key:", key)
+}
+
+/// A key as cryptsetup's dumps show one: `label`, a tab, 16 hex bytes a line.
+pub(crate) fn key_lines(label: &str, key: &[u8]) -> String {
+    let mut o = format!("{label}\t");
     hex(&mut o, key, " ", 16, "\n\t\t");
     o.push('\n');
     o

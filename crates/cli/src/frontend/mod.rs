@@ -801,11 +801,7 @@ fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
         // The key file is our stdin: skip --keyfile-offset here and hand the rest over
         // (the child, told by --daemon-child, reads it from offset 0). One byte more than
         // the child accepts, so that it still sees a key file that is too large.
-        let size = a
-            .vol
-            .key
-            .keyfile_size
-            .unwrap_or(crate::passphrase::KEYFILE_MAX);
+        let size = crate::unlock::stdin_key_size(&a.vol)?;
         if size > crate::passphrase::KEYFILE_MAX {
             return Err(CliError::usage(format!(
                 "--keyfile-size is larger than the maximum of {} bytes",

@@ -1,7 +1,8 @@
 //! TrueCrypt and VeraCrypt volumes (`--type tcrypt`) against cryptsetup's own test set
 //! (`tests/tcrypt-images.tar.xz`, fetched by scripts/fetch-cryptsetup-images.sh): every
 //! image cryptsetup's tcrypt-compat-test opens - TrueCrypt 1-7 (CBC, LRW, XTS, cascades),
-//! VeraCrypt (SHA-256/512, Whirlpool, RIPEMD-160, Streebog; Camellia, Kuznyechik), PIM,
+//! VeraCrypt (SHA-256/512, Whirlpool, RIPEMD-160, Streebog, and from cryptsetup 2.7's set
+//! VeraCrypt 1.26's BLAKE2s-256; Camellia, Kuznyechik), PIM,
 //! keyfiles, 72-character passphrases, hidden and system volumes - opens here and holds
 //! the filesystem its test expects (blkid UUID DEAD-BABE, hidden CAFE-BABE). cryptsetup
 //! itself cannot open any of them on this host (no AF_ALG); the kernel's dm-crypt reads
@@ -102,6 +103,12 @@ fn cryptsetups_tcrypt_test_set_opens_with_the_expected_filesystems() {
         all.len() >= 60,
         "cryptsetup's TCRYPT set: {} images",
         all.len()
+    );
+    // VeraCrypt 1.26's BLAKE2s-256 PRF: cryptsetup 2.7's images (fetched with 2.6.1's).
+    let blake2s = all.iter().filter(|i| i.hash() == "blake2s").count();
+    assert!(
+        blake2s >= 4,
+        "{blake2s} BLAKE2s images: run scripts/fetch-cryptsetup-images.sh (it fetches cryptsetup 2.7's TCRYPT images too)"
     );
     let (mut opened, mut refused) = (0, 0);
     for img in &all {

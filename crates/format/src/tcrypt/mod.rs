@@ -97,11 +97,32 @@ pub enum TcryptKdf {
 }
 
 impl TcryptKdf {
-    /// `--hash` as cryptsetup takes it (`sha512`, `ripemd160`, ...), or `argon2id`.
+    /// `--hash` as cryptsetup takes it (`sha512`, `ripemd160`, ...), or `argon2id`. As
+    /// cryptsetup matches it (a part of the name), a name that is not a hash's own but part
+    /// of exactly one header KDF's hash picks that one: `blake2s` is VeraCrypt's
+    /// `blake2s-256`.
     pub fn from_name(name: &str) -> Result<Self> {
         match name {
             "argon2id" | "argon2" => Ok(TcryptKdf::Argon2id),
-            h => Ok(TcryptKdf::Pbkdf2(HashAlg::from_name(h)?)),
+            h => match HashAlg::from_name(h) {
+                Ok(hash) => Ok(TcryptKdf::Pbkdf2(hash)),
+                Err(e) => {
+                    let mut found = KDFS.iter().filter_map(|k| match k.kind {
+                        TcryptKdf::Pbkdf2(hash) if !h.is_empty() && hash.name().contains(h) => {
+                            Some(hash)
+                        }
+                        _ => None,
+                    });
+                    let first = found.next().ok_or(e)?;
+                    if found.all(|other| other == first) {
+                        Ok(TcryptKdf::Pbkdf2(first))
+                    } else {
+                        Err(crate::Error::InvalidOption(format!(
+                            "--hash {h} names more than one TrueCrypt/VeraCrypt KDF hash"
+                        )))
+                    }
+                }
+            },
         }
     }
 }
@@ -158,7 +179,7 @@ pub fn veracrypt_argon2_costs(pim: Option<u32>) -> (u32, u32) {
 const CHEAP_ITERATIONS: u32 = 2000;
 
 /// cryptsetup's order, which is also the order of likelihood (SHA-1 is TrueCrypt 1-4's).
-const KDFS: [KdfVariant; 13] = [
+const KDFS: [KdfVariant; 15] = [
     kdf(false, HashAlg::Ripemd160, 2000, 0, 0),
     kdf(false, HashAlg::Ripemd160, 1000, 0, 0),
     kdf(false, HashAlg::Sha512, 1000, 0, 0),
@@ -169,6 +190,9 @@ const KDFS: [KdfVariant; 13] = [
     kdf(true, HashAlg::Sha256, 500_000, 15000, 1000),
     // System (boot) volumes.
     kdf(true, HashAlg::Sha256, 200_000, 0, 2048),
+    // VeraCrypt 1.26.2 on (in place of RIPEMD-160), and its system volumes.
+    kdf(true, HashAlg::Blake2s256, 500_000, 15000, 1000),
+    kdf(true, HashAlg::Blake2s256, 200_000, 0, 2048),
     kdf(true, HashAlg::Ripemd160, 655_331, 15000, 1000),
     kdf(true, HashAlg::Ripemd160, 327_661, 0, 2048),
     kdf(true, HashAlg::Stribog512, 500_000, 15000, 1000),

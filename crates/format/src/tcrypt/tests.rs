@@ -176,3 +176,29 @@ fn veracrypt_argon2_costs_follow_its_pim_rule() {
         }]
     ));
 }
+
+/// `-h` as cryptsetup matches it: a hash's own name, or part of exactly one header KDF's
+/// hash (cryptsetup 2.7's scripts say `blake2s` for VeraCrypt's BLAKE2s-256).
+#[test]
+fn kdf_names_match_as_cryptsetup_matches_them() {
+    assert_eq!(
+        TcryptKdf::from_name("blake2s").unwrap(),
+        TcryptKdf::Pbkdf2(HashAlg::Blake2s256)
+    );
+    assert_eq!(
+        TcryptKdf::from_name("sha256").unwrap(),
+        TcryptKdf::Pbkdf2(HashAlg::Sha256)
+    );
+    assert_eq!(
+        TcryptKdf::from_name("stribog").unwrap(),
+        TcryptKdf::Pbkdf2(HashAlg::Stribog512)
+    );
+    // `sha` is part of three: ambiguous, refused rather than guessed.
+    assert!(TcryptKdf::from_name("sha").is_err());
+    assert!(TcryptKdf::from_name("md5").is_err());
+    let vera_blake2s = TcryptHeader::kdf_candidates(&TcryptOptions {
+        kdf: Some(TcryptKdf::Pbkdf2(HashAlg::Blake2s256)),
+        ..Default::default()
+    });
+    assert_eq!(vera_blake2s.len(), 2, "{vera_blake2s:?}");
+}
