@@ -36,7 +36,13 @@ HERE = Path(__file__).resolve().parent
 
 # The scripts this harness runs, and the per-invocation limit (a command that waits for a
 # terminal that is not there must not stall the suite).
-SUITES = ["luks2-validation-test", "compat-test", "compat-test2", "password-hash-test"]
+SUITES = ["luks2-validation-test", "compat-test", "compat-test2", "password-hash-test",
+          "api-images-test"]
+
+# Scripts of ours (beside this file) run the same way, in a copy of cryptsetup's tests/
+# folder: api-images-test says with the command line what cryptsetup's C API tests check
+# on their images.
+OWN_SCRIPTS = {"api-images-test"}
 CALL_TIMEOUT_S = 120
 
 # Scripts that cryptsetup itself cannot run without device-mapper here, and whose every
@@ -172,7 +178,7 @@ def function_lines(text):
 
 def run_suite(name, src, tool, real, out):
     """Runs one script with `real` as $CRYPTSETUP; returns {line: (status, why)}."""
-    text = (src / name).read_text()
+    text = (HERE / name if name in OWN_SCRIPTS else src / name).read_text()
     work = Path(tempfile.mkdtemp(prefix=f"cs-{name}-{tool}-", dir=out))
     tests = work / "tests"
     shutil.copytree(src, tests, symlinks=True)

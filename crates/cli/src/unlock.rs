@@ -292,7 +292,11 @@ pub(crate) fn plain_secret(a: &VolumeArgs, p: &PlainParams, prompt: &str) -> Cli
             } else {
                 a.key.keyfile_size
             };
-            Ok(Secret::Passphrase(read_key_file(f, a.key.keyfile_offset, size)?))
+            Ok(Secret::Passphrase(read_key_file(
+                f,
+                a.key.keyfile_offset,
+                size,
+            )?))
         }
         None => Ok(Secret::Passphrase(get_passphrase(
             &a.key.source(),

@@ -356,6 +356,20 @@ fn segment_with_key<H: LuksHeader + ?Sized>(h: &H, key: SecretBytes, data_size: 
 
 /// Reads whichever LUKS version the device holds.
 pub fn load_header(dev: &mut dyn Storage) -> Result<Box<dyn LuksHeader>> {
+    load_header_as(dev, luks2::Luks2Header::read)
+}
+
+/// [`load_header`], a LUKS2 header with unknown mandatory requirements included (see
+/// [`luks2::Luks2Header::read_ignoring_requirements`]: inspected, passphrases checked,
+/// keyslots destroyed; never mapped or otherwise changed).
+pub fn load_header_with_requirements(dev: &mut dyn Storage) -> Result<Box<dyn LuksHeader>> {
+    load_header_as(dev, luks2::Luks2Header::read_ignoring_requirements)
+}
+
+fn load_header_as(
+    dev: &mut dyn Storage,
+    read_luks2: fn(&mut dyn Storage) -> Result<luks2::Luks2Header>,
+) -> Result<Box<dyn LuksHeader>> {
     let mut magic = [0u8; 8];
     let have = dev.size()?;
     if have < 8 {
@@ -365,14 +379,12 @@ pub fn load_header(dev: &mut dyn Storage) -> Result<Box<dyn LuksHeader>> {
     let version = u16::from_be_bytes([magic[6], magic[7]]);
     match (&magic[..6], version) {
         (luks1::MAGIC, 1) => Ok(Box::new(luks1::Luks1Header::read(dev)?)),
-        (luks1::MAGIC, 2) | (luks2::SECONDARY_MAGIC, 2) => {
-            Ok(Box::new(luks2::Luks2Header::read(dev)?))
-        }
+        (luks1::MAGIC, 2) | (luks2::SECONDARY_MAGIC, 2) => Ok(Box::new(read_luks2(dev)?)),
         // A readable primary of another version (as cryptsetup does): the volume may have
         // been converted, so an older secondary copy must not be used behind its back.
         (luks1::MAGIC, v) => Err(luks1::Luks1Error::UnsupportedVersion(v).into()),
         // The primary may be wiped or damaged: LUKS2 can still be found from its secondary copy.
-        _ => luks2::Luks2Header::read(dev).map(|h| Box::new(h) as Box<dyn LuksHeader>),
+        _ => read_luks2(dev).map(|h| Box::new(h) as Box<dyn LuksHeader>),
     }
 }
 

@@ -165,7 +165,7 @@ pub(crate) fn is_luks(ctx: &Ctx, a: IsLuksArgs) -> CliResult<()> {
         }
     };
     let mut dev = open_header(ctx, &a.device, &a.header, false)?;
-    match load_header(&mut dev) {
+    match cryptblk_format::load_header_with_requirements(&mut dev) {
         Ok(h) if want.is_some_and(|v| v != h.version()) => Err(CliError::usage(if ctx.verbose {
             format!(
                 "Device {} is not a valid LUKS{} device.",
@@ -263,7 +263,9 @@ pub(crate) fn header_restore(ctx: &Ctx, a: BackupArgs) -> CliResult<()> {
     // (another version, or none, is replaced after the confirmation): LUKS1, the same
     // data offset and key size; LUKS2 not mid-reencryption, the same data offset and
     // header-with-keyslot-areas size.
-    if let Ok(current) = load_header(&mut dev)
+    // (A header with unknown requirements on the device may be restored over, as in
+    // cryptsetup; a backup with them is refused above.)
+    if let Ok(current) = cryptblk_format::load_header_with_requirements(&mut dev)
         && current.version() == from_backup.version()
     {
         let refused = match current.version() {
@@ -352,6 +354,15 @@ pub(crate) fn repair(ctx: &Ctx, a: RepairArgs) -> CliResult<()> {
         confirm(ctx.batch, "Really try to repair LUKS device header?")?;
         hdr.repair(&mut dev)?;
         eprintln!("LUKS2 header repaired: both copies rewritten from the valid one.");
+    }
+    // As cryptsetup: the copies are made whole, but then the reencryption state of a
+    // header with requirements it does not know cannot be told, and that is an error.
+    if let Some(unknown) = hdr.unmet_requirements() {
+        return Err(CliError::usage(format!(
+            "Cannot check the reencryption state of {}: unknown mandatory requirements [{}].",
+            hpath.display(),
+            unknown.join(", ")
+        )));
     }
     if !hdr.in_reencryption() {
         return Ok(());

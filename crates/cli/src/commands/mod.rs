@@ -20,7 +20,7 @@ use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION, io_err};
 use crate::passphrase::{KeySource, get_passphrase};
 use cryptblk_crypto::{HashAlg, KdfKind, KdfRequest, SecretBytes};
-use cryptblk_format::{LuksHeader, Storage, load_header};
+use cryptblk_format::{LuksHeader, Storage};
 use cryptblk_volume::DataDevice;
 use std::fs::OpenOptions;
 use std::path::Path;
@@ -67,8 +67,12 @@ pub(crate) fn remote(ctx: &Ctx, path: &Path, read_only: bool) -> CliResult<Optio
         .map_err(|e| crate::unlock::volume_error(path, cryptblk_volume::Error::Io(e)))
 }
 
+/// The LUKS header of `path`, one with unknown mandatory requirements included: as in
+/// cryptsetup, such a header is inspected, its passphrases checked and its keyslots
+/// destroyed; every other change is refused when it is written, and mapping it when the
+/// volume opens.
 pub(crate) fn load(dev: &mut dyn Storage, path: &Path) -> CliResult<Box<dyn LuksHeader>> {
-    load_header(dev).map_err(|e| match e {
+    cryptblk_format::load_header_with_requirements(dev).map_err(|e| match e {
         cryptblk_format::Error::NotLuks => CliError::usage(format!(
             "Device {} is not a valid LUKS device.",
             path.display()
@@ -122,13 +126,17 @@ pub(crate) fn luks2_header(
     dev: &mut dyn Storage,
     path: &std::path::Path,
 ) -> CliResult<cryptblk_format::luks2::Luks2Header> {
-    if load_header(dev).map(|h| h.version()).ok() != Some(2) {
+    if cryptblk_format::load_header_with_requirements(dev)
+        .map(|h| h.version())
+        .ok()
+        != Some(2)
+    {
         return Err(CliError::usage(format!(
             "Device {} is not a valid LUKS2 device.",
             path.display()
         )));
     }
-    Ok(cryptblk_format::luks2::Luks2Header::read(dev)?)
+    Ok(cryptblk_format::luks2::Luks2Header::read_ignoring_requirements(dev)?)
 }
 
 /// A wrong passphrase as cryptsetup reports it (exit code 2).

@@ -46,17 +46,9 @@ pub(crate) fn token(ctx: &Ctx, a: TokenArgs) -> CliResult<()> {
     let path = header_path(&a.device, &a.header).to_path_buf();
     let write = a.action != "export";
     let mut dev = open_header(ctx, &a.device, &a.header, write)?;
-    if cryptblk_format::load_header(&mut dev)
-        .map(|h| h.version())
-        .ok()
-        != Some(2)
-    {
-        return Err(CliError::usage(format!(
-            "Device {} is not a valid LUKS2 device.",
-            path.display()
-        )));
-    }
-    let mut hdr = Luks2Header::read(&mut dev)?;
+    // Loaded with unknown requirements too: `token export` works on such a header, the
+    // changes are refused when written (as in cryptsetup).
+    let mut hdr = crate::commands::luks2_header(&mut dev, &path)?;
     let slot_ok = |hdr: &Luks2Header, s: u32| -> CliResult<u32> {
         if hdr.json()["keyslots"].get(s.to_string()).is_none() {
             return Err(CliError::usage(format!("Keyslot {s} is not active.")));

@@ -751,7 +751,11 @@ fn wipe_areas(dev: &mut dyn Storage, hdr: &Luks1Header) -> Result<()> {
     keyslot::wipe_zero(dev, 0, zero_len)?;
     for i in 0..NUM_KEYSLOTS {
         let (start, end) = hdr.phdr.slot_area(i);
-        keyslot::wipe_random(dev, start * SECTOR_SIZE, (end - start) * SECTOR_SIZE)?;
+        // Up to the next 4 KiB, as cryptsetup's wipe writes whole blocks of a file: the
+        // areas start 4 KiB-aligned, so this is the alignment gap (or, after the last one,
+        // what its layout reserves before the data). A detached header file ends there.
+        let len = ((end - start) * SECTOR_SIZE).next_multiple_of(4096);
+        keyslot::wipe_random(dev, start * SECTOR_SIZE, len)?;
     }
     Ok(())
 }

@@ -72,6 +72,13 @@ pub fn repair(dev: &mut dyn Storage) -> Result<Luks1Repair> {
         problems = true;
     }
     if !problems {
+        // Nothing to repair, but a device too small for its keyslots is still an error
+        // (cryptsetup checks the size after the header, repairing or not).
+        let need = crate::LuksHeader::header_size(&super::Luks1Header::from_phdr(phdr)?);
+        let have = dev.size()?;
+        if have < need {
+            return Err(Error::Truncated { need, have });
+        }
         out.messages
             .push("No known problems detected for LUKS header.".into());
         return Ok(out);

@@ -111,6 +111,19 @@ impl Luks2Header {
                 ));
             }
         }
+        if p.payload_offset == 0 && max < luks1_size + SHIFT {
+            // A detached header grows to hold the moved keyslots, as cryptsetup's
+            // fallocate does; a device that cannot grow (a block device) refuses this
+            // write before anything else is touched.
+            dev.write_at(&[0], luks1_size + SHIFT - 1).map_err(|e| {
+                Error::InvalidOption(format!(
+                    "Unable to move keyslot area. Not enough space: the detached header \
+                     needs {} bytes and cannot grow: {e}",
+                    luks1_size + SHIFT
+                ))
+            })?;
+            max = dev.size()?;
+        }
         if max < luks1_size + SHIFT {
             return Err(Error::InvalidOption(format!(
                 "Unable to move keyslot area. Not enough space: the keyslots need {} bytes \

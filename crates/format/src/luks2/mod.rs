@@ -198,15 +198,12 @@ impl Luks2Header {
     /// another signature is on the device (`repair` is how the user says the LUKS2
     /// header is the one to keep).
     pub fn read_for_repair(dev: &mut dyn Storage) -> Result<Self> {
-        let h = Self::read_copies(dev, false)?;
-        if h.unmet_requirements {
-            return Err(Luks2Error::UnmetRequirements(h.model.requirements.clone()).into());
-        }
-        Ok(h)
+        Self::read_copies(dev, false)
     }
 
-    /// Like [`Luks2Header::read`], but loads headers with mandatory requirements (for
-    /// `dump`); such a header refuses `unlock` and every change.
+    /// Like [`Luks2Header::read`], but loads headers with mandatory requirements we do not
+    /// implement: such a header can be inspected, its passphrases checked and keyslots
+    /// destroyed; it refuses to be mapped and every other change, as in cryptsetup.
     pub fn read_ignoring_requirements(dev: &mut dyn Storage) -> Result<Self> {
         Self::read_copies(dev, true)
     }
@@ -496,6 +493,11 @@ impl Luks2Header {
         if self.unmet_requirements {
             return Err(Luks2Error::UnmetRequirements(self.model.requirements.clone()).into());
         }
+        self.check_segment_supported()
+    }
+
+    /// Refuses a data segment of a type we do not implement.
+    fn check_segment_supported(&self) -> Result<()> {
         if let Some(kind) = &self.unsupported_segment {
             return Err(Luks2Error::Unsupported(format!("data segment of type '{kind}'")).into());
         }
@@ -677,7 +679,20 @@ impl Luks2Header {
         Ok((model, text))
     }
 
+    /// Every header write goes through here, and none to a header with mandatory
+    /// requirements we do not implement, except the few cryptsetup allows on one
+    /// ([`Self::commit_despite_requirements`]).
     fn commit(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
+        if self.unmet_requirements {
+            return Err(Luks2Error::UnmetRequirements(self.model.requirements.clone()).into());
+        }
+        self.commit_despite_requirements(dev, json)
+    }
+
+    /// [`Self::commit`] for what cryptsetup allows on a header with unknown mandatory
+    /// requirements (the requirements themselves are written back untouched): destroying
+    /// keyslots (`luksKillSlot`, `luksErase`) and `repair`.
+    fn commit_despite_requirements(&mut self, dev: &mut dyn Storage, json: Value) -> Result<()> {
         let (model, text) = self.check_committable(&json)?;
         let seqid = self
             .seqid
@@ -1005,9 +1020,11 @@ impl Luks2Header {
 
     /// Rewrites both header copies from the metadata `read` chose (`cryptsetup repair`).
     pub fn repair(&mut self, dev: &mut dyn Storage) -> Result<()> {
-        self.check_changeable()?;
+        if self.in_reencryption() {
+            return Err(Luks2Error::InReencryption.into());
+        }
         let json = self.json.clone();
-        self.commit(dev, json)
+        self.commit_despite_requirements(dev, json)
     }
 
     /// Sets the label (`None` or "" clears it) and writes the header.
@@ -1098,6 +1115,13 @@ impl Luks2Header {
             config.insert("flags".into(), uniq.into());
         }
         self.commit(dev, json)
+    }
+
+    /// The mandatory requirements when some are not implemented here (a header loaded
+    /// with [`Luks2Header::read_ignoring_requirements`]), else `None`.
+    pub fn unmet_requirements(&self) -> Option<&[String]> {
+        self.unmet_requirements
+            .then_some(&self.model.requirements[..])
     }
 
     /// Mandatory requirements (`config.requirements.mandatory`); non-empty only for headers
@@ -1293,7 +1317,10 @@ impl LuksHeader for Luks2Header {
         passphrase: &[u8],
         slot: Option<u32>,
     ) -> Result<(u32, SecretBytes)> {
-        self.check_usable()?;
+        // A passphrase may be checked and the volume key read on a header with unknown
+        // requirements (cryptsetup: `--test-passphrase`, `luksDump --dump-volume-key`);
+        // mapping it is refused (`unlock_segments`), and so is any change (`commit`).
+        self.check_segment_supported()?;
         if self.segment().kind == "linear" && !self.in_reencryption() {
             return Err(Luks2Error::PlainData(self.segment().offset).into());
         }
@@ -1372,7 +1399,7 @@ impl LuksHeader for Luks2Header {
     /// the middle of a reencryption (its own keyslot stays: the metadata needs it, and it
     /// holds no key).
     fn erase(&mut self, dev: &mut dyn Storage) -> Result<()> {
-        self.check_usable()?;
+        self.check_segment_supported()?;
         let mut json = self.json.clone();
         let mut areas = Vec::new();
         for (id, k) in &self.model.keyslots {
@@ -1381,7 +1408,7 @@ impl LuksHeader for Luks2Header {
                 areas.push((k.area_offset, k.area_size));
             }
         }
-        self.commit(dev, json)?;
+        self.commit_despite_requirements(dev, json)?;
         for (off, len) in areas {
             keyslot::wipe_area(dev, off, len)?;
         }
@@ -1466,7 +1493,12 @@ impl LuksHeader for Luks2Header {
     }
 
     fn kill_keyslot(&mut self, dev: &mut dyn Storage, slot: u32) -> Result<()> {
-        self.check_changeable()?;
+        // Allowed on a header with unknown requirements, as in cryptsetup: it only
+        // takes away.
+        self.check_segment_supported()?;
+        if self.in_reencryption() {
+            return Err(Luks2Error::InReencryption.into());
+        }
         let k = self
             .model
             .keyslots
@@ -1483,7 +1515,7 @@ impl LuksHeader for Luks2Header {
         };
         section_mut(&mut json, "digests")?
             .retain(|_, d| !(empty(d, "keyslots") && empty(d, "segments")));
-        self.commit(dev, json)?;
+        self.commit_despite_requirements(dev, json)?;
         keyslot::wipe_area(dev, off, len)?;
         dev.sync()?;
         Ok(())

@@ -463,9 +463,34 @@ fn unknown_mandatory_requirement_refuses() {
     assert!(e.to_string().contains("future-thing"), "{e}");
     let mut r = Luks2Header::read_ignoring_requirements(&mut dev).unwrap();
     assert_eq!(r.requirements(), ["online-reencrypt-v4", "future-thing"]);
-    assert!(r.unlock(&mut dev, b"pass0", None).is_err());
-    assert!(r.kill_keyslot(&mut dev, 0).is_err());
-    assert!(r.set_label(&mut dev, Some("x")).is_err());
+    assert_eq!(
+        r.unmet_requirements(),
+        Some(
+            &[
+                "online-reencrypt-v4".to_string(),
+                "future-thing".to_string()
+            ][..]
+        )
+    );
+    // As cryptsetup: the passphrase is checked and the volume key read...
+    let (slot, vk) = r.unlock(&mut dev, b"pass0", None).unwrap();
+    assert_eq!(slot, 0);
+    assert!(r.verify_volume_key(&vk).unwrap());
+    // ...but the volume is not mapped, and nothing is changed but keyslots destroyed.
+    let size = dev.size().unwrap();
+    assert!(r.unlock_segments(&mut dev, b"pass0", None, size).is_err());
+    let before = dev.to_vec();
+    let e = r.set_label(&mut dev, Some("x")).unwrap_err();
+    assert!(e.to_string().contains("future-thing"), "{e}");
+    assert!(
+        r.set_uuid(&mut dev, "12345678-1234-1234-1234-123456789abc")
+            .is_err()
+    );
+    assert!(dev.to_vec() == before, "a refused change wrote nothing");
+    r.kill_keyslot(&mut dev, 0).unwrap();
+    let again = Luks2Header::read_ignoring_requirements(&mut dev).unwrap();
+    assert_eq!(again.requirements(), r.requirements(), "requirements kept");
+    assert!(again.keyslots().iter().all(|k| !k.active));
 }
 
 #[test]
