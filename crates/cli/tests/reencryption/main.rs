@@ -8,6 +8,7 @@ mod common;
 #[path = "../common/xts.rs"]
 mod xts;
 
+mod decrypt_shift;
 mod encrypt;
 mod encrypt_shift;
 mod online_reencrypt;

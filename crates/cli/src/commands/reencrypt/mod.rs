@@ -127,8 +127,9 @@ impl Job {
         }
         if a.decrypt && !detached {
             return Err(CliError::usage(
-                "LUKS2 decryption is supported with detached header device only (with data \
-                 offset set to 0).",
+                "LUKS2 decryption needs --header: the header file of a detached header, or a \
+                 new file to move the header on the device to (its data then moves to the \
+                 head of the device).",
             ));
         }
         if a.encrypt && a.decrypt {
@@ -355,6 +356,12 @@ pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         && !header_path.exists()
         && !cryptblk_storage::is_remote(&header_path);
     let new_shift = a.encrypt && job.reduce.is_some() && !job.resume_only && !holds_luks(&data)?;
+    // --decrypt --header NEWFILE of a device holding its header: the header moves to the
+    // file, the data to the head of the device (cryptsetup's decryption with datashift).
+    let header_moves = a.decrypt
+        && !job.resume_only
+        && a.header.header.as_ref().is_some_and(|h| !h.exists())
+        && holds_luks(&data)?;
     let storage: Box<dyn cryptblk_format::Storage> = match &data {
         DataDevice::File(f) => Box::new(
             cryptblk_volume::FileStorage::new(f.try_clone().map_err(|e| io_err(&a.device, e))?)
@@ -363,7 +370,12 @@ pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         DataDevice::Remote(_) => Box::new(data.clone()),
     };
     let data_size = storage.size().map_err(|e| io_err(&a.device, e))?;
-    let (mut hdev, mut hdr, pass) = if new_shift {
+    let (mut hdev, mut hdr, pass) = if header_moves {
+        let path = a.header.header.as_deref().expect("checked above");
+        let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
+        let (f, h) = decrypt_shift_init(&data, data_size, path, &pass, &job, ctx.batch)?;
+        (DataDevice::File(Arc::new(f)), h, pass)
+    } else if new_shift {
         let pass = get_passphrase(&a.key.source(), "Enter passphrase: ", true)?;
         let mut f = data.clone();
         let reduce = job.reduce.unwrap_or_default();
@@ -458,6 +470,67 @@ fn encrypt_init(
         Err(e) => {
             let _ = std::fs::remove_file(path);
             Err(e)
+        }
+    }
+}
+
+/// `--decrypt --header FILE` of a device with its header on it: after cryptsetup's
+/// question, the header is moved to FILE (created 0600, never over an existing file or
+/// through a link) and the decryption's metadata written there. On a failure before that
+/// metadata is committed the file holds the untouched header and is kept, as cryptsetup
+/// keeps it, and the message says so.
+fn decrypt_shift_init(
+    data: &DataDevice,
+    data_size: u64,
+    path: &std::path::Path,
+    pass: &[u8],
+    job: &Job,
+    batch: bool,
+) -> CliResult<(std::fs::File, Luks2Header)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    crate::passphrase::confirm(
+        batch,
+        &format!(
+            "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+             this device and export LUKS2 header to file {}?",
+            path.display(),
+            path.display()
+        ),
+    )?;
+    let mut dev = data.clone();
+    let hdr = Luks2Header::read(&mut dev)?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_err(path, e))?;
+    match hdr.decrypt_shift_init(
+        &mut dev,
+        data_size,
+        &mut f,
+        pass,
+        job.slot,
+        job.hotzone,
+        &job.req,
+    ) {
+        Ok(h) => Ok((f, h)),
+        Err(e) => {
+            // Nothing but the copy was written unless the device's header is gone: then
+            // the file is the only header left.
+            let mut probe = data.clone();
+            if cryptblk_format::load_header(&mut probe).is_ok() {
+                let _ = std::fs::remove_file(path);
+                Err(wrong_passphrase(e))
+            } else {
+                Err(CliError::usage(format!(
+                    "{}\nReencryption initialization failed. Header backup is available in {}.",
+                    wrong_passphrase(e),
+                    path.display()
+                )))
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 //! cryptsetup) recovers. One driver ([`Luks2Header::run_steps`]) runs the steps offline and
 //! online; whoever holds the data is a [`StepHost`].
 
+use super::decrypt_shift::DecryptShift;
 use super::json::{hot_layout, hot_layout_shift};
 use super::metadata::{Reencryption, StepRecovery};
 use super::shift::ShiftSource;
@@ -206,7 +207,9 @@ impl Luks2Header {
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
         let shift = ShiftSource::of(&r);
+        let decrypt_shift = DecryptShift::of(&r);
         if shift.is_none()
+            && decrypt_shift.is_none()
             && (r.params.resilience.shift_size() != 0
                 || r.moved.is_some()
                 || r.previous.1.offset != r.final_.1.offset)
@@ -238,6 +241,10 @@ impl Luks2Header {
         };
         let d_new = r.final_.1.offset;
         let total = match shift {
+            // Decrypting to the device's head: the data behind the old header.
+            _ if decrypt_shift.is_some() => data_size
+                .checked_sub(r.previous.1.offset)
+                .ok_or_else(|| bad("data device smaller than the old data offset"))?,
             // A data move: the data that stays, the previous layout's (fixed) size.
             Some(sh) if sh.moved_offset.is_some() => r
                 .previous
@@ -250,7 +257,10 @@ impl Luks2Header {
         };
         // A job limited to part of the device (cryptsetup --device-size) records the
         // limit in its backup layouts.
-        if shift.is_none() && (r.previous.1.size.is_some() || r.final_.1.size.is_some()) {
+        if shift.is_none()
+            && decrypt_shift.is_none()
+            && (r.previous.1.size.is_some() || r.final_.1.size.is_some())
+        {
             return Err(Luks2Error::Unsupported(
                 "a fixed-length reencryption (cryptsetup --device-size); cryptsetup can \
                  resume it"
@@ -277,8 +287,12 @@ impl Luks2Header {
             d_new,
             total,
             data_size,
-            step_len: job_step_length(shift, &r, hotzone, align)?,
+            step_len: match decrypt_shift {
+                Some(ds) => ds.shift,
+                None => job_step_length(shift, &r, hotzone, align)?,
+            },
             shift,
+            decrypt_shift,
             none: r.params.resilience == Resilience::None,
             backward: r.params.direction == ReencryptDirection::Backward,
             pending: None,
@@ -313,6 +327,9 @@ pub struct ReencryptJob {
     /// A data-move encryption (header at the head of the device): where the plaintext
     /// is read from.
     shift: Option<ShiftSource>,
+    /// A decryption to the device's head (header moved to a file): where the ciphertext
+    /// is read from, and the order of the steps.
+    decrypt_shift: Option<DecryptShift>,
     /// With resilience `none`, the layout the steps reached, committed when the job stops
     /// or ends (cryptsetup's behaviour: no metadata write per step).
     pending: Option<Value>,
@@ -410,6 +427,11 @@ impl ReencryptJob {
         let r = model
             .reencryption()?
             .ok_or_else(|| bad("no reencryption"))?;
+        if let Some(ds) = self.decrypt_shift {
+            let (offset, len) = ds.next_step(&model, self.total)?;
+            let hot_json = ds.hot_layout(&r, json, &model, offset, len, self.total)?;
+            return ReencryptStep::new(offset, len, hot_json, hdr.hdr_size);
+        }
         let regular: Vec<&Segment> = model.segments.values().filter(|s| !s.is_backup()).collect();
         if let Some(sh) = self.shift.filter(|sh| sh.moved_offset.is_some()) {
             let linear =
@@ -495,6 +517,7 @@ impl ReencryptJob {
             .ok_or_else(|| bad("no reencryption"))?;
         protect(
             &hot_r,
+            step.recovery,
             &*dev,
             data,
             self.d_new + step.offset,
@@ -519,7 +542,11 @@ impl ReencryptJob {
     ) -> Result<()> {
         in_pieces(step.len, self.worker_hook, |at, b| {
             let pos = step.offset + at;
-            let from = self.shift.map_or(self.d_new + pos, |sh| sh.source(pos));
+            let from = match (self.decrypt_shift, self.shift) {
+                (Some(ds), _) => ds.source(pos),
+                (None, Some(sh)) => sh.source(pos),
+                (None, None) => self.d_new + pos,
+            };
             data.read_at(b, from)?;
             self.old.decrypt(pos / self.old.sector_size() as u64, b)?;
             self.new.encrypt(pos / self.new.sector_size() as u64, b)?;
@@ -715,6 +742,7 @@ const MAX_THREADS: usize = 8;
 /// per block, or the bytes themselves, at the start of the reencrypt keyslot's area.
 fn protect(
     r: &Reencryption<'_>,
+    recovery: StepRecovery,
     dev: &dyn Storage,
     data: &dyn Storage,
     at: u64,
@@ -722,8 +750,16 @@ fn protect(
     hook: Option<fn()>,
 ) -> Result<()> {
     let area = r.keyslot.area_offset;
-    match &r.params.resilience {
-        Resilience::Checksum { hash, sector_size } => {
+    // The data-shift types protect their in-place step (the moved segment's) as their
+    // plain counterparts do; their other steps need nothing (the source stays).
+    match (&r.params.resilience, recovery) {
+        (
+            Resilience::Checksum { hash, sector_size }
+            | Resilience::DatashiftChecksum {
+                hash, sector_size, ..
+            },
+            StepRecovery::Checksums,
+        ) => {
             let h = HashAlg::from_name(hash)
                 .map_err(|_| Luks2Error::Unsupported(format!("checksum hash '{hash}'")))?;
             let (bs, hl) = (*sector_size as u64, h.output_len());
@@ -747,10 +783,12 @@ fn protect(
             let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
             dev.write_at(&sums, area)?;
         }
-        Resilience::Journal => in_pieces(len, hook, |off, b| {
-            data.read_at(b, at + off)?;
-            Ok(dev.write_at(b, area + off)?)
-        })?,
+        (Resilience::Journal | Resilience::DatashiftJournal { .. }, StepRecovery::Journal) => {
+            in_pieces(len, hook, |off, b| {
+                data.read_at(b, at + off)?;
+                Ok(dev.write_at(b, area + off)?)
+            })?
+        }
         _ => {}
     }
     Ok(())

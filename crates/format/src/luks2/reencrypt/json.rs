@@ -1,7 +1,7 @@
 //! The JSON of reencryption metadata: segments, the `reencrypt` keyslot, the requirement,
 //! the verification digest, and the layout while a step runs (the hot layouts).
 
-use super::metadata::{REQUIREMENT_V2, Reencryption, ResilienceRequest};
+use super::metadata::{REQUIREMENT_V2, REQUIREMENT_V3, Reencryption, ResilienceRequest};
 use crate::luks2::model::{Model, ReencryptDirection, Segment};
 use crate::luks2::{Luks2Error, bad, digest, keyslot, section_mut};
 use crate::{Error, Result};
@@ -65,8 +65,9 @@ fn reencrypt_area(
     area
 }
 
-/// Adds the reencryption requirement (`online-reencrypt-v2`) to the config.
-fn add_requirement(json: &mut Value) -> Result<()> {
+/// Adds the reencryption requirement (`online-reencrypt-v2`, or `-v3` for a decryption
+/// that moves its first segment, as cryptsetup versions them) to the config.
+fn add_requirement(json: &mut Value, requirement: &str) -> Result<()> {
     let config = section_mut(json, "config")?;
     let reqs = config
         .entry("requirements")
@@ -77,7 +78,7 @@ fn add_requirement(json: &mut Value) -> Result<()> {
         .or_insert_with(|| json!([]))
         .as_array_mut()
         .ok_or_else(|| bad("mandatory requirements are not a list"))?
-        .push(json!(REQUIREMENT_V2));
+        .push(json!(requirement));
     Ok(())
 }
 
@@ -137,7 +138,20 @@ pub(super) fn seal_reencryption(
     new: Option<&[u8]>,
     kdf: &KdfRequest,
 ) -> Result<()> {
-    add_requirement(json)?;
+    let model = Model::from_json(json, hdr_size)?;
+    let decrypt_moves = model
+        .segments
+        .values()
+        .any(|s| s.flags.iter().any(|f| f == "backup-moved-segment"))
+        && json["keyslots"][reenc_slot.to_string()]["mode"] == "decrypt";
+    add_requirement(
+        json,
+        if decrypt_moves {
+            REQUIREMENT_V3
+        } else {
+            REQUIREMENT_V2
+        },
+    )?;
     let model = Model::from_json(json, hdr_size)?;
     let r = model
         .reencryption()?

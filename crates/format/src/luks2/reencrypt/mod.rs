@@ -3,6 +3,7 @@
 //! steps and their one driver (`job`), data moves and shifts (`shift`), crash recovery
 //! (`recovery`). Either tool resumes or recovers the other's job.
 
+mod decrypt_shift;
 mod job;
 mod json;
 mod metadata;

@@ -56,7 +56,7 @@ fn checksum_block(old: &Segment, new_sector: u32, data_size: u64) -> Result<u64>
 impl Luks2Header {
     /// The data segment a new job starts from: a header that can be changed, with no job
     /// in progress and one encrypted segment that runs to the end of the device.
-    fn startable_segment(&self) -> Result<(u32, Segment)> {
+    pub(super) fn startable_segment(&self) -> Result<(u32, Segment)> {
         self.check_usable()?;
         if self.in_reencryption() {
             return Err(Luks2Error::Unsupported(
