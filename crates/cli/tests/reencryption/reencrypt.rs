@@ -652,3 +652,95 @@ fn an_interrupted_step_is_recovered_by_every_command_that_needs_the_data() {
         assert!(lab.read(&ours) == plain, "{cut}: after the job");
     }
 }
+
+/// The new key's keyslot is encrypted as the keyslot the passphrase opened (cryptsetup's
+/// rule, whatever the data cipher), and as `--keyslot-cipher` says when it is given
+/// (cryptsetup 2.6 accepts and ignores it); cryptsetup opens the result either way.
+#[test]
+fn the_new_keyslot_is_encrypted_as_the_old_one_or_as_keyslot_cipher_says() {
+    let lab = Lab::new();
+    let pw = lab.p("pw");
+    let area = |img: &str| -> Vec<(String, u64)> {
+        let out = ok(&lab.cs(&["luksDump", "--dump-json-metadata", img]));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        j["keyslots"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|k| k["type"] == "luks2")
+            .map(|k| {
+                (
+                    k["area"]["encryption"].as_str().unwrap().to_string(),
+                    k["area"]["key_size"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let fresh = |name: &str| {
+        let img = lab.p(name);
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(24 * MIB as u64)
+            .unwrap();
+        let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
+        a.extend(KDF);
+        a.extend([
+            "--keyslot-cipher",
+            "aes-cbc-essiv:sha256",
+            "--keyslot-key-size",
+            "256",
+            "--key-file",
+            &pw,
+            &img,
+        ]);
+        ok(&lab.cs(&a));
+        img
+    };
+    let mut job = vec![
+        "reencrypt",
+        "-q",
+        "--init-only",
+        "--key-size",
+        "256",
+        "--key-file",
+        &pw,
+    ];
+    job.extend(KDF);
+    let (mine, theirs) = (fresh("mine.img"), fresh("theirs.img"));
+    let mut a = job.clone();
+    a.push(&mine);
+    ok(&lab.cb(&a));
+    let mut a = job.clone();
+    a.extend([theirs.as_str(), "--force-offline-reencrypt"]);
+    ok(&lab.cs(&a));
+    assert_eq!(area(&mine), area(&theirs));
+    assert_eq!(
+        area(&mine),
+        vec![("aes-cbc-essiv:sha256".to_string(), 32); 2]
+    );
+    // --keyslot-cipher given: the new keyslot takes it; the job finished, cryptsetup opens.
+    let img = lab.p("ks.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(24 * MIB as u64)
+        .unwrap();
+    let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
+    a.extend(KDF);
+    a.extend(["--key-file", &pw, &img]);
+    ok(&lab.cs(&a));
+    let mut a = vec![
+        "reencrypt",
+        "-q",
+        "--keyslot-cipher",
+        "aes-cbc-essiv:sha256",
+        "--keyslot-key-size",
+        "256",
+        "--key-file",
+        &pw,
+    ];
+    a.extend(KDF);
+    a.push(&img);
+    ok(&lab.cb(&a));
+    assert_eq!(area(&img), vec![("aes-cbc-essiv:sha256".to_string(), 32)]);
+    ok(&lab.cs(&["open", "--test-passphrase", "--key-file", &pw, &img]));
+}

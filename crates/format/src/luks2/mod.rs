@@ -1189,7 +1189,7 @@ impl Luks2Header {
 }
 
 /// A keyslot area cipher the user chose: one cryptblk can run, with a key size it takes.
-fn check_keyslot_encryption(cipher: &str, key_bytes: usize) -> Result<()> {
+pub(crate) fn check_keyslot_encryption(cipher: &str, key_bytes: usize) -> Result<()> {
     let spec = CipherSpec::parse(cipher)
         .map_err(|e| Error::InvalidOption(format!("keyslot cipher {cipher}: {e}")))?;
     if key_bytes == 0 || !spec.valid_key_len(key_bytes) {

@@ -843,6 +843,7 @@ fn step_recovery_decides_client_writes_into_rewritten_pieces() {
         sector_size: None,
         resilience: r,
         kdf: fast_kdf(),
+        keyslot_encryption: None,
     };
     let first_step = |dev: MemStorage, mut h: Luks2Header| {
         let size = dev.size().unwrap();

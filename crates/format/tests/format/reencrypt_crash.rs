@@ -97,6 +97,7 @@ fn power_loss_at_every_write_of_a_reencryption() {
             sector_size: None,
             resilience,
             kdf: kdf(),
+            keyslot_encryption: None,
         };
         let base = volume(sector, &plain);
         // How many writes the whole job issues.
@@ -242,6 +243,7 @@ fn power_loss_at_every_write_of_an_encryption() {
             sector_size: None,
             resilience,
             kdf: kdf(),
+            keyslot_encryption: None,
         };
         let base = MemStorage::new(HDR + DATA_LEN);
         base.write_at(&plain, HDR).unwrap();
@@ -363,6 +365,7 @@ fn power_loss_at_every_write_of_a_data_move_encryption() {
         sector_size: None,
         resilience: ResilienceRequest::None,
         kdf: kdf(),
+        keyslot_encryption: None,
     };
     let base = MemStorage::new(MOVE_DEV);
     base.write_at(&plain, 0).unwrap();
@@ -492,6 +495,7 @@ fn power_loss_at_every_write_of_a_data_shift() {
         sector_size: None,
         resilience: ResilienceRequest::None,
         kdf: kdf(),
+        keyslot_encryption: None,
     };
     let base = volume(4096, &plain);
     let dry = CrashDevice::new(base.clone(), None, Tear::Lost, true);
@@ -582,6 +586,7 @@ fn power_loss_at_every_write_of_a_decryption() {
             sector_size: None,
             resilience,
             kdf: kdf(),
+            keyslot_encryption: None,
         };
         // The starting point: the plaintext encrypted in place under a detached header.
         let plain_dev = MemStorage::new(HDR + DATA_LEN);

@@ -157,6 +157,7 @@ fn request(resilience: ResilienceRequest) -> ReencryptRequest {
         sector_size: None,
         resilience,
         kdf: kdf(),
+        keyslot_encryption: None,
     }
 }
 

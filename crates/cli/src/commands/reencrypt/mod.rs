@@ -281,6 +281,7 @@ fn request(a: &ReencryptArgs) -> CliResult<ReencryptRequest> {
         sector_size: a.sector_size,
         resilience,
         kdf: crate::commands::kdf_request(&a.kdf, false)?,
+        keyslot_encryption: a.kdf.keyslot_encryption()?,
     })
 }
 
@@ -320,11 +321,6 @@ pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
         return Err(CliError::usage(format!(
             "reencrypt writes LUKS2 only, not --type {k} (cryptsetup's LUKS1 reencryption is not supported)"
         )));
-    }
-    if a.kdf.keyslot_encryption()?.is_some() {
-        return Err(CliError::usage(
-            "--keyslot-cipher is not supported by reencrypt here yet (format, add-key, change-key, convert-key take it)",
-        ));
     }
     let job = Job::of(&a)?;
     if let Some(name) = &a.active_name {

@@ -8,7 +8,7 @@ use super::json::{
 };
 use super::metadata::ResilienceRequest;
 use crate::luks2::model::Segment;
-use crate::luks2::{Luks2Error, Luks2Header, bad, digest, keyslot, keyslot_cipher, section_mut};
+use crate::luks2::{Luks2Error, Luks2Header, bad, digest, keyslot, section_mut};
 use crate::{Error, FormatOptions, LuksHeader, MemStorage, Result, Storage};
 use cryptblk_crypto::{CipherSpec, IvOptions, KdfRequest, SecretBytes, SectorCipher, random_bytes};
 use serde_json::{Value, json};
@@ -26,6 +26,10 @@ pub struct ReencryptRequest {
     pub resilience: ResilienceRequest,
     /// KDF of the new keyslot that holds the new key under the same passphrase.
     pub kdf: KdfRequest,
+    /// `--keyslot-cipher` and `--keyslot-key-size` (bytes) of that keyslot's area; else the
+    /// encryption of the keyslot the passphrase opened (cryptsetup's choice), or, for a new
+    /// header, the data cipher.
+    pub keyslot_encryption: Option<(String, usize)>,
 }
 
 /// Checksum blocks: 4096 bytes where the data allows (cryptsetup's block for image files),
@@ -165,8 +169,23 @@ impl Luks2Header {
         let hash = req.kdf.hash;
 
         // The new keyslot's material first (synced; unreferenced until the commit).
+        // cryptsetup gives the new keyslot the area encryption of the one it opened
+        // (`set_keyslot_params`; cipher_null's becomes the default), whatever the new data
+        // cipher; `--keyslot-cipher` overrides it here (cryptsetup 2.6 ignores it).
+        let area = match &req.keyslot_encryption {
+            Some((c, bytes)) => {
+                crate::luks2::check_keyslot_encryption(c, *bytes)?;
+                (c.clone(), *bytes)
+            }
+            None => match &self.model.keyslots[&old_slot].params {
+                Ok(k) if k.area_cipher.cipher != cryptblk_crypto::BlockCipherAlg::Null => {
+                    (k.area_cipher.to_string(), k.area_key_size)
+                }
+                _ => ("aes-xts-plain64".to_string(), 64),
+            },
+        };
         let (new_slot, ks_json) =
-            self.new_keyslot_material(dev, &new_key, &cipher, passphrase, &req.kdf)?;
+            self.new_keyslot_material(dev, &new_key, &area, passphrase, &req.kdf)?;
         let mut json = self.json.clone();
         section_mut(&mut json, "keyslots")?.insert(new_slot.to_string(), ks_json);
         // Tokens that unlock the old keyslot unlock the new one too (cryptsetup's
@@ -270,6 +289,7 @@ impl Luks2Header {
         opts.hash = req.kdf.hash;
         opts.detached_header = data_offset.is_none();
         opts.data_offset = Some(data_offset.unwrap_or(0));
+        opts.keyslot_encryption = req.keyslot_encryption.clone();
         opts
     }
 
@@ -370,7 +390,7 @@ impl Luks2Header {
         &self,
         dev: &mut dyn Storage,
         key: &[u8],
-        cipher: &CipherSpec,
+        area: &(String, usize),
         passphrase: &[u8],
         kdf: &KdfRequest,
     ) -> Result<(u32, Value)> {
@@ -378,7 +398,7 @@ impl Luks2Header {
         let area_size = keyslot::area_size_for(key.len());
         let area_offset = keyslot::find_area_gap(&self.model, self.hdr_size, area_size)
             .ok_or(Luks2Error::NoKeyslotSpace)?;
-        let (area_cipher, area_key_size) = keyslot_cipher(cipher, key.len());
+        let (area_cipher, area_key_size) = area.clone();
         let ks_json = keyslot::create(
             dev,
             &keyslot::NewKeyslot {
