@@ -151,20 +151,6 @@ impl Lab {
     }
 }
 
-/// Metadata with its random parts (salts, digests, KDF costs) taken out.
-fn shape(mut j: serde_json::Value) -> serde_json::Value {
-    for k in j["keyslots"].as_object_mut().unwrap().values_mut() {
-        k.as_object_mut().unwrap().remove("kdf");
-    }
-    for d in j["digests"].as_object_mut().unwrap().values_mut() {
-        let d = d.as_object_mut().unwrap();
-        d.remove("salt");
-        d.remove("digest");
-        d.remove("iterations");
-    }
-    j
-}
-
 #[test]
 fn decrypts_with_the_header_moved_to_a_file_as_cryptsetup_does() {
     let lab = Lab::new();
@@ -176,8 +162,8 @@ fn decrypts_with_the_header_moved_to_a_file_as_cryptsetup_does() {
         let (theirs, theirs_hdr) = lab.device("theirs");
         ok(&lab.cs_job(&theirs, &theirs_hdr, &init));
         assert_eq!(
-            shape(lab.json(&hdr)),
-            shape(lab.json(&theirs_hdr)),
+            crate::metadata_shape(lab.json(&hdr)),
+            crate::metadata_shape(lab.json(&theirs_hdr)),
             "{extra:?}: metadata differs from cryptsetup's"
         );
         assert!(

@@ -138,20 +138,6 @@ impl Lab {
     }
 }
 
-/// Metadata with its random parts (salts, digests, UUID, KDF costs) taken out.
-fn shape(mut j: serde_json::Value) -> serde_json::Value {
-    for k in j["keyslots"].as_object_mut().unwrap().values_mut() {
-        k.as_object_mut().unwrap().remove("kdf");
-    }
-    for d in j["digests"].as_object_mut().unwrap().values_mut() {
-        let d = d.as_object_mut().unwrap();
-        d.remove("salt");
-        d.remove("digest");
-        d.remove("iterations");
-    }
-    j
-}
-
 #[test]
 fn encrypts_with_the_header_on_the_device_as_cryptsetup_does() {
     let lab = Lab::new();
@@ -165,7 +151,7 @@ fn encrypts_with_the_header_on_the_device_as_cryptsetup_does() {
         ),
         b"",
     ));
-    let mine = shape(lab.json(&img));
+    let mine = crate::metadata_shape(lab.json(&img));
     let raw = std::fs::read(&img).unwrap();
     assert!(
         raw[DEV - SHIFT..] == lab.before[..SHIFT],
@@ -183,7 +169,7 @@ fn encrypts_with_the_header_on_the_device_as_cryptsetup_does() {
     )));
     assert_eq!(
         mine,
-        shape(lab.json(&theirs_img)),
+        crate::metadata_shape(lab.json(&theirs_img)),
         "metadata differs from cryptsetup's"
     );
     // The whole job, then a second --encrypt on the encrypted device: refused, unchanged.

@@ -445,15 +445,7 @@ fn encrypt_init(
     pass: &[u8],
     job: &Job,
 ) -> CliResult<(std::fs::File, Luks2Header)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io_err(path, e))?;
+    let mut f = create_header_file(path)?;
     // cryptsetup's detached header: 16 MiB (metadata and keyslots area).
     let made = f
         .set_len(16 << 20)
@@ -483,7 +475,6 @@ fn decrypt_shift_init(
     job: &Job,
     batch: bool,
 ) -> CliResult<(std::fs::File, Luks2Header)> {
-    use std::os::unix::fs::OpenOptionsExt;
     crate::passphrase::confirm(
         batch,
         &format!(
@@ -495,14 +486,7 @@ fn decrypt_shift_init(
     )?;
     let mut dev = data.clone();
     let hdr = Luks2Header::read(&mut dev)?;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io_err(path, e))?;
+    let mut f = create_header_file(path)?;
     match hdr.decrypt_shift_init(
         &mut dev,
         data_size,
@@ -529,6 +513,19 @@ fn decrypt_shift_init(
             }
         }
     }
+}
+
+/// A new header file: 0600, never over an existing file or through a link.
+fn create_header_file(path: &std::path::Path) -> CliResult<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_err(path, e))
 }
 
 /// Whether `data` starts with a LUKS header (either version, either copy).

@@ -14,13 +14,13 @@
 //! bytes protected by checksums (`datashift-checksum`). Finishing wipes the `S` bytes the
 //! data no longer reaches at the device's end, every keyslot and the old key.
 
-use super::json::{lowest_free, seal_reencryption, seg_json};
+use super::json::{lowest_free, seal_reencryption, seg_json, with_segments};
 use super::metadata::Reencryption;
+use super::shift::copy;
 use crate::luks2::model::{Model, ReencryptDirection, ReencryptMode, Resilience, Segment};
 use crate::luks2::{Luks2Error, Luks2Header, bad, keyslot, section_mut};
 use crate::{Error, Result, Storage};
-use serde_json::{Map, Value, json};
-use zeroize::Zeroizing;
+use serde_json::{Value, json};
 
 /// cryptsetup's default moved segment (`LUKS2_DEFAULT_NONE_REENCRYPTION_LENGTH`).
 const DEFAULT_MOVED: u64 = 20 << 20;
@@ -149,24 +149,7 @@ fn finish_layout(
     {
         segs.push(json["segments"][id.to_string()].clone());
     }
-    let bound: Vec<Value> = segs
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s["type"] == "crypt")
-        .map(|(i, _)| json!(i.to_string()))
-        .collect();
-    let mut out = json.clone();
-    let mut m = Map::new();
-    for (i, s) in segs.into_iter().enumerate() {
-        m.insert(i.to_string(), s);
-    }
-    out["segments"] = Value::Object(m);
-    for (id, d) in section_mut(&mut out, "digests")?.iter_mut() {
-        if *id == old_digest.to_string() {
-            d["segments"] = Value::Array(bound.clone());
-        }
-    }
-    Ok(out)
+    with_segments(json, segs, old_digest, |_, s| s["type"] == "crypt")
 }
 
 impl Luks2Header {
@@ -318,19 +301,4 @@ impl Luks2Header {
         )?;
         Ok(json)
     }
-}
-
-/// Copies `len` bytes from `from` at `src` to `to` at `dst` (ranges that do not overlap
-/// in a way that matters: the source ahead of the destination), 1 MiB at a time.
-fn copy(from: &dyn Storage, src: u64, to: &dyn Storage, dst: u64, len: u64) -> Result<()> {
-    const CHUNK: u64 = 1 << 20;
-    let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(CHUNK) as usize;
-        from.read_at(&mut buf[..n], src + at)?;
-        to.write_at(&buf[..n], dst + at)?;
-        at += n as u64;
-    }
-    Ok(())
 }

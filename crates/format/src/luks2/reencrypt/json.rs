@@ -328,21 +328,36 @@ pub(crate) fn hot_layout_shift(
         .segment_digest(r.final_.0)
         .map(|(d, _)| d)
         .ok_or_else(|| bad("no new key digest"))?;
+    // Encrypting, the new key is the only one bound to data.
+    with_segments(json, segs, new_digest, |i, s| {
+        s["type"] == "crypt" && (i < first_backup || i == first_backup + 1)
+    })
+}
+
+/// `json` with `segs` as its segments, numbered in order, and the digest `digest` bound
+/// to those `bind` picks; every other digest bound to none (the verification digest never
+/// is; the other key's is not in this layout).
+pub(super) fn with_segments(
+    json: &Value,
+    segs: Vec<Value>,
+    digest: u32,
+    bind: impl Fn(usize, &Value) -> bool,
+) -> Result<Value> {
     let bound: Vec<Value> = segs
         .iter()
         .enumerate()
-        .filter(|(i, s)| s["type"] == "crypt" && (*i < first_backup || *i == first_backup + 1))
+        .filter(|(i, s)| bind(*i, s))
         .map(|(i, _)| json!(i.to_string()))
         .collect();
     let mut out = json.clone();
-    let mut m = Map::new();
-    for (i, s) in segs.into_iter().enumerate() {
-        m.insert(i.to_string(), s);
-    }
-    out["segments"] = Value::Object(m);
-    // Encrypting, the new key is the only one bound to data.
+    out["segments"] = Value::Object(
+        segs.into_iter()
+            .enumerate()
+            .map(|(i, s)| (i.to_string(), s))
+            .collect(),
+    );
     for (id, d) in section_mut(&mut out, "digests")?.iter_mut() {
-        d["segments"] = if *id == new_digest.to_string() {
+        d["segments"] = if *id == digest.to_string() {
             Value::Array(bound.clone())
         } else {
             json!([])

@@ -196,16 +196,29 @@ impl Luks2Header {
 
 /// Copies the data's first `len` bytes to `to` (cryptsetup's `reencrypt_move_data`), synced.
 fn move_first_segment(dev: &mut dyn Storage, len: u64, to: u64) -> Result<()> {
+    copy(&*dev, 0, &*dev, to, len)?;
+    dev.sync()?;
+    Ok(())
+}
+
+/// Copies `len` bytes from `from` at `src` to `to` at `dst`, 1 MiB at a time, front to
+/// back (within one device, the ranges must not overlap with the source behind).
+pub(super) fn copy(
+    from: &dyn Storage,
+    src: u64,
+    to: &dyn Storage,
+    dst: u64,
+    len: u64,
+) -> Result<()> {
     const CHUNK: u64 = 1 << 20;
     let mut buf = Zeroizing::new(vec![0u8; CHUNK.min(len) as usize]);
     let mut at = 0;
     while at < len {
         let n = (len - at).min(CHUNK) as usize;
-        dev.read_at(&mut buf[..n], at)?;
-        dev.write_at(&buf[..n], to + at)?;
+        from.read_at(&mut buf[..n], src + at)?;
+        to.write_at(&buf[..n], dst + at)?;
         at += n as u64;
     }
-    dev.sync()?;
     Ok(())
 }
 
