@@ -22,6 +22,11 @@ have tcplay || need+=(tcplay)
 have jq || need+=(jq)
 have xxd || need+=(xxd)
 have xz || need+=(xz-utils)
+# Tokens (issue 36): clevis binds volumes to a tang server (tangd, run per connection by
+# socat in the tests).
+have clevis || need+=(clevis clevis-luks)
+[ -x /usr/libexec/tangd ] || need+=(tang)
+have socat || need+=(socat)
 # A throwaway Ceph cluster for the RBD tests (tests/ceph/cluster.sh) and librbd's own
 # encryption to check against (python3-rbd, for Debian's system Python).
 have ceph-mon || need+=(ceph-mon)

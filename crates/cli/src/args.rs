@@ -197,6 +197,8 @@ pub(crate) struct VolumeArgs {
     #[arg(long)]
     pub unbound: bool,
     #[command(flatten)]
+    pub tokens: crate::tokens::TokenArgs,
+    #[command(flatten)]
     pub tcrypt: TcryptArgs,
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,

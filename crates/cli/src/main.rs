@@ -11,6 +11,7 @@ mod grammar;
 mod passphrase;
 mod process;
 mod rundir;
+mod tokens;
 mod units;
 mod unlock;
 

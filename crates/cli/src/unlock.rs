@@ -353,8 +353,42 @@ pub(crate) fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult
     let opts = a.open_options(ctx, device)?;
     // The device first: missing, busy or of another type is said before any prompt.
     let probe = cryptblk_volume::probe(a.kind, device, &opts).map_err(fail)?;
+    if let Some(opened) = open_by_token(device, a, &opts)? {
+        return Ok(opened);
+    }
     let secret = read_secret(a, device, &opts, &probe)?;
     cryptblk_volume::open(a.kind, device, &secret, &opts).map_err(fail)
+}
+
+/// A LUKS volume opened by one of its tokens (cryptsetup tries them before asking for a
+/// passphrase), when no key file or volume key is given; `None` when none did.
+fn open_by_token(device: &Path, a: &VolumeArgs, opts: &OpenOptions) -> CliResult<Option<Opened>> {
+    let luks = matches!(
+        a.kind,
+        VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2
+    );
+    if !luks || a.key.key_file().is_some() || a.volume_key_file.is_some() {
+        return Ok(None);
+    }
+    let header = opts.header.as_deref().unwrap_or(device);
+    let tokens = opts
+        .devices
+        .open(header, true)
+        .ok()
+        .and_then(|mut h| cryptblk_format::load_header(&mut h).ok())
+        .map(|h| h.tokens())
+        .unwrap_or_default();
+    if tokens.is_empty() && !a.tokens.only {
+        return Ok(None);
+    }
+    crate::tokens::try_tokens(&tokens, &a.tokens, |pass, slot| {
+        if a.key_slot.is_some_and(|s| s != slot) {
+            return None;
+        }
+        let mut o = opts.clone();
+        o.key_slot = Some(slot);
+        cryptblk_volume::open(a.kind, device, &Secret::Passphrase(pass.clone()), &o).ok()
+    })
 }
 
 /// The decrypted TrueCrypt/VeraCrypt header, nothing mapped; with the data offset in

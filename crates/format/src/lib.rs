@@ -232,6 +232,10 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     fn set_uuid(&mut self, dev: &mut dyn Storage, uuid: &str) -> Result<()>;
     /// Checks a volume key against the stored digest.
     fn verify_volume_key(&self, key: &[u8]) -> Result<bool>;
+    /// The tokens (LUKS2's `tokens` section): id and JSON object each; none for LUKS1.
+    fn tokens(&self) -> Vec<(u32, serde_json::Value)> {
+        Vec::new()
+    }
     /// How the keyslots added or changed from now on encrypt their areas
     /// (`--keyslot-cipher`, `--keyslot-key-size`; cryptsetup's
     /// `crypt_keyslot_set_encryption`). Only LUKS2 keyslots have a cipher of their own.

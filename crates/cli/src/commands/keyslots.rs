@@ -116,6 +116,8 @@ pub(crate) struct TestArgs {
     #[arg(short = 'S', long = "key-slot")]
     pub key_slot: Option<u32>,
     #[command(flatten)]
+    pub tokens: crate::tokens::TokenArgs,
+    #[command(flatten)]
     pub select: TypeSelect,
 }
 
@@ -502,6 +504,19 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
             .map_err(wrong_passphrase)?;
         eprintln!("Key slot {slot} unlocked.");
         return Ok(());
+    }
+    // Tokens first (no key file given), as cryptsetup tries them.
+    if a.key.key_file().is_none() {
+        let by_token = crate::tokens::try_tokens(&hdr.tokens(), &a.tokens, |pass, slot| {
+            if a.key_slot.is_some_and(|s| s != slot) {
+                return None;
+            }
+            hdr.unlock(&mut dev, pass, Some(slot)).ok().map(|(s, _)| s)
+        })?;
+        if let Some(slot) = by_token {
+            eprintln!("Key slot {slot} unlocked.");
+            return Ok(());
+        }
     }
     let (slot, _vk) = unlock(
         &*hdr,

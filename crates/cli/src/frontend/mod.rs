@@ -273,6 +273,7 @@ fn test_passphrase(ctx: &Ctx, a: OpenArgs) -> CliResult<()> {
         header: a.vol.header,
         key: a.vol.key,
         key_slot: a.vol.key_slot,
+        tokens: a.vol.tokens,
         select: crate::args::TypeSelect {
             kind: Some(a.vol.kind),
             tcrypt: a.vol.tcrypt,

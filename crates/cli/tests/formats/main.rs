@@ -16,4 +16,5 @@ mod hashes;
 mod loopaes;
 mod luksdump;
 mod tcrypt;
+mod tokens;
 mod verbs;

@@ -1249,6 +1249,16 @@ impl LuksHeader for Luks2Header {
         }
         crate::single_segment_with_key(self, volume_key, data_size)
     }
+    fn tokens(&self) -> Vec<(u32, Value)> {
+        self.json["tokens"]
+            .as_object()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|(id, v)| Some((id.parse().ok()?, v.clone())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
     fn set_keyslot_encryption(&mut self, cipher: &str, key_bytes: usize) -> Result<()> {
         check_keyslot_encryption(cipher, key_bytes)?;
         self.keyslot_encryption = Some((cipher.to_string(), key_bytes));

@@ -1,0 +1,92 @@
+//! Unlocking with LUKS2 tokens instead of a typed passphrase (issue 36): a token names
+//! keyslots and a way to get their passphrase without a person; tokens are tried in
+//! order before any passphrase is asked for, as cryptsetup does, and `--token-only`
+//! asks for none. Each token type is a handler here; clevis with its tang pin is the first.
+
+mod clevis;
+mod http;
+
+use crate::error::{CliError, CliResult};
+use clap::Args;
+use cryptblk_crypto::SecretBytes;
+use serde_json::Value;
+use std::time::Duration;
+
+/// cryptsetup's token options, on the commands that unlock.
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct TokenArgs {
+    /// LUKS2: unlock with tokens only; never ask for a passphrase.
+    #[arg(long = "token-only")]
+    pub only: bool,
+    /// LUKS2: try only this token.
+    #[arg(long = "token-id")]
+    pub id: Option<u32>,
+    /// LUKS2: try only tokens of this type (e.g. clevis).
+    #[arg(long = "token-type")]
+    pub kind: Option<String>,
+    /// Seconds a token may take (a tang server that does not answer) before the next one
+    /// (or the passphrase) is tried.
+    #[arg(long = "token-timeout", default_value_t = 5)]
+    pub timeout_s: u64,
+}
+
+/// The passphrase a token gives, by its type's handler; `None` for a type without one.
+fn token_passphrase(token: &Value, timeout: Duration) -> Option<CliResult<SecretBytes>> {
+    match token["type"].as_str()? {
+        "clevis" => Some(clevis::passphrase(token, timeout)),
+        _ => None,
+    }
+}
+
+/// Tries each token the options allow, in id order: its passphrase on each keyslot it
+/// names, through `attempt(passphrase, keyslot)`, until one succeeds. A token that cannot
+/// give a passphrase says why (on stderr) and the next is tried. `Ok(None)`: no token
+/// unlocked, and a passphrase may be asked for; an error with `--token-only`.
+pub(crate) fn try_tokens<T>(
+    tokens: &[(u32, Value)],
+    args: &TokenArgs,
+    mut attempt: impl FnMut(&SecretBytes, u32) -> Option<T>,
+) -> CliResult<Option<T>> {
+    let mut tried = false;
+    for (id, token) in tokens {
+        if args.id.is_some_and(|want| want != *id)
+            || args
+                .kind
+                .as_deref()
+                .is_some_and(|want| token["type"].as_str() != Some(want))
+        {
+            continue;
+        }
+        let kind = token["type"].as_str().unwrap_or("?");
+        let Some(pass) = token_passphrase(token, Duration::from_secs(args.timeout_s.max(1))) else {
+            if args.id.is_some() || args.kind.is_some() {
+                eprintln!("Token {id} of type {kind} is not supported yet.");
+            }
+            continue;
+        };
+        tried = true;
+        let pass = match pass {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("Token {id} ({kind}): {e}");
+                continue;
+            }
+        };
+        let slots = token["keyslots"].as_array().cloned().unwrap_or_default();
+        for s in slots.iter().filter_map(|s| s.as_str()?.parse::<u32>().ok()) {
+            if let Some(done) = attempt(&pass, s) {
+                eprintln!("Token {id} ({kind}) unlocked keyslot {s}.");
+                return Ok(Some(done));
+            }
+        }
+        eprintln!("Token {id} ({kind}): its passphrase opens none of its keyslots.");
+    }
+    if args.only {
+        return Err(CliError::usage(if tried {
+            "No usable token was able to unlock the volume."
+        } else {
+            "No usable token is available."
+        }));
+    }
+    Ok(None)
+}

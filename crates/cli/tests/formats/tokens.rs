@@ -1,0 +1,252 @@
+//! LUKS2 tokens that unlock without a typed passphrase (issue 36), against the real tools:
+//! a volume bound by `clevis luks bind` to a tang server (Debian's tangd behind socat)
+//! passes `test-passphrase`, `open --test-passphrase` and `export` with no passphrase, and
+//! with `--token-only`; a server that is down, or one that never answers, costs at most
+//! `--token-timeout` and the passphrase is asked for after it; a token whose JWE was
+//! tampered with unlocks nothing.
+
+use crate::common::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TANGD: &str = "/usr/libexec/tangd";
+const KEYGEN: &str = "/usr/libexec/tangd-keygen";
+const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// A tang server on 127.0.0.1: tangd (run once per connection) behind socat.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    /// Serves `exec` (a command line socat runs per connection) on a free port.
+    fn start(exec: &str) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Server::start_on(port, exec)
+    }
+    fn start_on(port: u16, exec: &str) -> Server {
+        let socat = tool("socat", "socat");
+        let child = Command::new(socat)
+            .args([
+                &format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"),
+                &format!("EXEC:{exec}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "socat did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, port }
+    }
+    fn tang(db: &Path) -> Server {
+        assert!(
+            Path::new(TANGD).exists() && Path::new(KEYGEN).exists(),
+            "{TANGD} not found: install the Debian package tang (scripts/setup.sh does)"
+        );
+        Server::start(&format!("{TANGD} {}", db.display()))
+    }
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Lab {
+    dir: tempfile::TempDir,
+    cs: String,
+    img: String,
+    pw: String,
+    data: Vec<u8>,
+}
+
+impl Lab {
+    /// A LUKS2 volume with a passphrase in keyslot 0 and 1 MiB of data, bound by clevis to
+    /// the tang server at `url` (its keyslot 1).
+    fn bound(url: &str) -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        let cs = tool("cryptsetup", "cryptsetup-bin");
+        let clevis = tool("clevis", "clevis clevis-luks");
+        let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+        let (img, pw) = (p("v.img"), p("pw"));
+        std::fs::write(&pw, b"the recovery passphrase").unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
+        a.extend(KDF);
+        a.extend(["--key-file", &pw, &img]);
+        ok(&cryptsetup(&cs, &a));
+        ok(&run_in(
+            &clevis,
+            &[
+                "luks",
+                "bind",
+                "-y",
+                "-d",
+                &img,
+                "-k",
+                &pw,
+                "tang",
+                &format!(r#"{{"url":"{url}"}}"#),
+            ],
+            b"",
+        ));
+        let data: Vec<u8> = (0..1usize << 20)
+            .map(|i| (i * 13 + i / 511) as u8)
+            .collect();
+        std::fs::write(p("data"), &data).unwrap();
+        ok(&run_in(
+            bin(),
+            &["import", &img, &p("data"), "--key-file", &pw],
+            b"",
+        ));
+        Lab {
+            dir,
+            cs,
+            img,
+            pw,
+            data,
+        }
+    }
+    fn p(&self, n: &str) -> String {
+        self.dir.path().join(n).to_str().unwrap().to_string()
+    }
+    /// cryptblk with nothing on stdin (no passphrase to fall back to).
+    fn cb(&self, args: &[&str]) -> std::process::Output {
+        run_in(bin(), args, b"")
+    }
+}
+
+fn tang_db(dir: &Path) -> std::path::PathBuf {
+    let db = dir.join("db");
+    std::fs::create_dir(&db).unwrap();
+    ok(&run_in(KEYGEN, &[db.to_str().unwrap()], b""));
+    db
+}
+
+#[test]
+fn a_clevis_tang_binding_unlocks_without_a_passphrase() {
+    let keys = tempfile::tempdir().unwrap();
+    let server = Server::tang(&tang_db(keys.path()));
+    let lab = Lab::bound(&server.url());
+    let img = lab.img.as_str();
+    for args in [
+        vec!["test-passphrase", img],
+        vec!["test-passphrase", "--token-only", img],
+        vec!["test-passphrase", "--token-type", "clevis", img],
+        vec!["test-passphrase", "--token-id", "0", "--token-only", img],
+        vec!["open", "--test-passphrase", img],
+    ] {
+        let out = lab.cb(&args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("Token 0 (clevis) unlocked keyslot 1"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = lab.p("out");
+    ok(&lab.cb(&["export", "--length", "1048576", img, &out]));
+    assert!(
+        std::fs::read(&out).unwrap() == lab.data,
+        "data read by token"
+    );
+    // No such token: with --token-only nothing else is tried.
+    let refused = lab.cb(&["test-passphrase", "--token-id", "7", "--token-only", img]);
+    assert!(!refused.status.success(), "{refused:?}");
+    // A key file means no token is tried.
+    let by_file = lab.cb(&["test-passphrase", "--key-file", &lab.pw, img]);
+    assert!(by_file.status.success());
+    assert!(!String::from_utf8_lossy(&by_file.stderr).contains("Token"));
+}
+
+#[test]
+fn a_tang_server_down_or_silent_costs_at_most_the_timeout_then_the_passphrase_is_asked() {
+    let keys = tempfile::tempdir().unwrap();
+    let server = Server::tang(&tang_db(keys.path()));
+    let lab = Lab::bound(&server.url());
+    let port = server.port;
+    drop(server);
+    let img = lab.img.as_str();
+    let pass = std::fs::read(&lab.pw).unwrap();
+    // Down: refused at once; the passphrase on stdin opens keyslot 0.
+    let out = run_in(bin(), &["test-passphrase", img], &pass);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Token 0 (clevis)") && err.contains("Key slot 0 unlocked"),
+        "{err}"
+    );
+    assert!(
+        !lab.cb(&["test-passphrase", "--token-only", img])
+            .status
+            .success()
+    );
+    // Silent (accepts, never answers): --token-timeout bounds the wait.
+    let _silent = Server::start_on(port, "sleep 30");
+    let start = Instant::now();
+    let out = run_in(
+        bin(),
+        &["test-passphrase", "--token-timeout", "1", img],
+        &pass,
+    );
+    let took = start.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "waited {took:?} for a silent server"
+    );
+}
+
+#[test]
+fn a_tampered_clevis_token_unlocks_nothing() {
+    let keys = tempfile::tempdir().unwrap();
+    let server = Server::tang(&tang_db(keys.path()));
+    let lab = Lab::bound(&server.url());
+    let img = lab.img.as_str();
+    let exported = ok(&cryptsetup(
+        &lab.cs,
+        &["token", "export", "--token-id", "0", img],
+    ));
+    let mut token: serde_json::Value = serde_json::from_str(&exported).unwrap();
+    // One bit of the ciphertext flipped (its first base64url character changed).
+    let ct = token["jwe"]["ciphertext"].as_str().unwrap().to_string();
+    let flipped = if ct.starts_with('A') { "B" } else { "A" };
+    token["jwe"]["ciphertext"] = serde_json::json!(format!("{flipped}{}", &ct[1..]));
+    let file = lab.p("token.json");
+    std::fs::write(&file, token.to_string()).unwrap();
+    ok(&cryptsetup(
+        &lab.cs,
+        &[
+            "token",
+            "import",
+            "--token-id",
+            "0",
+            "--token-replace",
+            "--json-file",
+            &file,
+            img,
+        ],
+    ));
+    let out = lab.cb(&["test-passphrase", "--token-only", img]);
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not decrypt"), "{err}");
+}
