@@ -250,6 +250,21 @@ mod tests {
         // clap's own checks: no option spelled twice in a command, `requires` naming
         // options that exist, ...
         command(crate::Cli::command(), "cryptsetup").debug_assert();
+        // clap checks that only with debug assertions (not in the `ci` profile): two
+        // flattened structs with a field of one name share its value.
+        fn unique_ids(cmd: &Command) {
+            let mut seen = std::collections::HashSet::new();
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                assert!(
+                    seen.insert(id),
+                    "{}: argument id '{id}' twice",
+                    cmd.get_name()
+                );
+            }
+            cmd.get_subcommands().for_each(unique_ids);
+        }
+        unique_ids(&crate::Cli::command());
     }
 
     #[test]

@@ -378,7 +378,7 @@ fn open_by_token(device: &Path, a: &VolumeArgs, opts: &OpenOptions) -> CliResult
         .and_then(|mut h| cryptblk_format::load_header(&mut h).ok())
         .map(|h| h.tokens())
         .unwrap_or_default();
-    if tokens.is_empty() && !a.tokens.only {
+    if tokens.is_empty() && !a.tokens.token_only {
         return Ok(None);
     }
     crate::tokens::try_tokens(&tokens, &a.tokens, |pass, slot| {

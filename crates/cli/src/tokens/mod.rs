@@ -17,17 +17,17 @@ use std::time::Duration;
 pub(crate) struct TokenArgs {
     /// LUKS2: unlock with tokens only; never ask for a passphrase.
     #[arg(long = "token-only")]
-    pub only: bool,
+    pub token_only: bool,
     /// LUKS2: try only this token.
     #[arg(long = "token-id")]
-    pub id: Option<u32>,
+    pub token_id: Option<u32>,
     /// LUKS2: try only tokens of this type (e.g. clevis).
     #[arg(long = "token-type")]
-    pub kind: Option<String>,
+    pub token_type: Option<String>,
     /// Seconds a token may take (a tang server that does not answer) before the next one
     /// (or the passphrase) is tried.
     #[arg(long = "token-timeout", default_value_t = 5)]
-    pub timeout_s: u64,
+    pub token_timeout: u64,
 }
 
 /// The passphrase a token gives, by its type's handler; `None` for a type without one.
@@ -49,17 +49,18 @@ pub(crate) fn try_tokens<T>(
 ) -> CliResult<Option<T>> {
     let mut tried = false;
     for (id, token) in tokens {
-        if args.id.is_some_and(|want| want != *id)
+        if args.token_id.is_some_and(|want| want != *id)
             || args
-                .kind
+                .token_type
                 .as_deref()
                 .is_some_and(|want| token["type"].as_str() != Some(want))
         {
             continue;
         }
         let kind = token["type"].as_str().unwrap_or("?");
-        let Some(pass) = token_passphrase(token, Duration::from_secs(args.timeout_s.max(1))) else {
-            if args.id.is_some() || args.kind.is_some() {
+        let Some(pass) = token_passphrase(token, Duration::from_secs(args.token_timeout.max(1)))
+        else {
+            if args.token_id.is_some() || args.token_type.is_some() {
                 eprintln!("Token {id} of type {kind} is not supported yet.");
             }
             continue;
@@ -81,7 +82,7 @@ pub(crate) fn try_tokens<T>(
         }
         eprintln!("Token {id} ({kind}): its passphrase opens none of its keyslots.");
     }
-    if args.only {
+    if args.token_only {
         return Err(CliError::usage(if tried {
             "No usable token was able to unlock the volume."
         } else {
