@@ -233,7 +233,7 @@ impl Luks2Header {
         req: &crate::luks2::ReencryptRequest,
     ) -> Result<Value> {
         let shift = seg.offset;
-        let mut json = self.json.clone();
+        let json = &self.json;
         let previous_json = {
             let mut p = json["segments"][seg_id.to_string()].clone();
             p["flags"] = json!(["backup-previous"]);
@@ -259,17 +259,8 @@ impl Luks2Header {
         segs.push(previous_json);
         segs.push(json!({"type": "linear", "offset": "0", "size": "dynamic",
                          "flags": ["backup-final"]}));
-        let crypt: Vec<Value> = (0..segs.len() - 1).map(|i| json!(i.to_string())).collect();
-        json["segments"] = Value::Object(
-            segs.into_iter()
-                .enumerate()
-                .map(|(i, s)| (i.to_string(), s))
-                .collect(),
-        );
         let (digest_id, _) = self.segment_digest()?;
-        section_mut(&mut json, "digests")?
-            .get_mut(&digest_id.to_string())
-            .ok_or_else(|| bad("digest missing"))?["segments"] = Value::Array(crypt);
+        let mut json = with_segments(json, segs, digest_id, |_, s| s["type"] == "crypt")?;
         let model = Model::from_json(&json, self.hdr_size)?;
         let slot = lowest_free(&model.keyslots)?;
         let (gap_off, gap_len) = keyslot::largest_area_gap(&model, self.hdr_size)

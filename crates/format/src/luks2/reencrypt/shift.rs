@@ -9,7 +9,7 @@
 //! the device (`R` smaller until the copy's space is handed back when the job finishes,
 //! as cryptsetup leaves it). Also the source of a key change that moves the data up.
 
-use super::json::{lowest_free, seal_reencryption};
+use super::json::{lowest_free, seal_reencryption, with_segments};
 use super::metadata::Reencryption;
 use crate::luks2::model::{Model, ReencryptDirection, ReencryptMode, Resilience};
 use crate::luks2::{Luks2Error, Luks2Header, bad, keyslot, section_mut};
@@ -147,7 +147,7 @@ impl Luks2Header {
         req: &crate::luks2::ReencryptRequest,
     ) -> Result<Value> {
         let shift = self.segment().offset;
-        let mut json = self.json.clone();
+        let json = &self.json;
         let mut final_seg = json["segments"][self.segment_id.to_string()].clone();
         final_seg["flags"] = json!(["backup-final"]);
         let linear = |offset: u64, size: u64, flag: Option<&str>| {
@@ -167,16 +167,8 @@ impl Luks2Header {
         segs.push(linear(0, data, Some("backup-previous")));
         segs.push(final_seg);
         let final_id = segs.len() - 1;
-        json["segments"] = Value::Object(
-            segs.into_iter()
-                .enumerate()
-                .map(|(i, s)| (i.to_string(), s))
-                .collect(),
-        );
         let (digest_id, _) = self.segment_digest()?;
-        section_mut(&mut json, "digests")?
-            .get_mut(&digest_id.to_string())
-            .ok_or_else(|| bad("digest missing"))?["segments"] = json!([final_id.to_string()]);
+        let mut json = with_segments(json, segs, digest_id, |i, _| i == final_id)?;
         let model = Model::from_json(&json, self.hdr_size)?;
         let slot = lowest_free(&model.keyslots)?;
         let (gap_off, _) = keyslot::largest_area_gap(&model, self.hdr_size)
