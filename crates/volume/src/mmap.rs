@@ -461,6 +461,12 @@ impl Drop for FileMap {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+    use std::sync::Mutex;
+
+    /// Held by the tests that fault in this process and by those that assert a clean
+    /// copy: a fault on any thread moves the global epoch, and every copy running
+    /// meanwhile rightly reports itself unclean (its caller would redo it with pread).
+    static FAULTING: Mutex<()> = Mutex::new(());
 
     fn tmp(len: u64) -> (tempfile::NamedTempFile, File) {
         let t = tempfile::NamedTempFile::new().unwrap();
@@ -475,6 +481,7 @@ mod tests {
 
     #[test]
     fn a_truncated_file_is_an_error_then_reads_again_once_restored() {
+        let _serial = FAULTING.lock().unwrap_or_else(|e| e.into_inner());
         let (_t, f) = tmp(1 << 20);
         f.write_all_at(&[7u8; 1 << 20], 0).unwrap();
         let m = FileMap::new(&f, 1 << 20, true).unwrap();
@@ -514,6 +521,7 @@ mod tests {
 
     #[test]
     fn outside_the_mapping_is_refused() {
+        let _serial = FAULTING.lock().unwrap_or_else(|e| e.into_inner());
         let (_t, f) = tmp(8192);
         let m = FileMap::new(&f, 8192, false).unwrap();
         let mut b = [0u8; 4096];
