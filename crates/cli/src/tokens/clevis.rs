@@ -6,7 +6,8 @@
 //! key, from the advertisement kept in the JWE) leaves `c·S`, the ECDH-ES shared secret
 //! the binding used. The server never sees the secret, an eavesdropper learns nothing.
 //! The content key is Concat KDF (RFC 7518 §4.6) of its x coordinate; the payload,
-//! AES-256-GCM, is the keyslot's passphrase.
+//! AES-256-GCM, is the keyslot's passphrase. The sss pin mixes pins: a threshold of
+//! nested JWEs, each opened by its own pin, give the points that determine its key.
 
 use super::http;
 use crate::error::{CliError, CliResult};
@@ -17,7 +18,7 @@ use p521::elliptic_curve::PrimeField;
 use p521::elliptic_curve::sec1::{FromEncodedPoint, ToEncodedPoint};
 use p521::{AffinePoint, EncodedPoint, FieldBytes, ProjectivePoint, Scalar};
 use serde_json::{Value, json};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// P-521 coordinates and scalars: 66 bytes.
 const P521_BYTES: usize = 66;
@@ -113,24 +114,97 @@ fn concat_kdf(z: &[u8], enc: &str, apu: &[u8], apv: &[u8], bits: u32) -> SecretB
     SecretBytes::from_slice(&h.finalize()[..bits as usize / 8])
 }
 
-/// The passphrase a clevis token's JWE holds, its key recovered from its pin.
+/// A JWE's parts, base64url as stored (the flattened JSON clevis puts in a LUKS2 token,
+/// or a compact one nested in an sss pin).
+struct Jwe<'a> {
+    protected: &'a str,
+    iv: &'a str,
+    ciphertext: &'a str,
+    tag: &'a str,
+}
+
+impl<'a> Jwe<'a> {
+    fn flattened(jwe: &'a Value) -> CliResult<Jwe<'a>> {
+        let field = |f: &str| {
+            jwe[f]
+                .as_str()
+                .ok_or_else(|| bad(format!("the JWE has no '{f}'")))
+        };
+        Ok(Jwe {
+            protected: field("protected")?,
+            iv: field("iv")?,
+            ciphertext: field("ciphertext")?,
+            tag: field("tag")?,
+        })
+    }
+
+    /// `protected.encrypted_key.iv.ciphertext.tag` (clevis pins leave the key empty).
+    fn compact(jwe: &'a str) -> CliResult<Jwe<'a>> {
+        let parts: Vec<&str> = jwe.trim().split('.').collect();
+        let [protected, _key, iv, ciphertext, tag] = parts[..] else {
+            return Err(bad("a nested JWE is not in compact form"));
+        };
+        Ok(Jwe {
+            protected,
+            iv,
+            ciphertext,
+            tag,
+        })
+    }
+}
+
+/// The passphrase a clevis token's JWE holds, its key recovered from its pin, all within
+/// `timeout`.
 pub(crate) fn passphrase(token: &Value, timeout: Duration) -> CliResult<SecretBytes> {
-    let jwe = &token["jwe"];
-    let protected = jwe["protected"]
-        .as_str()
-        .ok_or_else(|| bad("no JWE protected header"))?;
-    let header: Value = serde_json::from_slice(&b64("protected", &jwe["protected"])?)
+    decrypt(&Jwe::flattened(&token["jwe"])?, Instant::now() + timeout)
+}
+
+/// Decrypts a clevis JWE: the pin its header names gives the content key.
+fn decrypt(jwe: &Jwe, deadline: Instant) -> CliResult<SecretBytes> {
+    let header: Value = serde_json::from_slice(&b64("protected", &json!(jwe.protected))?)
         .map_err(|_| bad("the JWE header is not JSON"))?;
-    let pin = header["clevis"]["pin"].as_str().unwrap_or("");
-    if pin != "tang" {
+    if header["enc"] != "A256GCM" {
         return Err(bad(format!(
-            "pin '{pin}' is not supported yet (the tang pin is)"
+            "JWE encryption {} (clevis writes A256GCM)",
+            header["enc"]
         )));
     }
-    if header["alg"] != "ECDH-ES" || header["enc"] != "A256GCM" {
+    let cek = match header["clevis"]["pin"].as_str().unwrap_or("") {
+        "tang" => tang_key(&header, deadline)?,
+        "sss" => sss_key(&header, deadline)?,
+        pin => {
+            return Err(bad(format!(
+                "pin '{pin}' is not supported yet (tang and sss are)"
+            )));
+        }
+    };
+    let iv = b64("iv", &json!(jwe.iv))?;
+    let mut sealed = b64("ciphertext", &json!(jwe.ciphertext))?;
+    sealed.extend_from_slice(&b64("tag", &json!(jwe.tag))?);
+    let iv: [u8; 12] = iv
+        .try_into()
+        .map_err(|_| bad("the JWE IV is not 96 bits"))?;
+    use aes_gcm::aead::{Aead, Payload};
+    use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+    let aead = Aes256Gcm::new_from_slice(&cek).map_err(|_| bad("content key"))?;
+    let plain = aead
+        .decrypt(
+            &Nonce::from(iv),
+            Payload {
+                msg: &sealed,
+                aad: jwe.protected.as_bytes(),
+            },
+        )
+        .map_err(|_| bad("the JWE does not decrypt (a wrong or rotated key?)"))?;
+    Ok(SecretBytes::from_vec(plain))
+}
+
+/// The tang pin's content key: McCallum-Relyea exchange with the server the header names.
+fn tang_key(header: &Value, deadline: Instant) -> CliResult<SecretBytes> {
+    if header["alg"] != "ECDH-ES" {
         return Err(bad(format!(
-            "JWE {} / {} (the tang pin writes ECDH-ES / A256GCM)",
-            header["alg"], header["enc"]
+            "JWE key management {} (the tang pin writes ECDH-ES)",
+            header["alg"]
         )));
     }
     let tang = &header["clevis"]["tang"];
@@ -154,6 +228,7 @@ pub(crate) fn passphrase(token: &Value, timeout: Duration) -> CliResult<SecretBy
     let e = random_scalar()?;
     let x = (ProjectivePoint::from(c_pub) + ProjectivePoint::GENERATOR * e).to_affine();
     let body = serde_json::to_vec(&jwk_of(&x)).expect("JSON serializes");
+    let timeout = deadline.saturating_duration_since(Instant::now());
     let answer = http::post(
         url,
         &format!("/rec/{kid}"),
@@ -170,32 +245,142 @@ pub(crate) fn passphrase(token: &Value, timeout: Duration) -> CliResult<SecretBy
     let zx = SecretBytes::from_slice(z.x().ok_or_else(|| bad("the exchange gave the identity"))?);
     let apu = header.get("apu").map(|v| b64("apu", v)).transpose()?;
     let apv = header.get("apv").map(|v| b64("apv", v)).transpose()?;
-    let cek = concat_kdf(
+    Ok(concat_kdf(
         &zx,
         "A256GCM",
         apu.as_deref().unwrap_or(&[]),
         apv.as_deref().unwrap_or(&[]),
         256,
-    );
-    let iv = b64("iv", &jwe["iv"])?;
-    let mut sealed = b64("ciphertext", &jwe["ciphertext"])?;
-    sealed.extend_from_slice(&b64("tag", &jwe["tag"])?);
-    let iv: [u8; 12] = iv
-        .try_into()
-        .map_err(|_| bad("the JWE IV is not 96 bits"))?;
-    use aes_gcm::aead::{Aead, Payload};
-    use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
-    let aead = Aes256Gcm::new_from_slice(&cek).map_err(|_| bad("content key"))?;
-    let plain = aead
-        .decrypt(
-            &Nonce::from(iv),
-            Payload {
-                msg: &sealed,
-                aad: protected.as_bytes(),
-            },
-        )
-        .map_err(|_| bad("the JWE does not decrypt (a wrong or rotated tang key?)"))?;
-    Ok(SecretBytes::from_vec(plain))
+    ))
+}
+
+/// The sss pin's content key: Shamir's secret sharing over the prime `p` the header
+/// holds. Each nested JWE (any pin, sss included) decrypts to one point `x || y` of a
+/// polynomial of degree `t - 1` whose value at 0 is the key. They are opened at once, each
+/// on its thread, as clevis does, so servers that are down cost one timeout, not one each;
+/// the first `t` points give the key.
+fn sss_key(header: &Value, deadline: Instant) -> CliResult<SecretBytes> {
+    if header["alg"] != "dir" {
+        return Err(bad(format!(
+            "JWE key management {} (the sss pin writes dir)",
+            header["alg"]
+        )));
+    }
+    let sss = &header["clevis"]["sss"];
+    let t = sss["t"]
+        .as_u64()
+        .filter(|&t| t >= 1)
+        .ok_or_else(|| bad("the sss threshold is not a positive number"))? as usize;
+    let prime = b64("p", &sss["p"])?;
+    let children: Vec<String> = sss["jwe"]
+        .as_array()
+        .ok_or_else(|| bad("the sss pin lists no JWEs"))?
+        .iter()
+        .map(|j| {
+            j.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| bad("an sss share is not a compact JWE"))
+        })
+        .collect::<CliResult<_>>()?;
+    if children.len() < t {
+        return Err(bad(format!(
+            "the sss pin needs {t} shares and holds {}",
+            children.len()
+        )));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    for child in children.iter().cloned() {
+        let tx = tx.clone();
+        // Detached: a share still waiting on a server once enough have answered is left
+        // to its deadline; its answer goes nowhere.
+        std::thread::spawn(move || {
+            let share = Jwe::compact(&child).and_then(|j| decrypt(&j, deadline));
+            let _ = tx.send(share);
+        });
+    }
+    drop(tx);
+    let (mut points, mut errors) = (Vec::new(), Vec::new());
+    while points.len() < t {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Ok(p)) => points.push(p),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(_) => break,
+        }
+    }
+    if points.len() < t {
+        return Err(bad(format!(
+            "{} of the {t} sss shares needed were recovered ({})",
+            points.len(),
+            if errors.is_empty() {
+                "the others gave no answer in time".to_string()
+            } else {
+                errors.join("; ")
+            }
+        )));
+    }
+    shamir_secret(&prime, &points)
+}
+
+/// The value at 0 of the polynomial through `points` (each `x || y`, both as long as
+/// `prime`), modulo `prime`, as long as `prime`: Lagrange interpolation.
+fn shamir_secret(prime: &[u8], points: &[SecretBytes]) -> CliResult<SecretBytes> {
+    use crypto_bigint::U512;
+    use crypto_bigint::modular::runtime_mod::{DynResidue, DynResidueParams};
+    let n = prime.len();
+    if n == 0 || n > 64 {
+        return Err(bad("the sss prime is not 1 to 64 bytes"));
+    }
+    let wide = |b: &[u8]| {
+        let mut w = SecretBytes::zeroed(64);
+        w[64 - b.len()..].copy_from_slice(b);
+        U512::from_be_slice(&w)
+    };
+    let modulus = wide(prime);
+    // Montgomery form needs an odd modulus (any prime but 2).
+    if prime[n - 1] & 1 == 0 {
+        return Err(bad("the sss prime is even"));
+    }
+    let params = DynResidueParams::<8>::new(&modulus);
+    let mut xy = Vec::with_capacity(points.len());
+    for p in points {
+        if p.len() != 2 * n {
+            return Err(bad(format!(
+                "an sss share is {} bytes, not {}",
+                p.len(),
+                2 * n
+            )));
+        }
+        let (x, y) = (wide(&p[..n]), wide(&p[n..]));
+        if x >= modulus || y >= modulus {
+            return Err(bad("an sss share is out of range"));
+        }
+        xy.push((DynResidue::new(&x, params), DynResidue::new(&y, params)));
+    }
+    let zero = DynResidue::zero(params);
+    let mut k = zero;
+    for (i, (xi, yi)) in xy.iter().enumerate() {
+        // acc = y_i * prod_{j != i} (0 - x_j) / (x_i - x_j)
+        let mut acc = *yi;
+        for (j, (xj, _)) in xy.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let (inv, ok) = xi.sub(xj).invert();
+            if !bool::from(ok) {
+                return Err(bad("two sss shares have the same x"));
+            }
+            acc = acc.mul(&zero.sub(xj)).mul(&inv);
+        }
+        k = k.add(&acc);
+    }
+    let mut be = SecretBytes::zeroed(64);
+    let words = k.retrieve();
+    let width = std::mem::size_of::<crypto_bigint::Word>();
+    for (chunk, w) in be.rchunks_mut(width).zip(words.as_words()) {
+        chunk.copy_from_slice(&w.to_be_bytes());
+    }
+    Ok(SecretBytes::from_slice(&be[64 - n..]))
 }
 
 #[cfg(test)]
@@ -230,6 +415,22 @@ mod tests {
         // And through the JWK encoding.
         let back = point(&jwk_of(&x.to_affine())).unwrap();
         assert_eq!(back, x.to_affine());
+    }
+
+    /// f(x) = 7 + 3x + 5x^2 mod 251: any three points give f(0) = 7; two give a wrong one.
+    #[test]
+    fn shamir_secret_interpolates_at_zero() {
+        let f = |x: u32| ((7 + 3 * x + 5 * x * x) % 251) as u8;
+        let pt = |x: u8| SecretBytes::from_slice(&[x, f(x as u32)]);
+        let key = shamir_secret(&[251], &[pt(1), pt(9), pt(200)]).unwrap();
+        assert_eq!(&key[..], &[7]);
+        let key = shamir_secret(&[251], &[pt(4), pt(2), pt(3)]).unwrap();
+        assert_eq!(&key[..], &[7]);
+        assert_ne!(&shamir_secret(&[251], &[pt(1), pt(2)]).unwrap()[..], &[7]);
+        assert!(shamir_secret(&[251], &[pt(1), pt(1)]).is_err(), "same x");
+        assert!(shamir_secret(&[250], &[pt(1)]).is_err(), "even");
+        assert!(shamir_secret(&[251], &[SecretBytes::from_slice(&[252, 0])]).is_err());
+        assert!(shamir_secret(&[251], &[SecretBytes::from_slice(&[1])]).is_err());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! passes `test-passphrase`, `open --test-passphrase` and `export` with no passphrase, and
 //! with `--token-only`; a server that is down, or one that never answers, costs at most
 //! `--token-timeout` and the passphrase is asked for after it; a token whose JWE was
-//! tampered with unlocks nothing.
+//! tampered with unlocks nothing; an sss binding over three tang servers unlocks with any
+//! two.
 
 use crate::common::*;
 use std::path::Path;
@@ -79,6 +80,11 @@ impl Lab {
     /// A LUKS2 volume with a passphrase in keyslot 0 and 1 MiB of data, bound by clevis to
     /// the tang server at `url` (its keyslot 1).
     fn bound(url: &str) -> Lab {
+        Lab::bound_with("tang", &format!(r#"{{"url":"{url}"}}"#))
+    }
+
+    /// As `bound`, by `clevis luks bind` with any pin and its configuration.
+    fn bound_with(pin: &str, config: &str) -> Lab {
         let dir = tempfile::tempdir().unwrap();
         let cs = tool("cryptsetup", "cryptsetup-bin");
         let clevis = tool("clevis", "clevis clevis-luks");
@@ -95,17 +101,7 @@ impl Lab {
         ok(&cryptsetup(&cs, &a));
         ok(&run_in(
             &clevis,
-            &[
-                "luks",
-                "bind",
-                "-y",
-                "-d",
-                &img,
-                "-k",
-                &pw,
-                "tang",
-                &format!(r#"{{"url":"{url}"}}"#),
-            ],
+            &["luks", "bind", "-y", "-d", &img, "-k", &pw, pin, config],
             b"",
         ));
         let data: Vec<u8> = (0..1usize << 20)
@@ -212,6 +208,73 @@ fn a_tang_server_down_or_silent_costs_at_most_the_timeout_then_the_passphrase_is
     assert!(
         took < Duration::from_secs(5),
         "waited {took:?} for a silent server"
+    );
+}
+
+/// `clevis luks bind sss` over three tang servers, two needed: any two up unlock (one
+/// down costs nothing: the shares are fetched at once); with two down the token fails
+/// within the timeout and the passphrase opens the volume.
+#[test]
+fn an_sss_binding_unlocks_with_a_threshold_of_tang_servers() {
+    let keys: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut servers: Vec<Option<Server>> = keys
+        .iter()
+        .map(|k| Some(Server::tang(&tang_db(k.path()))))
+        .collect();
+    let urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!(r#"{{"url":"{}"}}"#, s.as_ref().unwrap().url()))
+        .collect();
+    let lab = Lab::bound_with(
+        "sss",
+        &format!(r#"{{"t":2,"pins":{{"tang":[{}]}}}}"#, urls.join(",")),
+    );
+    let img = lab.img.as_str();
+    let unlocked = |out: &std::process::Output| {
+        out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("Token 0 (clevis) unlocked keyslot 1")
+    };
+    let out = lab.cb(&["test-passphrase", "--token-only", img]);
+    assert!(unlocked(&out), "all three up: {out:?}");
+    // clevis itself agrees on the binding (its own unlock path).
+    let clevis = tool("clevis", "clevis clevis-luks");
+    ok(&run_in(
+        &clevis,
+        &["luks", "pass", "-d", img, "-s", "1"],
+        b"",
+    ));
+    servers[1] = None;
+    let out = lab.cb(&["test-passphrase", "--token-only", img]);
+    assert!(unlocked(&out), "two of three up: {out:?}");
+    let data = lab.p("out");
+    ok(&lab.cb(&["export", "--length", "1048576", img, &data]));
+    assert!(
+        std::fs::read(&data).unwrap() == lab.data,
+        "data read by sss"
+    );
+    servers[0] = None;
+    let start = Instant::now();
+    let pass = std::fs::read(&lab.pw).unwrap();
+    let out = run_in(
+        bin(),
+        &["test-passphrase", "--token-timeout", "2", img],
+        &pass,
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 of the 2 sss shares") && err.contains("Key slot 0 unlocked"),
+        "{err}"
+    );
+    assert!(
+        !lab.cb(&["test-passphrase", "--token-only", img])
+            .status
+            .success()
     );
 }
 
