@@ -289,7 +289,7 @@ fn sss_key(header: &Value, deadline: Instant) -> CliResult<SecretBytes> {
         )));
     }
     let (tx, rx) = std::sync::mpsc::channel();
-    for child in children.iter().cloned() {
+    for child in children {
         let tx = tx.clone();
         // Detached: a share still waiting on a server once enough have answered is left
         // to its deadline; its answer goes nowhere.
