@@ -27,6 +27,16 @@ have xz || need+=(xz-utils)
 have clevis || need+=(clevis clevis-luks)
 [ -x /usr/libexec/tangd ] || need+=(tang)
 have socat || need+=(socat)
+# TPM2 tokens: a software TPM (swtpm) on loopback, tpm2-tools for clevis's tpm2 pin and
+# the tests' PCR extends, and the TSS libraries cryptblk loads at run time.
+have swtpm || need+=(swtpm)
+have tpm2_pcrextend || need+=(tpm2-tools)
+have clevis-encrypt-tpm2 || need+=(clevis-tpm2)
+have systemd-cryptenroll || need+=(systemd)
+for lib in libtss2-esys.so.0:libtss2-esys-3.0.2-0 libtss2-mu.so.0:libtss2-mu0 \
+  libtss2-tctildr.so.0:libtss2-tctildr0 libtss2-tcti-swtpm.so.0:libtss2-tcti-swtpm0; do
+  ldconfig -p | grep -q "${lib%%:*}" || need+=("${lib#*:}")
+done
 # A throwaway Ceph cluster for the RBD tests (tests/ceph/cluster.sh) and librbd's own
 # encryption to check against (python3-rbd, for Debian's system Python).
 have ceph-mon || need+=(ceph-mon)

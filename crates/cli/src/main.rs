@@ -134,6 +134,15 @@ enum Command {
 }
 
 fn main() {
+    // The TPM2 software stack logs its errors (a wrong PIN, a changed PCR) to stderr
+    // itself; the token code says what failed, once. Its own TSS2_LOG setting wins.
+    if std::env::var_os("TSS2_LOG").is_none() {
+        // SAFETY: first thing in main, before any other thread exists.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("TSS2_LOG", "all+none")
+        };
+    }
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Run as `cryptsetup` (a link of that name), cryptblk is its drop-in: messages name
     // it so, and `open` returns once the volume is served, as cryptsetup returns once the

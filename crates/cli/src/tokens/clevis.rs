@@ -9,7 +9,7 @@
 //! AES-256-GCM, is the keyslot's passphrase. The sss pin mixes pins: a threshold of
 //! nested JWEs, each opened by its own pin, give the points that determine its key.
 
-use super::http;
+use super::{TokenArgs, http};
 use crate::error::{CliError, CliResult};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -153,14 +153,25 @@ impl<'a> Jwe<'a> {
     }
 }
 
-/// The passphrase a clevis token's JWE holds, its key recovered from its pin, all within
-/// `timeout`.
-pub(crate) fn passphrase(token: &Value, timeout: Duration) -> CliResult<SecretBytes> {
-    decrypt(&Jwe::flattened(&token["jwe"])?, Instant::now() + timeout)
+/// What the pins need besides the JWE: when to give up on servers, which TPM to ask.
+#[derive(Debug, Clone)]
+struct Reach {
+    deadline: Instant,
+    tpm2_device: Option<String>,
+}
+
+/// The passphrase a clevis token's JWE holds, its key recovered from its pin, servers
+/// given `--token-timeout` in all.
+pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretBytes> {
+    let reach = Reach {
+        deadline: Instant::now() + Duration::from_secs(args.token_timeout.max(1)),
+        tpm2_device: args.tpm2_device.clone(),
+    };
+    decrypt(&Jwe::flattened(&token["jwe"])?, &reach)
 }
 
 /// Decrypts a clevis JWE: the pin its header names gives the content key.
-fn decrypt(jwe: &Jwe, deadline: Instant) -> CliResult<SecretBytes> {
+fn decrypt(jwe: &Jwe, reach: &Reach) -> CliResult<SecretBytes> {
     let header: Value = serde_json::from_slice(&b64("protected", &json!(jwe.protected))?)
         .map_err(|_| bad("the JWE header is not JSON"))?;
     if header["enc"] != "A256GCM" {
@@ -170,11 +181,12 @@ fn decrypt(jwe: &Jwe, deadline: Instant) -> CliResult<SecretBytes> {
         )));
     }
     let cek = match header["clevis"]["pin"].as_str().unwrap_or("") {
-        "tang" => tang_key(&header, deadline)?,
-        "sss" => sss_key(&header, deadline)?,
+        "tang" => tang_key(&header, reach.deadline)?,
+        "sss" => sss_key(&header, reach)?,
+        "tpm2" => tpm2_key(&header, reach)?,
         pin => {
             return Err(bad(format!(
-                "pin '{pin}' is not supported yet (tang and sss are)"
+                "pin '{pin}' is not supported yet (tang, sss and tpm2 are)"
             )));
         }
     };
@@ -254,12 +266,94 @@ fn tang_key(header: &Value, deadline: Instant) -> CliResult<SecretBytes> {
     ))
 }
 
+/// The tpm2 pin's content key: a JWK sealed to the TPM (`tpm2_create` under a primary
+/// key `tpm2_createprimary -C o -g HASH -G KEY` makes again from its template), under a
+/// PCR policy when the binding named PCRs.
+fn tpm2_key(header: &Value, reach: &Reach) -> CliResult<SecretBytes> {
+    use cryptblk_tpm2::{Parent, Policy, alg};
+    if header["alg"] != "dir" {
+        return Err(bad(format!(
+            "JWE key management {} (the tpm2 pin writes dir)",
+            header["alg"]
+        )));
+    }
+    let tpm2 = &header["clevis"]["tpm2"];
+    for signed in ["policy_pubkey_path", "policy_ref", "policy_path"] {
+        if tpm2.get(signed).is_some() {
+            return Err(bad(format!(
+                "tpm2 '{signed}' (signed policies) is not supported yet"
+            )));
+        }
+    }
+    let field = |f: &str, default: &'static str| match &tpm2[f] {
+        Value::Null => Ok(default.to_owned()),
+        Value::String(s) => Ok(s.clone()),
+        _ => Err(bad(format!("tpm2 '{f}' is not a string"))),
+    };
+    let hash_name = field("hash", "sha256")?;
+    let hash = alg::hash_by_name(&hash_name).ok_or_else(|| bad(format!("hash '{hash_name}'")))?;
+    let key_alg = match field("key", "ecc")?.as_str() {
+        "ecc" => alg::ECC,
+        "rsa" => alg::RSA,
+        other => return Err(bad(format!("tpm2 primary key '{other}' (ecc or rsa)"))),
+    };
+    let pcrs = field("pcr_ids", "")?
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u32>()
+                .ok()
+                .filter(|&p| p < 24)
+                .ok_or_else(|| bad(format!("PCR '{p}'")))
+        })
+        .collect::<CliResult<Vec<u32>>>()?;
+    let bank_name = field("pcr_bank", "sha256")?;
+    let bank = alg::hash_by_name(&bank_name).ok_or_else(|| bad(format!("bank '{bank_name}'")))?;
+    let public = b64("jwk_pub", &tpm2["jwk_pub"])?;
+    let private = b64("jwk_priv", &tpm2["jwk_priv"])?;
+    let tcti = cryptblk_tpm2::tcti_for(reach.tpm2_device.as_deref()).map_err(bad)?;
+    let tpm = cryptblk_tpm2::Tpm::open(&tcti).map_err(bad)?;
+    let sealed = cryptblk_tpm2::unseal(
+        &tpm,
+        &Parent::Primary {
+            key_alg,
+            name_hash: hash,
+        },
+        &private,
+        &public,
+        &Policy {
+            pcr_bank: bank,
+            pcrs: &pcrs,
+            auth: None,
+        },
+    )
+    .map_err(|e| bad(format!("tpm2: {e}")))?;
+    // The sealed JWK's text (an oct key, base64url `k`), as `jose jwk gen` wrote it.
+    let mut jwk: Value = serde_json::from_slice(sealed.trim_ascii())
+        .map_err(|_| bad("the TPM's sealed key is not a JWK"))?;
+    // Taken out of the JSON value so that its text is wiped, not just freed.
+    let Value::String(k) = jwk["k"].take() else {
+        return Err(bad("the TPM's sealed JWK has no 'k'"));
+    };
+    let k = zeroize::Zeroizing::new(k);
+    let key = SecretBytes::from_vec(
+        B64.decode(k.trim_end_matches('='))
+            .map_err(|_| bad("the sealed 'k' is not base64url"))?,
+    );
+    if key.len() != 32 {
+        return Err(bad("the TPM's sealed key is not 256 bits"));
+    }
+    Ok(key)
+}
+
 /// The sss pin's content key: Shamir's secret sharing over the prime `p` the header
 /// holds. Each nested JWE (any pin, sss included) decrypts to one point `x || y` of a
 /// polynomial of degree `t - 1` whose value at 0 is the key. They are opened at once, each
 /// on its thread, as clevis does, so servers that are down cost one timeout, not one each;
 /// the first `t` points give the key.
-fn sss_key(header: &Value, deadline: Instant) -> CliResult<SecretBytes> {
+fn sss_key(header: &Value, reach: &Reach) -> CliResult<SecretBytes> {
+    let deadline = reach.deadline;
     if header["alg"] != "dir" {
         return Err(bad(format!(
             "JWE key management {} (the sss pin writes dir)",
@@ -291,10 +385,11 @@ fn sss_key(header: &Value, deadline: Instant) -> CliResult<SecretBytes> {
     let (tx, rx) = std::sync::mpsc::channel();
     for child in children {
         let tx = tx.clone();
+        let reach = reach.clone();
         // Detached: a share still waiting on a server once enough have answered is left
         // to its deadline; its answer goes nowhere.
         std::thread::spawn(move || {
-            let share = Jwe::compact(&child).and_then(|j| decrypt(&j, deadline));
+            let share = Jwe::compact(&child).and_then(|j| decrypt(&j, &reach));
             let _ = tx.send(share);
         });
     }

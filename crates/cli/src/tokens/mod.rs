@@ -1,16 +1,17 @@
 //! Unlocking with LUKS2 tokens instead of a typed passphrase (issue 36): a token names
 //! keyslots and a way to get their passphrase without a person; tokens are tried in
 //! order before any passphrase is asked for, as cryptsetup does, and `--token-only`
-//! asks for none. Each token type is a handler here; clevis with its tang pin is the first.
+//! asks for none. Each token type is a handler here: clevis (tang, sss and tpm2 pins)
+//! and systemd-tpm2.
 
 mod clevis;
 mod http;
+mod systemd_tpm2;
 
 use crate::error::{CliError, CliResult};
 use clap::Args;
 use cryptblk_crypto::SecretBytes;
 use serde_json::Value;
-use std::time::Duration;
 
 /// cryptsetup's token options, on the commands that unlock.
 #[derive(Args, Debug, Clone, Default)]
@@ -28,12 +29,27 @@ pub(crate) struct TokenArgs {
     /// (or the passphrase) is tried.
     #[arg(long = "token-timeout", default_value_t = 5)]
     pub token_timeout: u64,
+    /// The TPM for TPM2 tokens, as systemd takes it: auto (the first /dev/tpmrm*), a
+    /// device path, or a TCTI such as swtpm:host=127.0.0.1,port=2321.
+    #[arg(long = "tpm2-device", value_name = "PATH|auto|TCTI")]
+    pub tpm2_device: Option<String>,
+}
+
+/// A token's PIN: `$PIN` (as systemd-cryptsetup takes it), else a line of stdin when it is
+/// not a terminal, else asked on the terminal.
+fn token_pin(kind: &str) -> CliResult<SecretBytes> {
+    if let Some(pin) = std::env::var_os("PIN") {
+        use std::os::unix::ffi::OsStringExt;
+        return Ok(SecretBytes::from_vec(pin.into_vec()));
+    }
+    crate::passphrase::get_tcrypt_passphrase(&format!("Enter {kind} token PIN: "), false)
 }
 
 /// The passphrase a token gives, by its type's handler; `None` for a type without one.
-fn token_passphrase(token: &Value, timeout: Duration) -> Option<CliResult<SecretBytes>> {
+fn token_passphrase(token: &Value, args: &TokenArgs) -> Option<CliResult<SecretBytes>> {
     match token["type"].as_str()? {
-        "clevis" => Some(clevis::passphrase(token, timeout)),
+        "clevis" => Some(clevis::passphrase(token, args)),
+        "systemd-tpm2" => Some(systemd_tpm2::passphrase(token, args)),
         _ => None,
     }
 }
@@ -48,6 +64,8 @@ pub(crate) fn try_tokens<T>(
     mut attempt: impl FnMut(&SecretBytes, u32) -> Option<T>,
 ) -> CliResult<Option<T>> {
     let mut tried = false;
+    // The exit code of the most telling failure (a wrong PIN: 2, as a wrong passphrase).
+    let mut code = crate::error::EXIT_USAGE;
     for (id, token) in tokens {
         if args.token_id.is_some_and(|want| want != *id)
             || args
@@ -58,8 +76,7 @@ pub(crate) fn try_tokens<T>(
             continue;
         }
         let kind = token["type"].as_str().unwrap_or("?");
-        let Some(pass) = token_passphrase(token, Duration::from_secs(args.token_timeout.max(1)))
-        else {
+        let Some(pass) = token_passphrase(token, args) else {
             if args.token_id.is_some() || args.token_type.is_some() {
                 eprintln!("Token {id} of type {kind} is not supported yet.");
             }
@@ -70,6 +87,7 @@ pub(crate) fn try_tokens<T>(
             Ok(p) => p,
             Err(e) => {
                 eprintln!("Token {id} ({kind}): {e}");
+                code = code.max(e.code);
                 continue;
             }
         };
@@ -83,11 +101,14 @@ pub(crate) fn try_tokens<T>(
         eprintln!("Token {id} ({kind}): its passphrase opens none of its keyslots.");
     }
     if args.token_only {
-        return Err(CliError::usage(if tried {
-            "No usable token was able to unlock the volume."
-        } else {
-            "No usable token is available."
-        }));
+        return Err(CliError::new(
+            code,
+            if tried {
+                "No usable token was able to unlock the volume."
+            } else {
+                "No usable token is available."
+            },
+        ));
     }
     Ok(None)
 }

@@ -17,4 +17,5 @@ mod loopaes;
 mod luksdump;
 mod tcrypt;
 mod tokens;
+mod tpm2;
 mod verbs;

@@ -16,7 +16,7 @@ const KEYGEN: &str = "/usr/libexec/tangd-keygen";
 const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 /// A tang server on 127.0.0.1: tangd (run once per connection) behind socat.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
 }
@@ -49,14 +49,14 @@ impl Server {
         }
         Server { child, port }
     }
-    fn tang(db: &Path) -> Server {
+    pub(crate) fn tang(db: &Path) -> Server {
         assert!(
             Path::new(TANGD).exists() && Path::new(KEYGEN).exists(),
             "{TANGD} not found: install the Debian package tang (scripts/setup.sh does)"
         );
         Server::start(&format!("{TANGD} {}", db.display()))
     }
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }
@@ -130,7 +130,7 @@ impl Lab {
     }
 }
 
-fn tang_db(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn tang_db(dir: &Path) -> std::path::PathBuf {
     let db = dir.join("db");
     std::fs::create_dir(&db).unwrap();
     ok(&run_in(KEYGEN, &[db.to_str().unwrap()], b""));

@@ -1,0 +1,367 @@
+//! TPM2 tokens (issue 36) against the real tools and a software TPM: swtpm on loopback,
+//! enrolled by `systemd-cryptenroll --tpm2-device=swtpm:...` (systemd's own token) and by
+//! `clevis luks bind ... tpm2` (clevis's pin, through tpm2-tools), each unlocked by
+//! cryptblk with `--token-only`; a PCR extended afterwards refuses both; a PIN right and
+//! wrong; a TPM that cannot be reached falls back to the passphrase; and cryptblk leaves
+//! no object or session behind in a TPM that has no resource manager.
+
+use super::tokens::{Server, tang_db};
+use crate::common::*;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A software TPM 2.0 (swtpm) on 127.0.0.1, its state in a temporary directory.
+struct Swtpm {
+    state: tempfile::TempDir,
+    port: u16,
+    ctrl: u16,
+    child: Option<Child>,
+}
+
+impl Swtpm {
+    fn start() -> Swtpm {
+        // The swtpm TCTI finds the control channel on the port after the TPM's.
+        let port = loop {
+            let p = free_port();
+            if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+                break p;
+            }
+        };
+        let mut t = Swtpm {
+            state: tempfile::tempdir().unwrap(),
+            port,
+            ctrl: port + 1,
+            child: None,
+        };
+        t.power_on();
+        t
+    }
+
+    fn power_on(&mut self) {
+        let swtpm = tool("swtpm", "swtpm");
+        let child = Command::new(swtpm)
+            .args([
+                "socket",
+                "--tpm2",
+                "--tpmstate",
+                &format!("dir={}", self.state.path().display()),
+                "--server",
+                &format!("type=tcp,port={},bindaddr=127.0.0.1", self.port),
+                "--ctrl",
+                &format!("type=tcp,port={},bindaddr=127.0.0.1", self.ctrl),
+                "--flags",
+                "not-need-init,startup-clear",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "swtpm did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A reboot: PCRs back to zero, and the sessions systemd-cryptenroll and tpm2-tools
+    /// leave loaded (swtpm has no resource manager to flush them) gone.
+    fn reboot(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.power_on();
+    }
+
+    fn tcti(&self) -> String {
+        format!("swtpm:host=127.0.0.1,port={}", self.port)
+    }
+
+    /// A tpm2-tools command against this TPM.
+    fn tools(&self, name: &str, args: &[&str]) -> String {
+        let t = tool(name, "tpm2-tools");
+        ok(&Command::new(t)
+            .args(args)
+            .env("TPM2TOOLS_TCTI", self.tcti())
+            .output()
+            .unwrap())
+    }
+
+    fn extend_pcr7(&self) {
+        self.tools(
+            "tpm2_pcrextend",
+            &[&format!("7:sha256={}", "01".repeat(32))],
+        );
+    }
+
+    /// What is loaded in the TPM: transient objects and sessions.
+    fn loaded(&self) -> String {
+        let mut s = self.tools("tpm2_getcap", &["handles-transient"]);
+        s += &self.tools("tpm2_getcap", &["handles-loaded-session"]);
+        s
+    }
+}
+
+impl Drop for Swtpm {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Volume {
+    dir: tempfile::TempDir,
+    img: String,
+    pw: String,
+    data: Vec<u8>,
+}
+
+impl Volume {
+    /// A LUKS2 image with a passphrase in keyslot 0 and 1 MiB of data.
+    fn new() -> Volume {
+        let dir = tempfile::tempdir().unwrap();
+        let cs = tool("cryptsetup", "cryptsetup-bin");
+        let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+        let (img, pw) = (p("v.img"), p("pw"));
+        std::fs::write(&pw, b"the recovery passphrase").unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
+        a.extend(KDF);
+        a.extend(["--key-file", &pw, &img]);
+        ok(&cryptsetup(&cs, &a));
+        let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + i / 509) as u8).collect();
+        std::fs::write(p("data"), &data).unwrap();
+        ok(&run_in(
+            bin(),
+            &["import", &img, &p("data"), "--key-file", &pw],
+            b"",
+        ));
+        Volume { dir, img, pw, data }
+    }
+
+    fn p(&self, n: &str) -> String {
+        self.dir.path().join(n).to_str().unwrap().to_string()
+    }
+
+    /// cryptblk with `env` set and `stdin` fed, TSS logging left as cryptblk sets it.
+    fn cb(&self, args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut c = Command::new(bin())
+            .args(args)
+            .env_remove("PIN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = c.stdin.take().unwrap().write_all(stdin);
+        c.wait_with_output().unwrap()
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn systemd_cryptenroll_tpm2_tokens_unlock_with_pcrs_and_pins() {
+    let mut tpm = Swtpm::start();
+    let vol = Volume::new();
+    let img = vol.img.as_str();
+    let enroll = tool("systemd-cryptenroll", "systemd");
+    let pass = std::fs::read_to_string(&vol.pw).unwrap();
+    let tpm_arg = format!("--tpm2-device={}", tpm.tcti());
+    // Token 0 (keyslot 1): PCR 7. Token 1 (keyslot 2): PCR 7 and a PIN.
+    for (extra, pin) in [(None, None), (Some("--tpm2-with-pin=yes"), Some("1234"))] {
+        let mut c = Command::new(&enroll);
+        c.args([tpm_arg.as_str(), "--tpm2-pcrs=7", img])
+            .args(extra)
+            .env("PASSWORD", &pass);
+        if let Some(pin) = pin {
+            c.env("NEWPIN", pin);
+        }
+        ok(&c.output().unwrap());
+    }
+    tpm.reboot();
+    let dev = ["--tpm2-device", &tpm.tcti()].map(str::to_owned);
+    let args = |more: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = more.iter().map(|s| s.to_string()).collect();
+        a.extend(dev.iter().cloned());
+        a.push(img.to_owned());
+        a
+    };
+    let run = |more: &[&str], env: &[(&str, &str)], stdin: &[u8]| {
+        let a = args(more);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        vol.cb(&a, env, stdin)
+    };
+    let out = run(
+        &["test-passphrase", "--token-only", "--token-id", "0"],
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Token 0 (systemd-tpm2) unlocked keyslot 1"));
+    let exported = vol.p("out");
+    let tcti = tpm.tcti();
+    let out = vol.cb(
+        &[
+            "export",
+            "--length",
+            "1048576",
+            "--token-only",
+            "--tpm2-device",
+            &tcti,
+            img,
+            &exported,
+        ],
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        std::fs::read(&exported).unwrap() == vol.data,
+        "data read by the TPM token"
+    );
+    // The PIN: on stdin, or in $PIN as systemd takes it; a wrong one is refused as a wrong
+    // passphrase is (exit 2) and says so.
+    let pin_token = ["test-passphrase", "--token-only", "--token-id", "1"];
+    let out = run(&pin_token, &[], b"1234\n");
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Token 1 (systemd-tpm2) unlocked keyslot 2"));
+    let out = run(&pin_token, &[("PIN", "1234")], b"");
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&pin_token, &[], b"4321\n");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr(&out).contains("wrong PIN"), "{out:?}");
+    assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
+    // PCR 7 moves: both tokens refuse before unsealing; the passphrase still opens.
+    tpm.extend_pcr7();
+    let out = run(
+        &["test-passphrase", "--token-only", "--token-id", "0"],
+        &[],
+        b"",
+    );
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("PCRs do not hold"), "{out:?}");
+    let out = run(&["test-passphrase"], &[("PIN", "1234")], pass.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Key slot 0 unlocked"), "{out:?}");
+    assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
+    // No TPM there: a clear error, then the passphrase.
+    let gone = [
+        "test-passphrase",
+        "--tpm2-device",
+        &format!("swtpm:host=127.0.0.1,port={}", free_port()),
+        img,
+    ];
+    let out = vol.cb(&gone, &[("PIN", "1234")], pass.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("no TPM reached"), "{out:?}");
+}
+
+#[test]
+fn clevis_tpm2_bindings_unlock_alone_and_inside_sss() {
+    let mut tpm = Swtpm::start();
+    let keys = tempfile::tempdir().unwrap();
+    let tang = Server::tang(&tang_db(keys.path()));
+    let vol = Volume::new();
+    let img = vol.img.as_str();
+    let clevis = tool("clevis", "clevis clevis-tpm2");
+    let pcr7 = r#"{"pcr_bank":"sha256","pcr_ids":"7"}"#;
+    // Token 0: PCR 7; token 1: no PCR (the object's empty authorization); token 2: sss of
+    // tang and tpm2, both needed.
+    for (pin, config) in [
+        ("tpm2", pcr7.to_owned()),
+        ("tpm2", "{}".to_owned()),
+        (
+            "sss",
+            format!(
+                r#"{{"t":2,"pins":{{"tang":[{{"url":"{}"}}],"tpm2":{pcr7}}}}}"#,
+                tang.url()
+            ),
+        ),
+    ] {
+        ok(&Command::new(&clevis)
+            .args(["luks", "bind", "-y", "-d", img, "-k", &vol.pw, pin, &config])
+            .env("TPM2TOOLS_TCTI", tpm.tcti())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap());
+    }
+    tpm.reboot();
+    let dev = tpm.tcti();
+    for (id, slot) in [("0", 1), ("1", 2), ("2", 3)] {
+        let out = vol.cb(
+            &[
+                "test-passphrase",
+                "--token-only",
+                "--token-id",
+                id,
+                "--tpm2-device",
+                &dev,
+                img,
+            ],
+            &[],
+            b"",
+        );
+        assert!(out.status.success(), "token {id}: {out:?}");
+        assert!(
+            stderr(&out).contains(&format!("Token {id} (clevis) unlocked keyslot {slot}")),
+            "{out:?}"
+        );
+    }
+    assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
+    tpm.extend_pcr7();
+    for id in ["0", "2"] {
+        let out = vol.cb(
+            &[
+                "test-passphrase",
+                "--token-only",
+                "--token-id",
+                id,
+                "--tpm2-device",
+                &dev,
+                img,
+            ],
+            &[],
+            b"",
+        );
+        assert!(
+            !out.status.success(),
+            "token {id} after PCR 7 moved: {out:?}"
+        );
+        assert!(stderr(&out).contains("PCRs do not hold"), "{out:?}");
+    }
+    let out = vol.cb(
+        &[
+            "test-passphrase",
+            "--token-only",
+            "--token-id",
+            "1",
+            "--tpm2-device",
+            &dev,
+            img,
+        ],
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "no PCR in its policy: {out:?}");
+}
