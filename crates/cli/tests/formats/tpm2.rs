@@ -74,9 +74,12 @@ impl Swtpm {
         }
     }
 
-    /// A reboot: PCRs back to zero, and the sessions systemd-cryptenroll and tpm2-tools
-    /// leave loaded (swtpm has no resource manager to flush them) gone.
+    /// An orderly reboot: PCRs back to zero, and the sessions systemd-cryptenroll and
+    /// tpm2-tools leave loaded (swtpm has no resource manager to flush them) gone. Shut
+    /// down first: a TPM counts a power cut as a possible attack, and a few of them put it
+    /// in dictionary-attack lockout.
     fn reboot(&mut self) {
+        self.tools("tpm2_shutdown", &[]);
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
