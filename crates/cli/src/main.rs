@@ -93,6 +93,9 @@ enum Command {
     Erase(args::DeviceArgs),
     /// Manage LUKS2 tokens: add, remove, import, export, unassign (cryptsetup token).
     Token(commands::token::TokenArgs),
+    /// Bind a LUKS2 volume to a TPM2 as systemd-cryptenroll --tpm2-device does: a new
+    /// keyslot whose passphrase the TPM unseals while the PCRs (and a PIN) hold.
+    Enroll(commands::enroll::EnrollArgs),
     /// Change the volume key of a LUKS2 volume, resumably (cryptsetup reencrypt).
     Reencrypt(commands::reencrypt::ReencryptArgs),
     /// Save the header and keyslot areas to a file (cryptsetup luksHeaderBackup).
@@ -193,6 +196,7 @@ fn main() {
         Command::Erase(a) => commands::header::erase(&ctx, a),
         Command::Repair(a) => commands::header::repair(&ctx, a),
         Command::Token(a) => commands::token::token(&ctx, a),
+        Command::Enroll(a) => commands::enroll::enroll(&ctx, a),
         Command::HeaderBackup(a) => commands::header::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header::header_restore(&ctx, a),
         Command::Benchmark(a) => commands::benchmark::run(a),

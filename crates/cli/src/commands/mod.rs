@@ -6,6 +6,7 @@ pub(crate) mod bench;
 pub(crate) mod benchmark;
 pub(crate) mod convert;
 pub(crate) mod dump;
+pub(crate) mod enroll;
 pub(crate) mod format;
 pub(crate) mod header;
 pub(crate) mod keyslots;
@@ -119,6 +120,30 @@ pub(crate) fn unlock(
 ) -> CliResult<(u32, SecretBytes)> {
     let pass = get_passphrase(src, prompt, false)?;
     hdr.unlock(dev, &pass, slot).map_err(wrong_passphrase)
+}
+
+/// As [`unlock`], tokens first (when no key file is given, as cryptsetup tries them): the
+/// keyslot a token's passphrase opened, or the one the passphrase asked for opens.
+pub(crate) fn unlock_or_token(
+    hdr: &dyn LuksHeader,
+    dev: &mut dyn Storage,
+    key: &crate::args::KeyArgs,
+    tokens: &crate::tokens::TokenArgs,
+    prompt: &str,
+    slot: Option<u32>,
+) -> CliResult<(u32, SecretBytes)> {
+    if key.key_file().is_none() {
+        let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s| {
+            if slot.is_some_and(|want| want != s) {
+                return None;
+            }
+            hdr.unlock(dev, pass, Some(s)).ok()
+        })?;
+        if let Some(found) = by_token {
+            return Ok(found);
+        }
+    }
+    unlock(hdr, dev, &key.source(), prompt, slot)
 }
 
 /// The LUKS2 header of `path` (what unbound keys and keyslot ciphers need).

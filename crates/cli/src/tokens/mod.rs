@@ -8,6 +8,8 @@ mod clevis;
 mod http;
 mod systemd_tpm2;
 
+pub(crate) use systemd_tpm2::pin_auth as tpm2_pin_auth;
+
 use crate::error::{CliError, CliResult};
 use clap::Args;
 use cryptblk_crypto::SecretBytes;

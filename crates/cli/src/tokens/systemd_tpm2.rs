@@ -45,7 +45,7 @@ fn pcrs(field: &str, v: &Value) -> CliResult<Vec<u32>> {
 /// with a `tpm2_salt` (systemd 253+) of the base64 of PBKDF2-HMAC-SHA256(PIN, salt,
 /// 10,000 iterations); trailing zero bytes dropped, as the TPM drops them when it stores
 /// an authorization value.
-pub(super) fn pin_auth(pin: &[u8], salt: Option<&[u8]>) -> CliResult<SecretBytes> {
+pub(crate) fn pin_auth(pin: &[u8], salt: Option<&[u8]>) -> CliResult<SecretBytes> {
     use sha2::Digest as _;
     let salted;
     let pin = match salt {

@@ -3,7 +3,10 @@
 //! `clevis luks bind ... tpm2` (clevis's pin, through tpm2-tools), each unlocked by
 //! cryptblk with `--token-only`; a PCR extended afterwards refuses both; a PIN right and
 //! wrong; a TPM that cannot be reached falls back to the passphrase; and cryptblk leaves
-//! no object or session behind in a TPM that has no resource manager.
+//! no object or session behind in a TPM that has no resource manager. `cryptblk enroll`
+//! writes tokens systemd takes for its own: the same policy digest systemd-cryptenroll
+//! computes, validated and shown by cryptsetup's systemd-tpm2 plugin, wiped by
+//! `systemd-cryptenroll --wipe-slot=tpm2`.
 
 use super::tokens::{Server, tang_db};
 use crate::common::*;
@@ -367,4 +370,96 @@ fn clevis_tpm2_bindings_unlock_alone_and_inside_sss() {
         b"",
     );
     assert!(out.status.success(), "no PCR in its policy: {out:?}");
+}
+
+fn token_json(img: &str, id: u32) -> serde_json::Value {
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    let out = ok(&cryptsetup(
+        &cs,
+        &["token", "export", "--token-id", &id.to_string(), img],
+    ));
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
+    let mut tpm = Swtpm::start();
+    let vol = Volume::new();
+    let img = vol.img.as_str();
+    let tcti = tpm.tcti();
+    let pass = std::fs::read_to_string(&vol.pw).unwrap();
+    // systemd's enrollments first (tokens 0 and 1), then cryptblk's (2 and 3), alike.
+    let enroll = tool("systemd-cryptenroll", "systemd");
+    for pin in [None, Some("1234")] {
+        let mut c = Command::new(&enroll);
+        c.args([&format!("--tpm2-device={tcti}"), "--tpm2-pcrs=7", img])
+            .env("PASSWORD", &pass);
+        if let Some(pin) = pin {
+            c.arg("--tpm2-with-pin=yes").env("NEWPIN", pin);
+        }
+        ok(&c.output().unwrap());
+    }
+    tpm.reboot();
+    let out = vol.cb(
+        &["enroll", "--tpm2-device", &tcti, "--key-file", &vol.pw, img],
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("New TPM2 token enrolled as key slot 3"), "{out:?}");
+    let out = vol.cb(
+        &["enroll", "--tpm2-device", &tcti, "--tpm2-with-pin", "--tpm2-pcrs", "7", img],
+        &[("NEWPIN", "4321")],
+        pass.as_bytes(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
+    for (systemd, ours) in [(0, 2), (1, 3)] {
+        let (s, o) = (token_json(img, systemd), token_json(img, ours));
+        for field in ["type", "tpm2-pcrs", "tpm2-pcr-bank", "tpm2-primary-alg", "tpm2-pin"] {
+            assert_eq!(s[field], o[field], "{field}");
+        }
+        // The TPM computed the same policy for both: same PCRs, values and PIN rule.
+        assert_eq!(s["tpm2-policy-hash"], o["tpm2-policy-hash"]);
+        assert_ne!(s["tpm2-blob"], o["tpm2-blob"]);
+    }
+    // cryptsetup's systemd-tpm2 plugin validates and shows cryptblk's tokens.
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    let dump = ok(&cryptsetup(&cs, &["luksDump", img]));
+    assert_eq!(dump.matches("tpm2-policy-hash:").count(), 4, "{dump}");
+    // cryptblk unlocks its own enrollments, the PIN one only with its PIN.
+    let run = |id: &str, env: &[(&str, &str)]| {
+        vol.cb(
+            &["test-passphrase", "--token-only", "--token-id", id, "--tpm2-device", &tcti, img],
+            env,
+            b"",
+        )
+    };
+    assert!(run("2", &[]).status.success());
+    assert!(run("3", &[("PIN", "4321")]).status.success());
+    assert_eq!(run("3", &[("PIN", "1234")]).status.code(), Some(2));
+    // systemd takes them for its own: --wipe-slot=tpm2 wipes all four, tokens and all.
+    let mut c = Command::new(&enroll);
+    c.args(["--wipe-slot=tpm2", img]).env("PASSWORD", &pass);
+    ok(&c.output().unwrap());
+    let dump = ok(&cryptsetup(&cs, &["luksDump", img]));
+    assert!(!dump.contains("systemd-tpm2"), "{dump}");
+    // cryptblk's own --wipe-slot: enroll, then wipe the passphrase's keyslot.
+    let out = vol.cb(
+        &["enroll", "--tpm2-device", &tcti, "--wipe-slot", "password", img],
+        &[],
+        pass.as_bytes(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Wiped slot 0"), "{out:?}");
+    let out = vol.cb(&["test-passphrase", img], &[], pass.as_bytes());
+    assert!(!out.status.success(), "the passphrase's keyslot is gone: {out:?}");
+    let exported = vol.p("out");
+    let out = vol.cb(
+        &["export", "--length", "1048576", "--tpm2-device", &tcti, img, &exported],
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::read(&exported).unwrap() == vol.data);
 }
