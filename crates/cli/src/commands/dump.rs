@@ -38,6 +38,9 @@ pub(crate) struct DumpArgs {
     pub key_slot: Option<u32>,
     #[arg(long = "dump-json-metadata")]
     pub dump_json_metadata: bool,
+    /// --dump-volume-key: unlock with a token (--token-id, --token-type, --token-only).
+    #[command(flatten)]
+    pub tokens: crate::tokens::TokenArgs,
     /// --type plain: the key size in bits (as `open --type plain -s`).
     #[arg(short = 's', long = "key-size")]
     pub key_size: Option<usize>,
@@ -272,23 +275,22 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     let hdr = load(&mut dev, &path)?;
     let volume_key = if a.dump_volume_key {
         // cryptsetup's question, before the passphrase is even asked for.
-        let pass = confirm_then_passphrase(
-            ctx,
-            &a,
+        crate::passphrase::confirm(
+            ctx.batch,
             "Header dump with volume key is sensitive information\n\
              that allows access to encrypted partition without a passphrase.\n\
              This dump should be stored encrypted in a safe place.",
         )?;
         Some(
-            hdr.unlock(&mut dev, &pass, None)
-                .map_err(|e| match e {
-                    cryptblk_format::Error::WrongPassphrase => crate::error::CliError::new(
-                        crate::error::EXIT_PERMISSION,
-                        "No key available with this passphrase.",
-                    ),
-                    e => e.into(),
-                })?
-                .1,
+            super::unlock_or_token(
+                &*hdr,
+                &mut dev,
+                &a.key,
+                &a.tokens,
+                &format!("Enter passphrase for {}: ", a.device.display()),
+                None,
+            )?
+            .1,
         )
     } else {
         None

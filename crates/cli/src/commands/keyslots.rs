@@ -53,6 +53,9 @@ pub(crate) struct AddKeyArgs {
     pub unbound: bool,
     #[command(flatten)]
     pub kdf: KdfArgs,
+    /// add-key: unlock with a token (--token-id, --token-type, --token-only).
+    #[command(flatten)]
+    pub tokens: crate::tokens::TokenArgs,
 }
 
 #[derive(Args, Debug)]
@@ -146,10 +149,11 @@ pub(crate) fn add_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     let vk = match &a.volume_key_file {
         Some(p) => volume_key_from_file(&*hdr, p, a.key_size)?,
         None => {
-            unlock(
+            super::unlock_or_token(
                 &*hdr,
                 &mut dev,
-                &a.key.source(),
+                &a.key,
+                &a.tokens,
                 "Enter any existing passphrase: ",
                 old_slot,
             )?
@@ -260,6 +264,11 @@ pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
     for (set, opt) in [
         (a.new_key_slot.is_some(), "--new-key-slot"),
         (a.volume_key_file.is_some(), "--volume-key-file"),
+        // A token's keyslot changed to another passphrase would leave the token broken.
+        (
+            a.tokens.token_only || a.tokens.token_id.is_some() || a.tokens.token_type.is_some(),
+            "--token-*",
+        ),
     ] {
         if set {
             return Err(CliError::usage(format!(

@@ -122,8 +122,10 @@ pub(crate) fn unlock(
     hdr.unlock(dev, &pass, slot).map_err(wrong_passphrase)
 }
 
-/// As [`unlock`], tokens first (when no key file is given, as cryptsetup tries them): the
-/// keyslot a token's passphrase opened, or the one the passphrase asked for opens.
+/// As [`unlock`], tokens first when the token options ask for them (`--token-only`,
+/// `--token-id`, `--token-type`), as cryptsetup's commands that change a header (luksAddKey)
+/// take them: a script that pipes two passphrases in keeps working on a volume with
+/// tokens. The keyslot a token's passphrase opened, or the one the passphrase opens.
 pub(crate) fn unlock_or_token(
     hdr: &dyn LuksHeader,
     dev: &mut dyn Storage,
@@ -132,7 +134,8 @@ pub(crate) fn unlock_or_token(
     prompt: &str,
     slot: Option<u32>,
 ) -> CliResult<(u32, SecretBytes)> {
-    if key.key_file().is_none() {
+    let asked = tokens.token_only || tokens.token_id.is_some() || tokens.token_type.is_some();
+    if asked && key.key_file().is_none() {
         let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s| {
             if slot.is_some_and(|want| want != s) {
                 return None;

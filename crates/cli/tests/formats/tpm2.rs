@@ -257,6 +257,36 @@ fn systemd_cryptenroll_tpm2_tokens_unlock_with_pcrs_and_pins() {
     let out = run(&pin_token, &[], b"4321\n");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(stderr(&out).contains("wrong PIN"), "{out:?}");
+    // Tokens on the commands that change or show the key, when asked for: add-key and
+    // dump --dump-volume-key (the key it shows is the one the passphrase gives).
+    let new_key = vol.p("new-key");
+    std::fs::write(&new_key, b"a new passphrase").unwrap();
+    let a = [
+        "add-key",
+        "--token-id",
+        "0",
+        "--tpm2-device",
+        &tcti,
+        img,
+        &new_key,
+    ];
+    let out = vol.cb(&a, &[], b"");
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Key slot 3 created"), "{out:?}");
+    let dump = |args: &[&str], stdin: &[u8]| {
+        let mut a = vec!["dump", "-q", "--dump-volume-key"];
+        a.extend(args);
+        a.push(img);
+        let out = vol.cb(&a, &[], stdin);
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let at = text.find("MK dump:").expect("a volume key");
+        text[at..].lines().take(5).collect::<Vec<_>>().join("\n")
+    };
+    assert_eq!(
+        dump(&["--token-id", "0", "--tpm2-device", &tcti], b""),
+        dump(&["--key-file", &new_key], b"")
+    );
     assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
     // PCR 7 moves: both tokens refuse before unsealing; the passphrase still opens.
     tpm.extend_pcr7();
@@ -406,9 +436,20 @@ fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
         b"",
     );
     assert!(out.status.success(), "{out:?}");
-    assert!(stderr(&out).contains("New TPM2 token enrolled as key slot 3"), "{out:?}");
+    assert!(
+        stderr(&out).contains("New TPM2 token enrolled as key slot 3"),
+        "{out:?}"
+    );
     let out = vol.cb(
-        &["enroll", "--tpm2-device", &tcti, "--tpm2-with-pin", "--tpm2-pcrs", "7", img],
+        &[
+            "enroll",
+            "--tpm2-device",
+            &tcti,
+            "--tpm2-with-pin",
+            "--tpm2-pcrs",
+            "7",
+            img,
+        ],
         &[("NEWPIN", "4321")],
         pass.as_bytes(),
     );
@@ -416,7 +457,13 @@ fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
     assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
     for (systemd, ours) in [(0, 2), (1, 3)] {
         let (s, o) = (token_json(img, systemd), token_json(img, ours));
-        for field in ["type", "tpm2-pcrs", "tpm2-pcr-bank", "tpm2-primary-alg", "tpm2-pin"] {
+        for field in [
+            "type",
+            "tpm2-pcrs",
+            "tpm2-pcr-bank",
+            "tpm2-primary-alg",
+            "tpm2-pin",
+        ] {
             assert_eq!(s[field], o[field], "{field}");
         }
         // The TPM computed the same policy for both: same PCRs, values and PIN rule.
@@ -430,7 +477,15 @@ fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
     // cryptblk unlocks its own enrollments, the PIN one only with its PIN.
     let run = |id: &str, env: &[(&str, &str)]| {
         vol.cb(
-            &["test-passphrase", "--token-only", "--token-id", id, "--tpm2-device", &tcti, img],
+            &[
+                "test-passphrase",
+                "--token-only",
+                "--token-id",
+                id,
+                "--tpm2-device",
+                &tcti,
+                img,
+            ],
             env,
             b"",
         )
@@ -446,17 +501,35 @@ fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
     assert!(!dump.contains("systemd-tpm2"), "{dump}");
     // cryptblk's own --wipe-slot: enroll, then wipe the passphrase's keyslot.
     let out = vol.cb(
-        &["enroll", "--tpm2-device", &tcti, "--wipe-slot", "password", img],
+        &[
+            "enroll",
+            "--tpm2-device",
+            &tcti,
+            "--wipe-slot",
+            "password",
+            img,
+        ],
         &[],
         pass.as_bytes(),
     );
     assert!(out.status.success(), "{out:?}");
     assert!(stderr(&out).contains("Wiped slot 0"), "{out:?}");
     let out = vol.cb(&["test-passphrase", img], &[], pass.as_bytes());
-    assert!(!out.status.success(), "the passphrase's keyslot is gone: {out:?}");
+    assert!(
+        !out.status.success(),
+        "the passphrase's keyslot is gone: {out:?}"
+    );
     let exported = vol.p("out");
     let out = vol.cb(
-        &["export", "--length", "1048576", "--tpm2-device", &tcti, img, &exported],
+        &[
+            "export",
+            "--length",
+            "1048576",
+            "--tpm2-device",
+            &tcti,
+            img,
+            &exported,
+        ],
         &[],
         b"",
     );
