@@ -33,6 +33,11 @@ have swtpm || need+=(swtpm)
 have tpm2_pcrextend || need+=(tpm2-tools)
 have clevis-encrypt-tpm2 || need+=(clevis-tpm2)
 have systemd-cryptenroll || need+=(systemd)
+# PKCS#11 tokens: SoftHSM 2 as the token, pkcs11-tool (OpenSC) to load its key and
+# certificate; cryptblk finds modules through p11-kit, as systemd does.
+[ -e /usr/lib/softhsm/libsofthsm2.so ] || need+=(softhsm2)
+have pkcs11-tool || need+=(opensc)
+ldconfig -p | grep -q libp11-kit.so.0 || need+=(libp11-kit0)
 for lib in libtss2-esys.so.0:libtss2-esys-3.0.2-0 libtss2-mu.so.0:libtss2-mu0 \
   libtss2-tctildr.so.0:libtss2-tctildr0 libtss2-tcti-swtpm.so.0:libtss2-tcti-swtpm0; do
   ldconfig -p | grep -q "${lib%%:*}" || need+=("${lib#*:}")

@@ -93,8 +93,9 @@ enum Command {
     Erase(args::DeviceArgs),
     /// Manage LUKS2 tokens: add, remove, import, export, unassign (cryptsetup token).
     Token(commands::token::TokenArgs),
-    /// Bind a LUKS2 volume to a TPM2 as systemd-cryptenroll --tpm2-device does: a new
-    /// keyslot whose passphrase the TPM unseals while the PCRs (and a PIN) hold.
+    /// Bind a LUKS2 volume to a TPM2 or a PKCS#11 security token as systemd-cryptenroll
+    /// does: a new keyslot whose passphrase only that TPM (while the PCRs and a PIN hold)
+    /// or that token's key can give.
     Enroll(commands::enroll::EnrollArgs),
     /// Change the volume key of a LUKS2 volume, resumably (cryptsetup reencrypt).
     Reencrypt(commands::reencrypt::ReencryptArgs),

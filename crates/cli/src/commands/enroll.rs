@@ -1,8 +1,10 @@
-//! `enroll`: binds a LUKS2 volume to a TPM2 the way `systemd-cryptenroll --tpm2-device`
-//! does, so that systemd-cryptsetup and cryptsetup's systemd-tpm2 plugin unlock what
+//! `enroll`: binds a LUKS2 volume to a TPM2 or a PKCS#11 security token the way
+//! `systemd-cryptenroll --tpm2-device` / `--pkcs11-token-uri` do, so that systemd-cryptsetup and cryptsetup's systemd-tpm2 plugin unlock what
 //! cryptblk enrolled (and cryptblk what they did): 32 random bytes sealed to the TPM under
 //! a PCR policy (and a PIN), their base64 the passphrase of a new keyslot (PBKDF2, 1,000
-//! iterations: the secret has full entropy), a `systemd-tpm2` token naming it.
+//! iterations: the secret has full entropy), a `systemd-tpm2` token naming it. For a
+//! PKCS#11 token: random bytes encrypted to the RSA certificate on it (the token's private
+//! key decrypts them at unlock), a `systemd-pkcs11` token.
 //!
 //! The token is written as systemd 252 writes it (no `tpm2_salt`, no `tpm2_srk`): newer
 //! systemd reads that form too, and 252 (Debian 12) reads no other.
@@ -43,6 +45,10 @@ pub(crate) struct EnrollArgs {
     #[arg(long = "tpm2-with-pin", value_name = "BOOL", num_args = 0..=1,
           default_missing_value = "yes", default_value = "no")]
     pub tpm2_with_pin: String,
+    /// Enroll the security token this PKCS#11 URI names (its RSA certificate), as
+    /// systemd-cryptenroll --pkcs11-token-uri; its PIN from $PIN or asked.
+    #[arg(long = "pkcs11-token-uri", value_name = "URI")]
+    pub pkcs11_token_uri: Option<String>,
     /// Once enrolled, wipe these keyslots (and their tokens), as systemd-cryptenroll:
     /// numbers, "password" (keyslots no token names), "tpm2" (other systemd-tpm2
     /// tokens' keyslots), "all" (every other keyslot); comma-separated.
@@ -152,13 +158,20 @@ fn slots_to_wipe(spec: &str, hdr: &Value, new_slot: u32) -> CliResult<Vec<u32>> 
 }
 
 pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
-    let device = a
-        .tokens
-        .tpm2_device
-        .clone()
-        .ok_or_else(|| bad("say what to enroll: --tpm2-device PATH|auto|TCTI"))?;
-    let pcrs = parse_pcrs(&a.tpm2_pcrs)?;
-    let with_pin = boolean(&a.tpm2_with_pin)?;
+    let kind = match (&a.tokens.tpm2_device, &a.pkcs11_token_uri) {
+        (Some(_), None) => "TPM2",
+        (None, Some(_)) => "PKCS#11",
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "one token at a time: --tpm2-device or --pkcs11-token-uri",
+            ));
+        }
+        (None, None) => {
+            return Err(bad(
+                "say what to enroll: --tpm2-device PATH|auto|TCTI or --pkcs11-token-uri URI",
+            ));
+        }
+    };
     let path = header_path(&a.device, &a.header).to_path_buf();
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = luks2_header(&mut dev, &path)?;
@@ -170,6 +183,39 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
         "Please enter current passphrase for disk: ",
         a.key_slot,
     )?;
+    let (pass, mut token) = if kind == "TPM2" {
+        tpm2_token(&a)?
+    } else {
+        pkcs11_token(a.pkcs11_token_uri.as_deref().unwrap_or_default())?
+    };
+    // A full-entropy secret: the cheapest PBKDF (systemd-cryptenroll's choice too).
+    let kdf = KdfRequest {
+        kind: KdfKind::Pbkdf2,
+        hash: HashAlg::Sha512,
+        iter_time_ms: 0,
+        forced_iterations: Some(1000),
+        memory_kib: 0,
+        parallel: 0,
+    };
+    let slot = hdr.add_keyslot(&mut dev, &vk, &pass, None, &kdf)?;
+    token["keyslots"] = json!([slot.to_string()]);
+    if let Err(e) = hdr.set_token(&mut dev, None, token, false) {
+        // No keyslot without its token: take it back.
+        let _ = hdr.kill_keyslot(&mut dev, slot);
+        return Err(e.into());
+    }
+    eprintln!("New {kind} token enrolled as key slot {slot}.");
+    if let Some(spec) = &a.wipe_slot {
+        wipe(&mut hdr, &mut dev, spec, slot)?;
+    }
+    Ok(())
+}
+
+/// A secret sealed to the TPM: its base64 (the new keyslot's passphrase) and the
+/// systemd-tpm2 token, keyslots to be filled in.
+fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
+    let pcrs = parse_pcrs(&a.tpm2_pcrs)?;
+    let with_pin = boolean(&a.tpm2_with_pin)?;
     let pin = with_pin.then(new_pin).transpose()?;
     let auth = pin
         .as_deref()
@@ -177,7 +223,7 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
         .transpose()?;
     let mut secret = SecretBytes::zeroed(32);
     cryptblk_crypto::random_bytes(&mut secret).map_err(|e| bad(e.to_string()))?;
-    let tcti = cryptblk_tpm2::tcti_for(Some(&device)).map_err(bad)?;
+    let tcti = cryptblk_tpm2::tcti_for(a.tokens.tpm2_device.as_deref()).map_err(bad)?;
     let tpm = cryptblk_tpm2::Tpm::open(&tcti).map_err(bad)?;
     let policy = Policy {
         pcr_bank: alg::SHA256,
@@ -190,23 +236,11 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
     };
     let (private, public, digest) =
         cryptblk_tpm2::seal(&tpm, &from, &policy, &secret).map_err(bad)?;
-    drop(tpm);
-    let pass = SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes());
-    // A full-entropy secret: the cheapest PBKDF (systemd-cryptenroll's choice too).
-    let kdf = KdfRequest {
-        kind: KdfKind::Pbkdf2,
-        hash: HashAlg::Sha512,
-        iter_time_ms: 0,
-        forced_iterations: Some(1000),
-        memory_kib: 0,
-        parallel: 0,
-    };
-    let slot = hdr.add_keyslot(&mut dev, &vk, &pass, None, &kdf)?;
     let mut blob = private;
     blob.extend_from_slice(&public);
     let token = json!({
         "type": "systemd-tpm2",
-        "keyslots": [slot.to_string()],
+        "keyslots": [],
         "tpm2-blob": B64.encode(&blob),
         "tpm2-pcrs": pcrs,
         "tpm2-pcr-bank": "sha256",
@@ -214,16 +248,42 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
         "tpm2-policy-hash": hex::encode(&digest),
         "tpm2-pin": with_pin,
     });
-    if let Err(e) = hdr.set_token(&mut dev, None, token, false) {
-        // No keyslot without its token: take it back.
-        let _ = hdr.kill_keyslot(&mut dev, slot);
-        return Err(e.into());
-    }
-    eprintln!("New TPM2 token enrolled as key slot {slot}.");
-    if let Some(spec) = &a.wipe_slot {
-        wipe(&mut hdr, &mut dev, spec, slot)?;
-    }
-    Ok(())
+    Ok((
+        SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()),
+        token,
+    ))
+}
+
+/// A random key encrypted to the RSA certificate on the token `uri` names, as
+/// systemd-cryptenroll does (half the modulus' size): its base64 (the new keyslot's
+/// passphrase) and the systemd-pkcs11 token, keyslots to be filled in.
+fn pkcs11_token(uri: &str) -> CliResult<(SecretBytes, Value)> {
+    let parsed = cryptblk_pkcs11::Uri::parse(uri).map_err(bad)?;
+    let mut pin_error = None;
+    let cert = cryptblk_pkcs11::certificate(&parsed, &mut |label| match crate::tokens::token_pin(
+        &format!("PKCS#11 token '{}'", label.label),
+    ) {
+        Ok(p) => Some(zeroize::Zeroizing::new(p.to_vec())),
+        Err(e) => {
+            pin_error = Some(e);
+            None
+        }
+    })
+    .map_err(|e| pin_error.take().unwrap_or_else(|| bad(e)))?;
+    let (n, e) = cryptblk_pkcs11::rsa_public_key(&cert).map_err(bad)?;
+    let mut secret = SecretBytes::zeroed(n.len() / 2);
+    cryptblk_crypto::random_bytes(&mut secret).map_err(|e| bad(e.to_string()))?;
+    let sealed = cryptblk_pkcs11::rsa_encrypt_pkcs1(&n, &e, &secret).map_err(bad)?;
+    let token = json!({
+        "type": "systemd-pkcs11",
+        "keyslots": [],
+        "pkcs11-uri": uri,
+        "pkcs11-key": B64.encode(&sealed),
+    });
+    Ok((
+        SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()),
+        token,
+    ))
 }
 
 /// Wipes the keyslots `spec` names, and the tokens left with none.

@@ -1,11 +1,12 @@
 //! Unlocking with LUKS2 tokens instead of a typed passphrase (issue 36): a token names
 //! keyslots and a way to get their passphrase without a person; tokens are tried in
 //! order before any passphrase is asked for, as cryptsetup does, and `--token-only`
-//! asks for none. Each token type is a handler here: clevis (tang, sss and tpm2 pins)
-//! and systemd-tpm2.
+//! asks for none. Each token type is a handler here: clevis (tang, sss and tpm2 pins),
+//! systemd-tpm2 and systemd-pkcs11.
 
 mod clevis;
 mod http;
+mod systemd_pkcs11;
 mod systemd_tpm2;
 
 pub(crate) use systemd_tpm2::pin_auth as tpm2_pin_auth;
@@ -39,7 +40,7 @@ pub(crate) struct TokenArgs {
 
 /// A token's PIN: `$PIN` (as systemd-cryptsetup takes it), else a line of stdin when it is
 /// not a terminal, else asked on the terminal.
-fn token_pin(kind: &str) -> CliResult<SecretBytes> {
+pub(crate) fn token_pin(kind: &str) -> CliResult<SecretBytes> {
     if let Some(pin) = std::env::var_os("PIN") {
         use std::os::unix::ffi::OsStringExt;
         return Ok(SecretBytes::from_vec(pin.into_vec()));
@@ -52,6 +53,7 @@ fn token_passphrase(token: &Value, args: &TokenArgs) -> Option<CliResult<SecretB
     match token["type"].as_str()? {
         "clevis" => Some(clevis::passphrase(token, args)),
         "systemd-tpm2" => Some(systemd_tpm2::passphrase(token, args)),
+        "systemd-pkcs11" => Some(systemd_pkcs11::passphrase(token, args)),
         _ => None,
     }
 }

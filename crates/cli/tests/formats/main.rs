@@ -15,6 +15,7 @@ mod fvault2;
 mod hashes;
 mod loopaes;
 mod luksdump;
+mod pkcs11;
 mod tcrypt;
 mod tokens;
 mod tpm2;

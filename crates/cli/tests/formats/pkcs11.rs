@@ -1,0 +1,293 @@
+//! PKCS#11 tokens (issue 36) against SoftHSM 2 and the real tools: a SoftHSM token in a
+//! temporary directory holds an RSA key and its certificate (imported with pkcs11-tool);
+//! `systemd-cryptenroll --pkcs11-token-uri` enrolls, cryptblk unlocks with the PIN from
+//! `$PIN` or stdin, refuses a wrong one as a wrong passphrase (exit 2), and with the
+//! token gone says so and asks for the passphrase. `cryptblk enroll --pkcs11-token-uri`
+//! enrolls, and cryptsetup's own systemd-pkcs11 plugin unlocks what cryptblk enrolled.
+
+use crate::common::*;
+use std::process::{Command, Output, Stdio};
+
+const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
+
+/// A SoftHSM token ("test", PIN 1234) holding an RSA key and its certificate.
+struct Hsm {
+    dir: tempfile::TempDir,
+    conf: String,
+    uri: String,
+}
+
+impl Hsm {
+    fn new() -> Hsm {
+        assert!(
+            std::path::Path::new(MODULE).exists(),
+            "{MODULE} not found: install the Debian package softhsm2 (scripts/setup.sh does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+        std::fs::create_dir(p("tokens")).unwrap();
+        let conf = p("softhsm2.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\n",
+                p("tokens")
+            ),
+        )
+        .unwrap();
+        let run = |cmd: &str, pkg: &str, args: &[&str]| {
+            ok(&Command::new(tool(cmd, pkg))
+                .args(args)
+                .env("SOFTHSM2_CONF", &conf)
+                .output()
+                .unwrap())
+        };
+        run(
+            "softhsm2-util",
+            "softhsm2",
+            &[
+                "--init-token",
+                "--free",
+                "--label",
+                "test",
+                "--pin",
+                "1234",
+                "--so-pin",
+                "5678",
+            ],
+        );
+        run(
+            "openssl",
+            "openssl",
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &p("key.pem"),
+                "-out",
+                &p("cert.pem"),
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=cryptblk-test",
+            ],
+        );
+        run(
+            "openssl",
+            "openssl",
+            &[
+                "pkcs8",
+                "-topk8",
+                "-nocrypt",
+                "-in",
+                &p("key.pem"),
+                "-outform",
+                "DER",
+                "-out",
+                &p("key.der"),
+            ],
+        );
+        run(
+            "openssl",
+            "openssl",
+            &[
+                "x509",
+                "-in",
+                &p("cert.pem"),
+                "-outform",
+                "DER",
+                "-out",
+                &p("cert.der"),
+            ],
+        );
+        for (file, kind) in [("key.der", "privkey"), ("cert.der", "cert")] {
+            run(
+                "pkcs11-tool",
+                "opensc",
+                &[
+                    "--module",
+                    MODULE,
+                    "--login",
+                    "--pin",
+                    "1234",
+                    "--write-object",
+                    &p(file),
+                    "--type",
+                    kind,
+                    "--id",
+                    "01",
+                    "--label",
+                    "key",
+                ],
+            );
+        }
+        let uri = "pkcs11:token=test".to_owned();
+        Hsm { dir, conf, uri }
+    }
+
+    fn p(&self, n: &str) -> String {
+        self.dir.path().join(n).to_str().unwrap().to_string()
+    }
+
+    /// `cmd` with this SoftHSM as the system's (through p11-kit), `env` set, `stdin` fed.
+    fn run(&self, cmd: &str, args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut c = Command::new(cmd)
+            .args(args)
+            .env("SOFTHSM2_CONF", &self.conf)
+            .env_remove("PIN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = c.stdin.take().unwrap().write_all(stdin);
+        c.wait_with_output().unwrap()
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A LUKS2 image with `pw` in keyslot 0 and 1 MiB of data.
+fn volume(hsm: &Hsm) -> (String, String, Vec<u8>) {
+    let (img, pw) = (hsm.p("v.img"), hsm.p("pw"));
+    std::fs::write(&pw, b"the recovery passphrase").unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
+    a.extend(KDF);
+    a.extend(["--key-file", &pw, &img]);
+    ok(&cryptsetup(&cs, &a));
+    let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 5 + i / 251) as u8).collect();
+    std::fs::write(hsm.p("data"), &data).unwrap();
+    ok(&run_in(
+        bin(),
+        &["import", &img, &hsm.p("data"), "--key-file", &pw],
+        b"",
+    ));
+    (img, pw, data)
+}
+
+#[test]
+fn systemd_pkcs11_tokens_unlock_both_ways_with_softhsm() {
+    let hsm = Hsm::new();
+    let (img, pw, data) = volume(&hsm);
+    let img = img.as_str();
+    let pass = std::fs::read_to_string(&pw).unwrap();
+    // systemd enrolls (token 0, keyslot 1); cryptblk unlocks with the PIN from $PIN or
+    // from stdin, and reads the data.
+    let enroll = tool("systemd-cryptenroll", "systemd");
+    let out = hsm.run(
+        &enroll,
+        &[&format!("--pkcs11-token-uri={}", hsm.uri), img],
+        &[("PIN", "1234"), ("PASSWORD", &pass)],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let cb = |args: &[&str], env: &[(&str, &str)], stdin: &[u8]| hsm.run(bin(), args, env, stdin);
+    let out = cb(
+        &["test-passphrase", "--token-only", img],
+        &[("PIN", "1234")],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("Token 0 (systemd-pkcs11) unlocked keyslot 1"),
+        "{out:?}"
+    );
+    let exported = hsm.p("out");
+    let out = cb(
+        &["export", "--length", "1048576", img, &exported],
+        &[],
+        b"1234\n",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        std::fs::read(&exported).unwrap() == data,
+        "data read by the PKCS#11 token"
+    );
+    let out = cb(
+        &["test-passphrase", "--token-only", img],
+        &[("PIN", "0000")],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr(&out).contains("wrong PIN"), "{out:?}");
+    // cryptblk enrolls (token 1, keyslot 2): cryptsetup's own systemd-pkcs11 plugin
+    // unlocks it, the PIN on stdin.
+    let out = cb(
+        &[
+            "enroll",
+            "--pkcs11-token-uri",
+            &hsm.uri,
+            "--key-file",
+            &pw,
+            img,
+        ],
+        &[("PIN", "1234")],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("New PKCS#11 token enrolled as key slot 2"),
+        "{out:?}"
+    );
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    let out = hsm.run(
+        &cs,
+        &[
+            "open",
+            "--test-passphrase",
+            "--token-only",
+            "--token-id",
+            "1",
+            "-v",
+            img,
+        ],
+        &[],
+        b"1234\n",
+    );
+    assert!(
+        out.status.success(),
+        "cryptsetup's plugin on cryptblk's enrollment: {out:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Key slot 2 unlocked"),
+        "{out:?}"
+    );
+    let out = cb(
+        &["test-passphrase", "--token-only", "--token-id", "1", img],
+        &[("PIN", "1234")],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    // The token gone (another SoftHSM store, empty): said so, then the passphrase.
+    let empty = hsm.p("empty.conf");
+    std::fs::create_dir(hsm.p("none")).unwrap();
+    std::fs::write(
+        &empty,
+        format!("directories.tokendir = {}\n", hsm.p("none")),
+    )
+    .unwrap();
+    let out = cb(
+        &["test-passphrase", img],
+        &[("SOFTHSM2_CONF", &empty), ("PIN", "1234")],
+        pass.as_bytes(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("no PKCS#11 token present matches"),
+        "{out:?}"
+    );
+    assert!(stderr(&out).contains("Key slot 0 unlocked"), "{out:?}");
+}
