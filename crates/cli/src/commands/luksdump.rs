@@ -309,9 +309,71 @@ fn tokens(o: &mut String, j: &Value) {
         {
             let _ = writeln!(o, "\tKey description: {}", text(d));
         }
+        systemd_token_lines(o, kind.as_str(), t);
         for k in list(&t["keyslots"]) {
             let _ = writeln!(o, "\tKeyslot:    {k}");
         }
+    }
+}
+
+/// What systemd's token plugins add to cryptsetup's luksDump (Debian installs them with
+/// cryptsetup): systemd-tpm2 and systemd-pkcs11 tokens' fields, as systemd 252 prints them.
+fn systemd_token_lines(o: &mut String, kind: &str, t: &Value) {
+    let pcrs = |v: &Value| {
+        let p: Vec<String> = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| p.to_string())
+            .collect();
+        if p.is_empty() {
+            "n/a".to_owned()
+        } else {
+            p.join("+")
+        }
+    };
+    // systemd's hex dumps: 16 bytes a line, no space after the last byte of a line.
+    let hex_lines = |o: &mut String, b: &[u8]| {
+        for (i, line) in b.chunks(16).enumerate() {
+            if i > 0 {
+                o.push_str("\n\t            ");
+            }
+            let bytes: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
+            o.push_str(&bytes.join(" "));
+        }
+        o.push('\n');
+    };
+    let b64 = |v: &Value| {
+        v.as_str()
+            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+            .unwrap_or_default()
+    };
+    match kind {
+        "systemd-tpm2" => {
+            let _ = writeln!(o, "\ttpm2-hash-pcrs:   {}", pcrs(&t["tpm2-pcrs"]));
+            let _ = writeln!(o, "\ttpm2-pcr-bank:    {}", text(&t["tpm2-pcr-bank"]));
+            o.push_str("\ttpm2-pubkey:\n\t            ");
+            if t["tpm2_pubkey"].is_string() {
+                hex_lines(o, &b64(&t["tpm2_pubkey"]));
+            } else {
+                o.push_str("(null)\n");
+            }
+            let _ = writeln!(o, "\ttpm2-pubkey-pcrs: {}", pcrs(&t["tpm2_pubkey_pcrs"]));
+            let _ = writeln!(o, "\ttpm2-primary-alg: {}", text(&t["tpm2-primary-alg"]));
+            o.push_str("\ttpm2-blob:        ");
+            hex_lines(o, &b64(&t["tpm2-blob"]));
+            o.push_str("\ttpm2-policy-hash:\n\t            ");
+            let digest =
+                hex::decode(t["tpm2-policy-hash"].as_str().unwrap_or("")).unwrap_or_default();
+            hex_lines(o, &digest);
+            let _ = writeln!(o, "\ttpm2-pin:         {}", t["tpm2-pin"] == true);
+        }
+        "systemd-pkcs11" => {
+            let _ = writeln!(o, "\tpkcs11-uri: {}", text(&t["pkcs11-uri"]));
+            o.push_str("\tpkcs11-key: ");
+            hex_lines(o, &b64(&t["pkcs11-key"]));
+        }
+        _ => {}
     }
 }
 

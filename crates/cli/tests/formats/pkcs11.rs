@@ -271,6 +271,10 @@ fn systemd_pkcs11_tokens_unlock_both_ways_with_softhsm() {
         b"",
     );
     assert!(out.status.success(), "{out:?}");
+    // cryptblk's dump shows both tokens as cryptsetup (with systemd's plugin) does.
+    let dump = ok(&cryptsetup(&cs, &["luksDump", img]));
+    assert!(dump.contains("pkcs11-uri: pkcs11:token=test"), "{dump}");
+    assert_eq!(cb(&["dump", img], &[], b"").stdout, dump.as_bytes());
     // The token gone (another SoftHSM store, empty): said so, then the passphrase.
     let empty = hsm.p("empty.conf");
     std::fs::create_dir(hsm.p("none")).unwrap();

@@ -474,6 +474,8 @@ fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
     let cs = tool("cryptsetup", "cryptsetup-bin");
     let dump = ok(&cryptsetup(&cs, &["luksDump", img]));
     assert_eq!(dump.matches("tpm2-policy-hash:").count(), 4, "{dump}");
+    // And cryptblk's dump shows the tokens as cryptsetup (with systemd's plugin) does.
+    assert_eq!(vol.cb(&["dump", img], &[], b"").stdout, dump.as_bytes());
     // cryptblk unlocks its own enrollments, the PIN one only with its PIN.
     let run = |id: &str, env: &[(&str, &str)]| {
         vol.cb(
