@@ -33,13 +33,36 @@ pub(crate) fn run_at(
     args: &[&str],
     stdin: &[u8],
 ) -> Output {
-    use std::io::Write;
     let mut command = Command::new(cmd);
     if let Some(d) = cwd {
         command.current_dir(d);
     }
+    command.args(args);
+    fed(cmd, command, stdin)
+}
+
+/// [`run_in`] with environment variables set (`Some`) or removed (`None`) first.
+pub(crate) fn run_env(
+    cmd: &str,
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    stdin: &[u8],
+) -> Output {
+    let mut command = Command::new(cmd);
+    command.args(args);
+    for (k, v) in env {
+        match v {
+            Some(v) => command.env(k, v),
+            None => command.env_remove(k),
+        };
+    }
+    fed(cmd, command, stdin)
+}
+
+/// Runs `command` (`cmd`, for messages) with `stdin` fed to it.
+fn fed(cmd: &str, mut command: Command, stdin: &[u8]) -> Output {
+    use std::io::Write;
     let mut child = command
-        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -61,6 +84,56 @@ pub(crate) fn ok(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A LUKS2 image for the token tests: 32 MiB, formatted by cryptsetup (PBKDF2, 1,000
+/// iterations) with the passphrase in the file `pw` (keyslot 0), 1 MiB of data imported.
+pub(crate) struct TokenVolume {
+    pub img: String,
+    pub pw: String,
+    pub data: Vec<u8>,
+}
+
+impl TokenVolume {
+    pub(crate) fn new(dir: &Path) -> TokenVolume {
+        let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+        let (img, pw) = (p("v.img"), p("pw"));
+        std::fs::write(&pw, b"the recovery passphrase").unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let cs = tool("cryptsetup", "cryptsetup-bin");
+        ok(&cryptsetup(
+            &cs,
+            &[
+                "luksFormat",
+                "-q",
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                &pw,
+                &img,
+            ],
+        ));
+        let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + i / 509) as u8).collect();
+        std::fs::write(p("data"), &data).unwrap();
+        ok(&run_in(
+            bin(),
+            &["import", &img, &p("data"), "--key-file", &pw],
+            b"",
+        ));
+        TokenVolume { img, pw, data }
+    }
+
+    /// The passphrase.
+    pub(crate) fn passphrase(&self) -> String {
+        std::fs::read_to_string(&self.pw).unwrap()
+    }
 }
 
 pub(crate) mod ceph;

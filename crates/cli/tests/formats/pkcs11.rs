@@ -6,9 +6,8 @@
 //! enrolls, and cryptsetup's own systemd-pkcs11 plugin unlocks what cryptblk enrolled.
 
 use crate::common::*;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
-const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
 /// A SoftHSM token ("test", PIN 1234) holding an RSA key and its certificate.
@@ -133,21 +132,13 @@ impl Hsm {
         self.dir.path().join(n).to_str().unwrap().to_string()
     }
 
-    /// `cmd` with this SoftHSM as the system's (through p11-kit), `env` set, `stdin` fed.
+    /// `cmd` with this SoftHSM as the system's (through p11-kit), no `$PIN` unless `env`
+    /// sets it, `stdin` fed.
     fn run(&self, cmd: &str, args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Output {
-        use std::io::Write;
-        let mut c = Command::new(cmd)
-            .args(args)
-            .env("SOFTHSM2_CONF", &self.conf)
-            .env_remove("PIN")
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let _ = c.stdin.take().unwrap().write_all(stdin);
-        c.wait_with_output().unwrap()
+        let mut e: Vec<(&str, Option<&str>)> =
+            vec![("SOFTHSM2_CONF", Some(&self.conf)), ("PIN", None)];
+        e.extend(env.iter().map(|&(k, v)| (k, Some(v))));
+        run_env(cmd, args, &e, stdin)
     }
 }
 
@@ -155,33 +146,10 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A LUKS2 image with `pw` in keyslot 0 and 1 MiB of data.
-fn volume(hsm: &Hsm) -> (String, String, Vec<u8>) {
-    let (img, pw) = (hsm.p("v.img"), hsm.p("pw"));
-    std::fs::write(&pw, b"the recovery passphrase").unwrap();
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
-    let cs = tool("cryptsetup", "cryptsetup-bin");
-    let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
-    a.extend(KDF);
-    a.extend(["--key-file", &pw, &img]);
-    ok(&cryptsetup(&cs, &a));
-    let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 5 + i / 251) as u8).collect();
-    std::fs::write(hsm.p("data"), &data).unwrap();
-    ok(&run_in(
-        bin(),
-        &["import", &img, &hsm.p("data"), "--key-file", &pw],
-        b"",
-    ));
-    (img, pw, data)
-}
-
 #[test]
 fn systemd_pkcs11_tokens_unlock_both_ways_with_softhsm() {
     let hsm = Hsm::new();
-    let (img, pw, data) = volume(&hsm);
+    let TokenVolume { img, pw, data } = TokenVolume::new(hsm.dir.path());
     let img = img.as_str();
     let pass = std::fs::read_to_string(&pw).unwrap();
     // systemd enrolls (token 0, keyslot 1); cryptblk unlocks with the PIN from $PIN or

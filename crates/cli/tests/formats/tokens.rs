@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 const TANGD: &str = "/usr/libexec/tangd";
 const KEYGEN: &str = "/usr/libexec/tangd-keygen";
-const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 /// A tang server on 127.0.0.1: tangd (run once per connection) behind socat.
 pub(crate) struct Server {
@@ -88,29 +87,10 @@ impl Lab {
         let dir = tempfile::tempdir().unwrap();
         let cs = tool("cryptsetup", "cryptsetup-bin");
         let clevis = tool("clevis", "clevis clevis-luks");
-        let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
-        let (img, pw) = (p("v.img"), p("pw"));
-        std::fs::write(&pw, b"the recovery passphrase").unwrap();
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(32 << 20)
-            .unwrap();
-        let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
-        a.extend(KDF);
-        a.extend(["--key-file", &pw, &img]);
-        ok(&cryptsetup(&cs, &a));
+        let TokenVolume { img, pw, data } = TokenVolume::new(dir.path());
         ok(&run_in(
             &clevis,
             &["luks", "bind", "-y", "-d", &img, "-k", &pw, pin, config],
-            b"",
-        ));
-        let data: Vec<u8> = (0..1usize << 20)
-            .map(|i| (i * 13 + i / 511) as u8)
-            .collect();
-        std::fs::write(p("data"), &data).unwrap();
-        ok(&run_in(
-            bin(),
-            &["import", &img, &p("data"), "--key-file", &pw],
             b"",
         ));
         Lab {

@@ -13,8 +13,6 @@ use crate::common::*;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const KDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -136,28 +134,9 @@ struct Volume {
 }
 
 impl Volume {
-    /// A LUKS2 image with a passphrase in keyslot 0 and 1 MiB of data.
     fn new() -> Volume {
         let dir = tempfile::tempdir().unwrap();
-        let cs = tool("cryptsetup", "cryptsetup-bin");
-        let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
-        let (img, pw) = (p("v.img"), p("pw"));
-        std::fs::write(&pw, b"the recovery passphrase").unwrap();
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(32 << 20)
-            .unwrap();
-        let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
-        a.extend(KDF);
-        a.extend(["--key-file", &pw, &img]);
-        ok(&cryptsetup(&cs, &a));
-        let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + i / 509) as u8).collect();
-        std::fs::write(p("data"), &data).unwrap();
-        ok(&run_in(
-            bin(),
-            &["import", &img, &p("data"), "--key-file", &pw],
-            b"",
-        ));
+        let TokenVolume { img, pw, data } = TokenVolume::new(dir.path());
         Volume { dir, img, pw, data }
     }
 
@@ -165,20 +144,11 @@ impl Volume {
         self.dir.path().join(n).to_str().unwrap().to_string()
     }
 
-    /// cryptblk with `env` set and `stdin` fed, TSS logging left as cryptblk sets it.
+    /// cryptblk with `env` set (no `$PIN` unless given) and `stdin` fed.
     fn cb(&self, args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> Output {
-        use std::io::Write;
-        let mut c = Command::new(bin())
-            .args(args)
-            .env_remove("PIN")
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let _ = c.stdin.take().unwrap().write_all(stdin);
-        c.wait_with_output().unwrap()
+        let mut e: Vec<(&str, Option<&str>)> = vec![("PIN", None)];
+        e.extend(env.iter().map(|&(k, v)| (k, Some(v))));
+        run_env(bin(), args, &e, stdin)
     }
 }
 
