@@ -27,7 +27,7 @@ fi
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
-cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh "$BIN" "$xfer/"
+cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh "$BIN" "$xfer/"
 # A few of cryptsetup's TrueCrypt/VeraCrypt images (scripts/fetch-cryptsetup-images.sh),
 # for both-way interop with the kernel's TCRYPT mapping.
 tc=target/cryptsetup-tests/tcrypt-images
@@ -40,8 +40,9 @@ fi
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
 PARALLEL=${CRYPTBLK_VM_PARALLEL:-3}
 [[ $PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "tests/vm: CRYPTBLK_VM_PARALLEL=$PARALLEL: a count of 1 or more" >&2; exit 2; }
-names=() titles=() cmds=()
-guest() { names+=("$1"); titles+=("$2"); cmds+=("$3"); }
+names=() titles=() cmds=() tpms=()
+# guest NAME TITLE COMMAND [tpm]: "tpm" gives the guest a TPM 2.0 (vm.sh's CRYPTBLK_VM_TPM).
+guest() { names+=("$1"); titles+=("$2"); cmds+=("$3"); tpms+=("${4:-}"); }
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
   guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt" \
     "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk"
@@ -49,8 +50,8 @@ if [[ " $SUITES " == *" dmcrypt "* ]]; then
     "bash /results/dmcrypt-interop.sh /results/cryptblk families plain loopaes tcrypt"
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
-  guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery" \
-    "bash /results/ublk.sh /results/cryptblk"
+  guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery; TPM2 tokens against systemd's own unlock path" \
+    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk && exit \$u" tpm
 fi
 # The guests only read /results (they work in their own /tmp), so they share it.
 logs=$(mktemp -d /var/tmp/cryptblk-vm-logs.XXXXXX)
@@ -67,7 +68,7 @@ trap 'exit 143' TERM INT
 for i in "${!names[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || true; done
   echo "== VM ${names[$i]}: booting at $SECONDS s: ${titles[$i]}"
-  ( set +e; setsid bash "$VM" run -r "$xfer" "${cmds[$i]}" > "$logs/$i.log" 2>&1 < /dev/null &
+  ( set +e; CRYPTBLK_VM_TPM=${tpms[$i]:+1} setsid bash "$VM" run -r "$xfer" "${cmds[$i]}" > "$logs/$i.log" 2>&1 < /dev/null &
     echo $! > "$logs/$i.pid"; wait $!
     echo $? > "$logs/$i.rc"; rm -f "$logs/$i.pid"
     echo "== VM ${names[$i]}: ended at $SECONDS s (exit $(cat "$logs/$i.rc"))" ) &

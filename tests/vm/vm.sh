@@ -13,7 +13,9 @@
 # Settings (environment): CRYPTBLK_VM_CACHE (default /var/cache/cryptblk-vm; never inside
 # the repository), CRYPTBLK_VM_KERNEL (a linux-image-* package; default the newest
 # *-amd64 one apt knows), CRYPTBLK_VM_MEM (4G), CRYPTBLK_VM_CPUS (2), CRYPTBLK_VM_TIMEOUT
-# (seconds, 1800), CRYPTBLK_VM_ACCEL (auto|kvm|tcg), CRYPTBLK_VM_DEBUG=1 (kernel log).
+# (seconds, 1800), CRYPTBLK_VM_ACCEL (auto|kvm|tcg), CRYPTBLK_VM_DEBUG=1 (kernel log),
+# CRYPTBLK_VM_TPM=1 (a TPM 2.0 in the guest: QEMU's tpm-tis over a host swtpm, fresh for
+# each run; /dev/tpmrm0 there).
 set -euo pipefail
 
 SELF_DIR=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -186,6 +188,19 @@ run() {
     -virtfs "local,path=/,mount_tag=host,$share,readonly=on,multidevs=remap"
     -virtfs "local,path=$job,mount_tag=job,$share")
   [ -n "$results" ] && args+=(-virtfs "local,path=$results,mount_tag=results,$share")
+  local tpm_pid=
+  if [ -n "${CRYPTBLK_VM_TPM:-}" ]; then
+    command -v swtpm > /dev/null || die "CRYPTBLK_VM_TPM needs swtpm (apt-get install swtpm)"
+    mkdir "$job/tpm"
+    swtpm socket --tpm2 --tpmstate "dir=$job/tpm" --ctrl "type=unixio,path=$job/swtpm.sock" \
+      --terminate > "$job/swtpm.log" 2>&1 &
+    tpm_pid=$!
+    trap 'kill $tpm_pid 2>/dev/null; rm -rf "$job"' EXIT
+    for _ in $(seq 100); do [ -S "$job/swtpm.sock" ] && break; sleep 0.05; done
+    [ -S "$job/swtpm.sock" ] || die "swtpm did not start: $(cat "$job/swtpm.log")"
+    args+=(-chardev "socket,id=chrtpm,path=$job/swtpm.sock" -tpmdev emulator,id=tpm0,chardev=chrtpm
+      -device tpm-tis,tpmdev=tpm0)
+  fi
   set +e
   timeout --foreground "$TIMEOUT" qemu-system-x86_64 "${args[@]}" < /dev/null
   rc=$?
