@@ -115,6 +115,7 @@ fn open_memory(size: u64, a: &VolumeArgs) -> CliResult<Opened> {
             key_bits: p.key_len * 8,
             keyslot: None,
             uuid: None,
+            token: None,
         },
         header_file: None,
     })
@@ -381,13 +382,16 @@ fn open_by_token(device: &Path, a: &VolumeArgs, opts: &OpenOptions) -> CliResult
     if tokens.is_empty() && !a.tokens.token_only {
         return Ok(None);
     }
-    crate::tokens::try_tokens(&tokens, &a.tokens, |pass, slot| {
+    crate::tokens::try_tokens(&tokens, &a.tokens, |pass, slot, token| {
         if a.key_slot.is_some_and(|s| s != slot) {
             return None;
         }
         let mut o = opts.clone();
         o.key_slot = Some(slot);
-        cryptblk_volume::open(a.kind, device, &Secret::Passphrase(pass.clone()), &o).ok()
+        let mut opened =
+            cryptblk_volume::open(a.kind, device, &Secret::Passphrase(pass.clone()), &o).ok()?;
+        opened.info.token = Some(token);
+        Some(opened)
     })
 }
 

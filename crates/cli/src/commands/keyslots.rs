@@ -516,7 +516,7 @@ pub(crate) fn test_passphrase(ctx: &Ctx, a: TestArgs) -> CliResult<()> {
     }
     // Tokens first (no key file given), as cryptsetup tries them.
     if a.key.key_file().is_none() {
-        let by_token = crate::tokens::try_tokens(&hdr.tokens(), &a.tokens, |pass, slot| {
+        let by_token = crate::tokens::try_tokens(&hdr.tokens(), &a.tokens, |pass, slot, _| {
             if a.key_slot.is_some_and(|s| s != slot) {
                 return None;
             }

@@ -136,7 +136,7 @@ pub(crate) fn unlock_or_token(
 ) -> CliResult<(u32, SecretBytes)> {
     let asked = tokens.token_only || tokens.token_id.is_some() || tokens.token_type.is_some();
     if asked && key.key_file().is_none() {
-        let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s| {
+        let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s, _| {
             if slot.is_some_and(|want| want != s) {
                 return None;
             }

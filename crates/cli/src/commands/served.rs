@@ -158,6 +158,12 @@ pub(crate) fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         println!("  uuid:    {u}");
     }
     println!("  key location: process memory (pid {})", v["pid"]);
+    if let (Some(id), Some(kind)) = (v["token"]["id"].as_u64(), v["token"]["type"].as_str()) {
+        println!(
+            "  unlocked by: token {id} ({kind}), keyslot {}",
+            v["keyslot"]
+        );
+    }
     println!("  device:  {}", v["device"].as_str().unwrap_or(""));
     println!("  storage: {}", v["storage"].as_str().unwrap_or(""));
     println!("  crypto:  {}", v["backend"].as_str().unwrap_or(""));

@@ -585,6 +585,7 @@ fn status_json(
     let mut v = json!({
         "name": s.name, "device": s.device, "type": s.info.kind,
         "cipher": cipher, "key_bits": s.info.key_bits, "keyslot": s.info.keyslot, "uuid": s.info.uuid,
+        "token": s.info.token.as_ref().map(|(id, kind)| json!({"id": id, "type": kind})),
         "sector_size": sector_size, "backend": backend,
         "storage": vol.storage_description(),
         "offset_sectors": c.data_offset / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),

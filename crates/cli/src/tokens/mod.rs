@@ -59,13 +59,13 @@ fn token_passphrase(token: &Value, args: &TokenArgs) -> Option<CliResult<SecretB
 }
 
 /// Tries each token the options allow, in id order: its passphrase on each keyslot it
-/// names, through `attempt(passphrase, keyslot)`, until one succeeds. A token that cannot
+/// names, through `attempt(passphrase, keyslot, (token id, type))`, until one succeeds. A token that cannot
 /// give a passphrase says why (on stderr) and the next is tried. `Ok(None)`: no token
 /// unlocked, and a passphrase may be asked for; an error with `--token-only`.
 pub(crate) fn try_tokens<T>(
     tokens: &[(u32, Value)],
     args: &TokenArgs,
-    mut attempt: impl FnMut(&SecretBytes, u32) -> Option<T>,
+    mut attempt: impl FnMut(&SecretBytes, u32, (u32, String)) -> Option<T>,
 ) -> CliResult<Option<T>> {
     let mut tried = false;
     // The exit code of the most telling failure (a wrong PIN: 2, as a wrong passphrase).
@@ -97,7 +97,7 @@ pub(crate) fn try_tokens<T>(
         };
         let slots = token["keyslots"].as_array().cloned().unwrap_or_default();
         for s in slots.iter().filter_map(|s| s.as_str()?.parse::<u32>().ok()) {
-            if let Some(done) = attempt(&pass, s) {
+            if let Some(done) = attempt(&pass, s, (*id, kind.to_owned())) {
                 eprintln!("Token {id} ({kind}) unlocked keyslot {s}.");
                 return Ok(Some(done));
             }

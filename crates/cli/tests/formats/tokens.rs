@@ -144,6 +144,16 @@ fn a_clevis_tang_binding_unlocks_without_a_passphrase() {
         std::fs::read(&out).unwrap() == lab.data,
         "data read by token"
     );
+    // Served over NBD, unlocked by the token: `status` says which one.
+    let (sock, run_dir) = (lab.dir.path().join("s.sock"), lab.p("run"));
+    let mut server = serve_nbd_unix(&["open", img, "tv", "--run-dir", &run_dir], &sock, b"");
+    let status = ok(&run_in(bin(), &["status", "tv", "--run-dir", &run_dir], b""));
+    assert!(
+        status.contains("unlocked by: token 0 (clevis), keyslot 1"),
+        "{status}"
+    );
+    ok(&run_in(bin(), &["close", "tv", "--run-dir", &run_dir], b""));
+    assert!(server.wait().unwrap().success());
     // No such token: with --token-only nothing else is tried.
     let refused = lab.cb(&["test-passphrase", "--token-id", "7", "--token-only", img]);
     assert!(!refused.status.success(), "{refused:?}");

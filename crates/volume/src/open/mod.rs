@@ -161,6 +161,8 @@ pub struct VolumeInfo {
     pub keyslot: Option<u32>,
     /// The header's UUID (LUKS; BitLocker's GUID; FileVault 2's family UUID).
     pub uuid: Option<String>,
+    /// The LUKS2 token (id, type) whose passphrase opened it, when one did.
+    pub token: Option<(u32, String)>,
 }
 
 /// An opened volume.
@@ -246,6 +248,7 @@ pub fn open(
                     key_bits: u.header.key_len() * 8,
                     keyslot: u.keyslot,
                     uuid: Some(u.header.uuid().to_string()),
+                    token: None,
                 },
                 volume: u.volume,
                 header_file: Some(u.header_file),
@@ -275,6 +278,7 @@ pub fn open(
                     key_bits: p.key_len * 8,
                     keyslot: None,
                     uuid: None,
+                    token: None,
                 },
                 header_file: None,
             })
@@ -286,6 +290,7 @@ pub fn open(
                 key_bits: opts.loopaes.key_len * 8,
                 keyslot: None,
                 uuid: None,
+                token: None,
             },
             header_file: None,
         }),
@@ -302,6 +307,7 @@ pub fn open(
                     key_bits: u.header.key_bits(),
                     keyslot: None,
                     uuid: None,
+                    token: None,
                 },
                 volume: u.volume,
                 header_file: None,
@@ -325,6 +331,7 @@ pub fn open(
                     key_bits: u.header.encryption.key_bits(),
                     keyslot: None,
                     uuid: Some(u.header.guid.clone()),
+                    token: None,
                 },
                 volume: u.volume,
                 header_file: None,
@@ -343,6 +350,7 @@ pub fn open(
                     key_bits: FVAULT2_KEY_LEN * 8,
                     keyslot: None,
                     uuid: Some(u.header.family_uuid.clone()),
+                    token: None,
                 },
                 volume: u.volume,
                 header_file: None,
