@@ -89,13 +89,21 @@ pub mod template {
         )
     }
 
-    /// A sealed data object whose use needs `policy` only (fixedTPM | fixedParent, no
-    /// userWithAuth), name hash SHA-256.
-    pub fn sealed(policy: &[u8]) -> Wire {
+    /// fixedTPM | fixedParent: a sealed object systemd makes, usable through its policy
+    /// only (no userWithAuth).
+    pub const SYSTEMD_SEALED: u32 = 0x0000_0012;
+    /// fixedTPM | fixedParent | noDA | adminWithPolicy: a sealed object clevis makes
+    /// under a PCR policy (`CLEVIS_SEALED | USER_WITH_AUTH` without one).
+    pub const CLEVIS_SEALED: u32 = 0x0000_0492;
+    /// userWithAuth: the object's authorization value (empty) may be used directly.
+    pub const USER_WITH_AUTH: u32 = 0x0000_0040;
+
+    /// A sealed data object with these attributes, name hash and policy.
+    pub fn sealed(name_hash: u16, attributes: u32, policy: &[u8]) -> Wire {
         Wire::new()
             .u16(alg::KEYEDHASH)
-            .u16(alg::SHA256)
-            .u32(0x0000_0012)
+            .u16(name_hash)
+            .u32(attributes)
             .sized(policy)
             .u16(alg::NULL)
             .sized(&[])

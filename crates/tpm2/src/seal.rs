@@ -118,22 +118,32 @@ pub fn policy_digest(tpm: &Tpm, name_hash: u16, policy: &Policy) -> Result<Vec<u
 }
 
 /// Seals `secret` under `parent` to `policy` (the PCRs' current values, the PIN's hash as
-/// the object's authorization value), as systemd-cryptenroll does: an object only a
-/// policy session can use. Returns its `TPM2B_PRIVATE` and `TPM2B_PUBLIC` (wire form) and
-/// the policy digest.
+/// the object's authorization value): an object of `attributes` (e.g.
+/// [`SYSTEMD_SEALED`](crate::template::SYSTEMD_SEALED)) with name hash `name_hash`, its
+/// policy computed with that hash. Returns its `TPM2B_PRIVATE` and `TPM2B_PUBLIC` (wire
+/// form) and the policy digest.
 #[allow(clippy::type_complexity)]
 pub fn seal(
     tpm: &Tpm,
     to: &Parent,
     policy: &Policy,
+    name_hash: u16,
+    attributes: u32,
     secret: &[u8],
 ) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), Error> {
-    let digest = policy_digest(tpm, alg::SHA256, policy)?;
+    // An object usable with its (empty) authorization value needs no policy; one that
+    // is not gets the policy even when it is empty (all zeros: any policy session).
+    let open = attributes & crate::template::USER_WITH_AUTH != 0;
+    let digest = if open && policy.pcrs.is_empty() && policy.auth.is_none() {
+        Vec::new()
+    } else {
+        policy_digest(tpm, name_hash, policy)?
+    };
     let primary = parent(tpm, to)?;
     let protect = tpm.start_session(Some(&primary), 0, &aes128_cfb(), alg::SHA256, 0x21)?;
     let (private, public) = tpm.seal(
         &primary,
-        &crate::template::sealed(&digest),
+        &crate::template::sealed(name_hash, attributes, &digest),
         policy.auth.unwrap_or_default(),
         secret,
         Some(&protect),
@@ -147,7 +157,7 @@ mod tests {
 
     #[test]
     fn a_sealed_objects_policy_is_read_from_its_public_part() {
-        let public = crate::template::sealed(&[7u8; 32]);
+        let public = crate::template::sealed(alg::SHA256, 0x12, &[7u8; 32]);
         let (name_alg, policy) = name_alg_and_policy(&public.0).unwrap();
         assert_eq!((name_alg, policy), (alg::SHA256, &[7u8; 32][..]));
         assert!(name_alg_and_policy(&public.0[..20]).is_err());

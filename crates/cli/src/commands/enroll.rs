@@ -6,6 +6,8 @@
 //! PKCS#11 token: random bytes encrypted to the RSA certificate on it (the token's private
 //! key decrypts them at unlock), a `systemd-pkcs11` token.
 //!
+//! `--clevis PIN CONFIG` binds as `clevis luks bind` does (tokens/clevis_bind.rs).
+//!
 //! The token is written as systemd 252 writes it (no `tpm2_salt`, no `tpm2_srk`): newer
 //! systemd reads that form too, and 252 (Debian 12) reads no other.
 
@@ -49,6 +51,11 @@ pub(crate) struct EnrollArgs {
     /// systemd-cryptenroll --pkcs11-token-uri; its PIN from $PIN or asked.
     #[arg(long = "pkcs11-token-uri", value_name = "URI")]
     pub pkcs11_token_uri: Option<String>,
+    /// Bind with clevis's PIN (tang, sss, tpm2) and its JSON configuration, as
+    /// `clevis luks bind -d DEVICE PIN CONFIG`; -q trusts a tang server's keys as clevis's
+    /// -y does (else "thp" in the configuration, or asked on the terminal).
+    #[arg(long = "clevis", num_args = 2, value_names = ["PIN", "CONFIG"])]
+    pub clevis: Option<Vec<String>>,
     /// Once enrolled, wipe these keyslots (and their tokens), as systemd-cryptenroll:
     /// numbers, "password" (keyslots no token names), "tpm2" (other systemd-tpm2
     /// tokens' keyslots), "all" (every other keyslot); comma-separated.
@@ -158,17 +165,23 @@ fn slots_to_wipe(spec: &str, hdr: &Value, new_slot: u32) -> CliResult<Vec<u32>> 
 }
 
 pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
-    let kind = match (&a.tokens.tpm2_device, &a.pkcs11_token_uri) {
-        (Some(_), None) => "TPM2",
-        (None, Some(_)) => "PKCS#11",
-        (Some(_), Some(_)) => {
+    let kind = match (
+        a.clevis.is_some(),
+        a.pkcs11_token_uri.is_some(),
+        a.tokens.tpm2_device.is_some(),
+    ) {
+        (true, false, _) => "clevis",
+        (false, true, false) => "PKCS#11",
+        (false, false, true) => "TPM2",
+        (false, false, false) => {
             return Err(bad(
-                "one token at a time: --tpm2-device or --pkcs11-token-uri",
+                "say what to enroll: --tpm2-device PATH|auto|TCTI, --pkcs11-token-uri URI or \
+                 --clevis PIN CONFIG",
             ));
         }
-        (None, None) => {
+        _ => {
             return Err(bad(
-                "say what to enroll: --tpm2-device PATH|auto|TCTI or --pkcs11-token-uri URI",
+                "one token at a time: --tpm2-device, --pkcs11-token-uri or --clevis",
             ));
         }
     };
@@ -183,15 +196,20 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
         "Please enter current passphrase for disk: ",
         a.key_slot,
     )?;
-    let (pass, mut token) = if kind == "TPM2" {
-        tpm2_token(&a)?
-    } else {
-        pkcs11_token(a.pkcs11_token_uri.as_deref().unwrap_or_default())?
+    let (pass, mut token) = match kind {
+        "TPM2" => tpm2_token(&a)?,
+        "clevis" => clevis_token(ctx, &a)?,
+        _ => pkcs11_token(a.pkcs11_token_uri.as_deref().unwrap_or_default())?,
     };
-    // A full-entropy secret: the cheapest PBKDF (systemd-cryptenroll's choice too).
+    // A full-entropy secret: the cheapest PBKDF (systemd-cryptenroll's and clevis's
+    // choice too, with their hashes).
     let kdf = KdfRequest {
         kind: KdfKind::Pbkdf2,
-        hash: HashAlg::Sha512,
+        hash: if kind == "clevis" {
+            HashAlg::Sha256
+        } else {
+            HashAlg::Sha512
+        },
         iter_time_ms: 0,
         forced_iterations: Some(1000),
         memory_kib: 0,
@@ -234,8 +252,15 @@ fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
         key_alg: alg::ECC,
         name_hash: alg::SHA256,
     };
-    let (private, public, digest) =
-        cryptblk_tpm2::seal(&tpm, &from, &policy, &secret).map_err(bad)?;
+    let (private, public, digest) = cryptblk_tpm2::seal(
+        &tpm,
+        &from,
+        &policy,
+        alg::SHA256,
+        cryptblk_tpm2::template::SYSTEMD_SEALED,
+        &secret,
+    )
+    .map_err(bad)?;
     let mut blob = private;
     blob.extend_from_slice(&public);
     let token = json!({
@@ -252,6 +277,25 @@ fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
         SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()),
         token,
     ))
+}
+
+/// A random passphrase (base64 of 32 bytes) in a clevis JWE bound with the pin and
+/// configuration given, and the clevis token holding it, as `clevis luks bind` writes it.
+fn clevis_token(ctx: &Ctx, a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
+    let (pin, config) = match a.clevis.as_deref() {
+        Some([pin, config]) => (pin.as_str(), config.as_str()),
+        _ => return Err(bad("--clevis takes a PIN and its CONFIG")),
+    };
+    let mut secret = SecretBytes::zeroed(32);
+    cryptblk_crypto::random_bytes(&mut secret).map_err(|e| bad(e.to_string()))?;
+    let pass = SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes());
+    let cx = crate::tokens::BindContext {
+        trust: ctx.batch,
+        timeout: std::time::Duration::from_secs(a.tokens.token_timeout.max(1)),
+        tpm2_device: a.tokens.tpm2_device.clone(),
+    };
+    let jwe = crate::tokens::clevis_bind(pin, config, &pass, &cx)?;
+    Ok((pass, json!({"type": "clevis", "keyslots": [], "jwe": jwe})))
 }
 
 /// A random key encrypted to the RSA certificate on the token `uri` names, as

@@ -21,13 +21,13 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 /// P-521 coordinates and scalars: 66 bytes.
-const P521_BYTES: usize = 66;
+pub(super) const P521_BYTES: usize = 66;
 
-fn bad(what: impl std::fmt::Display) -> CliError {
+pub(super) fn bad(what: impl std::fmt::Display) -> CliError {
     CliError::usage(format!("clevis token: {what}"))
 }
 
-fn b64(field: &str, v: &Value) -> CliResult<Vec<u8>> {
+pub(super) fn b64(field: &str, v: &Value) -> CliResult<Vec<u8>> {
     let s = v
         .as_str()
         .ok_or_else(|| bad(format!("'{field}' is not a string")))?;
@@ -36,7 +36,7 @@ fn b64(field: &str, v: &Value) -> CliResult<Vec<u8>> {
 }
 
 /// A P-521 point from a JWK (`kty` EC, `crv` P-521).
-fn point(jwk: &Value) -> CliResult<AffinePoint> {
+pub(super) fn point(jwk: &Value) -> CliResult<AffinePoint> {
     if jwk["kty"] != "EC" || jwk["crv"] != "P-521" {
         return Err(bad(format!(
             "key type {} {} (the tang pin here takes P-521 keys)",
@@ -55,7 +55,7 @@ fn point(jwk: &Value) -> CliResult<AffinePoint> {
 /// elements, and the slice constructor is deprecated only in favour of generic-array 1.x,
 /// which p521 0.13 does not use.
 #[allow(deprecated)]
-fn field_bytes(b: &[u8]) -> FieldBytes {
+pub(super) fn field_bytes(b: &[u8]) -> FieldBytes {
     FieldBytes::clone_from_slice(b)
 }
 
@@ -71,7 +71,7 @@ fn jwk_of(p: &AffinePoint) -> Value {
 }
 
 /// RFC 7638 thumbprint of an EC JWK, with SHA-256 (clevis's default) or SHA-1.
-fn thumbprint(jwk: &Value, sha1: bool) -> String {
+pub(super) fn thumbprint(jwk: &Value, sha1: bool) -> String {
     let canon = format!(
         r#"{{"crv":{},"kty":{},"x":{},"y":{}}}"#,
         jwk["crv"], jwk["kty"], jwk["x"], jwk["y"]
@@ -86,7 +86,7 @@ fn thumbprint(jwk: &Value, sha1: bool) -> String {
 }
 
 /// A random non-zero P-521 scalar.
-fn random_scalar() -> CliResult<Scalar> {
+pub(super) fn random_scalar() -> CliResult<Scalar> {
     loop {
         let mut b = SecretBytes::zeroed(P521_BYTES);
         cryptblk_crypto::random_bytes(&mut b)
@@ -101,7 +101,7 @@ fn random_scalar() -> CliResult<Scalar> {
 }
 
 /// RFC 7518 §4.6.2 Concat KDF, one SHA-256 round: a key of `bits` (at most 256) for `enc`.
-fn concat_kdf(z: &[u8], enc: &str, apu: &[u8], apv: &[u8], bits: u32) -> SecretBytes {
+pub(super) fn concat_kdf(z: &[u8], enc: &str, apu: &[u8], apv: &[u8], bits: u32) -> SecretBytes {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
     h.update(1u32.to_be_bytes());

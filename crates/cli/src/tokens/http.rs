@@ -41,6 +41,21 @@ pub(crate) fn post(
     body: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>, String> {
+    request(url, path, Some((content_type, body)), timeout)
+}
+
+/// GETs `url` + `path`: the response body of a 200 answer, within `timeout`.
+pub(crate) fn get(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+    request(url, path, None, timeout)
+}
+
+/// A POST with `body`, else a GET.
+fn request(
+    url: &str,
+    path: &str,
+    body: Option<(&str, &[u8])>,
+    timeout: Duration,
+) -> Result<Vec<u8>, String> {
     let deadline = Instant::now() + timeout;
     let left = || {
         deadline
@@ -65,11 +80,17 @@ pub(crate) fn post(
         }
     }
     let mut s = stream.ok_or(last)?;
-    let request = format!(
-        "POST {base}{path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
+    let request = match body {
+        Some((content_type, body)) => format!(
+            "POST {base}{path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        ),
+        None => {
+            format!("GET {base}{path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n")
+        }
+    };
+    let body = body.map_or(&[][..], |(_, b)| b);
     s.set_write_timeout(Some(left()?))
         .map_err(|e| e.to_string())?;
     s.write_all(request.as_bytes())

@@ -5,10 +5,12 @@
 //! systemd-tpm2 and systemd-pkcs11.
 
 mod clevis;
+mod clevis_bind;
 mod http;
 mod systemd_pkcs11;
 mod systemd_tpm2;
 
+pub(crate) use clevis_bind::{BindContext, bind as clevis_bind};
 pub(crate) use systemd_tpm2::pin_auth as tpm2_pin_auth;
 
 use crate::error::{CliError, CliResult};

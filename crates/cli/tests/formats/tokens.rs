@@ -147,7 +147,11 @@ fn a_clevis_tang_binding_unlocks_without_a_passphrase() {
     // Served over NBD, unlocked by the token: `status` says which one.
     let (sock, run_dir) = (lab.dir.path().join("s.sock"), lab.p("run"));
     let mut server = serve_nbd_unix(&["open", img, "tv", "--run-dir", &run_dir], &sock, b"");
-    let status = ok(&run_in(bin(), &["status", "tv", "--run-dir", &run_dir], b""));
+    let status = ok(&run_in(
+        bin(),
+        &["status", "tv", "--run-dir", &run_dir],
+        b"",
+    ));
     assert!(
         status.contains("unlocked by: token 0 (clevis), keyslot 1"),
         "{status}"
@@ -302,4 +306,100 @@ fn a_tampered_clevis_token_unlocks_nothing() {
     assert!(!out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("does not decrypt"), "{err}");
+}
+
+/// `cryptblk enroll --clevis` binds as `clevis luks bind` does: clevis's own `luks pass`
+/// gives a passphrase cryptsetup accepts for the new keyslot. A tang server's keys are
+/// trusted with -q, or by the thumbprint of a signing key ("thp"), which the refusal
+/// without a terminal names; a wrong thumbprint is refused.
+#[test]
+fn cryptblk_binds_as_clevis_does() {
+    let keys: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let servers: Vec<Server> = keys
+        .iter()
+        .map(|k| Server::tang(&tang_db(k.path())))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let vol = TokenVolume::new(dir.path());
+    let img = vol.img.as_str();
+    let clevis = tool("clevis", "clevis clevis-luks");
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    // clevis's passphrase for `slot` opens that keyslot in cryptsetup.
+    let clevis_opens = |slot: &str| {
+        let pass = run_in(&clevis, &["luks", "pass", "-d", img, "-s", slot], b"");
+        assert!(
+            pass.status.success(),
+            "clevis luks pass -s {slot}: {pass:?}"
+        );
+        let out = run_in(
+            &cs,
+            &[
+                "open",
+                "--test-passphrase",
+                "-S",
+                slot,
+                "--key-file",
+                "-",
+                img,
+            ],
+            &pass.stdout,
+        );
+        assert!(out.status.success(), "keyslot {slot}: {out:?}");
+    };
+    let tang = format!(r#"{{"url":"{}"}}"#, servers[0].url());
+    let enroll = |extra: &[&str], pin: &str, config: &str| {
+        let mut a = extra.to_vec();
+        a.extend([
+            "enroll",
+            "--clevis",
+            pin,
+            config,
+            "--key-file",
+            &vol.pw,
+            img,
+        ]);
+        run_in(bin(), &a, b"")
+    };
+    // No terminal, no -q, no thp: refused, naming the thumbprints to trust.
+    let refused = enroll(&[], "tang", &tang);
+    assert!(!refused.status.success(), "{refused:?}");
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    let thp = err
+        .split("(one of ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("no thumbprint named: {err}"))
+        .trim()
+        .to_owned();
+    let out = enroll(&["-q"], "tang", &tang);
+    assert!(out.status.success(), "{out:?}");
+    clevis_opens("1");
+    let pinned = format!(r#"{{"url":"{}","thp":"{thp}"}}"#, servers[0].url());
+    let out = enroll(&[], "tang", &pinned);
+    assert!(out.status.success(), "{out:?}");
+    clevis_opens("2");
+    let wrong = format!(r#"{{"url":"{}","thp":"{}"}}"#, servers[1].url(), thp);
+    let out = enroll(&[], "tang", &wrong);
+    assert!(
+        !out.status.success(),
+        "another server's thumbprint: {out:?}"
+    );
+    let sss = format!(
+        r#"{{"t":2,"pins":{{"tang":[{{"url":"{}"}},{{"url":"{}"}}]}}}}"#,
+        servers[0].url(),
+        servers[1].url()
+    );
+    let out = enroll(&["-q"], "sss", &sss);
+    assert!(out.status.success(), "{out:?}");
+    clevis_opens("3");
+    // And cryptblk opens what it bound, each token in turn.
+    for id in ["0", "1", "2"] {
+        let out = run_in(
+            bin(),
+            &["test-passphrase", "--token-only", "--token-id", id, img],
+            b"",
+        );
+        assert!(out.status.success(), "token {id}: {out:?}");
+    }
 }

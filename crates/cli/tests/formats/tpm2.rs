@@ -335,8 +335,48 @@ fn clevis_tpm2_bindings_unlock_alone_and_inside_sss() {
         );
     }
     assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
+    // cryptblk binds with the tpm2 pin too (token 3, keyslot 4): clevis's own `luks
+    // pass` (tpm2-tools) gives a passphrase cryptsetup accepts.
+    let out = vol.cb(
+        &[
+            "enroll",
+            "--clevis",
+            "tpm2",
+            pcr7,
+            "--tpm2-device",
+            &dev,
+            "--key-file",
+            &vol.pw,
+            img,
+        ],
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let pass = Command::new(&clevis)
+        .args(["luks", "pass", "-d", img, "-s", "4"])
+        .env("TPM2TOOLS_TCTI", &dev)
+        .output()
+        .unwrap();
+    assert!(pass.status.success(), "{pass:?}");
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    let out = run_in(
+        &cs,
+        &[
+            "open",
+            "--test-passphrase",
+            "-S",
+            "4",
+            "--key-file",
+            "-",
+            img,
+        ],
+        &pass.stdout,
+    );
+    assert!(out.status.success(), "{out:?}");
+    tpm.reboot();
     tpm.extend_pcr7();
-    for id in ["0", "2"] {
+    for id in ["0", "2", "3"] {
         let out = vol.cb(
             &[
                 "test-passphrase",
