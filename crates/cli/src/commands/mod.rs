@@ -149,6 +149,28 @@ pub(crate) fn unlock_or_token(
     unlock(hdr, dev, &key.source(), prompt, slot)
 }
 
+/// The passphrase a token gives when the token options ask for one (and no key file is
+/// given), else the one typed or read: for commands that need the passphrase itself
+/// (reencrypt gives the new keyslot the same one), not just the volume key.
+pub(crate) fn passphrase_or_token(
+    hdr: &dyn LuksHeader,
+    dev: &mut dyn Storage,
+    key: &crate::args::KeyArgs,
+    tokens: &crate::tokens::TokenArgs,
+    prompt: &str,
+) -> CliResult<SecretBytes> {
+    let asked = tokens.token_only || tokens.token_id.is_some() || tokens.token_type.is_some();
+    if asked && key.key_file().is_none() {
+        let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s, _| {
+            hdr.unlock(dev, pass, Some(s)).ok().map(|_| pass.clone())
+        })?;
+        if let Some(pass) = by_token {
+            return Ok(pass);
+        }
+    }
+    get_passphrase(&key.source(), prompt, false)
+}
+
 /// The LUKS2 header of `path` (what unbound keys and keyslot ciphers need).
 pub(crate) fn luks2_header(
     dev: &mut dyn Storage,

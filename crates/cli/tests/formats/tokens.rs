@@ -403,3 +403,63 @@ fn cryptblk_binds_as_clevis_does() {
         assert!(out.status.success(), "token {id}: {out:?}");
     }
 }
+
+/// Tokens on the other commands and device kinds: `reencrypt --token-only -S 1` takes
+/// the passphrase of the keyslot it keeps from the token (the token follows the new
+/// keyslot, so it still unlocks after), and a volume reached as `nbd+unix://` (nbdkit serving the image) opens by its
+/// token as a local one does.
+#[test]
+fn tokens_reencrypt_and_unlock_remote_devices() {
+    let keys = tempfile::tempdir().unwrap();
+    let server = Server::tang(&tang_db(keys.path()));
+    let lab = Lab::bound(&server.url());
+    let img = lab.img.as_str();
+    let out = lab.cb(&[
+        "reencrypt",
+        "--token-only",
+        "--key-slot",
+        "1",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        img,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let dump = ok(&cryptsetup(&lab.cs, &["luksDump", img]));
+    assert!(!dump.contains("reencrypt"), "finished: {dump}");
+    let out = lab.cb(&["test-passphrase", "--token-only", img]);
+    assert!(
+        out.status.success(),
+        "the token follows the new keyslot: {out:?}"
+    );
+    let back = lab.p("back");
+    ok(&lab.cb(&["export", "--length", "1048576", img, &back]));
+    assert!(
+        std::fs::read(&back).unwrap() == lab.data,
+        "data after reencryption"
+    );
+    // The same volume over NBD.
+    let sock = lab.dir.path().join("nbd.sock");
+    let mut nbdkit = Command::new(tool("nbdkit", "nbdkit"))
+        .args(["--foreground", "--exit-with-parent", "--unix"])
+        .arg(&sock)
+        .args(["file", &format!("file={img}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "nbdkit did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let out = lab.cb(&["test-passphrase", "--token-only", &uri]);
+    assert!(out.status.success(), "{out:?}");
+    let remote_back = lab.p("remote-back");
+    ok(&lab.cb(&["export", "--length", "1048576", &uri, &remote_back]));
+    assert!(std::fs::read(&remote_back).unwrap() == lab.data);
+    let _ = nbdkit.kill();
+    let _ = nbdkit.wait();
+}

@@ -27,6 +27,10 @@ pub(crate) struct ReencryptArgs {
     pub device: PathBuf,
     #[command(flatten)]
     pub key: KeyArgs,
+    /// Reencrypting a LUKS2 volume: its passphrase from a token (--token-id,
+    /// --token-type, --token-only); the token follows the new keyslot.
+    #[command(flatten)]
+    pub tokens: crate::tokens::TokenArgs,
     #[command(flatten)]
     pub header: HeaderArgs,
     #[command(flatten)]
@@ -213,6 +217,7 @@ pub(crate) fn from_wire(v: &serde_json::Value, device: &std::path::Path) -> Reen
     ReencryptArgs {
         device: device.to_path_buf(),
         key: KeyArgs::default(),
+        tokens: crate::tokens::TokenArgs::default(),
         header: HeaderArgs::default(),
         kdf: KdfArgs {
             pbkdf: s("pbkdf"),
@@ -398,7 +403,13 @@ pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
                 "Device reencryption not in progress."
             }));
         }
-        let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
+        let pass = super::passphrase_or_token(
+            &hdr,
+            &mut hdev,
+            &a.key,
+            &a.tokens,
+            "Enter passphrase for key slot: ",
+        )?;
         if !job.init(&mut hdr, &mut hdev, data_size, &pass, ctx.verbose)? {
             return Ok(());
         }

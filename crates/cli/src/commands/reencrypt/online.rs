@@ -7,7 +7,6 @@ use crate::commands::reencrypt::{Job, ReencryptArgs, show_progress, to_wire};
 use crate::control::{Reply, Request, ask};
 use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, EXIT_USAGE};
-use crate::passphrase::get_passphrase;
 use crate::rundir::{self, existing_run_dir};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,7 +62,18 @@ pub(crate) fn reencrypt_served(
              (--init-only), then open it and run `reencrypt --resume-only` online",
         ));
     }
-    let pass = get_passphrase(&a.key.source(), "Enter passphrase for key slot: ", false)?;
+    let pass = {
+        // The header read here only for its tokens; the server unlocks with the result.
+        let mut hdev = crate::commands::open_header(ctx, &a.device, &a.header, false)?;
+        let hdr = crate::commands::load(&mut hdev, &a.device)?;
+        crate::commands::passphrase_or_token(
+            &*hdr,
+            &mut hdev,
+            &a.key,
+            &a.tokens,
+            "Enter passphrase for key slot: ",
+        )?
+    };
     let req = Request::Reencrypt {
         passphrase: Zeroizing::new(pass.to_vec()),
         job: to_wire(a),
