@@ -195,7 +195,7 @@ run() {
     swtpm socket --tpm2 --tpmstate "dir=$job/tpm" --ctrl "type=unixio,path=$job/swtpm.sock" \
       --terminate > "$job/swtpm.log" 2>&1 &
     tpm_pid=$!
-    trap 'kill $tpm_pid 2>/dev/null; rm -rf "$job"' EXIT
+    trap 'kill $tpm_pid 2>/dev/null || true; rm -rf "$job"' EXIT
     for _ in $(seq 100); do [ -S "$job/swtpm.sock" ] && break; sleep 0.05; done
     [ -S "$job/swtpm.sock" ] || die "swtpm did not start: $(cat "$job/swtpm.log")"
     args+=(-chardev "socket,id=chrtpm,path=$job/swtpm.sock" -tpmdev emulator,id=tpm0,chardev=chrtpm
