@@ -83,7 +83,10 @@ pub(crate) fn try_tokens<T>(
         }
         let kind = token["type"].as_str().unwrap_or("?");
         let Some(pass) = token_passphrase(token, args) else {
-            if args.token_id.is_some() || args.token_type.is_some() {
+            // A type that unlocks elsewhere (systemd's FIDO2 tokens) says so, so that a
+            // volume bound only to one does not just ask for a passphrase in silence;
+            // others (a kernel keyring token) only when asked for.
+            if kind == "systemd-fido2" || args.token_id.is_some() || args.token_type.is_some() {
                 eprintln!("Token {id} of type {kind} is not supported yet.");
             }
             continue;

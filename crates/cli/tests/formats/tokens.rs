@@ -158,6 +158,33 @@ fn a_clevis_tang_binding_unlocks_without_a_passphrase() {
     );
     ok(&run_in(bin(), &["close", "tv", "--run-dir", &run_dir], b""));
     assert!(server.wait().unwrap().success());
+    // A token type cryptblk cannot use yet says so, and the passphrase is asked for.
+    let fido = lab.p("fido.json");
+    std::fs::write(
+        &fido,
+        r#"{"type":"systemd-fido2","keyslots":["0"],"fido2-credential":"AA==","fido2-salt":"AA==","fido2-rp":"io.systemd.cryptsetup"}"#,
+    )
+    .unwrap();
+    ok(&cryptsetup(
+        &lab.cs,
+        &[
+            "token",
+            "import",
+            "--token-id",
+            "5",
+            "--json-file",
+            &fido,
+            img,
+        ],
+    ));
+    let pass = std::fs::read(&lab.pw).unwrap();
+    let out = run_in(bin(), &["test-passphrase", "--token-id", "5", img], &pass);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Token 5 of type systemd-fido2 is not supported yet"),
+        "{err}"
+    );
     // No such token: with --token-only nothing else is tried.
     let refused = lab.cb(&["test-passphrase", "--token-id", "7", "--token-only", img]);
     assert!(!refused.status.success(), "{refused:?}");
