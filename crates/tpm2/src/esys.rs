@@ -42,11 +42,9 @@ type FnPolicyPcr = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr, P, P) -> Rc;
 type FnPolicy = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr) -> Rc;
 type FnGetDigest = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr, Out) -> Rc;
 type FnSetAuth = unsafe extern "C" fn(Ctx, Tr, P) -> Rc;
-type FnFromPublic = unsafe extern "C" fn(Ctx, u32, Tr, Tr, Tr, *mut Tr) -> Rc;
 type FnClose = unsafe extern "C" fn(Ctx, *mut Tr) -> Rc;
 type FnDeserialize = unsafe extern "C" fn(Ctx, *const u8, usize, *mut Tr) -> Rc;
 type FnUnseal = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr, Out) -> Rc;
-type FnPcrRead = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, P, *mut u32, Out, Out) -> Rc;
 type FnFlush = unsafe extern "C" fn(Ctx, Tr) -> Rc;
 type FnFree = unsafe extern "C" fn(*mut c_void);
 
@@ -65,11 +63,9 @@ struct Lib {
     policy_auth_value: FnPolicy,
     policy_get_digest: FnGetDigest,
     tr_set_auth: FnSetAuth,
-    tr_from_tpm_public: FnFromPublic,
     tr_close: FnClose,
     tr_deserialize: FnDeserialize,
     unseal: FnUnseal,
-    pcr_read: FnPcrRead,
     flush_context: FnFlush,
     /// `Esys_Free` (tpm2-tss 2.4+); else the C library's `free`, which it wraps.
     free: Option<FnFree>,
@@ -151,11 +147,9 @@ impl Lib {
             policy_auth_value: sym!(esys, "Esys_PolicyAuthValue", FnPolicy),
             policy_get_digest: sym!(esys, "Esys_PolicyGetDigest", FnGetDigest),
             tr_set_auth: sym!(esys, "Esys_TR_SetAuth", FnSetAuth),
-            tr_from_tpm_public: sym!(esys, "Esys_TR_FromTPMPublic", FnFromPublic),
             tr_close: sym!(esys, "Esys_TR_Close", FnClose),
             tr_deserialize: sym!(esys, "Esys_TR_Deserialize", FnDeserialize),
             unseal: sym!(esys, "Esys_Unseal", FnUnseal),
-            pcr_read: sym!(esys, "Esys_PCR_Read", FnPcrRead),
             flush_context: sym!(esys, "Esys_FlushContext", FnFlush),
             free: symbol(esys, "Esys_Free").map(|p| {
                 // SAFETY: Esys_Free takes the pointer to free, as its prototype says.
@@ -369,21 +363,6 @@ impl Tpm {
         };
         check("Esys_CreatePrimary", rc)?;
         Ok(self.object(tr))
-    }
-
-    /// The persistent key at `handle` (e.g. 0x81000001, the storage root key), if any.
-    pub fn persistent(&self, handle: u32) -> Result<Object<'_>, Error> {
-        let mut tr = TR_NONE;
-        // SAFETY: a live context; `tr` receives the handle.
-        let rc = unsafe {
-            (self.lib.tr_from_tpm_public)(self.esys, handle, TR_NONE, TR_NONE, TR_NONE, &mut tr)
-        };
-        check("Esys_TR_FromTPMPublic", rc)?;
-        Ok(Object {
-            tpm: self,
-            tr,
-            persistent: true,
-        })
     }
 
     /// A persistent key by its ESAPI serialization (`Esys_TR_Serialize`, as systemd 254+
@@ -608,58 +587,6 @@ impl Tpm {
         check("Esys_Unseal", rc)?;
         let w = self.lib.marshal_and_free("TPM2B_SENSITIVE_DATA", out)?;
         Ok(Zeroizing::new(w.get(2..).unwrap_or_default().to_vec()))
-    }
-
-    /// The current values of `pcrs` in the bank `hash`, in PCR order.
-    pub fn pcr_values(&self, hash: u16, pcrs: &[u32]) -> Result<Vec<Vec<u8>>, Error> {
-        let mut values = Vec::new();
-        // PCR_Read answers at most 8 PCRs at a time: ask again for what is left.
-        let mut left: Vec<u32> = pcrs.to_vec();
-        left.sort_unstable();
-        left.dedup();
-        while !left.is_empty() {
-            let sel = self.lib.unmarshal(
-                "TPML_PCR_SELECTION",
-                &crate::wire::pcr_selection(hash, &left).0,
-            )?;
-            let (mut counter, mut sel_out, mut digests) =
-                (0u32, std::ptr::null_mut(), std::ptr::null_mut());
-            // SAFETY: an unmarshalled selection; both outputs are ESAPI-allocated.
-            let rc = unsafe {
-                (self.lib.pcr_read)(
-                    self.esys,
-                    TR_NONE,
-                    TR_NONE,
-                    TR_NONE,
-                    sel.0.as_ptr().cast(),
-                    &mut counter,
-                    &mut sel_out,
-                    &mut digests,
-                )
-            };
-            check("Esys_PCR_Read", rc)?;
-            let sel_out = self.lib.marshal_and_free("TPML_PCR_SELECTION", sel_out)?;
-            let digests = self.lib.marshal_and_free("TPML_DIGEST", digests)?;
-            // The PCRs answered: the selection's bitmap (count, hash, size, bits...).
-            let bits = sel_out.get(7..).unwrap_or_default();
-            let answered: Vec<u32> = (0..bits.len() as u32 * 8)
-                .filter(|&p| bits[p as usize / 8] & (1 << (p % 8)) != 0)
-                .collect();
-            if answered.is_empty() {
-                return Err(Error::Format(format!(
-                    "the TPM has no PCRs {left:?} in bank {hash:#x}"
-                )));
-            }
-            let mut rest = digests.get(4..).unwrap_or_default();
-            for _ in &answered {
-                let (d, r) = crate::wire::split_sized(rest)
-                    .ok_or_else(|| Error::Format("a short TPML_DIGEST".into()))?;
-                values.push(d[2..].to_vec());
-                rest = r;
-            }
-            left.retain(|p| !answered.contains(p));
-        }
-        Ok(values)
     }
 }
 

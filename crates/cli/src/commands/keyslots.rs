@@ -265,10 +265,7 @@ pub(crate) fn change_key(ctx: &Ctx, a: AddKeyArgs) -> CliResult<()> {
         (a.new_key_slot.is_some(), "--new-key-slot"),
         (a.volume_key_file.is_some(), "--volume-key-file"),
         // A token's keyslot changed to another passphrase would leave the token broken.
-        (
-            a.tokens.token_only || a.tokens.token_id.is_some() || a.tokens.token_type.is_some(),
-            "--token-*",
-        ),
+        (a.tokens.asked(), "--token-*"),
     ] {
         if set {
             return Err(CliError::usage(format!(

@@ -134,8 +134,7 @@ pub(crate) fn unlock_or_token(
     prompt: &str,
     slot: Option<u32>,
 ) -> CliResult<(u32, SecretBytes)> {
-    let asked = tokens.token_only || tokens.token_id.is_some() || tokens.token_type.is_some();
-    if asked && key.key_file().is_none() {
+    if tokens.asked() && key.key_file().is_none() {
         let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s, _| {
             if slot.is_some_and(|want| want != s) {
                 return None;
@@ -159,8 +158,7 @@ pub(crate) fn passphrase_or_token(
     tokens: &crate::tokens::TokenArgs,
     prompt: &str,
 ) -> CliResult<SecretBytes> {
-    let asked = tokens.token_only || tokens.token_id.is_some() || tokens.token_type.is_some();
-    if asked && key.key_file().is_none() {
+    if tokens.asked() && key.key_file().is_none() {
         let by_token = crate::tokens::try_tokens(&hdr.tokens(), tokens, |pass, s, _| {
             hdr.unlock(dev, pass, Some(s)).ok().map(|_| pass.clone())
         })?;

@@ -40,6 +40,14 @@ pub(crate) struct TokenArgs {
     pub tpm2_device: Option<String>,
 }
 
+impl TokenArgs {
+    /// Whether a token option asks for tokens (the commands that change or show the key
+    /// use them only then).
+    pub(crate) fn asked(&self) -> bool {
+        self.token_only || self.token_id.is_some() || self.token_type.is_some()
+    }
+}
+
 /// A token's PIN: `$PIN` (as systemd-cryptsetup takes it), else a line of stdin when it is
 /// not a terminal, else asked on the terminal.
 pub(crate) fn token_pin(kind: &str) -> CliResult<SecretBytes> {
