@@ -198,8 +198,10 @@ def run_suite(name, src, tool, real, out):
     mapper = work / "mapper"
     mapper.mkdir(mode=0o700)
     trace = work / "trace"
-    rundir = work / "run"
-    rundir.mkdir(mode=0o700)
+    # The run directory holds the served volumes' sockets, whose paths must fit a unix
+    # socket address (108 bytes): it lives under /tmp, not under the checkout (whose path
+    # can be any length), and goes when the script is done.
+    rundir = Path(tempfile.mkdtemp(prefix="cbrun-", dir="/tmp"))
     env = dict(os.environ)
     env.update(
         {
@@ -234,6 +236,7 @@ def run_suite(name, src, tool, real, out):
             stdin=subprocess.DEVNULL,
             capture_output=True,
         )
+    shutil.rmtree(rundir, ignore_errors=True)
     in_function = function_lines(text)
     lines = text.splitlines()
     ran, failed, skipped = set(), {}, {}

@@ -243,6 +243,7 @@ impl Drop for UmaskGuard {
 /// (see [`check_ancestors`]); with `access.gid` it is given to that group (`lchown`: never
 /// through a link).
 pub(crate) fn bind_socket(path: &Path, access: SocketAccess) -> CliResult<UnixListener> {
+    check_socket_path_length(path)?;
     check_ancestors(path)?;
     let l = {
         let _mask = UmaskGuard::set(!access.mode & 0o777);
@@ -252,6 +253,24 @@ pub(crate) fn bind_socket(path: &Path, access: SocketAccess) -> CliResult<UnixLi
         std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|e| io_err(path, e))?;
     }
     Ok(l)
+}
+
+/// The longest path a unix socket address holds (`sun_path` is 108 bytes with its NUL).
+const SOCKET_PATH_MAX: usize = 107;
+
+/// A socket path too long for a unix socket address is refused up front, with what to do
+/// about it (the kernel's own answer is a bare EINVAL).
+pub(crate) fn check_socket_path_length(path: &Path) -> CliResult<()> {
+    let len = path.as_os_str().len();
+    if len <= SOCKET_PATH_MAX {
+        return Ok(());
+    }
+    Err(CliError::usage(format!(
+        "{}: a unix socket path holds at most {SOCKET_PATH_MAX} bytes and this one has {len}: \
+         name a shorter one (--nbd unix:PATH), or a shorter run directory (--run-dir, \
+         $XDG_RUNTIME_DIR)",
+        path.display()
+    )))
 }
 
 /// `--socket-mode` (octal, e.g. 660) and `--socket-group` (name or number).

@@ -302,6 +302,9 @@ fn claim(a: &mut OpenArgs) -> CliResult<Claimed> {
     }
     let mut frontend = choose(a)?;
     let dir = rundir::private_run_dir(&a.run_dir)?;
+    // The control socket is bound only once the volume is unlocked: a path it cannot
+    // have is refused before a passphrase is asked for.
+    rundir::check_socket_path_length(&dir.join(format!("{}.ctl", a.name)))?;
     let name = claim_name(&dir, &a.name)?;
     frontend.prepare(a, &dir)?;
     Ok(Claimed {

@@ -22,7 +22,9 @@ enum Listen {
 
 fn parse_nbd(spec: &str) -> CliResult<Listen> {
     if let Some(p) = spec.strip_prefix("unix:") {
-        return Ok(Listen::Unix(PathBuf::from(p)));
+        let p = PathBuf::from(p);
+        rundir::check_socket_path_length(&p)?;
+        return Ok(Listen::Unix(p));
     }
     if let Some(a) = spec.strip_prefix("tcp:") {
         return Ok(Listen::Tcp(a.to_string()));

@@ -236,6 +236,36 @@ fn a_regular_file_at_the_socket_path_survives_and_a_stale_socket_is_replaced() {
 }
 
 #[test]
+fn a_socket_path_too_long_for_a_unix_address_is_refused_before_unlocking() {
+    let dir = tempfile::tempdir().unwrap();
+    // 120 bytes and more: past the 107 a unix socket address holds.
+    let deep = dir.path().join("d".repeat(60)).join("e".repeat(60));
+    std::fs::create_dir_all(&deep).unwrap();
+    let (img, _) = luks_image(dir.path(), 16 << 20);
+    let short_run = dir.path().join("run");
+    for (nbd, run) in [
+        (deep.join("vol.sock"), short_run.clone()),
+        (dir.path().join("vol.sock"), deep.join("run")),
+    ] {
+        // No passphrase on stdin: the refusal must come before one is asked for.
+        let o = cb(&[
+            "open",
+            &img,
+            "vol",
+            "--nbd",
+            &format!("unix:{}", nbd.display()),
+            "--run-dir",
+            run.to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "served on {}", nbd.display());
+        assert!(err.contains("holds at most 107 bytes"), "{err}");
+        assert!(!err.contains("passphrase"), "asked before refusing: {err}");
+        assert!(!nbd.exists());
+    }
+}
+
+#[test]
 fn daemon_takes_its_key_file_from_stdin() {
     let dir = tempfile::tempdir().unwrap();
     let (img, pw) = luks_image(dir.path(), 32 << 20);
