@@ -42,6 +42,9 @@ for lib in libtss2-esys.so.0:libtss2-esys-3.0.2-0 libtss2-mu.so.0:libtss2-mu0 \
   libtss2-tctildr.so.0:libtss2-tctildr0 libtss2-tcti-swtpm.so.0:libtss2-tcti-swtpm0; do
   ldconfig -p | grep -q "${lib%%:*}" || need+=("${lib#*:}")
 done
+# FIDO2 tokens: libfido2, which cryptblk and systemd load at run time (the key itself is a
+# software one on a virtual HID device in the test VM: tests/tools/fido2-authenticator).
+ldconfig -p | grep -q libfido2.so.1 || need+=(libfido2-1)
 # A throwaway Ceph cluster for the RBD tests (tests/ceph/cluster.sh) and librbd's own
 # encryption to check against (python3-rbd, for Debian's system Python).
 have ceph-mon || need+=(ceph-mon)

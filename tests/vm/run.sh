@@ -28,6 +28,17 @@ fi
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
 cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh "$BIN" "$xfer/"
+# The software FIDO2 key the token tests plug in (a test tool with its own lock file,
+# never linked into cryptblk: tests/tools/fido2-authenticator). Built here; tokens.sh says
+# FAIL if it is missing.
+if [[ " ${CRYPTBLK_VM_TESTS:-dmcrypt ublk} " == *" ublk "* ]]; then
+  fa=tests/tools/fido2-authenticator
+  if cargo build --release --quiet --locked --manifest-path "$fa/Cargo.toml" --target-dir target/test-tools; then
+    cp target/test-tools/release/fido2-authenticator "$xfer/"
+  else
+    echo "tests/vm: the software FIDO2 key ($fa) did not build: the FIDO2 token checks will fail" >&2
+  fi
+fi
 # A few of cryptsetup's TrueCrypt/VeraCrypt images (scripts/fetch-cryptsetup-images.sh),
 # for both-way interop with the kernel's TCRYPT mapping.
 tc=target/cryptsetup-tests/tcrypt-images
@@ -51,7 +62,7 @@ if [[ " $SUITES " == *" dmcrypt "* ]]; then
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
   guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery; TPM2 tokens against systemd's own unlock path" \
-    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk && exit \$u" tpm
+    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk /results/fido2-authenticator && exit \$u" tpm
 fi
 # The guests only read /results (they work in their own /tmp), so they share it.
 logs=$(mktemp -d /var/tmp/cryptblk-vm-logs.XXXXXX)

@@ -4,10 +4,14 @@
 # cryptblk's, both ways: cryptblk enrolls, and cryptsetup's systemd-tpm2 plugin (which
 # only reaches a kernel TPM) maps the volume with dm-crypt, no passphrase; systemd-
 # cryptenroll enrolls, and cryptblk opens it with --tpm2-device auto (the first
-# /dev/tpmrm*). Then a PCR moves and both refuse.
-# usage: tokens.sh /path/to/cryptblk
+# /dev/tpmrm*). Then a PCR moves and both refuse. Then FIDO2, over a software security
+# key on a virtual HID device (uhid; tests/tools/fido2-authenticator): systemd-cryptenroll
+# enrolls and cryptblk unlocks; cryptblk enrolls and cryptsetup's systemd-fido2 plugin maps
+# the volume; a wrong PIN, the token's flags, and a second key without the credential.
+# usage: tokens.sh /path/to/cryptblk [/path/to/fido2-authenticator]
 set -uo pipefail
 CB=$1
+FA=${2:-}
 modprobe tpm_tis 2>/dev/null
 modprobe dm_crypt 2>/dev/null
 modprobe loop 2>/dev/null
@@ -47,5 +51,84 @@ check "cryptsetup's plugin refuses after the PCR moved" \
   bash -c "! cryptsetup open --test-passphrase --token-only v.img < /dev/null > /dev/null 2>&1"
 check "cryptblk refuses after the PCR moved, and says why" \
   bash -c "! '$CB' test-passphrase --token-only v.img < /dev/null 2> err && grep -q 'PCRs do not hold' err"
-echo "tokens: $pass passed, $fail failed"
+
+echo "== tokens: systemd-fido2 both ways (at ${SECONDS}s)"
+fido_keys=()
+stop_keys() { for k in "${fido_keys[@]}"; do kill "$k" 2>/dev/null; done; }
+trap stop_keys EXIT
+# start_key NAME [ARGS]: a software FIDO2 key; its hidraw path in $KEY_PATH.
+start_key() {
+  local name=$1; shift
+  local before; before=$(ls /sys/class/hidraw 2>/dev/null)
+  "$FA" "$@" > "$name.out" 2> "$name.log" &
+  fido_keys+=($!)
+  KEY_PATH=
+  for _ in $(seq 100); do
+    for h in $(ls /sys/class/hidraw 2>/dev/null); do
+      case " $(echo $before) " in *" $h "*) ;; *) [ -e "/dev/$h" ] && KEY_PATH=/dev/$h ;; esac
+    done
+    [ -n "$KEY_PATH" ] && return 0
+    sleep 0.1
+  done
+  echo "no hidraw device from $FA: $(cat "$name.log")"
+  return 1
+}
+if [ -z "$FA" ] || [ ! -x "$FA" ]; then
+  echo "FAIL fido2: no software FIDO2 key to test with (tests/tools/fido2-authenticator was not built)"
+  fail=$((fail+1))
+elif ! modprobe uhid 2>/dev/null || ! { modprobe hid_generic 2>/dev/null; start_key key1 --pin 4321; }; then
+  echo "FAIL fido2: the guest cannot make a virtual HID device (uhid, hid-generic)"
+  fail=$((fail+1))
+else
+  KEY1=$KEY_PATH
+  printf 'recovery passphrase' > pw
+  truncate -s 32M f.img
+  quiet cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw f.img
+  quiet "$CB" import f.img data --key-file pw
+  # systemd-cryptenroll 252 takes the key's PIN from a credential only (no $PIN).
+  mkdir -p creds && printf 4321 > creds/fido2-pin
+  check "systemd-cryptenroll enrolls the FIDO2 key (PIN and presence)" \
+    quiet env PASSWORD="recovery passphrase" CREDENTIALS_DIRECTORY=$PWD/creds \
+    systemd-cryptenroll --fido2-device="$KEY1" f.img
+  check "cryptblk unlocks systemd's FIDO2 enrollment with the PIN" \
+    quiet env PIN=4321 "$CB" test-passphrase --token-only --token-type systemd-fido2 f.img
+  check "a wrong PIN: refused with exit 2, and said so" bash -c \
+    "PIN=0000 '$CB' test-passphrase --token-only f.img < /dev/null 2> err; rc=\$?; [ \$rc -eq 2 ] && grep -q 'wrong PIN' err"
+  check "cryptblk's dump prints systemd's FIDO2 token as cryptsetup's luksDump does" \
+    bash -c "cryptsetup luksDump f.img > cs.dump && '$CB' dump f.img > cb.dump && diff cs.dump cb.dump"
+  check "cryptblk enrolls the key (PIN and presence, as systemd does)" \
+    quiet env PIN=4321 "$CB" enroll --fido2-device "$KEY1" --key-file pw f.img
+  check "... a token with systemd's fields and values, but for the credential and salt" bash -c \
+    "for t in 0 1; do '$CB' token export --token-id \$t f.img | jq -S -c 'del(.[\"fido2-credential\", \"fido2-salt\", \"keyslots\"])'; done | uniq | wc -l | grep -qx 1"
+  L=$(losetup -f --show f.img)
+  check "cryptsetup's systemd-fido2 plugin maps cryptblk's enrollment with the PIN" \
+    bash -c "printf 4321 | cryptsetup open --token-only --token-id 1 '$L' fidovol > plugin.out 2>&1 || { cat plugin.out; false; }"
+  check "the mapping reads the data cryptblk wrote" cmp -n 1048576 data /dev/mapper/fidovol
+  cryptsetup close fidovol 2>/dev/null
+  losetup -d "$L"
+  check "cryptblk enrolls without PIN or presence" quiet "$CB" enroll --fido2-device "$KEY1" \
+    --fido2-with-client-pin=no --fido2-with-user-presence=no --key-file pw f.img
+  check "... the token says so" bash -c "'$CB' token export --token-id 2 f.img > t2.json &&
+    grep -q '\"fido2-clientPin-required\":false' t2.json && grep -q '\"fido2-up-required\":false' t2.json"
+  : > key1.log
+  check "... cryptblk unlocks it with no PIN and no touch" \
+    quiet env -u PIN "$CB" test-passphrase --token-only --token-id 2 f.img < /dev/null
+  check "... and the key was not asked for presence" bash -c "! grep -q 'up requested' key1.log"
+  check "... and systemd's plugin too" \
+    quiet cryptsetup open --test-passphrase --token-only --token-id 2 f.img < /dev/null
+  check "cryptblk enrolls with presence and no PIN" quiet "$CB" enroll --fido2-device "$KEY1" \
+    --fido2-with-client-pin=no --key-file pw f.img
+  : > key1.log
+  check "... cryptblk unlocks it with a touch and no PIN" \
+    quiet env -u PIN "$CB" test-passphrase --token-only --token-id 3 f.img < /dev/null
+  check "... and the key was asked for presence" grep -q "up requested" key1.log
+  if start_key key2; then
+    check "with a second key plugged in that never saw the credential, cryptblk finds the right one" \
+      quiet "$CB" test-passphrase --token-only --token-id 2 f.img < /dev/null
+  else
+    fail=$((fail+1)); echo "FAIL a second software FIDO2 key"
+  fi
+  stop_keys
+fi
+echo "tokens: $pass passed, $fail failed (at ${SECONDS}s)"
 [ "$fail" -eq 0 ]

@@ -17,6 +17,7 @@ mod uri;
 pub use rsa::{rsa_encrypt_pkcs1, rsa_public_key};
 pub use uri::Uri;
 
+use cryptblk_dl::{Library, Scope};
 use std::ffi::{CStr, CString, c_ulong, c_void};
 use std::sync::OnceLock;
 use zeroize::Zeroizing;
@@ -124,44 +125,13 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc, read at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown error".into()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    }
+fn open_lib(name: &CStr, hint: &str) -> Result<Library, Error> {
+    Library::open(name, Scope::Local).map_err(|e| Error::Library(format!("{e}: {hint}")))
 }
 
-fn open_lib(name: &CStr, hint: &str) -> Result<*mut c_void, Error> {
-    // SAFETY: `name` is NUL-terminated; loading the library runs its initialisers, as
-    // linking it would.
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        Err(Error::Library(format!(
-            "{} cannot be loaded ({}): {hint}",
-            name.to_string_lossy(),
-            dlerror()
-        )))
-    } else {
-        Ok(h)
-    }
-}
-
-fn symbol(h: *mut c_void, name: &CStr) -> Result<*mut c_void, Error> {
-    // SAFETY: `h` is a loaded library and `name` NUL-terminated.
-    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
-    if p.is_null() {
-        Err(Error::Library(format!(
-            "no {} in it",
-            name.to_string_lossy()
-        )))
-    } else {
-        Ok(p)
-    }
+fn symbol(lib: &Library, name: &CStr) -> Result<*mut c_void, Error> {
+    lib.symbol(name)
+        .ok_or_else(|| Error::Library(format!("no {} in it", name.to_string_lossy())))
 }
 
 type FnLoad = unsafe extern "C" fn(libc::c_int) -> *mut *mut FunctionList;
@@ -183,7 +153,7 @@ impl Modules {
             let c = CString::new(path.as_bytes())
                 .map_err(|_| Error::Library("a NUL in CRYPTBLK_PKCS11_MODULE".into()))?;
             let h = open_lib(&c, "CRYPTBLK_PKCS11_MODULE names a PKCS#11 module")?;
-            let get = symbol(h, c"C_GetFunctionList")?;
+            let get = symbol(&h, c"C_GetFunctionList")?;
             // SAFETY: C_GetFunctionList has this prototype in every PKCS#11 module.
             let get: FnGetList = unsafe { std::mem::transmute(get) };
             let mut list = std::ptr::null_mut();
@@ -220,8 +190,8 @@ impl Modules {
                     c"libp11-kit.so.0",
                     "install p11-kit (Debian: apt-get install libp11-kit0)",
                 )?;
-                let load = symbol(h, c"p11_kit_modules_load_and_initialize")?;
-                let release = symbol(h, c"p11_kit_modules_finalize_and_release")?;
+                let load = symbol(&h, c"p11_kit_modules_load_and_initialize")?;
+                let release = symbol(&h, c"p11_kit_modules_finalize_and_release")?;
                 // SAFETY: p11-kit's prototypes (p11-kit/p11-kit.h, 0.20+).
                 Ok(unsafe {
                     (

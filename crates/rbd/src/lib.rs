@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::{OnceLock, RwLock};
 
 use cryptblk_device::Storage;
+use cryptblk_dl::{Library, Scope};
 
 /// `rbd:POOL/IMAGE[@SNAP]`: an image (or a snapshot of one, read-only) in a pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,31 +196,11 @@ struct Lib {
     rbd_encryption_load: Option<RbdEncryption>,
 }
 
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc, read at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown error".into()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    }
-}
-
-fn open_lib(name: &CStr) -> Result<*mut c_void, String> {
-    // SAFETY: `name` is NUL-terminated; loading Ceph's libraries runs their initialisers,
-    // which is what linking them would do too.
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if h.is_null() {
-        Err(format!(
-            "{} cannot be loaded ({}): install Ceph's client libraries (Debian: apt-get install librbd1)",
-            name.to_string_lossy(),
-            dlerror()
-        ))
-    } else {
-        Ok(h)
-    }
+fn open_lib(name: &CStr) -> Result<Library, String> {
+    // Global: librados loads plugins of its own that look up its symbols.
+    Library::open(name, Scope::Global).map_err(|e| {
+        format!("{e}: install Ceph's client libraries (Debian: apt-get install librbd1)")
+    })
 }
 
 impl Lib {
@@ -228,11 +209,12 @@ impl Lib {
         let rbd = open_lib(c"librbd.so.1")?;
         macro_rules! optional_sym {
             ($h:expr, $name:literal, $t:ty) => {{
-                // SAFETY: the handle is a loaded library and the name NUL-terminated.
-                let p = unsafe { libc::dlsym($h, concat!($name, "\0").as_ptr().cast()) };
+                let name = CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes())
+                    .expect("a NUL-terminated name");
+                let p = $h.symbol(name);
                 // SAFETY: the symbol is the C function of that name, whose prototype in
                 // librados.h / librbd.h (Ceph 16+) the target type spells out.
-                (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, $t>(p) })
+                p.map(|p| unsafe { std::mem::transmute::<*mut c_void, $t>(p) })
             }};
         }
         macro_rules! sym {

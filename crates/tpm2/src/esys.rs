@@ -3,6 +3,7 @@
 
 use crate::Error;
 use crate::wire::Wire;
+use cryptblk_dl::{Library, Scope};
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::OnceLock;
 use zeroize::Zeroizing;
@@ -49,7 +50,7 @@ type FnFlush = unsafe extern "C" fn(Ctx, Tr) -> Rc;
 type FnFree = unsafe extern "C" fn(*mut c_void);
 
 struct Lib {
-    mu: *mut c_void,
+    mu: Library,
     tctildr_initialize: FnTctiInit,
     tctildr_finalize: FnFinal,
     initialize: FnInit,
@@ -77,39 +78,17 @@ unsafe impl Send for Lib {}
 // SAFETY: as above.
 unsafe impl Sync for Lib {}
 
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc, read at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown error".into()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    }
+fn open_lib(name: &CStr) -> Result<Library, Error> {
+    Library::open(name, Scope::Local).map_err(|e| {
+        Error::Library(format!(
+            "{e}: install the TPM2 software stack (Debian: apt-get install libtss2-esys-3.0.2-0 \
+             libtss2-tctildr0 libtss2-mu0)"
+        ))
+    })
 }
 
-fn open_lib(name: &CStr) -> Result<*mut c_void, Error> {
-    // SAFETY: `name` is NUL-terminated; loading the TSS runs its initialisers, as linking
-    // it would.
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        Err(Error::Library(format!(
-            "{} cannot be loaded ({}): install the TPM2 software stack (Debian: apt-get install \
-             libtss2-esys-3.0.2-0 libtss2-tctildr0 libtss2-mu0)",
-            name.to_string_lossy(),
-            dlerror()
-        )))
-    } else {
-        Ok(h)
-    }
-}
-
-fn symbol(h: *mut c_void, name: &str) -> Option<*mut c_void> {
-    let c = CString::new(name).ok()?;
-    // SAFETY: `h` is a loaded library and `c` NUL-terminated.
-    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
-    (!p.is_null()).then_some(p)
+fn symbol(lib: &Library, name: &str) -> Option<*mut c_void> {
+    lib.symbol(&CString::new(name).ok()?)
 }
 
 impl Lib {
@@ -124,7 +103,7 @@ impl Lib {
         let mu = open_lib(c"libtss2-mu.so.0")?;
         macro_rules! sym {
             ($h:expr, $name:literal, $t:ty) => {{
-                let p = symbol($h, $name).ok_or_else(|| {
+                let p = symbol(&$h, $name).ok_or_else(|| {
                     Error::Library(format!("the TPM2 software stack has no {}: too old", $name))
                 })?;
                 // SAFETY: the symbol is the C function of that name, whose prototype in
@@ -151,7 +130,7 @@ impl Lib {
             tr_deserialize: sym!(esys, "Esys_TR_Deserialize", FnDeserialize),
             unseal: sym!(esys, "Esys_Unseal", FnUnseal),
             flush_context: sym!(esys, "Esys_FlushContext", FnFlush),
-            free: symbol(esys, "Esys_Free").map(|p| {
+            free: symbol(&esys, "Esys_Free").map(|p| {
                 // SAFETY: Esys_Free takes the pointer to free, as its prototype says.
                 unsafe { std::mem::transmute::<*mut c_void, FnFree>(p) }
             }),
@@ -161,7 +140,7 @@ impl Lib {
     /// `bytes` (the wire form of `kind`, e.g. `TPM2B_PUBLIC`) as the TSS's structure.
     fn unmarshal(&self, kind: &str, bytes: &[u8]) -> Result<Box<Opaque>, Error> {
         let name = format!("Tss2_MU_{kind}_Unmarshal");
-        let p = symbol(self.mu, &name)
+        let p = symbol(&self.mu, &name)
             .ok_or_else(|| Error::Library(format!("libtss2-mu has no {name}")))?;
         // SAFETY: Tss2_MU_<kind>_Unmarshal(buffer, size, offset, dest), per tss2_mu.h.
         let f: unsafe extern "C" fn(*const u8, usize, *mut usize, *mut c_void) -> Rc =
@@ -194,7 +173,7 @@ impl Lib {
         }
         let name = format!("Tss2_MU_{kind}_Marshal");
         let result = (|| {
-            let f = symbol(self.mu, &name)
+            let f = symbol(&self.mu, &name)
                 .ok_or_else(|| Error::Library(format!("libtss2-mu has no {name}")))?;
             // SAFETY: Tss2_MU_<kind>_Marshal(src, buffer, size, offset), per tss2_mu.h.
             let f: unsafe extern "C" fn(*const c_void, *mut u8, usize, *mut usize) -> Rc =

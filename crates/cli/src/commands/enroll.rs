@@ -6,6 +6,9 @@
 //! PKCS#11 token: random bytes encrypted to the RSA certificate on it (the token's private
 //! key decrypts them at unlock), a `systemd-pkcs11` token.
 //!
+//! For a FIDO2 security key: a credential made on it with the hmac-secret extension, the
+//! key's HMAC of a random salt the passphrase, a `systemd-fido2` token.
+//!
 //! `--clevis PIN CONFIG` binds as `clevis luks bind` does (tokens/clevis_bind.rs).
 //!
 //! The token is written as systemd 252 writes it (no `tpm2_salt`, no `tpm2_srk`): newer
@@ -51,6 +54,26 @@ pub(crate) struct EnrollArgs {
     /// systemd-cryptenroll --pkcs11-token-uri; its PIN from $PIN or asked.
     #[arg(long = "pkcs11-token-uri", value_name = "URI")]
     pub pkcs11_token_uri: Option<String>,
+    /// FIDO2 (with --fido2-device PATH|auto|list): whether the key's PIN is needed too
+    /// (dropped, with a notice, on a key that has none set).
+    #[arg(long = "fido2-with-client-pin", value_name = "BOOL", num_args = 0..=1,
+          default_missing_value = "yes", default_value = "yes")]
+    pub fido2_with_client_pin: String,
+    /// FIDO2: whether the key must be touched.
+    #[arg(long = "fido2-with-user-presence", value_name = "BOOL", num_args = 0..=1,
+          default_missing_value = "yes", default_value = "yes")]
+    pub fido2_with_user_presence: String,
+    /// FIDO2: whether the key must verify the user itself (a fingerprint).
+    #[arg(long = "fido2-with-user-verification", value_name = "BOOL", num_args = 0..=1,
+          default_missing_value = "yes", default_value = "no")]
+    pub fido2_with_user_verification: String,
+    /// FIDO2: the credential's algorithm.
+    #[arg(
+        long = "fido2-credential-algorithm",
+        value_name = "es256|rs256|eddsa",
+        default_value = "es256"
+    )]
+    pub fido2_credential_algorithm: String,
     /// Bind with clevis's PIN (tang, sss, tpm2) and its JSON configuration, as
     /// `clevis luks bind -d DEVICE PIN CONFIG`; -q trusts a tang server's keys as clevis's
     /// -y does (else "thp" in the configuration, or asked on the terminal).
@@ -58,7 +81,8 @@ pub(crate) struct EnrollArgs {
     pub clevis: Option<Vec<String>>,
     /// Once enrolled, wipe these keyslots (and their tokens), as systemd-cryptenroll:
     /// numbers, "password" (keyslots no token names), "tpm2" (other systemd-tpm2
-    /// tokens' keyslots), "all" (every other keyslot); comma-separated.
+    /// tokens' keyslots), "fido2", "pkcs11" (likewise), "all" (every other keyslot);
+    /// comma-separated.
     #[arg(long = "wipe-slot", value_name = "SLOTS")]
     pub wipe_slot: Option<String>,
 }
@@ -145,10 +169,12 @@ fn slots_to_wipe(spec: &str, hdr: &Value, new_slot: u32) -> CliResult<Vec<u32>> 
                 out.extend(active.iter().filter(|s| !named.contains(s)));
             }
             "tpm2" => out.extend(token_slots(Some("systemd-tpm2"))),
+            "fido2" => out.extend(token_slots(Some("systemd-fido2"))),
+            "pkcs11" => out.extend(token_slots(Some("systemd-pkcs11"))),
             n => {
                 let n: u32 = n.parse().map_err(|_| {
                     bad(format!(
-                        "--wipe-slot '{n}': a keyslot number, password, tpm2 or all"
+                        "--wipe-slot '{n}': a keyslot number, password, tpm2, fido2, pkcs11 or all"
                     ))
                 })?;
                 if !active.contains(&n) {
@@ -169,22 +195,28 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
         a.clevis.is_some(),
         a.pkcs11_token_uri.is_some(),
         a.tokens.tpm2_device.is_some(),
+        a.tokens.fido2_device.is_some(),
     ) {
-        (true, false, _) => "clevis",
-        (false, true, false) => "PKCS#11",
-        (false, false, true) => "TPM2",
-        (false, false, false) => {
+        (true, false, _, false) => "clevis",
+        (false, true, false, false) => "PKCS#11",
+        (false, false, true, false) => "TPM2",
+        (false, false, false, true) => "FIDO2",
+        (false, false, false, false) => {
             return Err(bad(
-                "say what to enroll: --tpm2-device PATH|auto|TCTI, --pkcs11-token-uri URI or \
-                 --clevis PIN CONFIG",
+                "say what to enroll: --tpm2-device PATH|auto|TCTI, --fido2-device PATH|auto, \
+                 --pkcs11-token-uri URI or --clevis PIN CONFIG",
             ));
         }
         _ => {
             return Err(bad(
-                "one token at a time: --tpm2-device, --pkcs11-token-uri or --clevis",
+                "one token at a time: --tpm2-device, --fido2-device, --pkcs11-token-uri or \
+                 --clevis",
             ));
         }
     };
+    if a.tokens.fido2_device.as_deref() == Some("list") {
+        return list_fido2_keys();
+    }
     let path = header_path(&a.device, &a.header).to_path_buf();
     let mut dev = open_header(ctx, &a.device, &a.header, true)?;
     let mut hdr = luks2_header(&mut dev, &path)?;
@@ -199,6 +231,7 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
     let (pass, mut token) = match kind {
         "TPM2" => tpm2_token(&a)?,
         "clevis" => clevis_token(ctx, &a)?,
+        "FIDO2" => fido2_token(&a, hdr.uuid())?,
         _ => pkcs11_token(a.pkcs11_token_uri.as_deref().unwrap_or_default())?,
     };
     // A full-entropy secret: the cheapest PBKDF (systemd-cryptenroll's and clevis's
@@ -323,6 +356,170 @@ fn pkcs11_token(uri: &str) -> CliResult<(SecretBytes, Value)> {
         "keyslots": [],
         "pkcs11-uri": uri,
         "pkcs11-key": B64.encode(&sealed),
+    });
+    Ok((
+        SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()),
+        token,
+    ))
+}
+
+/// `--fido2-device list`: the keys that can be enrolled (FIDO2 with hmac-secret).
+fn list_fido2_keys() -> CliResult<()> {
+    use crate::tokens::systemd_fido2 as fido2;
+    let keys = fido2::candidates(None)?;
+    let usable: Vec<_> = keys
+        .iter()
+        .filter(|k| fido2::open_key(&k.path).is_ok_and(|r| r.is_ok()))
+        .collect();
+    if usable.is_empty() {
+        return Err(bad("no FIDO2 security key with hmac-secret is plugged in"));
+    }
+    println!("PATH\tMANUFACTURER\tPRODUCT");
+    for k in usable {
+        println!("{}\t{}\t{}", k.path, k.manufacturer, k.product);
+    }
+    Ok(())
+}
+
+/// The one key `--fido2-device auto` means: refused when there is none or several.
+fn auto_fido2_key() -> CliResult<String> {
+    use crate::tokens::systemd_fido2 as fido2;
+    let mut usable = Vec::new();
+    let mut why = Vec::new();
+    for k in fido2::candidates(None)? {
+        match fido2::open_key(&k.path)? {
+            Ok(_) => usable.push(k.path),
+            Err(e) => why.push(e),
+        }
+    }
+    match usable.len() {
+        1 => Ok(usable.remove(0)),
+        0 if why.is_empty() => Err(bad("no FIDO2 security key is plugged in")),
+        0 => Err(bad(format!(
+            "no FIDO2 security key with hmac-secret is plugged in ({})",
+            why.join("; ")
+        ))),
+        _ => Err(bad(format!(
+            "several FIDO2 security keys are plugged in ({}): name one with --fido2-device PATH",
+            usable.join(", ")
+        ))),
+    }
+}
+
+/// A credential made on the FIDO2 key with hmac-secret, and that key's HMAC of a random
+/// salt: its base64 (the new keyslot's passphrase) and the systemd-fido2 token, keyslots
+/// to be filled in. What the options ask of the key and it cannot do is dropped with a
+/// notice; what the key insists on is added (systemd-cryptenroll's behaviour). The PIN,
+/// when the token will need it, is used for both the credential and the secret: the key
+/// derives another secret without it (systemd#31443).
+fn fido2_token(a: &EnrollArgs, uuid: &str) -> CliResult<(SecretBytes, Value)> {
+    use crate::tokens::systemd_fido2::{self as fido2, Demand};
+    use cryptblk_fido2::{Algorithm, Assertion, NewCredential, Opt, code};
+    let algorithm = match a.fido2_credential_algorithm.as_str() {
+        "es256" => Algorithm::Es256,
+        "rs256" => Algorithm::Rs256,
+        "eddsa" => Algorithm::EdDsa,
+        other => {
+            return Err(bad(format!(
+                "--fido2-credential-algorithm '{other}': es256, rs256 or eddsa"
+            )));
+        }
+    };
+    let (want_pin, want_up, want_uv) = (
+        boolean(&a.fido2_with_client_pin)?,
+        boolean(&a.fido2_with_user_presence)?,
+        boolean(&a.fido2_with_user_verification)?,
+    );
+    let path = match a.tokens.fido2_device.as_deref() {
+        Some("auto") | None => auto_fido2_key()?,
+        Some(p) => p.to_owned(),
+    };
+    let (dev, features) = fido2::open_key(&path)?.map_err(bad)?;
+    let notice = |what: &str| {
+        eprintln!("The FIDO2 key {path} has no {what}: the token will not require it.");
+    };
+    if want_pin && !features.pin {
+        notice("PIN set");
+    }
+    if want_up && !features.up {
+        notice("user presence check");
+    }
+    if want_uv && !features.uv {
+        notice("built-in user verification");
+    }
+    let mut pin_demand = if want_pin && features.pin {
+        Demand::Yes
+    } else {
+        Demand::IfNeeded
+    };
+    let mut up = if want_up && features.up {
+        Demand::Yes
+    } else {
+        Demand::IfNeeded
+    };
+    let uv = want_uv && features.uv;
+    let mut pin = None;
+    if pin_demand == Demand::Yes {
+        pin = Some(crate::tokens::token_pin("FIDO2 security key")?);
+    }
+    let credential = NewCredential {
+        rp_id: fido2::RP_ID,
+        rp_name: "Encrypted Volume",
+        user_id: uuid.as_bytes(),
+        user_name: uuid,
+        user_display_name: a.device.to_str(),
+        algorithm,
+        rk: if features.rk { Opt::False } else { Opt::Omit },
+        uv: if features.uv { Opt::False } else { Opt::Omit },
+        client_data_hash: &fido2::CLIENT_DATA_HASH,
+    };
+    eprintln!("Touch the FIDO2 security key ({path}) to make the credential.");
+    let made = match dev.make_credential(&credential, pin.as_deref()) {
+        // A key that wants its PIN to make any credential, for a token that will not
+        // need it: the PIN for this step only.
+        Err(e) if e.code() == Some(code::PIN_REQUIRED) && pin.is_none() && features.pin => {
+            let once = crate::tokens::token_pin("FIDO2 security key")?;
+            dev.make_credential(&credential, Some(&once))
+        }
+        r => r,
+    };
+    let id = made.map_err(|e| fido2::refusal(&e))?;
+    let mut salt = [0u8; 32];
+    cryptblk_crypto::random_bytes(&mut salt).map_err(|e| bad(e.to_string()))?;
+    let mut assertion = Assertion {
+        rp_id: fido2::RP_ID,
+        credential: &id,
+        salt: &salt,
+        client_data_hash: &fido2::CLIENT_DATA_HASH,
+        up: if features.up {
+            Opt::from_bool(up == Demand::Yes)
+        } else {
+            Opt::Omit
+        },
+        uv: if features.uv {
+            Opt::from_bool(uv)
+        } else {
+            Opt::Omit
+        },
+    };
+    let secret = fido2::assert_hmac(
+        &dev,
+        features,
+        &mut assertion,
+        &mut up,
+        &mut pin_demand,
+        &mut pin,
+    )?
+    .map_err(|e| fido2::refusal(&e))?;
+    let token = json!({
+        "type": "systemd-fido2",
+        "keyslots": [],
+        "fido2-credential": B64.encode(&id),
+        "fido2-salt": B64.encode(salt),
+        "fido2-rp": fido2::RP_ID,
+        "fido2-clientPin-required": pin_demand == Demand::Yes,
+        "fido2-up-required": up == Demand::Yes,
+        "fido2-uv-required": uv,
     });
     Ok((
         SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()),

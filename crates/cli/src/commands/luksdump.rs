@@ -317,7 +317,8 @@ fn tokens(o: &mut String, j: &Value) {
 }
 
 /// What systemd's token plugins add to cryptsetup's luksDump (Debian installs them with
-/// cryptsetup): systemd-tpm2 and systemd-pkcs11 tokens' fields, as systemd 252 prints them.
+/// cryptsetup): systemd-tpm2, systemd-pkcs11 and systemd-fido2 tokens' fields, as systemd
+/// 252 prints them.
 fn systemd_token_lines(o: &mut String, kind: &str, t: &Value) {
     let pcrs = |v: &Value| {
         let p: Vec<String> = v
@@ -372,6 +373,25 @@ fn systemd_token_lines(o: &mut String, kind: &str, t: &Value) {
             let _ = writeln!(o, "\tpkcs11-uri: {}", text(&t["pkcs11-uri"]));
             o.push_str("\tpkcs11-key: ");
             hex_lines(o, &b64(&t["pkcs11-key"]));
+        }
+        "systemd-fido2" => {
+            o.push_str("\tfido2-credential:\n\t            ");
+            hex_lines(o, &b64(&t["fido2-credential"]));
+            o.push_str("\tfido2-salt: ");
+            hex_lines(o, &b64(&t["fido2-salt"]));
+            if let Some(rp) = t["fido2-rp"].as_str() {
+                let _ = writeln!(o, "\tfido2-rp:   {rp}");
+            }
+            // A flag the token leaves out (systemd 248's tokens) is not printed.
+            for flag in [
+                "fido2-clientPin-required",
+                "fido2-up-required",
+                "fido2-uv-required",
+            ] {
+                if let Some(b) = t[flag].as_bool() {
+                    let _ = writeln!(o, "\t{flag}:\n\t            {b}");
+                }
+            }
         }
         _ => {}
     }

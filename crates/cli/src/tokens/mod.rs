@@ -2,11 +2,12 @@
 //! keyslots and a way to get their passphrase without a person; tokens are tried in
 //! order before any passphrase is asked for, as cryptsetup does, and `--token-only`
 //! asks for none. Each token type is a handler here: clevis (tang, sss and tpm2 pins),
-//! systemd-tpm2 and systemd-pkcs11.
+//! systemd-tpm2, systemd-pkcs11 and systemd-fido2.
 
 mod clevis;
 mod clevis_bind;
 mod http;
+pub(crate) mod systemd_fido2;
 mod systemd_pkcs11;
 mod systemd_tpm2;
 
@@ -38,6 +39,10 @@ pub(crate) struct TokenArgs {
     /// device path, or a TCTI such as swtpm:host=127.0.0.1,port=2321.
     #[arg(long = "tpm2-device", value_name = "PATH|auto|TCTI")]
     pub tpm2_device: Option<String>,
+    /// The FIDO2 security key for systemd-fido2 tokens: a hidraw device path, or auto
+    /// (every key plugged in, in turn; the default).
+    #[arg(long = "fido2-device", value_name = "PATH|auto")]
+    pub fido2_device: Option<String>,
 }
 
 impl TokenArgs {
@@ -64,6 +69,7 @@ fn token_passphrase(token: &Value, args: &TokenArgs) -> Option<CliResult<SecretB
         "clevis" => Some(clevis::passphrase(token, args)),
         "systemd-tpm2" => Some(systemd_tpm2::passphrase(token, args)),
         "systemd-pkcs11" => Some(systemd_pkcs11::passphrase(token, args)),
+        "systemd-fido2" => Some(systemd_fido2::passphrase(token, args)),
         _ => None,
     }
 }
@@ -91,10 +97,8 @@ pub(crate) fn try_tokens<T>(
         }
         let kind = token["type"].as_str().unwrap_or("?");
         let Some(pass) = token_passphrase(token, args) else {
-            // A type that unlocks elsewhere (systemd's FIDO2 tokens) says so, so that a
-            // volume bound only to one does not just ask for a passphrase in silence;
-            // others (a kernel keyring token) only when asked for.
-            if kind == "systemd-fido2" || args.token_id.is_some() || args.token_type.is_some() {
+            // A type without a handler here (a kernel keyring token) says so when asked for.
+            if args.token_id.is_some() || args.token_type.is_some() {
                 eprintln!("Token {id} of type {kind} is not supported yet.");
             }
             continue;

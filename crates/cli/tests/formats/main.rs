@@ -11,6 +11,7 @@ mod bitlk;
 mod cipher_families;
 mod cli;
 mod convert;
+mod fido2;
 mod fvault2;
 mod hashes;
 mod loopaes;
