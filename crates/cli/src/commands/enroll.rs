@@ -564,17 +564,21 @@ mod tests {
         assert!(boolean("yes").unwrap() && !boolean("0").unwrap());
         assert!(boolean("maybe").is_err());
         let hdr = json!({
-            "keyslots": {"0": {}, "1": {}, "2": {}, "3": {}},
+            "keyslots": {"0": {}, "1": {}, "2": {}, "3": {}, "4": {}, "5": {}},
             "tokens": {
                 "0": {"type": "systemd-tpm2", "keyslots": ["1"]},
                 "1": {"type": "clevis", "keyslots": ["2"]},
+                "2": {"type": "systemd-fido2", "keyslots": ["4"]},
+                "3": {"type": "systemd-pkcs11", "keyslots": ["5"]},
             },
         });
+        assert_eq!(slots_to_wipe("fido2", &hdr, 3).unwrap(), [4]);
+        assert_eq!(slots_to_wipe("pkcs11,tpm2", &hdr, 3).unwrap(), [1, 5]);
         assert_eq!(slots_to_wipe("password", &hdr, 3).unwrap(), [0]);
         assert_eq!(slots_to_wipe("tpm2", &hdr, 3).unwrap(), [1]);
-        assert_eq!(slots_to_wipe("all", &hdr, 3).unwrap(), [0, 1, 2]);
+        assert_eq!(slots_to_wipe("all", &hdr, 3).unwrap(), [0, 1, 2, 4, 5]);
         assert_eq!(slots_to_wipe("0,2", &hdr, 3).unwrap(), [0, 2]);
-        assert!(slots_to_wipe("5", &hdr, 3).is_err());
+        assert!(slots_to_wipe("7", &hdr, 3).is_err());
         assert!(slots_to_wipe("empty-ish", &hdr, 3).is_err());
     }
 }
