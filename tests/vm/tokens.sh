@@ -122,11 +122,26 @@ else
   check "... cryptblk unlocks it with a touch and no PIN" \
     quiet env -u PIN "$CB" test-passphrase --token-only --token-id 3 f.img < /dev/null
   check "... and the key was asked for presence" grep -q "up requested" key1.log
-  if start_key key2; then
-    check "with a second key plugged in that never saw the credential, cryptblk finds the right one" \
-      quiet "$CB" test-passphrase --token-only --token-id 2 f.img < /dev/null
+  check "a token as systemd 248 wrote it (no flags) unlocks, the key's defaults taken" bash -c \
+    "'$CB' token export --token-id 3 f.img | jq -c 'del(.[\"fido2-clientPin-required\", \"fido2-up-required\", \"fido2-uv-required\", \"fido2-rp\"])' > t248.json &&
+     cryptsetup token import --token-id 4 --json-file t248.json f.img &&
+     env -u PIN '$CB' test-passphrase --token-only --token-id 4 f.img < /dev/null"
+  # Two keys: a decoy with a PIN of its own, listed first, that never saw the credential;
+  # the key that did, listed second. The decoy must not be sent the PIN (it would count
+  # it as a wrong one) nor asked for a touch.
+  stop_keys; fido_keys=()
+  if start_key decoy --pin 9999 && DECOY=$KEY_PATH && start_key key3 --pin 4321; then
+    KEY3=$KEY_PATH
+    check "two keys: cryptblk enrolls the second (PIN)" \
+      quiet env PIN=4321 "$CB" enroll --fido2-device "$KEY3" --key-file pw f.img
+    : > decoy.log
+    check "two keys: cryptblk passes the decoy ($DECOY) over and unlocks with the other ($KEY3)" \
+      quiet env PIN=4321 "$CB" test-passphrase --token-only --token-id 5 f.img < /dev/null
+    check "... the decoy was asked whether it holds the credential" grep -q "command 0x02" decoy.log
+    check "... and was never sent the PIN nor asked for a touch" \
+      bash -c "! grep -qE 'command 0x06|up requested' decoy.log"
   else
-    fail=$((fail+1)); echo "FAIL a second software FIDO2 key"
+    fail=$((fail+1)); echo "FAIL two software FIDO2 keys at once"
   fi
   stop_keys
 fi

@@ -48,6 +48,9 @@ pub mod code {
     pub const UV_INVALID: c_int = 0x3f;
     /// The credential id is not one this key made.
     pub const INVALID_CREDENTIAL: c_int = 0x22;
+    /// libfido2's own failure; from `fido_dev_info_manifest`, what it says when it finds
+    /// no device at all.
+    pub const INTERNAL: c_int = -9;
     /// A user-presence check was needed (U2F keys).
     pub const USER_PRESENCE_REQUIRED: c_int = -8;
 }
@@ -315,7 +318,11 @@ pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
     }
     let mut found = 0usize;
     // SAFETY: `list` holds MAX entries; `found` receives how many were filled.
-    let rc = unsafe { (lib.fido_dev_info_manifest)(list, MAX, &mut found) };
+    let mut rc = unsafe { (lib.fido_dev_info_manifest)(list, MAX, &mut found) };
+    if rc == code::INTERNAL {
+        // No hidraw device at all (libfido2 reports it so; systemd reads it so too).
+        (rc, found) = (0, 0);
+    }
     let out = lib.check("fido_dev_info_manifest", rc).map(|()| {
         (0..found.min(MAX))
             .map(|i| {
@@ -577,6 +584,27 @@ impl Device {
         result
     }
 
+    /// Whether the key holds `credential` for `rp_id`: an assertion without the PIN, the
+    /// hmac-secret extension or a touch (`up`: `False` where the key has user presence),
+    /// as systemd 253+ asks each key before it sends a PIN, which a key that never saw
+    /// the credential would count as a wrong one. `Ok(false)` only for "no credentials";
+    /// any other answer is the key's error.
+    pub fn has_credential(&self, rp_id: &str, credential: &[u8], up: Opt) -> Result<bool, Error> {
+        let a = Assertion {
+            rp_id,
+            credential,
+            salt: &[],
+            client_data_hash: &[0; 32],
+            up,
+            uv: Opt::Omit,
+        };
+        match self.assert(&a, false, None) {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some(code::NO_CREDENTIALS) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The hmac-secret of the assertion's credential and salt (32 bytes), after what the
     /// assertion asks of the user, and the PIN if given.
     pub fn hmac_secret(
@@ -584,6 +612,21 @@ impl Device {
         a: &Assertion<'_>,
         pin: Option<&[u8]>,
     ) -> Result<Zeroizing<Vec<u8>>, Error> {
+        self.assert(a, true, pin)?.ok_or_else(|| {
+            Error::Library(
+                "the key returned no hmac-secret (the credential was made without it)".into(),
+            )
+        })
+    }
+
+    /// One assertion; with `hmac`, the hmac-secret extension with the assertion's salt,
+    /// and its output returned.
+    fn assert(
+        &self,
+        a: &Assertion<'_>,
+        hmac: bool,
+        pin: Option<&[u8]>,
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, Error> {
         let lib = self.lib;
         let rp_id = cstring(a.rp_id, "the relying party")?;
         let pin = pin_cstr(pin)?;
@@ -613,14 +656,16 @@ impl Device {
                     "fido_assert_allow_cred",
                     (lib.fido_assert_allow_cred)(assert, a.credential.as_ptr(), a.credential.len()),
                 )?;
-                lib.check(
-                    "fido_assert_set_extensions",
-                    (lib.fido_assert_set_extensions)(assert, EXT_HMAC_SECRET),
-                )?;
-                lib.check(
-                    "fido_assert_set_hmac_salt",
-                    (lib.fido_assert_set_hmac_salt)(assert, a.salt.as_ptr(), a.salt.len()),
-                )?;
+                if hmac {
+                    lib.check(
+                        "fido_assert_set_extensions",
+                        (lib.fido_assert_set_extensions)(assert, EXT_HMAC_SECRET),
+                    )?;
+                    lib.check(
+                        "fido_assert_set_hmac_salt",
+                        (lib.fido_assert_set_hmac_salt)(assert, a.salt.as_ptr(), a.salt.len()),
+                    )?;
+                }
                 if a.up != Opt::Omit {
                     lib.check(
                         "fido_assert_set_up",
@@ -637,15 +682,17 @@ impl Device {
                     "fido_dev_get_assert",
                     (lib.fido_dev_get_assert)(self.dev, assert, pin_ptr(&pin)),
                 )?;
+                if !hmac {
+                    return Ok(None);
+                }
                 let p = (lib.fido_assert_hmac_secret_ptr)(assert, 0);
                 let n = (lib.fido_assert_hmac_secret_len)(assert, 0);
                 if p.is_null() || n == 0 {
-                    return Err(Error::Library(
-                        "the key returned no hmac-secret (the credential was made without it)"
-                            .into(),
-                    ));
+                    return Ok(None);
                 }
-                Ok(Zeroizing::new(std::slice::from_raw_parts(p, n).to_vec()))
+                Ok(Some(Zeroizing::new(
+                    std::slice::from_raw_parts(p, n).to_vec(),
+                )))
             }
         })();
         // SAFETY: the assertion made above (libfido2 wipes the secret it holds when

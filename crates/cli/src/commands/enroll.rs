@@ -339,6 +339,7 @@ fn pkcs11_token(uri: &str) -> CliResult<(SecretBytes, Value)> {
     let mut pin_error = None;
     let cert = cryptblk_pkcs11::certificate(&parsed, &mut |label| match crate::tokens::token_pin(
         &format!("PKCS#11 token '{}'", label.label),
+        true,
     ) {
         Ok(p) => Some(zeroize::Zeroizing::new(p.to_vec())),
         Err(e) => {
@@ -460,7 +461,7 @@ fn fido2_token(a: &EnrollArgs, uuid: &str) -> CliResult<(SecretBytes, Value)> {
     let uv = want_uv && features.uv;
     let mut pin = None;
     if pin_demand == Demand::Yes {
-        pin = Some(crate::tokens::token_pin("FIDO2 security key")?);
+        pin = Some(crate::tokens::token_pin("FIDO2 security key", true)?);
     }
     let credential = NewCredential {
         rp_id: fido2::RP_ID,
@@ -474,16 +475,23 @@ fn fido2_token(a: &EnrollArgs, uuid: &str) -> CliResult<(SecretBytes, Value)> {
         client_data_hash: &fido2::CLIENT_DATA_HASH,
     };
     eprintln!("Touch the FIDO2 security key ({path}) to make the credential.");
+    let mut once_pin = None;
     let made = match dev.make_credential(&credential, pin.as_deref()) {
         // A key that wants its PIN to make any credential, for a token that will not
         // need it: the PIN for this step only.
         Err(e) if e.code() == Some(code::PIN_REQUIRED) && pin.is_none() && features.pin => {
-            let once = crate::tokens::token_pin("FIDO2 security key")?;
-            dev.make_credential(&credential, Some(&once))
+            let once = crate::tokens::token_pin("FIDO2 security key", true)?;
+            let r = dev.make_credential(&credential, Some(&once));
+            once_pin = Some(once);
+            r
         }
         r => r,
     };
     let id = made.map_err(|e| fido2::refusal(&e))?;
+    // A PIN read for the credential alone serves the secret too, should the key want it.
+    if pin.is_none() {
+        pin = once_pin;
+    }
     let mut salt = [0u8; 32];
     cryptblk_crypto::random_bytes(&mut salt).map_err(|e| bad(e.to_string()))?;
     let mut assertion = Assertion {
@@ -509,6 +517,7 @@ fn fido2_token(a: &EnrollArgs, uuid: &str) -> CliResult<(SecretBytes, Value)> {
         &mut up,
         &mut pin_demand,
         &mut pin,
+        true,
     )?
     .map_err(|e| fido2::refusal(&e))?;
     let token = json!({

@@ -170,7 +170,16 @@ pub(crate) fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  sector size:  {}", v["sector_size"]);
     println!("  offset:  {} sectors", v["offset_sectors"]);
     println!("  size:    {} sectors", v["size_sectors"]);
-    println!("  mode:    {}", v["mode"].as_str().unwrap_or(""));
+    // cryptsetup marks a suspended mapping on this line; scripts grep for it.
+    println!(
+        "  mode:    {}{}",
+        v["mode"].as_str().unwrap_or(""),
+        if v["suspended"] == true {
+            " (suspended)"
+        } else {
+            ""
+        }
+    );
     println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
     if v["suspended"] == true {
         println!("  suspended: yes (keys wiped, I/O held until resume)");

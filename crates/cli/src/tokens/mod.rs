@@ -53,12 +53,22 @@ impl TokenArgs {
     }
 }
 
-/// A token's PIN: `$PIN` (as systemd-cryptsetup takes it), else a line of stdin when it is
-/// not a terminal, else asked on the terminal.
-pub(crate) fn token_pin(kind: &str) -> CliResult<SecretBytes> {
+/// A token's PIN: `$PIN` (as systemd-cryptsetup takes it), else asked on the terminal,
+/// else a line of stdin, but only where `stdin` says a line there is meant for the token
+/// (a token option was given, or `enroll`): tried by default before the passphrase, a
+/// token must not take the passphrase a script pipes in as its PIN (a FIDO2 key or a
+/// smart card counts each wrong PIN, and blocks).
+pub(crate) fn token_pin(kind: &str, stdin: bool) -> CliResult<SecretBytes> {
+    use std::io::IsTerminal;
     if let Some(pin) = std::env::var_os("PIN") {
         use std::os::unix::ffi::OsStringExt;
         return Ok(SecretBytes::from_vec(pin.into_vec()));
+    }
+    if !stdin && !std::io::stdin().is_terminal() {
+        return Err(CliError::usage(format!(
+            "the {kind} needs its PIN: set $PIN, or name the token (--token-only, --token-id, \
+             --token-type) to give the PIN on stdin"
+        )));
     }
     crate::passphrase::get_tcrypt_passphrase(&format!("Enter {kind} token PIN: "), false)
 }

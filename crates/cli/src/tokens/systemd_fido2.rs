@@ -99,8 +99,10 @@ pub(crate) fn open_key(path: &str) -> CliResult<Result<(Device, Features), Strin
 }
 
 /// The key's answer to an assertion, with user presence and the PIN added when a token
-/// that leaves them open meets a key that insists (systemd's retries). The outer error is
-/// a PIN that could not be read; the inner one the key's refusal.
+/// that leaves them open meets a key that insists (systemd's retries). The PIN is asked
+/// for when first needed (`pin_from_stdin`: see [`super::token_pin`]) and kept for the
+/// next key. The outer error is a PIN that could not be read; the inner one the key's
+/// refusal.
 pub(crate) fn assert_hmac(
     dev: &Device,
     features: Features,
@@ -108,10 +110,11 @@ pub(crate) fn assert_hmac(
     up: &mut Demand,
     pin_demand: &mut Demand,
     pin: &mut Option<SecretBytes>,
+    pin_from_stdin: bool,
 ) -> CliResult<Result<zeroize::Zeroizing<Vec<u8>>, Error>> {
     loop {
         if *pin_demand == Demand::Yes && pin.is_none() {
-            *pin = Some(super::token_pin("FIDO2 security key")?);
+            *pin = Some(super::token_pin("FIDO2 security key", pin_from_stdin)?);
         }
         if a.up == Opt::True {
             eprintln!("Touch the FIDO2 security key ({}) to go on.", dev.path());
@@ -183,6 +186,9 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
         return Err(bad("no FIDO2 security key is plugged in"));
     }
     let mut skipped = Vec::new();
+    // One PIN for every key tried: asked for once, sent only to a key that holds the
+    // credential.
+    let mut pin = None;
     for key in &keys {
         let (dev, features) = match open_key(&key.path)? {
             Ok(k) => k,
@@ -204,6 +210,24 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
             ));
             continue;
         }
+        // A key that never made the credential is passed over before it is sent a PIN
+        // (it would count it as a wrong one) or asked for a touch; not asked where the
+        // token needs built-in verification, which a key may demand for any assertion
+        // (systemd's pre-flight, 253+).
+        if !(features.uv && uv == Some(true)) {
+            let quiet_up = if features.up { Opt::False } else { Opt::Omit };
+            match dev.has_credential(rp, &credential, quiet_up) {
+                Ok(true) => {}
+                Ok(false) => {
+                    skipped.push(format!(
+                        "{}: not the key this token was enrolled on",
+                        key.path
+                    ));
+                    continue;
+                }
+                Err(e) => return Err(refusal(&e)),
+            }
+        }
         let mut a = Assertion {
             rp_id: rp,
             credential: &credential,
@@ -219,8 +243,15 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
                 _ => Opt::Omit,
             },
         };
-        let mut pin = None;
-        match assert_hmac(&dev, features, &mut a, &mut up, &mut pin_demand, &mut pin)? {
+        match assert_hmac(
+            &dev,
+            features,
+            &mut a,
+            &mut up,
+            &mut pin_demand,
+            &mut pin,
+            args.asked(),
+        )? {
             Ok(secret) => {
                 return Ok(SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()));
             }
@@ -235,7 +266,7 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
         }
     }
     Err(bad(format!(
-        "no FIDO2 key plugged in holds its credential ({})",
+        "no FIDO2 key plugged in can unlock it ({})",
         skipped.join("; ")
     )))
 }

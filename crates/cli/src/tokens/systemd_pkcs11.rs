@@ -15,7 +15,7 @@ fn bad(what: impl std::fmt::Display) -> CliError {
 }
 
 /// The passphrase a systemd-pkcs11 token's encrypted key gives (base64 of it).
-pub(crate) fn passphrase(token: &Value, _args: &TokenArgs) -> CliResult<SecretBytes> {
+pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretBytes> {
     let uri = token["pkcs11-uri"]
         .as_str()
         .ok_or_else(|| bad("no 'pkcs11-uri'"))?;
@@ -27,7 +27,10 @@ pub(crate) fn passphrase(token: &Value, _args: &TokenArgs) -> CliResult<SecretBy
     let mut pin_error = None;
     let plain = cryptblk_pkcs11::rsa_decrypt(
         &uri,
-        &mut |label| match super::token_pin(&format!("PKCS#11 token '{}'", label.label)) {
+        &mut |label| match super::token_pin(
+            &format!("PKCS#11 token '{}'", label.label),
+            args.asked(),
+        ) {
             Ok(p) => Some(zeroize::Zeroizing::new(p.to_vec())),
             Err(e) => {
                 pin_error = Some(e);

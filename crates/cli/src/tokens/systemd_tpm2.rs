@@ -122,7 +122,7 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
             .filter(|v| !v.is_null())
             .map(|v| b64("tpm2_salt", v))
             .transpose()?;
-        let pin = super::token_pin("TPM2")?;
+        let pin = super::token_pin("TPM2", args.asked())?;
         Some(pin_auth(&pin, salt.as_deref())?)
     } else {
         None

@@ -32,9 +32,12 @@ fn fido2_token(flags: bool) -> String {
 #[test]
 fn a_systemd_fido2_token_dumps_as_cryptsetup_and_without_a_key_the_passphrase_is_asked() {
     let cs = tool("cryptsetup", "cryptsetup-bin");
-    let plugin = "/usr/lib/x86_64-linux-gnu/cryptsetup/libcryptsetup-token-systemd-fido2.so";
+    let plugin = format!(
+        "/usr/lib/{}-linux-gnu/cryptsetup/libcryptsetup-token-systemd-fido2.so",
+        std::env::consts::ARCH
+    );
     assert!(
-        std::path::Path::new(plugin).exists(),
+        std::path::Path::new(&plugin).exists(),
         "{plugin} not found: systemd's token plugins come with the Debian package systemd \
          (scripts/setup.sh installs it)"
     );
@@ -72,10 +75,8 @@ fn a_systemd_fido2_token_dumps_as_cryptsetup_and_without_a_key_the_passphrase_is
         err.contains("Token 0 (systemd-fido2):") && err.contains("Token 1 (systemd-fido2):"),
         "{err}"
     );
-    assert!(
-        err.contains("no FIDO2 security key is plugged in") || err.contains("libfido2"),
-        "{err}"
-    );
+    // libfido2 is installed (scripts/setup.sh): the key is what is missing.
+    assert!(err.contains("no FIDO2 security key is plugged in"), "{err}");
     let o = run_in(bin(), &["test-passphrase", "--token-only", img], b"");
     assert!(!o.status.success());
     assert!(stderr(&o).contains("No usable token"), "{}", stderr(&o));
@@ -93,11 +94,7 @@ fn a_systemd_fido2_token_dumps_as_cryptsetup_and_without_a_key_the_passphrase_is
         b"",
     );
     assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("/dev/hidraw-none") || stderr(&o).contains("libfido2"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("/dev/hidraw-none"), "{}", stderr(&o));
 
     // Enrolling with no key: refused, the header untouched.
     let before = std::fs::read(img).unwrap();
@@ -115,7 +112,7 @@ fn a_systemd_fido2_token_dumps_as_cryptsetup_and_without_a_key_the_passphrase_is
     );
     assert!(!o.status.success());
     assert!(
-        stderr(&o).contains("no FIDO2 security key") || stderr(&o).contains("libfido2"),
+        stderr(&o).contains("no FIDO2 security key is plugged in"),
         "{}",
         stderr(&o)
     );

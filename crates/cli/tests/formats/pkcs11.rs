@@ -174,10 +174,12 @@ fn systemd_pkcs11_tokens_unlock_both_ways_with_softhsm() {
         "{out:?}"
     );
     let exported = hsm.p("out");
+    // Tried by default (no token option), the PIN comes from $PIN: a line of stdin would
+    // be the passphrase's.
     let out = cb(
         &["export", "--length", "1048576", img, &exported],
-        &[],
-        b"1234\n",
+        &[("PIN", "1234")],
+        b"",
     );
     assert!(out.status.success(), "{out:?}");
     assert!(

@@ -158,7 +158,8 @@ fn a_clevis_tang_binding_unlocks_without_a_passphrase() {
     );
     ok(&run_in(bin(), &["close", "tv", "--run-dir", &run_dir], b""));
     assert!(server.wait().unwrap().success());
-    // A token type cryptblk cannot use yet says so, and the passphrase is asked for.
+    // A token that cannot unlock here (a FIDO2 key, none plugged in) says why, and the
+    // passphrase is asked for.
     let fido = lab.p("fido.json");
     std::fs::write(
         &fido,
@@ -182,7 +183,9 @@ fn a_clevis_tang_binding_unlocks_without_a_passphrase() {
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("Token 5 of type systemd-fido2 is not supported yet"),
+        err.contains(
+            "Token 5 (systemd-fido2): systemd-fido2 token: no FIDO2 security key is plugged in"
+        ),
         "{err}"
     );
     // No such token: with --token-only nothing else is tried.

@@ -270,6 +270,12 @@ fn systemd_cryptenroll_tpm2_tokens_unlock_with_pcrs_and_pins() {
     let out = run(&["test-passphrase"], &[("PIN", "1234")], pass.as_bytes());
     assert!(out.status.success(), "{out:?}");
     assert!(stderr(&out).contains("Key slot 0 unlocked"), "{out:?}");
+    // Tried by default (no token option) with no $PIN, the PIN token does not take the
+    // passphrase piped in for the keyslot as its PIN: it says what it needs, and the
+    // passphrase still opens the volume.
+    let out = run(&["test-passphrase"], &[], pass.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("needs its PIN: set $PIN"), "{out:?}");
     assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
     // No TPM there: a clear error, then the passphrase.
     let gone = [

@@ -149,6 +149,12 @@ fn suspend_holds_io_and_wipes_the_key_until_resume() {
         serde_json::from_str::<serde_json::Value>(&ok(&lab.cb(&["list", "--json"]))).unwrap()[0]["suspended"],
         true
     );
+    // As cryptsetup marks it, for scripts that grep `status`.
+    let status = ok(&lab.cb(&["status", "vol"]));
+    assert!(
+        status.contains("  mode:    read/write (suspended)\n"),
+        "{status}"
+    );
     if root {
         for h in halves {
             assert!(

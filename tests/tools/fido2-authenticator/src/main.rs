@@ -6,8 +6,9 @@
 //!   --pin PIN   the device has this PIN set (else clientPin is supported, not set)
 //!   --uv        the device has built-in user verification (always granted)
 //!   --deny-up   user presence is refused (a key nobody touches)
-//! Prints "ready" on stdout once the device exists; logs each request that asks for
-//! user presence or verification on stderr ("up requested", "uv requested").
+//! Prints "ready" on stdout once the device exists; logs on stderr each CTAP2 command
+//! ("command 0x02": getAssertion, 0x06: clientPIN...) and each request for user presence
+//! or verification ("up requested", "uv requested").
 
 use soft_fido2::{
     Authenticator, AuthenticatorCallbacks, AuthenticatorConfig, AuthenticatorOptions, Credential,
@@ -41,7 +42,15 @@ impl AuthenticatorCallbacks for Store {
 
     fn write_credential(&self, cred: &CredentialRef) -> Result<()> {
         let mut store = self.credentials.lock().unwrap();
-        store.insert(cred.id.to_vec(), cred.to_owned());
+        let mut cred = cred.to_owned();
+        // soft-fido2 protects a credential made with the PIN at "user verification
+        // required" unless told otherwise, so that no assertion without the PIN sees it;
+        // keys in the field (YubiKey, SoloKey, Nitrokey) default to "optional", which
+        // systemd's pre-flight relies on. Neither systemd nor cryptblk asks for a level.
+        if cred.extensions.cred_protect == Some(3) {
+            cred.extensions.cred_protect = Some(1);
+        }
+        store.insert(cred.id.clone(), cred);
         Ok(())
     }
 
@@ -98,6 +107,9 @@ impl CommandHandler for Cbor {
     ) -> soft_fido2_transport::Result<Vec<u8>> {
         if cmd != soft_fido2_transport::Cmd::Cbor {
             return Err(soft_fido2_transport::Error::InvalidCommand);
+        }
+        if let Some(c) = data.first() {
+            eprintln!("command {c:#04x}");
         }
         let mut response = Vec::new();
         self.0
