@@ -351,7 +351,8 @@ def main():
             dm = [n for n in not_run if not lines[n - 1].lstrip().startswith("#")]
             dm_pass = [n for n in dm if got.get(n, ("",))[0] == "pass"]
             listed = [n for n in dm if f"{suite}:{n}" in dm_lines]
-            dm_summary.append((suite, len(dm_pass), len(dm), len(listed)))
+            if dm:
+                dm_summary.append((suite, len(dm_pass), len(dm), len(listed)))
             for n in dm:
                 key = f"{suite}:{n}"
                 status, why = got.get(n, ("not reached", ""))

@@ -21,6 +21,10 @@ pub(crate) struct KeyArgs {
     /// Bytes to skip at the start of the key file.
     #[arg(long = "keyfile-offset", default_value_t = 0)]
     pub keyfile_offset: u64,
+    /// Ask for a passphrase typed on the terminal twice (cryptsetup's -y; a key file or
+    /// piped stdin is read once).
+    #[arg(short = 'y', long = "verify-passphrase")]
+    pub verify_passphrase: bool,
 }
 
 /// Where the LUKS header is.
@@ -106,6 +110,7 @@ impl KeyArgs {
             extra_key_files: self.key_files.len().saturating_sub(1),
             keyfile_size: self.keyfile_size,
             keyfile_offset: self.keyfile_offset,
+            verify: self.verify_passphrase,
         }
     }
 }

@@ -19,6 +19,9 @@ pub(crate) struct KeySource {
     pub extra_key_files: usize,
     pub keyfile_size: Option<usize>,
     pub keyfile_offset: u64,
+    /// `-y`: a passphrase typed on the terminal is asked twice (ignored for key files and
+    /// stdin that is not a terminal, as cryptsetup ignores it).
+    pub verify: bool,
 }
 
 /// Reads a key file (`-` = standard input): `size` bytes after `offset`, or all of it.
@@ -226,7 +229,7 @@ pub(crate) fn read_passphrase(
         return read_stdin_line(src.keyfile_size);
     }
     let pass = prompt_tty(prompt)?;
-    if verify {
+    if verify || src.verify {
         let again = prompt_tty("Verify passphrase: ")?;
         if pass != again {
             return Err(CliError::usage("Passphrases do not match."));

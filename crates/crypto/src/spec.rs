@@ -187,18 +187,17 @@ impl CipherSpec {
     ];
 
     /// Parses the joined form (`aes-xts-plain64`, `aes-cbc-essiv:sha256`, `cipher_null-ecb`,
-    /// `aes:64-cbc-lmk`).
+    /// `aes:64-cbc-lmk`), with cryptsetup's short forms: `null` for `cipher_null-ecb`, a
+    /// cipher alone for its `cbc-plain` mode, `plain` for `cbc-plain`.
     pub fn parse(spec: &str) -> Result<Self> {
         let unsupported = || Error::UnsupportedCipher(spec.to_string());
-        let (cipher, rest) = match spec.split_once('-') {
-            Some((c, r)) => (c, Some(r)),
-            None => (spec, None),
+        let (cipher, mode) = match spec.split_once('-') {
+            Some((c, "plain")) => (c, "cbc-plain"),
+            Some((c, r)) => (c, r),
+            None if spec == "null" || spec == "cipher_null" => ("cipher_null", "ecb"),
+            None => (spec, "cbc-plain"),
         };
-        Self::from_parts(
-            cipher,
-            rest.unwrap_or(if cipher == "cipher_null" { "ecb" } else { "" }),
-        )
-        .map_err(|_| unsupported())
+        Self::from_parts(cipher, mode).map_err(|_| unsupported())
     }
 
     /// Builds from LUKS1's separate fields (`cipher_name` = `aes`, `cipher_mode` = `xts-plain64`).
@@ -405,6 +404,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cryptsetups_short_forms() {
+        let p = |s: &str| CipherSpec::parse(s).unwrap().to_string();
+        assert_eq!(p("null"), "cipher_null-ecb");
+        assert_eq!(p("cipher_null"), "cipher_null-ecb");
+        assert_eq!(p("aes"), "aes-cbc-plain");
+        assert_eq!(p("aes-plain"), "aes-cbc-plain");
+        assert!(CipherSpec::parse("nosuch").is_err());
+    }
+
+    #[test]
     fn parse_and_print_roundtrip() {
         for s in [
             "aes-xts-plain64",
@@ -435,7 +444,6 @@ mod tests {
     fn rejects_nonsense() {
         for s in [
             "",
-            "aes",
             "rc6-xts-plain64",
             "aes-xts",
             "aes-xts-bogus",

@@ -127,6 +127,8 @@ pub struct CipherSummary {
     pub backend: &'static str,
     /// Where the first segment starts on the storage, in bytes.
     pub data_offset: u64,
+    /// dm-crypt's `iv_offset` of the first segment (plain `--skip`), in 512-byte sectors.
+    pub iv_offset: u64,
 }
 
 impl CipherSummary {
@@ -137,6 +139,7 @@ impl CipherSummary {
             sector_size: s.cipher.sector_size(),
             backend: s.cipher.backend().name(),
             data_offset: s.storage_offset,
+            iv_offset: s.cipher.iv_options().offset,
         })
     }
 }

@@ -208,6 +208,9 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
             return Err(CliError::usage("key size must be a multiple of 8 bits"));
         }
         Some(bits) => bits / 8,
+        // cryptsetup gives a LUKS volume with cipher_null a 256-bit volume key all the
+        // same (a keyslot must hold something); the data path ignores it.
+        None if cipher.cipher == cryptblk_crypto::BlockCipherAlg::Null => 32,
         None => cipher.default_key_len(),
     };
     if !cipher.valid_key_len(key_len) {

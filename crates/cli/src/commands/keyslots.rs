@@ -130,6 +130,7 @@ fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
         extra_key_files: 0,
         keyfile_size: a.new_keyfile_size,
         keyfile_offset: a.new_keyfile_offset,
+        verify: a.key.verify_passphrase,
     }
 }
 
@@ -354,6 +355,7 @@ pub(crate) fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
             extra_key_files: 0,
             keyfile_size: a.key.keyfile_size,
             keyfile_offset: a.key.keyfile_offset,
+            verify: false,
         },
         None => a.key.source(),
     };

@@ -127,7 +127,7 @@ pub(crate) fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     }
 }
 
-pub(crate) fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
+pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
     let v = match ask(&dir, &a.name, &Request::Status) {
@@ -151,7 +151,16 @@ pub(crate) fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
             ""
         }
     );
-    println!("  type:    {}", v["type"].as_str().unwrap_or(""));
+    // cryptsetup finds a volume's type by reading its header again, from the device
+    // unless --header names it: with a detached header it says "n/a", and scripts
+    // written for it check that. cryptblk knows the type; the drop-in answers as
+    // cryptsetup does.
+    let kind = if ctx.dropin && a.header.is_none() && v["detached_header"] == true {
+        "n/a"
+    } else {
+        v["type"].as_str().unwrap_or("")
+    };
+    println!("  type:    {kind}");
     println!("  cipher:  {}", v["cipher"].as_str().unwrap_or(""));
     println!("  keysize: {} bits", v["key_bits"]);
     if let Some(u) = v["uuid"].as_str() {
@@ -170,6 +179,9 @@ pub(crate) fn status(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     println!("  sector size:  {}", v["sector_size"]);
     println!("  offset:  {} sectors", v["offset_sectors"]);
     println!("  size:    {} sectors", v["size_sectors"]);
+    if let Some(n) = v["skipped_sectors"].as_u64().filter(|&n| n > 0) {
+        println!("  skipped: {n} sectors");
+    }
     // cryptsetup marks a suspended mapping on this line; scripts grep for it.
     println!(
         "  mode:    {}{}",
@@ -248,7 +260,8 @@ pub(crate) fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
 #[derive(Args, Debug)]
 pub(crate) struct ResumeArgs {
     pub name: String,
-    /// Accepted for cryptsetup's scripts: the serving process holds the header already.
+    /// The serving process holds the header already; as `cryptsetup` (the drop-in), a
+    /// volume opened with a detached header needs it named, as cryptsetup does.
     #[arg(long = "header", value_name = "HEADER", hide = true)]
     pub header: Option<PathBuf>,
     #[arg(long = "run-dir")]
@@ -315,9 +328,22 @@ pub(crate) fn suspend(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
 
 /// `resume NAME` (cryptsetup luksResume): unlocks the suspended volume again with a
 /// passphrase (sent over the private control socket, never on a command line).
-pub(crate) fn resume(_ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
+pub(crate) fn resume(ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;
+    if ctx.dropin && a.header.is_none() {
+        // cryptsetup reads the header again to resume, from the device unless --header
+        // names it; scripts written for it expect a volume with a detached header to
+        // need --header. cryptblk itself holds the header already.
+        if let Ok(Reply::Status(v)) = ask(&dir, &a.name, &Request::Status)
+            && v["detached_header"] == true
+        {
+            return Err(CliError::usage(format!(
+                "{} has a detached header: give it with --header",
+                a.name
+            )));
+        }
+    }
     let pass = crate::passphrase::get_passphrase(
         &a.key.source(),
         &format!("Enter passphrase for {}: ", a.name),

@@ -382,6 +382,7 @@ impl Serving {
             name: a.name.clone(),
             device: a.device.display().to_string(),
             device_id: rundir::identity(&a.device),
+            detached_header: a.vol.header.header.is_some(),
             info: u.info,
             frontend: started.desc.clone(),
         });
@@ -571,6 +572,8 @@ struct Served {
     device: String,
     /// The device's (st_dev, st_ino), by which `reencrypt DEVICE` finds its server.
     device_id: Option<(u64, u64)>,
+    /// Opened with `--header`: the device holds no header.
+    detached_header: bool,
     info: VolumeInfo,
     frontend: String,
 }
@@ -592,6 +595,7 @@ fn status_json(
         "sector_size": sector_size, "backend": backend,
         "storage": vol.storage_description(),
         "offset_sectors": c.data_offset / 512, "size_sectors": vol.size() / 512, "size_bytes": vol.size(),
+        "skipped_sectors": c.iv_offset,
         "mode": if vol.read_only() { "readonly" } else { "read/write" },
         "discards": vol.can_discard(),
         "frontend": s.frontend, "pid": std::process::id(),
@@ -601,6 +605,7 @@ fn status_json(
         "unaligned": st.unaligned.load(Relaxed), "crypto_calls": st.crypto_calls.load(Relaxed),
         "dumpable": crate::process::is_dumpable(),
         "device_id": s.device_id.map(|(d, i)| json!([d, i])),
+        "detached_header": s.detached_header,
         "reencryption": jobs.status(),
         "hot_zone_reads": st.hot_zone_reads.load(Relaxed),
         "hot_zone_waits": st.hot_zone_waits.load(Relaxed),

@@ -97,6 +97,15 @@ impl SuspendControl {
                     e => CliError::usage(e.to_string()),
                 },
             )?;
+            // A volume `resize`d smaller keeps its size: the header's one dynamic segment
+            // covers the whole device again, cut back here as resize cut it.
+            let mut layout = layout;
+            let size = cryptblk_device::BlockDevice::size(&*self.vol);
+            if let [only] = layout.as_mut_slice()
+                && only.len > size
+            {
+                only.len = size;
+            }
             s.resume(layout)
                 .map_err(|e| CliError::usage(e.to_string()))?;
             *st = None;
