@@ -11,10 +11,12 @@
 // FFI to PKCS#11 modules and p11-kit: every block says why it is sound.
 #![allow(unsafe_code)]
 
+mod ec;
 mod rsa;
 mod uri;
 
-pub use rsa::{rsa_encrypt_pkcs1, rsa_public_key};
+pub use ec::{Curve, ecdh_ephemeral};
+pub use rsa::{PublicKey, public_key, rsa_encrypt_pkcs1};
 pub use uri::Uri;
 
 use cryptblk_dl::{Library, Scope};
@@ -61,12 +63,14 @@ const C_OPEN_SESSION: usize = 12;
 const C_CLOSE_SESSION: usize = 13;
 const C_LOGIN: usize = 18;
 const C_LOGOUT: usize = 19;
+const C_DESTROY_OBJECT: usize = 22;
 const C_GET_ATTRIBUTE_VALUE: usize = 24;
 const C_FIND_OBJECTS_INIT: usize = 26;
 const C_FIND_OBJECTS: usize = 27;
 const C_FIND_OBJECTS_FINAL: usize = 28;
 const C_DECRYPT_INIT: usize = 33;
 const C_DECRYPT: usize = 34;
+const C_DERIVE_KEY: usize = 62;
 
 const CKF_SERIAL_SESSION: c_ulong = 0x4;
 const CKF_LOGIN_REQUIRED: c_ulong = 0x4;
@@ -76,6 +80,16 @@ const CKA_CLASS: c_ulong = 0x0;
 const CKA_LABEL: c_ulong = 0x3;
 const CKA_ID: c_ulong = 0x102;
 const CKA_VALUE: c_ulong = 0x11;
+const CKA_TOKEN: c_ulong = 0x1;
+const CKA_KEY_TYPE: c_ulong = 0x100;
+const CKA_SENSITIVE: c_ulong = 0x103;
+const CKA_EXTRACTABLE: c_ulong = 0x162;
+const CKO_SECRET_KEY: c_ulong = 4;
+const CKK_RSA: c_ulong = 0;
+const CKK_EC: c_ulong = 3;
+const CKK_GENERIC_SECRET: c_ulong = 0x10;
+const CKM_ECDH1_DERIVE: c_ulong = 0x1050;
+const CKD_NULL: c_ulong = 1;
 const CKO_CERTIFICATE: c_ulong = 1;
 const CKO_PRIVATE_KEY: c_ulong = 3;
 const CKM_RSA_PKCS: c_ulong = 1;
@@ -345,16 +359,27 @@ fn with_token<T>(
     )))
 }
 
-/// Decrypts `ciphertext` (RSA PKCS#1 v1.5) with the private key the token `uri` names
-/// holds, logging in with the PIN `pin` gives for it (`None`: no PIN to give).
-pub fn rsa_decrypt(
+/// The secret a systemd-pkcs11 token's `sealed` data gives with the private key the
+/// token `uri` names holds, logging in with the PIN `pin` gives for it (`None`: no PIN
+/// to give): an RSA key decrypts it (PKCS#1 v1.5); an EC key takes it as the other
+/// side's public point (uncompressed SEC1) and derives the ECDH secret with it (its
+/// x-coordinate, no KDF), as systemd 255+ does. The key's type on the token decides.
+pub fn unseal(
     uri: &Uri,
     pin: &mut dyn FnMut(&TokenLabel) -> Option<Zeroizing<Vec<u8>>>,
-    ciphertext: &[u8],
+    sealed: &[u8],
 ) -> Result<Zeroizing<Vec<u8>>, Error> {
     with_token(uri, pin, |session, label| {
         let key = session.only_object(uri, CKO_PRIVATE_KEY, label, "private key")?;
-        session.decrypt(key, ciphertext)
+        match session.ulong(key, CKA_KEY_TYPE)? {
+            CKK_RSA => session.decrypt(key, sealed),
+            CKK_EC => session.ecdh(key, sealed),
+            other => Err(Error::Key(format!(
+                "the private key on token '{}' is of PKCS#11 key type {other:#x}: systemd-pkcs11 \
+                 tokens take RSA or EC keys",
+                label.label
+            ))),
+        }
     })
 }
 
@@ -489,6 +514,94 @@ impl Session {
                 uri.as_str()
             ))),
         }
+    }
+
+    /// An object's attribute that holds a `CK_ULONG` (`CKA_KEY_TYPE`).
+    fn ulong(&self, object: c_ulong, kind: c_ulong) -> Result<c_ulong, Error> {
+        type F = unsafe extern "C" fn(c_ulong, c_ulong, *mut Attribute, c_ulong) -> Rv;
+        let mut v: c_ulong = 0;
+        let mut attr = Attribute {
+            kind,
+            value: (&mut v as *mut c_ulong).cast(),
+            len: std::mem::size_of::<c_ulong>() as c_ulong,
+        };
+        // SAFETY: C_GetAttributeValue into a CK_ULONG of its size.
+        check("C_GetAttributeValue", unsafe {
+            call::<F>(self.list, C_GET_ATTRIBUTE_VALUE)?(self.handle, object, &mut attr, 1)
+        })?;
+        Ok(v)
+    }
+
+    /// ECDH of the private `key` with the public point `peer` (uncompressed SEC1):
+    /// `C_DeriveKey(CKM_ECDH1_DERIVE, CKD_NULL)` into a session secret, read, destroyed.
+    fn ecdh(&self, key: c_ulong, peer: &[u8]) -> Result<Zeroizing<Vec<u8>>, Error> {
+        /// `CK_ECDH1_DERIVE_PARAMS`.
+        #[repr(C)]
+        struct Ecdh1Params {
+            kdf: c_ulong,
+            shared_len: c_ulong,
+            shared: *const u8,
+            public_len: c_ulong,
+            public: *const u8,
+        }
+        let params = Ecdh1Params {
+            kdf: CKD_NULL,
+            shared_len: 0,
+            shared: std::ptr::null(),
+            public_len: peer.len() as c_ulong,
+            public: peer.as_ptr(),
+        };
+        let mech = Mechanism {
+            kind: CKM_ECDH1_DERIVE,
+            parameter: (&params as *const Ecdh1Params).cast(),
+            len: std::mem::size_of::<Ecdh1Params>() as c_ulong,
+        };
+        let (no, yes): (u8, u8) = (0, 1);
+        let (class, kind) = (CKO_SECRET_KEY, CKK_GENERIC_SECRET);
+        let attr = |kind: c_ulong, v: *const c_void, len: usize| Attribute {
+            kind,
+            value: v,
+            len: len as c_ulong,
+        };
+        let ulong = std::mem::size_of::<c_ulong>();
+        // systemd's template: a session object, readable.
+        let template = [
+            attr(CKA_TOKEN, (&no as *const u8).cast(), 1),
+            attr(CKA_CLASS, (&class as *const c_ulong).cast(), ulong),
+            attr(CKA_KEY_TYPE, (&kind as *const c_ulong).cast(), ulong),
+            attr(CKA_SENSITIVE, (&no as *const u8).cast(), 1),
+            attr(CKA_EXTRACTABLE, (&yes as *const u8).cast(), 1),
+        ];
+        type Derive = unsafe extern "C" fn(
+            c_ulong,
+            *const Mechanism,
+            c_ulong,
+            *const Attribute,
+            c_ulong,
+            *mut c_ulong,
+        ) -> Rv;
+        let mut secret = 0;
+        // SAFETY: C_DeriveKey(session, mechanism, base key, template, count, new key);
+        // the parameters, the peer point and the template's values outlive the call.
+        check("C_DeriveKey", unsafe {
+            call::<Derive>(self.list, C_DERIVE_KEY)?(
+                self.handle,
+                &mech,
+                key,
+                template.as_ptr(),
+                template.len() as c_ulong,
+                &mut secret,
+            )
+        })?;
+        let value = self.value(secret).map(Zeroizing::new);
+        type Destroy = unsafe extern "C" fn(c_ulong, c_ulong) -> Rv;
+        // SAFETY: C_DestroyObject on the session object made above.
+        unsafe {
+            if let Ok(f) = call::<Destroy>(self.list, C_DESTROY_OBJECT) {
+                f(self.handle, secret);
+            }
+        }
+        value
     }
 
     /// An object's `CKA_VALUE`.

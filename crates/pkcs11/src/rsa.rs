@@ -44,10 +44,30 @@ fn expect(b: &[u8], want: u8) -> Result<(&[u8], &[u8]), Error> {
 
 /// rsaEncryption, 1.2.840.113549.1.1.1.
 const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
+/// id-ecPublicKey, 1.2.840.10045.2.1.
+const EC_PUBLIC_KEY: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
 
-/// The RSA modulus and public exponent (big-endian, no leading zeros) of an X.509
-/// certificate (DER).
-pub fn rsa_public_key(cert: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Error> {
+/// The public key of a token's X.509 certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublicKey {
+    /// RSA: modulus and public exponent, big-endian, no leading zeros.
+    Rsa {
+        /// The modulus.
+        n: Vec<u8>,
+        /// The public exponent.
+        e: Vec<u8>,
+    },
+    /// EC: the named curve and the point (SEC1, as the certificate holds it).
+    Ec {
+        /// The curve.
+        curve: crate::Curve,
+        /// The point.
+        point: Vec<u8>,
+    },
+}
+
+/// The public key of an X.509 certificate (DER): RSA, or EC on P-256, P-384 or P-521.
+pub fn public_key(cert: &[u8]) -> Result<PublicKey, Error> {
     let (cert, _) = expect(cert, 0x30)?;
     let (tbs, _) = expect(cert, 0x30)?;
     let mut rest = tbs;
@@ -59,10 +79,25 @@ pub fn rsa_public_key(cert: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Error> {
     }
     let (spki, _) = expect(rest, 0x30)?;
     let (alg, key) = expect(spki, 0x30)?;
-    let (oid, _) = expect(alg, 0x06)?;
+    let (oid, params) = expect(alg, 0x06)?;
+    if oid == EC_PUBLIC_KEY {
+        let (curve, _) = expect(params, 0x06)?;
+        let curve = crate::Curve::from_oid(curve).ok_or_else(|| {
+            Error::Key(
+                "the token's certificate holds an EC key on a curve other than P-256, P-384 \
+                 or P-521"
+                    .into(),
+            )
+        })?;
+        let (bits, _) = expect(key, 0x03)?;
+        let point = bits.get(1..).ok_or_else(|| bad("an empty key"))?.to_vec();
+        return Ok(PublicKey::Ec { curve, point });
+    }
     if oid != RSA_ENCRYPTION {
         return Err(Error::Key(
-            "the token's certificate holds no RSA key (systemd-pkcs11 tokens need one)".into(),
+            "the token's certificate holds neither an RSA nor an EC key (systemd-pkcs11 \
+             tokens need one)"
+                .into(),
         ));
     }
     let (bits, _) = expect(key, 0x03)?;
@@ -73,10 +108,13 @@ pub fn rsa_public_key(cert: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Error> {
         let first = v.iter().position(|&b| b != 0).unwrap_or(v.len());
         v[first..].to_vec()
     };
-    Ok((strip(n), strip(e)))
+    Ok(PublicKey::Rsa {
+        n: strip(n),
+        e: strip(e),
+    })
 }
 
-fn random(buf: &mut [u8]) -> Result<(), Error> {
+pub(crate) fn random(buf: &mut [u8]) -> Result<(), Error> {
     let mut done = 0;
     while done < buf.len() {
         // SAFETY: getrandom writes at most the given length into the buffer's rest.
@@ -148,9 +186,9 @@ mod tests {
     /// shape and the DER walk's refusals.
     #[test]
     fn ders_that_are_not_certificates_are_refused() {
-        assert!(rsa_public_key(&[]).is_err());
-        assert!(rsa_public_key(&[0x30, 0x05, 0x30]).is_err());
-        assert!(rsa_public_key(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(public_key(&[]).is_err());
+        assert!(public_key(&[0x30, 0x05, 0x30]).is_err());
+        assert!(public_key(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(
             rsa_encrypt_pkcs1(&[0xff; 128], &[1, 0, 1], b"x").is_err(),
             "1024 bits"

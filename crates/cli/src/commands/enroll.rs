@@ -332,7 +332,8 @@ fn clevis_token(ctx: &Ctx, a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
 }
 
 /// A random key encrypted to the RSA certificate on the token `uri` names, as
-/// systemd-cryptenroll does (half the modulus' size): its base64 (the new keyslot's
+/// systemd-cryptenroll does (half the modulus' size), or with an EC certificate the
+/// ECDH secret of an ephemeral key (systemd 255+): its base64 (the new keyslot's
 /// passphrase) and the systemd-pkcs11 token, keyslots to be filled in.
 fn pkcs11_token(uri: &str) -> CliResult<(SecretBytes, Value)> {
     let parsed = cryptblk_pkcs11::Uri::parse(uri).map_err(bad)?;
@@ -348,10 +349,21 @@ fn pkcs11_token(uri: &str) -> CliResult<(SecretBytes, Value)> {
         }
     })
     .map_err(|e| pin_error.take().unwrap_or_else(|| bad(e)))?;
-    let (n, e) = cryptblk_pkcs11::rsa_public_key(&cert).map_err(bad)?;
-    let mut secret = SecretBytes::zeroed(n.len() / 2);
-    cryptblk_crypto::random_bytes(&mut secret).map_err(|e| bad(e.to_string()))?;
-    let sealed = cryptblk_pkcs11::rsa_encrypt_pkcs1(&n, &e, &secret).map_err(bad)?;
+    let (secret, sealed) = match cryptblk_pkcs11::public_key(&cert).map_err(bad)? {
+        cryptblk_pkcs11::PublicKey::Rsa { n, e } => {
+            let mut secret = SecretBytes::zeroed(n.len() / 2);
+            cryptblk_crypto::random_bytes(&mut secret).map_err(|e| bad(e.to_string()))?;
+            let sealed = cryptblk_pkcs11::rsa_encrypt_pkcs1(&n, &e, &secret).map_err(bad)?;
+            (secret, sealed)
+        }
+        // systemd 255+: the ECDH secret of an ephemeral key and the token's, the
+        // ephemeral public point stored for the token to derive it again.
+        cryptblk_pkcs11::PublicKey::Ec { curve, point } => {
+            let (shared, ephemeral) =
+                cryptblk_pkcs11::ecdh_ephemeral(curve, &point).map_err(bad)?;
+            (SecretBytes::from_slice(&shared), ephemeral)
+        }
+    };
     let token = json!({
         "type": "systemd-pkcs11",
         "keyslots": [],

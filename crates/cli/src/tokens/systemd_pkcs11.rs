@@ -1,6 +1,8 @@
 //! systemd-pkcs11 tokens (`systemd-cryptenroll --pkcs11-token-uri`): a random key
 //! encrypted to the RSA certificate on a security token (smart card, HSM, SoftHSM), its
 //! base64 the keyslot's passphrase; the token's private key decrypts it after its PIN.
+//! With an EC key (systemd 255+), the stored data is an ephemeral public point and the
+//! token derives the secret by ECDH with it.
 
 use super::TokenArgs;
 use crate::error::{CliError, CliResult, EXIT_PERMISSION};
@@ -25,7 +27,7 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
         .and_then(|s| B64.decode(s).ok())
         .ok_or_else(|| bad("'pkcs11-key' is not base64"))?;
     let mut pin_error = None;
-    let plain = cryptblk_pkcs11::rsa_decrypt(
+    let plain = cryptblk_pkcs11::unseal(
         &uri,
         &mut |label| match super::token_pin(
             &format!("PKCS#11 token '{}'", label.label),

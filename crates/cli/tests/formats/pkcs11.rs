@@ -19,6 +19,11 @@ struct Hsm {
 
 impl Hsm {
     fn new() -> Hsm {
+        Hsm::with_key(&["-newkey", "rsa:2048"])
+    }
+
+    /// A SoftHSM token whose key openssl's `req` makes with `newkey` (its arguments).
+    fn with_key(newkey: &[&str]) -> Hsm {
         assert!(
             std::path::Path::new(MODULE).exists(),
             "{MODULE} not found: install the Debian package softhsm2 (scripts/setup.sh does)"
@@ -60,20 +65,21 @@ impl Hsm {
             "openssl",
             "openssl",
             &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &p("key.pem"),
-                "-out",
-                &p("cert.pem"),
-                "-days",
-                "3650",
-                "-subj",
-                "/CN=cryptblk-test",
-            ],
+                &["req", "-x509"][..],
+                newkey,
+                &["-nodes"],
+                &[
+                    "-keyout",
+                    &p("key.pem"),
+                    "-out",
+                    &p("cert.pem"),
+                    "-days",
+                    "3650",
+                    "-subj",
+                    "/CN=cryptblk-test",
+                ],
+            ]
+            .concat(),
         );
         run(
             "openssl",
@@ -103,10 +109,17 @@ impl Hsm {
                 &p("cert.der"),
             ],
         );
-        for (file, kind) in [("key.der", "privkey"), ("cert.der", "cert")] {
-            run(
-                "pkcs11-tool",
-                "opensc",
+        // The private key may decrypt (RSA) and derive (EC), as a card's key is made.
+        for (file, kind, usage) in [
+            (
+                "key.der",
+                "privkey",
+                &["--usage-decrypt", "--usage-derive"][..],
+            ),
+            ("cert.der", "cert", &[][..]),
+        ] {
+            let path = p(file);
+            let args = [
                 &[
                     "--module",
                     MODULE,
@@ -114,15 +127,18 @@ impl Hsm {
                     "--pin",
                     "1234",
                     "--write-object",
-                    &p(file),
+                    &path,
                     "--type",
                     kind,
                     "--id",
                     "01",
                     "--label",
                     "key",
-                ],
-            );
+                ][..],
+                usage,
+            ]
+            .concat();
+            run("pkcs11-tool", "opensc", &args);
         }
         let uri = "pkcs11:token=test".to_owned();
         Hsm { dir, conf, uri }
@@ -264,4 +280,103 @@ fn systemd_pkcs11_tokens_unlock_both_ways_with_softhsm() {
         "{out:?}"
     );
     assert!(stderr(&out).contains("Key slot 0 unlocked"), "{out:?}");
+}
+
+/// An EC key on the token (systemd 255+'s tokens; Debian 12's systemd 252 enrolls RSA
+/// only): cryptblk enrolls and unlocks through the token's ECDH; and, independently, the
+/// secret openssl derives from the token's private key (the test made it) and the stored
+/// ephemeral point is, in base64, the new keyslot's passphrase for cryptsetup itself.
+#[test]
+fn an_ec_key_enrolls_and_unlocks_by_ecdh_as_systemd_255_does() {
+    let hsm = Hsm::with_key(&["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]);
+    let TokenVolume { img, pw, .. } = TokenVolume::new(hsm.dir.path());
+    let img = img.as_str();
+    let cb = |args: &[&str], env: &[(&str, &str)], stdin: &[u8]| hsm.run(bin(), args, env, stdin);
+    let out = cb(
+        &[
+            "enroll",
+            "--pkcs11-token-uri",
+            &hsm.uri,
+            "--key-file",
+            &pw,
+            img,
+        ],
+        &[("PIN", "1234")],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("enrolled as key slot 1"), "{out:?}");
+    let out = cb(
+        &["test-passphrase", "--token-only", "--token-id", "0", img],
+        &[("PIN", "1234")],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("Token 0 (systemd-pkcs11) unlocked keyslot 1"),
+        "{out:?}"
+    );
+    let out = cb(
+        &["test-passphrase", "--token-only", img],
+        &[("PIN", "0000")],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // The format, checked without cryptblk: the stored point is an uncompressed P-256
+    // point; ECDH of it with the token's private key, in base64, opens keyslot 1.
+    use base64::Engine as _;
+    let token: serde_json::Value = serde_json::from_str(&ok(&cb(
+        &["token", "export", "--token-id", "0", img],
+        &[],
+        b"",
+    )))
+    .unwrap();
+    let point = base64::engine::general_purpose::STANDARD
+        .decode(token["pkcs11-key"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(
+        (point.len(), point[0]),
+        (65, 4),
+        "uncompressed SEC1 P-256 point"
+    );
+    let mut spki = hex::decode("3059301306072a8648ce3d020106082a8648ce3d030107034200").unwrap();
+    spki.extend_from_slice(&point);
+    std::fs::write(hsm.p("eph.der"), &spki).unwrap();
+    let derive = run_in(
+        &tool("openssl", "openssl"),
+        &[
+            "pkeyutl",
+            "-derive",
+            "-inkey",
+            &hsm.p("key.pem"),
+            "-peerkey",
+            &hsm.p("eph.der"),
+            "-peerform",
+            "DER",
+            "-out",
+            &hsm.p("shared"),
+        ],
+        b"",
+    );
+    assert!(derive.status.success(), "{derive:?}");
+    let shared = std::fs::read(hsm.p("shared")).unwrap();
+    assert_eq!(shared.len(), 32);
+    std::fs::write(
+        hsm.p("pass"),
+        base64::engine::general_purpose::STANDARD.encode(&shared),
+    )
+    .unwrap();
+    let cs = tool("cryptsetup", "cryptsetup-bin");
+    ok(&cryptsetup(
+        &cs,
+        &[
+            "open",
+            "--test-passphrase",
+            "--key-slot",
+            "1",
+            "--key-file",
+            &hsm.p("pass"),
+            img,
+        ],
+    ));
 }
