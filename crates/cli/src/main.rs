@@ -171,6 +171,7 @@ fn main() {
                 id: cli.ceph_id.clone(),
                 read_only: false,
             },
+            shared_local: false,
         },
     };
     // Every command that can hold a passphrase or a volume key (all but the benchmark

@@ -124,6 +124,16 @@ pub fn open_local(path: &Path, read_only: bool) -> io::Result<File> {
     Ok(f)
 }
 
+/// Opens a file or block device for the data path unlocked and not exclusively
+/// (cryptsetup's `--shared`): for a second volume on another range of a device that
+/// another volume holds.
+pub fn open_local_shared(path: &Path, read_only: bool) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(path)
+}
+
 impl Storage for DataDevice {
     fn size(&self) -> io::Result<u64> {
         self.inner().size()

@@ -10,7 +10,9 @@ mod data_device;
 pub mod errno;
 mod partition;
 mod storage;
-pub use data_device::{DataDevice, DeviceOpener, LocalDevices, open_local, open_local_header};
+pub use data_device::{
+    DataDevice, DeviceOpener, LocalDevices, open_local, open_local_header, open_local_shared,
+};
 pub use errno::errno_of;
 pub use partition::{Partition, partition_of};
 pub use storage::{

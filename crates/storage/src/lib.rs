@@ -31,6 +31,11 @@ pub struct Devices {
     /// For `rbd:` devices: the cluster's configuration file and client id (`read_only` is
     /// set per open).
     pub rbd: RbdOptions,
+    /// cryptsetup's `--shared`: a local file or block device is opened for the data path
+    /// without the lock or the exclusive open, so that a second volume can be served from
+    /// another range of a device already in use (the ranges are the user's to keep
+    /// apart, as with dm-crypt).
+    pub shared_local: bool,
 }
 
 /// Whether `path` names remote storage rather than a file (an `nbd://`, `nbd+unix://`
@@ -79,6 +84,9 @@ impl DeviceOpener for Devices {
     fn open(&self, path: &Path, read_only: bool) -> io::Result<DataDevice> {
         match self.open_remote(path, read_only)? {
             Some(r) => Ok(r),
+            None if self.shared_local => Ok(DataDevice::File(std::sync::Arc::new(
+                cryptblk_device::open_local_shared(path, read_only)?,
+            ))),
             None => LocalDevices.open(path, read_only),
         }
     }

@@ -91,6 +91,11 @@ pub(crate) struct OpenArgs {
     /// Detach and run in the background once ready.
     #[arg(long)]
     pub daemon: bool,
+    /// cryptsetup's --shared: serve another range (--offset, --size) of a device that
+    /// another volume already holds, without the lock or exclusive open that otherwise
+    /// keeps a device to one server; keeping the ranges apart is the user's part.
+    #[arg(long)]
+    pub shared: bool,
     /// Directory for pid, control socket and log (default: $XDG_RUNTIME_DIR/cryptblk,
     /// /run/cryptblk as root, else $TMPDIR/cryptblk-UID); kept private (0700).
     #[arg(long = "run-dir")]
@@ -228,6 +233,21 @@ fn choose(a: &OpenArgs) -> CliResult<Box<dyn Frontend>> {
 /// detaches after it), [`unlock`], [`Serving::start`], [`Serving::announce`] (control
 /// socket, pid file, signals), [`Serving::say_ready`], [`Serving::run_and_close`].
 pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
+    let shared_ctx;
+    let ctx = if a.shared {
+        shared_ctx = Ctx {
+            batch: ctx.batch,
+            verbose: ctx.verbose,
+            dropin: ctx.dropin,
+            devices: cryptblk_storage::Devices {
+                shared_local: true,
+                ..ctx.devices.clone()
+            },
+        };
+        &shared_ctx
+    } else {
+        ctx
+    };
     // From here on this process holds the passphrase and the volume key: no core dumps,
     // no ptrace attach and no /proc/PID/mem for other (non-root) users. execve resets the
     // flag, so the `--daemon` child, which runs this function too, sets it again itself.

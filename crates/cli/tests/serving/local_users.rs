@@ -266,6 +266,49 @@ fn a_socket_path_too_long_for_a_unix_address_is_refused_before_unlocking() {
 }
 
 #[test]
+fn a_served_device_is_refused_to_a_second_server_unless_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("plain.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let run = dir.path().join("run");
+    let open = |name: &str, offset: &str, shared: bool| {
+        let mut args = vec![
+            "open",
+            "--type",
+            "plain",
+            "--hash",
+            "sha256",
+            "--offset",
+            offset,
+            "--size",
+            "2048",
+            img.to_str().unwrap(),
+            name,
+            "--nbd",
+        ];
+        let sock = format!("unix:{}", dir.path().join(format!("{name}.sock")).display());
+        args.push(&sock);
+        args.extend(["--run-dir", run.to_str().unwrap(), "--daemon"]);
+        if shared {
+            args.push("--shared");
+        }
+        run_in(bin(), &args, b"plain passphrase\n")
+    };
+    ok(&open("first", "0", false));
+    let second = open("second", "4096", false);
+    assert_eq!(second.status.code(), Some(5), "{}", stderr(&second));
+    assert!(stderr(&second).contains("in use"), "{}", stderr(&second));
+    // cryptsetup's --shared: another range of the same device, served beside it.
+    ok(&open("second", "4096", true));
+    for name in ["second", "first"] {
+        ok(&cb(&["close", name, "--run-dir", run.to_str().unwrap()]));
+    }
+}
+
+#[test]
 fn daemon_takes_its_key_file_from_stdin() {
     let dir = tempfile::tempdir().unwrap();
     let (img, pw) = luks_image(dir.path(), 32 << 20);
