@@ -27,7 +27,7 @@ fi
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'rm -rf "$xfer"' EXIT
-cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh "$BIN" "$xfer/"
+cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh tests/vm/dm-lines.sh "$BIN" "$xfer/"
 # The software FIDO2 key the token tests plug in (a test tool with its own lock file,
 # never linked into cryptblk: tests/tools/fido2-authenticator). Built here; tokens.sh says
 # FAIL if it is missing.
@@ -39,6 +39,9 @@ if [[ " ${CRYPTBLK_VM_TESTS:-dmcrypt ublk} " == *" ublk "* ]]; then
     echo "tests/vm: the software FIDO2 key ($fa) did not build: the FIDO2 token checks will fail" >&2
   fi
 fi
+# compat-test's own LUKS1 image, for its lines that need a mapping (dm-lines.sh says FAIL
+# if it is missing).
+if [ -f target/cryptsetup-src/tests/compatimage.img.xz ]; then cp target/cryptsetup-src/tests/compatimage.img.xz "$xfer/"; fi
 # A few of cryptsetup's TrueCrypt/VeraCrypt images (scripts/fetch-cryptsetup-images.sh),
 # for both-way interop with the kernel's TCRYPT mapping.
 tc=target/cryptsetup-tests/tcrypt-images
@@ -61,8 +64,8 @@ if [[ " $SUITES " == *" dmcrypt "* ]]; then
     "bash /results/dmcrypt-interop.sh /results/cryptblk families plain loopaes tcrypt"
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
-  guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery; TPM2 tokens against systemd's own unlock path" \
-    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk /results/fido2-authenticator && exit \$u" tpm
+  guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery; TPM2 and FIDO2 tokens against systemd's own unlock path; cryptsetup's test lines that need a mapping" \
+    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk /results/fido2-authenticator || u=1; bash /results/dm-lines.sh /results/cryptblk /results/compatimage.img.xz && exit \$u" tpm
 fi
 # The guests only read /results (they work in their own /tmp), so they share it.
 logs=$(mktemp -d /var/tmp/cryptblk-vm-logs.XXXXXX)

@@ -1,6 +1,8 @@
 //! `cryptblk`: cryptsetup's LUKS commands and dm-crypt's data path, in userspace.
 //! The work is done by the library crates; this binary parses arguments and prints.
 
+#[macro_use]
+mod output;
 mod args;
 mod commands;
 mod control;

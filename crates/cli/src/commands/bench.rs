@@ -69,7 +69,7 @@ pub(crate) fn parse_size(s: &str) -> CliResult<u64> {
 pub(crate) fn run(a: BenchArgs) -> CliResult<()> {
     if let Some(dir) = &a.report_only {
         let charts = cryptblk_bench::report::generate(dir).map_err(CliError::usage)?;
-        println!(
+        outln!(
             "{} ({} chart files)",
             dir.join("report.md").display(),
             charts.len()
@@ -125,7 +125,7 @@ pub(crate) fn run(a: BenchArgs) -> CliResult<()> {
         vm_harness: vm_harness(),
     };
     let report = cryptblk_bench::run(&cfg).map_err(CliError::usage)?;
-    println!("{}", report.display());
+    outln!("{}", report.display());
     Ok(())
 }
 

@@ -59,13 +59,18 @@ pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
         .transpose()
         .map_err(CliError::usage)?;
     if !a.json {
-        println!(
+        outln!(
             "# Tests are approximate, in-process, one core, backend {backend} (no storage I/O)."
         );
-        println!("# MB = 10^6 bytes.");
-        println!(
+        outln!("# MB = 10^6 bytes.");
+        outln!(
             "{:>22} {:>6} {:>7} {:>8} {:>14} {:>14}",
-            "Algorithm", "Key", "Sector", "Request", "Encryption", "Decryption"
+            "Algorithm",
+            "Key",
+            "Sector",
+            "Request",
+            "Encryption",
+            "Decryption"
         );
     }
     let mut rows = Vec::new();
@@ -173,7 +178,7 @@ fn cipher_cases(a: &BenchmarkArgs) -> CliResult<Vec<CipherCase>> {
 
 fn print_cipher_speed(s: &CipherSpeed, json: bool) {
     if json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "cipher": s.cipher, "key_bits": s.key_bits, "sector_size": s.sector_size,
@@ -183,9 +188,14 @@ fn print_cipher_speed(s: &CipherSpeed, json: bool) {
             })
         );
     } else {
-        println!(
+        outln!(
             "{:>22} {:>5}b {:>7} {:>8} {:>9.1} MB/s {:>9.1} MB/s",
-            s.cipher, s.key_bits, s.sector_size, s.request_size, s.encrypt_mb_s, s.decrypt_mb_s
+            s.cipher,
+            s.key_bits,
+            s.sector_size,
+            s.request_size,
+            s.encrypt_mb_s,
+            s.decrypt_mb_s
         );
     }
 }
@@ -194,12 +204,12 @@ fn print_pbkdf2_speeds(json: bool) -> CliResult<()> {
     for hash in [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha512] {
         let ips = pbkdf2_iterations_per_second(hash, 32)?;
         if json {
-            println!(
+            outln!(
                 "{}",
                 json!({"kdf": "pbkdf2", "hash": hash.name(), "key_bits": 256, "iterations_per_second": ips})
             );
         } else {
-            println!(
+            outln!(
                 "PBKDF2-{:<7} {:>10} iterations per second for 256-bit key",
                 hash.name(),
                 ips
@@ -222,13 +232,13 @@ fn print_argon2_costs(json: bool) -> CliResult<()> {
         } = req.resolve(32)?
         {
             if json {
-                println!(
+                outln!(
                     "{}",
                     json!({"kdf": variant.name(), "key_bits": 256, "time": time, "memory_kib": memory_kib,
                     "parallel": parallel, "target_ms": req.iter_time_ms})
                 );
             } else {
-                println!(
+                outln!(
                     "{:<9} {time:>3} iterations, {memory_kib:>7} memory, {parallel} parallel threads (CPUs) for 256-bit key (requested {} ms time)",
                     variant.name(),
                     req.iter_time_ms

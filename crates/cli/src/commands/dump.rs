@@ -114,9 +114,9 @@ fn dump_tcrypt(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     let (header, data_offset) = crate::unlock::tcrypt_header(ctx, &a.device, &v)?;
     let shown = a.device.display().to_string();
     if a.dump_volume_key {
-        print!("{}", header.dump_volume_key(&shown, data_offset));
+        out!("{}", header.dump_volume_key(&shown, data_offset));
     } else {
-        print!("{}", header.dump(&shown));
+        out!("{}", header.dump(&shown));
     }
     Ok(())
 }
@@ -151,12 +151,12 @@ fn dump_bitlk(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     if !a.dump_volume_key {
         let h = cryptblk_volume::bitlk_header(&a.device, &ctx.volume_devices())
             .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
-        print!("{}", h.dump(&shown));
+        out!("{}", h.dump(&shown));
         return Ok(());
     }
     crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
     let (h, vk) = bitlk_volume_key(ctx, &a.device, &a.key)?;
-    print!("{}", h.dump_volume_key(&shown, &vk));
+    out!("{}", h.dump_volume_key(&shown, &vk));
     Ok(())
 }
 
@@ -186,12 +186,12 @@ fn dump_fvault2(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     if !a.dump_volume_key {
         let h = cryptblk_volume::fvault2_header(&a.device, &ctx.volume_devices())
             .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
-        print!("{}", h.dump(&shown));
+        out!("{}", h.dump(&shown));
         return Ok(());
     }
     crate::passphrase::confirm(ctx.batch, VOLUME_KEY_WARNING)?;
     let (h, vk) = fvault2_volume_key(ctx, &a.device, &a.key)?;
-    print!("{}", h.dump_volume_key(&shown, &vk));
+    out!("{}", h.dump_volume_key(&shown, &vk));
     Ok(())
 }
 
@@ -240,7 +240,7 @@ fn dump_plain(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
         }
         None => o.push_str(&crate::commands::luksdump::key_lines("MK dump:", &key)),
     }
-    print!("{o}");
+    out!("{o}");
     Ok(())
 }
 
@@ -300,7 +300,7 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         if let Some(vk) = &volume_key {
             v["volume_key"] = Value::String(hex::encode(&vk[..]));
         }
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&v).expect("JSON serializes")
         );
@@ -315,7 +315,7 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
         }
         let h = Luks2Header::read_ignoring_requirements(&mut dev)?;
         // As cryptsetup: no newline after the closing brace.
-        print!("{}", crate::commands::luksdump::json_c_pretty(h.json()));
+        out!("{}", crate::commands::luksdump::json_c_pretty(h.json()));
         return Ok(());
     }
     if let Some(vk) = &volume_key {
@@ -333,7 +333,7 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
             text.truncate(cut);
             text.push_str(&format!("Key stored to file {}.\n", f.display()));
         }
-        print!("{text}");
+        out!("{text}");
         return Ok(());
     }
     let text = if hdr.version() == 1 {
@@ -341,7 +341,7 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     } else {
         crate::commands::luksdump::luks2(&Luks2Header::read_ignoring_requirements(&mut dev)?)
     };
-    print!("{text}");
+    out!("{text}");
     Ok(())
 }
 
@@ -401,7 +401,7 @@ fn dump_unbound(
         Some(f) => o.push_str(&format!("Key stored to file {}.\n", f.display())),
         None => o.push_str(&crate::commands::luksdump::unbound_key(&key)),
     }
-    print!("{o}");
+    out!("{o}");
     Ok(())
 }
 

@@ -387,9 +387,9 @@ fn list_fido2_keys() -> CliResult<()> {
     if usable.is_empty() {
         return Err(bad("no FIDO2 security key with hmac-secret is plugged in"));
     }
-    println!("PATH\tMANUFACTURER\tPRODUCT");
+    outln!("PATH\tMANUFACTURER\tPRODUCT");
     for k in usable {
-        println!("{}\t{}\t{}", k.path, k.manufacturer, k.product);
+        outln!("{}\t{}\t{}", k.path, k.manufacturer, k.product);
     }
     Ok(())
 }

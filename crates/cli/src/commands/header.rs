@@ -52,7 +52,7 @@ pub(crate) fn uuid(ctx: &Ctx, a: UuidArgs) -> CliResult<()> {
     let mut dev = open_header(ctx, &a.device, &a.header, a.uuid.is_some())?;
     let mut hdr = load(&mut dev, header_path(&a.device, &a.header))?;
     match &a.uuid {
-        None => println!("{}", hdr.uuid()),
+        None => outln!("{}", hdr.uuid()),
         Some(u) => {
             confirm(
                 ctx.batch,

@@ -140,7 +140,7 @@ pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
             });
         }
     };
-    println!(
+    outln!(
         "{} is active{}.",
         v["path"]
             .as_str()
@@ -160,30 +160,30 @@ pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     } else {
         v["type"].as_str().unwrap_or("")
     };
-    println!("  type:    {kind}");
-    println!("  cipher:  {}", v["cipher"].as_str().unwrap_or(""));
-    println!("  keysize: {} bits", v["key_bits"]);
+    outln!("  type:    {kind}");
+    outln!("  cipher:  {}", v["cipher"].as_str().unwrap_or(""));
+    outln!("  keysize: {} bits", v["key_bits"]);
     if let Some(u) = v["uuid"].as_str() {
-        println!("  uuid:    {u}");
+        outln!("  uuid:    {u}");
     }
-    println!("  key location: process memory (pid {})", v["pid"]);
+    outln!("  key location: process memory (pid {})", v["pid"]);
     if let (Some(id), Some(kind)) = (v["token"]["id"].as_u64(), v["token"]["type"].as_str()) {
-        println!(
+        outln!(
             "  unlocked by: token {id} ({kind}), keyslot {}",
             v["keyslot"]
         );
     }
-    println!("  device:  {}", v["device"].as_str().unwrap_or(""));
-    println!("  storage: {}", v["storage"].as_str().unwrap_or(""));
-    println!("  crypto:  {}", v["backend"].as_str().unwrap_or(""));
-    println!("  sector size:  {}", v["sector_size"]);
-    println!("  offset:  {} sectors", v["offset_sectors"]);
-    println!("  size:    {} sectors", v["size_sectors"]);
+    outln!("  device:  {}", v["device"].as_str().unwrap_or(""));
+    outln!("  storage: {}", v["storage"].as_str().unwrap_or(""));
+    outln!("  crypto:  {}", v["backend"].as_str().unwrap_or(""));
+    outln!("  sector size:  {}", v["sector_size"]);
+    outln!("  offset:  {} sectors", v["offset_sectors"]);
+    outln!("  size:    {} sectors", v["size_sectors"]);
     if let Some(n) = v["skipped_sectors"].as_u64().filter(|&n| n > 0) {
-        println!("  skipped: {n} sectors");
+        outln!("  skipped: {n} sectors");
     }
     // cryptsetup marks a suspended mapping on this line; scripts grep for it.
-    println!(
+    outln!(
         "  mode:    {}{}",
         v["mode"].as_str().unwrap_or(""),
         if v["suspended"] == true {
@@ -192,12 +192,12 @@ pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
             ""
         }
     );
-    println!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
+    outln!("  frontend: {}", v["frontend"].as_str().unwrap_or(""));
     if v["suspended"] == true {
-        println!("  suspended: yes (keys wiped, I/O held until resume)");
+        outln!("  suspended: yes (keys wiped, I/O held until resume)");
     }
     if !v["clients"].is_null() {
-        println!("  clients: {}", v["clients"]);
+        outln!("  clients: {}", v["clients"]);
     }
     let r = &v["reencryption"];
     if let (Some(state), Some(done), Some(total)) = (
@@ -205,7 +205,7 @@ pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
         r["done_bytes"].as_u64(),
         r["total_bytes"].as_u64(),
     ) {
-        println!(
+        outln!(
             "  reencryption: {state}, {:.1}% of {} MiB ({} resilience, {:.1} MiB/s){}",
             done as f64 * 100.0 / total.max(1) as f64,
             total >> 20,
@@ -216,9 +216,13 @@ pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
                 .map_or(String::new(), |e| format!(": {e}"))
         );
     }
-    println!(
+    outln!(
         "  I/O:     {} reads ({} bytes), {} writes ({} bytes), {} flushes",
-        v["reads"], v["read_bytes"], v["writes"], v["written_bytes"], v["flushes"]
+        v["reads"],
+        v["read_bytes"],
+        v["writes"],
+        v["written_bytes"],
+        v["flushes"]
     );
     Ok(())
 }
@@ -239,10 +243,10 @@ pub(crate) fn list(_ctx: &Ctx, a: ListArgs) -> CliResult<()> {
     }
     rows.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     if a.json {
-        println!("{}", Value::Array(rows));
+        outln!("{}", Value::Array(rows));
     } else {
         for v in rows {
-            println!(
+            outln!(
                 "{}\t{}\t{}\t{}{}",
                 v["name"].as_str().unwrap_or(""),
                 v["type"].as_str().unwrap_or(""),

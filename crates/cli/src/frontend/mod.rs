@@ -551,7 +551,7 @@ impl Serving {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "READY {node}").and_then(|_| out.flush());
         } else if !node.is_empty() {
-            println!("{node}");
+            outln!("{node}");
         }
     }
 
@@ -896,7 +896,7 @@ fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
                 a.name, a.name, a.name
             );
         } else {
-            println!("{}", if rest.is_empty() { &a.name } else { rest });
+            outln!("{}", if rest.is_empty() { &a.name } else { rest });
         }
         return Ok(());
     }

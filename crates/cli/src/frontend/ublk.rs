@@ -201,6 +201,25 @@ fn backing_limits(path: &Path) -> Option<(u32, u32, bool)> {
     ))
 }
 
+/// Why `device` may not be pulled away, if it is held exclusively: a mounted file
+/// system, a volume stacked on it (cryptblk's, dm's) or anything else opened with O_EXCL.
+/// Removing a ublk device waits for its last opener, so `close` would hang where
+/// cryptsetup answers "still in use"; an exclusive open of our own asks the kernel.
+fn held_exclusively(device: &Path) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+        .open(device)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Some(format!(
+            "{} is held open (mounted, or a volume is stacked on it)",
+            device.display()
+        )),
+        _ => None,
+    }
+}
+
 /// The ublk frontend: `prepare` probes the driver and finds the device to recover (before
 /// the passphrase is asked for or the process detaches), `start` creates or re-attaches it.
 #[derive(Default)]
@@ -211,12 +230,17 @@ pub(super) struct UblkFrontend {
 
 struct UblkControl {
     handle: ShutdownHandle,
+    /// The block device served (/dev/ublkbN).
+    path: PathBuf,
     /// The fields fixed at start (path, queues, features...).
     fixed: Value,
 }
 
 impl Control for UblkControl {
     fn stop(&self) -> Result<(), String> {
+        if let Some(why) = held_exclusively(&self.path) {
+            return Err(why);
+        }
         self.handle.shutdown();
         Ok(())
     }
@@ -326,6 +350,7 @@ impl Frontend for UblkFrontend {
         );
         let control = Arc::new(UblkControl {
             handle: server.shutdown_handle(),
+            path: server.block_device(),
             fixed: json!({
                 "path": path, "dev_id": server.dev_id(), "queues": server.queues(),
                 "queue_depth": server.queue_depth(), "max_io_bytes": server.max_io_bytes(),

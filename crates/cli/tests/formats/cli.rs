@@ -994,3 +994,30 @@ fn a_missing_device_is_an_error_before_any_passphrase() {
         }
     }
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let env = Env::new();
+    let img = env.image("v.img", 20);
+    format(&env, &img, "luks2", &[]);
+    // `dump | head -c 0`: the reader has gone before the first write.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(bin())
+        .args(["dump", &img])
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    // Ended as C tools end on a closed pipe.
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {err}",
+        o.status
+    );
+}
