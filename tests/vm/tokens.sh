@@ -4,7 +4,8 @@
 # cryptblk's, both ways: cryptblk enrolls, and cryptsetup's systemd-tpm2 plugin (which
 # only reaches a kernel TPM) maps the volume with dm-crypt, no passphrase; systemd-
 # cryptenroll enrolls, and cryptblk opens it with --tpm2-device auto (the first
-# /dev/tpmrm*). Then a PCR moves and both refuse. Then FIDO2, over a software security
+# /dev/tpmrm*). Then a PCR moves and both refuse. The same for a signed PCR policy
+# (systemd-measure's signature of PCR 11, systemd-cryptenroll --tpm2-public-key). Then FIDO2, over a software security
 # key on a virtual HID device (uhid; tests/tools/fido2-authenticator): systemd-cryptenroll
 # enrolls and cryptblk unlocks; cryptblk enrolls and cryptsetup's systemd-fido2 plugin maps
 # the volume; a wrong PIN, the token's flags, and a second key without the credential.
@@ -51,6 +52,47 @@ check "cryptsetup's plugin refuses after the PCR moved" \
   bash -c "! cryptsetup open --test-passphrase --token-only v.img < /dev/null > /dev/null 2>&1"
 check "cryptblk refuses after the PCR moved, and says why" \
   bash -c "! '$CB' test-passphrase --token-only v.img < /dev/null 2> err && grep -q 'PCRs do not hold' err"
+
+echo "== tokens: systemd-tpm2 signed PCR policies both ways (at ${SECONDS}s)"
+# PCR 11 as a signed kernel image's boot leaves it (systemd-stub's measurements, then the
+# enter-initrd phase), signed by systemd-measure; the signature where systemd looks first.
+quiet openssl genrsa -out pcr.key 2048
+quiet openssl rsa -in pcr.key -pubout -out pcr.pub
+printf 'a kernel image, as far as PCR 11 is concerned' > kernel
+h() { sha256sum | cut -d' ' -f1; }
+measure() {
+  tpm2_pcrextend "11:sha256=$(printf '.linux\0' | h)" && tpm2_pcrextend "11:sha256=$(h < kernel)" &&
+    tpm2_pcrextend "11:sha256=$(printf 'enter-initrd' | h)"
+}
+mkdir -p /run/systemd
+check "systemd-measure signs the boot's PCR 11" bash -c \
+  "/usr/lib/systemd/systemd-measure sign --tpm2-device=/dev/tpmrm0 --linux=kernel --bank=sha256 --phase=enter-initrd --private-key=pcr.key --public-key=pcr.pub > /run/systemd/tpm2-pcr-signature.json"
+check "PCR 11 measured as that boot" quiet measure
+truncate -s 32M s.img
+quiet cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw s.img
+quiet "$CB" import s.img data --key-file pw
+check "cryptblk enrolls a signed policy (PCR 11 by pcr.pub, no literal PCRs)" \
+  quiet "$CB" enroll --tpm2-device auto --tpm2-public-key pcr.pub --tpm2-pcrs "" --key-file pw s.img
+L=$(losetup -f --show s.img)
+check "cryptsetup's systemd-tpm2 plugin maps it with the signature, no passphrase" \
+  quiet cryptsetup open --token-only "$L" sigvol < /dev/null
+check "the mapping reads the data cryptblk wrote" cmp -n 1048576 data /dev/mapper/sigvol
+cryptsetup close sigvol 2>/dev/null
+losetup -d "$L"
+check "systemd-cryptenroll takes cryptblk's signed enrollment for its own (no-op)" \
+  bash -c "PASSWORD='recovery passphrase' systemd-cryptenroll --tpm2-device=auto --tpm2-public-key=pcr.pub --tpm2-pcrs= s.img 2>&1 | grep -q 'already enrolled'"
+truncate -s 32M s2.img
+quiet cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw s2.img
+check "systemd-cryptenroll enrolls a signed policy" \
+  quiet env PASSWORD="recovery passphrase" systemd-cryptenroll --tpm2-device=auto --tpm2-public-key=pcr.pub --tpm2-pcrs= s2.img
+check "cryptblk opens systemd's signed enrollment (signature found where systemd looks)" \
+  quiet "$CB" test-passphrase --token-only s2.img < /dev/null
+check "PCR 11 moves past what was signed" quiet tpm2_pcrextend "11:sha256=$(printf '02%.0s' $(seq 32))"
+check "cryptsetup's plugin refuses after PCR 11 moved" \
+  bash -c "! cryptsetup open --test-passphrase --token-only s.img < /dev/null > /dev/null 2>&1"
+check "cryptblk refuses after PCR 11 moved, and says why" \
+  bash -c "! '$CB' test-passphrase --token-only s2.img < /dev/null 2> err && grep -q 'nobody signed' err"
+rm -f /run/systemd/tpm2-pcr-signature.json
 
 echo "== tokens: systemd-fido2 both ways (at ${SECONDS}s)"
 fido_keys=()

@@ -47,6 +47,10 @@ type FnClose = unsafe extern "C" fn(Ctx, *mut Tr) -> Rc;
 type FnDeserialize = unsafe extern "C" fn(Ctx, *const u8, usize, *mut Tr) -> Rc;
 type FnUnseal = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr, Out) -> Rc;
 type FnFlush = unsafe extern "C" fn(Ctx, Tr) -> Rc;
+type FnLoadExternal = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, P, P, Tr, *mut Tr) -> Rc;
+type FnVerifySignature = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr, P, P, Out) -> Rc;
+type FnPolicyAuthorize = unsafe extern "C" fn(Ctx, Tr, Tr, Tr, Tr, P, P, P, P) -> Rc;
+type FnGetName = unsafe extern "C" fn(Ctx, Tr, Out) -> Rc;
 type FnFree = unsafe extern "C" fn(*mut c_void);
 
 struct Lib {
@@ -68,6 +72,10 @@ struct Lib {
     tr_deserialize: FnDeserialize,
     unseal: FnUnseal,
     flush_context: FnFlush,
+    load_external: FnLoadExternal,
+    verify_signature: FnVerifySignature,
+    policy_authorize: FnPolicyAuthorize,
+    tr_get_name: FnGetName,
     /// `Esys_Free` (tpm2-tss 2.4+); else the C library's `free`, which it wraps.
     free: Option<FnFree>,
 }
@@ -130,6 +138,10 @@ impl Lib {
             tr_deserialize: sym!(esys, "Esys_TR_Deserialize", FnDeserialize),
             unseal: sym!(esys, "Esys_Unseal", FnUnseal),
             flush_context: sym!(esys, "Esys_FlushContext", FnFlush),
+            load_external: sym!(esys, "Esys_LoadExternal", FnLoadExternal),
+            verify_signature: sym!(esys, "Esys_VerifySignature", FnVerifySignature),
+            policy_authorize: sym!(esys, "Esys_PolicyAuthorize", FnPolicyAuthorize),
+            tr_get_name: sym!(esys, "Esys_TR_GetName", FnGetName),
             free: symbol(&esys, "Esys_Free").map(|p| {
                 // SAFETY: Esys_Free takes the pointer to free, as its prototype says.
                 unsafe { std::mem::transmute::<*mut c_void, FnFree>(p) }
@@ -536,6 +548,107 @@ impl Tpm {
         check("Esys_PolicyGetDigest", rc)?;
         let w = self.lib.marshal_and_free("TPM2B_DIGEST", out)?;
         Ok(w.get(2..).unwrap_or_default().to_vec())
+    }
+
+    /// Loads the public part of a key (a `TPM2B_PUBLIC`, no private part) in the owner
+    /// hierarchy, as systemd loads the key that signs its PCR policies. Returns it and its
+    /// name (`TPM2B_NAME`'s bytes: the name hash's id, then the hash of the public area).
+    pub fn load_external(&self, public: &Wire) -> Result<(Object<'_>, Vec<u8>), Error> {
+        let public = self.lib.unmarshal("TPM2B_PUBLIC", &public.0)?;
+        let mut tr = TR_NONE;
+        // SAFETY: an unmarshalled TPM2B_PUBLIC; no private part (NULL); tpm2-tss 3.x takes
+        // the hierarchy as an ESYS_TR; `tr` receives the handle.
+        let rc = unsafe {
+            (self.lib.load_external)(
+                self.esys,
+                TR_NONE,
+                TR_NONE,
+                TR_NONE,
+                std::ptr::null(),
+                public.0.as_ptr().cast(),
+                TR_RH_OWNER,
+                &mut tr,
+            )
+        };
+        check("Esys_LoadExternal", rc)?;
+        let key = self.object(tr);
+        let mut name = std::ptr::null_mut();
+        // SAFETY: a live handle of this context; `name` receives an ESAPI-allocated
+        // TPM2B_NAME.
+        let rc = unsafe { (self.lib.tr_get_name)(self.esys, key.tr, &mut name) };
+        check("Esys_TR_GetName", rc)?;
+        let name = self.lib.marshal_and_free("TPM2B_NAME", name)?;
+        Ok((key, name.get(2..).unwrap_or_default().to_vec()))
+    }
+
+    /// Has the TPM check `signature` (a `TPMT_SIGNATURE`) of `digest` by `key`; returns
+    /// the ticket that says it did (`TPMT_TK_VERIFIED`, wire form), for PolicyAuthorize.
+    pub fn verify_signature(
+        &self,
+        key: &Object,
+        digest: &[u8],
+        signature: &Wire,
+    ) -> Result<Vec<u8>, Error> {
+        let digest = self
+            .lib
+            .unmarshal("TPM2B_DIGEST", &Wire::new().sized(digest).0)?;
+        let signature = self.lib.unmarshal("TPMT_SIGNATURE", &signature.0)?;
+        let mut ticket = std::ptr::null_mut();
+        // SAFETY: unmarshalled inputs of the prototype's types; `ticket` receives an
+        // ESAPI-allocated TPMT_TK_VERIFIED.
+        let rc = unsafe {
+            (self.lib.verify_signature)(
+                self.esys,
+                key.tr,
+                TR_NONE,
+                TR_NONE,
+                TR_NONE,
+                digest.0.as_ptr().cast(),
+                signature.0.as_ptr().cast(),
+                &mut ticket,
+            )
+        };
+        check("Esys_VerifySignature", rc)?;
+        Ok(self
+            .lib
+            .marshal_and_free("TPMT_TK_VERIFIED", ticket)?
+            .to_vec())
+    }
+
+    /// Extends the policy of `policy` with PolicyAuthorize: the session's digest so far
+    /// must be `approved`, signed by the key named `key_name` (the `ticket` from
+    /// [`Tpm::verify_signature`]; in a trial session an empty ticket does), with an empty
+    /// policyRef.
+    pub fn policy_authorize(
+        &self,
+        policy: &Session,
+        approved: &[u8],
+        key_name: &[u8],
+        ticket: &[u8],
+    ) -> Result<(), Error> {
+        let approved = self
+            .lib
+            .unmarshal("TPM2B_DIGEST", &Wire::new().sized(approved).0)?;
+        let reference = self.lib.unmarshal("TPM2B_NONCE", &[0, 0])?;
+        let name = self
+            .lib
+            .unmarshal("TPM2B_NAME", &Wire::new().sized(key_name).0)?;
+        let ticket = self.lib.unmarshal("TPMT_TK_VERIFIED", ticket)?;
+        // SAFETY: unmarshalled inputs of the prototype's types.
+        let rc = unsafe {
+            (self.lib.policy_authorize)(
+                self.esys,
+                policy.tr(),
+                TR_NONE,
+                TR_NONE,
+                TR_NONE,
+                approved.0.as_ptr().cast(),
+                reference.0.as_ptr().cast(),
+                name.0.as_ptr().cast(),
+                ticket.0.as_ptr().cast(),
+            )
+        };
+        check("Esys_PolicyAuthorize", rc)
     }
 
     /// The authorization value (a PIN's hash) the next commands show for `object`.

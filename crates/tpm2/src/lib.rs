@@ -18,7 +18,7 @@ mod seal;
 pub mod wire;
 
 pub use esys::{Object, Session, Tpm};
-pub use seal::{Parent, Policy, policy_digest, seal, unseal};
+pub use seal::{Authorized, FindSignature, Parent, Policy, policy_digest, seal, unseal};
 
 /// TPM algorithm ids (TPM 2.0 part 2, table 9) used by the tokens.
 pub mod alg {
@@ -26,6 +26,8 @@ pub mod alg {
     pub const RSA: u16 = 0x0001;
     /// SHA-1.
     pub const SHA1: u16 = 0x0004;
+    /// RSASSA-PKCS1-v1_5 signatures.
+    pub const RSASSA: u16 = 0x0014;
     /// AES.
     pub const AES: u16 = 0x0006;
     /// A keyed-hash object: what sealed data is.
@@ -108,6 +110,47 @@ pub mod template {
             .u16(alg::NULL)
             .sized(&[])
             .into_sized()
+    }
+
+    /// decrypt | sign | userWithAuth: the attributes systemd gives the public key of its
+    /// signed PCR policies when it loads it.
+    pub const SYSTEMD_POLICY_KEY: u32 = 0x0006_0040;
+
+    /// The public part of an RSA key (`n`, `e` big-endian, no leading zeros) as systemd
+    /// loads the key that signs PCR policies (`--tpm2-public-key`): name hash SHA-256, no
+    /// symmetric or signing scheme, [`SYSTEMD_POLICY_KEY`]. The key's name, which the
+    /// policy digest holds, depends on every byte here. systemd writes the exponent's
+    /// big-endian bytes at the start of a little-endian 32-bit field: what the TPM reads
+    /// is that, which is the exponent itself for 65537 (01 00 01) and for any exponent of
+    /// one byte. `None` for a modulus over 512 bytes or an exponent over 4.
+    pub fn rsa_public(n: &[u8], e: &[u8]) -> Option<Wire> {
+        if n.is_empty() || n.len() > 512 || e.is_empty() || e.len() > 4 {
+            return None;
+        }
+        let mut exponent = [0u8; 4];
+        exponent[..e.len()].copy_from_slice(e);
+        Some(
+            Wire::new()
+                .u16(alg::RSA)
+                .u16(alg::SHA256)
+                .u32(SYSTEMD_POLICY_KEY)
+                .sized(&[])
+                .u16(alg::NULL)
+                .u16(alg::NULL)
+                .u16(u16::try_from(n.len() * 8).ok()?)
+                .u32(u32::from_le_bytes(exponent))
+                .sized(n)
+                .into_sized(),
+        )
+    }
+
+    /// An RSASSA-PKCS1-v1_5 signature with SHA-256 (`TPMT_SIGNATURE`), as systemd-measure
+    /// signs PCR policies.
+    pub fn rsassa_sha256_signature(signature: &[u8]) -> Wire {
+        Wire::new()
+            .u16(alg::RSASSA)
+            .u16(alg::SHA256)
+            .sized(signature)
     }
 
     /// The symmetric definition of salted sessions: AES-128-CFB.
@@ -255,6 +298,23 @@ mod tests {
         );
         assert!(e(0x98e).to_string().contains("wrong PIN"));
         assert_eq!(tcti_for(Some("/dev/tpmrm1")).unwrap(), "device:/dev/tpmrm1");
+        // systemd's policy key: RSA, SHA-256 name, decrypt|sign|userWithAuth, no scheme,
+        // the key's bits, the exponent as systemd's little-endian copy leaves it.
+        let n = [0xc5u8; 256];
+        let k = template::rsa_public(&n, &[1, 0, 1]).unwrap().0;
+        assert_eq!(
+            &k[..18],
+            &[
+                0x01, 0x16, 0x00, 0x01, 0x00, 0x0b, 0x00, 0x06, 0x00, 0x40, 0x00, 0x00, 0x00, 0x10,
+                0x00, 0x10, 0x08, 0x00
+            ]
+        );
+        assert_eq!(&k[18..22], &65537u32.to_be_bytes());
+        assert_eq!(&k[22..24], &[0x01, 0x00]);
+        assert_eq!(k.len(), 24 + 256);
+        let k3 = template::rsa_public(&n, &[3]).unwrap().0;
+        assert_eq!(&k3[18..22], &3u32.to_be_bytes());
+        assert!(template::rsa_public(&n, &[1, 0, 0, 0, 1]).is_none());
         assert_eq!(
             tcti_for(Some("swtpm:host=127.0.0.1,port=2321")).unwrap(),
             "swtpm:host=127.0.0.1,port=2321"

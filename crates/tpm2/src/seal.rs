@@ -6,7 +6,7 @@
 //! Sessions are salted with the parent key and the unsealed secret comes back encrypted
 //! (AES-128-CFB), so nobody on the way to the TPM (a bus, a socket to swtpm) sees it.
 
-use crate::esys::{Object, Tpm};
+use crate::esys::{Object, Session, Tpm};
 use crate::template::{aes128_cfb, storage_primary};
 use crate::wire::{Wire, pcr_selection, split_sized};
 use crate::{Error, alg};
@@ -27,8 +27,26 @@ pub enum Parent<'a> {
     Serialized(&'a [u8]),
 }
 
+/// Finds the signature (`TPMT_SIGNATURE`, wire form) of an approved policy digest.
+pub type FindSignature<'a> = dyn Fn(&[u8]) -> Result<Wire, Error> + 'a;
+
+/// A signed PCR policy (systemd's `--tpm2-public-key`): the PCRs may hold any values a
+/// key's owner signed (the values a boot of a signed kernel image gives), not those they
+/// held at sealing. PolicyAuthorize: the TPM checks the signature of the policy reached.
+#[derive(Clone, Copy)]
+pub struct Authorized<'a> {
+    /// The signing key's public part (`TPM2B_PUBLIC`, wire form: see
+    /// [`template::rsa_public`](crate::template::rsa_public)).
+    pub key: &'a Wire,
+    /// The PCRs the signatures cover (systemd: 11).
+    pub pcrs: &'a [u32],
+    /// The signature (`TPMT_SIGNATURE`, wire form) of an approved policy digest, when
+    /// unsealing (the PCRs' current policy is passed); `None` when sealing.
+    pub signature: Option<&'a FindSignature<'a>>,
+}
+
 /// What the sealed object's policy asks for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Policy<'a> {
     /// The PCR bank (`alg::SHA256`...).
     pub pcr_bank: u16,
@@ -36,6 +54,53 @@ pub struct Policy<'a> {
     pub pcrs: &'a [u32],
     /// The authorization value (a PIN's hash) shown with PolicyAuthValue, if any.
     pub auth: Option<&'a [u8]>,
+    /// A signed PCR policy, if any (in the policy's bank).
+    pub authorized: Option<Authorized<'a>>,
+}
+
+/// The TPM's `TPM_ST_VERIFIED` ticket with no digest: what PolicyAuthorize takes in a
+/// trial session (systemd's enrollment), where signatures are not checked.
+fn no_ticket() -> Vec<u8> {
+    Wire::new().u16(0x8022).u32(0x4000_0001).sized(&[]).0
+}
+
+/// Runs `policy`'s assertions in `session`, in systemd's order: the signed PCR policy
+/// (PolicyPCR over its PCRs, then PolicyAuthorize of the digest reached), PolicyPCR over
+/// the PCRs whose values at sealing must hold, PolicyAuthValue.
+fn assert_policy(tpm: &Tpm, session: &Session, policy: &Policy, trial: bool) -> Result<(), Error> {
+    if let Some(a) = &policy.authorized {
+        let (key, name) = tpm.load_external(a.key)?;
+        tpm.policy_pcr(session, &[], &pcr_selection(policy.pcr_bank, a.pcrs), None)?;
+        let approved = tpm.policy_digest(session)?;
+        let ticket = match (trial, a.signature) {
+            (true, _) => no_ticket(),
+            (false, Some(find)) => {
+                let signature = find(&approved)?;
+                // The TPM checks RSASSA/ECDSA over a digest: that of the approved policy
+                // (and the empty policyRef), which is what systemd-measure signs.
+                use sha2::Digest as _;
+                tpm.verify_signature(&key, &sha2::Sha256::digest(&approved), &signature)?
+            }
+            (false, None) => {
+                return Err(Error::Format(
+                    "a signed PCR policy needs a signature to unseal".into(),
+                ));
+            }
+        };
+        tpm.policy_authorize(session, &approved, &name, &ticket)?;
+    }
+    if !policy.pcrs.is_empty() {
+        tpm.policy_pcr(
+            session,
+            &[],
+            &pcr_selection(policy.pcr_bank, policy.pcrs),
+            None,
+        )?;
+    }
+    if policy.auth.is_some() {
+        tpm.policy_auth_value(session, None)?;
+    }
+    Ok(())
 }
 
 /// The `nameAlg` and `authPolicy` of a `TPM2B_PUBLIC` (wire form).
@@ -82,17 +147,7 @@ pub fn unseal(
         return tpm.unseal(&key, None, Some(&protect));
     }
     let session = tpm.start_session(Some(&primary), 1, &aes128_cfb(), name_hash, 0x01)?;
-    if !policy.pcrs.is_empty() {
-        tpm.policy_pcr(
-            &session,
-            &[],
-            &pcr_selection(policy.pcr_bank, policy.pcrs),
-            None,
-        )?;
-    }
-    if policy.auth.is_some() {
-        tpm.policy_auth_value(&session, None)?;
-    }
+    assert_policy(tpm, &session, policy, false)?;
     if tpm.policy_digest(&session)? != wanted {
         return Err(Error::PolicyMismatch);
     }
@@ -103,17 +158,7 @@ pub fn unseal(
 /// a trial session with the hash `name_hash`.
 pub fn policy_digest(tpm: &Tpm, name_hash: u16, policy: &Policy) -> Result<Vec<u8>, Error> {
     let trial = tpm.start_session(None, 3, &Wire::new().u16(alg::NULL), name_hash, 0x01)?;
-    if !policy.pcrs.is_empty() {
-        tpm.policy_pcr(
-            &trial,
-            &[],
-            &pcr_selection(policy.pcr_bank, policy.pcrs),
-            None,
-        )?;
-    }
-    if policy.auth.is_some() {
-        tpm.policy_auth_value(&trial, None)?;
-    }
+    assert_policy(tpm, &trial, policy, true)?;
     tpm.policy_digest(&trial)
 }
 
@@ -134,11 +179,12 @@ pub fn seal(
     // An object usable with its (empty) authorization value needs no policy; one that
     // is not gets the policy even when it is empty (all zeros: any policy session).
     let open = attributes & crate::template::USER_WITH_AUTH != 0;
-    let digest = if open && policy.pcrs.is_empty() && policy.auth.is_none() {
-        Vec::new()
-    } else {
-        policy_digest(tpm, name_hash, policy)?
-    };
+    let digest =
+        if open && policy.pcrs.is_empty() && policy.auth.is_none() && policy.authorized.is_none() {
+            Vec::new()
+        } else {
+            policy_digest(tpm, name_hash, policy)?
+        };
     let primary = parent(tpm, to)?;
     let protect = tpm.start_session(Some(&primary), 0, &aes128_cfb(), alg::SHA256, 0x21)?;
     let (private, public) = tpm.seal(

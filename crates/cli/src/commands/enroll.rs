@@ -26,7 +26,7 @@ use cryptblk_crypto::{HashAlg, KdfKind, KdfRequest, SecretBytes};
 use cryptblk_format::{LuksHeader, Storage};
 use cryptblk_tpm2::{Parent, Policy, alg};
 use serde_json::{Value, json};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 pub(crate) struct EnrollArgs {
@@ -46,6 +46,15 @@ pub(crate) struct EnrollArgs {
     /// takes them: "7", "0+7", "0,7"; empty for none.
     #[arg(long = "tpm2-pcrs", value_name = "PCR[+PCR...]", default_value = "7")]
     pub tpm2_pcrs: String,
+    /// A signed PCR policy: the RSA public key (PEM) whose signatures of PCR values
+    /// (systemd-measure's, for a signed kernel image) the TPM accepts. Without it,
+    /// tpm2-pcr-public-key.pem in /etc/systemd, /run/systemd, /usr/local/lib/systemd or
+    /// /usr/lib/systemd, if there is one, as systemd-cryptenroll does.
+    #[arg(long = "tpm2-public-key", value_name = "PATH")]
+    pub tpm2_public_key: Option<PathBuf>,
+    /// The PCRs the public key's signatures cover (default 11; empty: no signed policy).
+    #[arg(long = "tpm2-public-key-pcrs", value_name = "PCR[+PCR...]")]
+    pub tpm2_public_key_pcrs: Option<String>,
     /// Also require a PIN (asked twice, or $NEWPIN as systemd-cryptenroll takes it).
     #[arg(long = "tpm2-with-pin", value_name = "BOOL", num_args = 0..=1,
           default_missing_value = "yes", default_value = "no")]
@@ -262,6 +271,27 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The key of a signed PCR policy: the file named, else systemd's own if there is one.
+fn policy_key(path: Option<&Path>) -> CliResult<Option<crate::tokens::Tpm2PolicyKey>> {
+    let found = match path {
+        Some(p) => Some(p.to_path_buf()),
+        None => [
+            "/etc/systemd",
+            "/run/systemd",
+            "/usr/local/lib/systemd",
+            "/usr/lib/systemd",
+        ]
+        .iter()
+        .map(|d| Path::new(d).join("tpm2-pcr-public-key.pem"))
+        .find(|p| p.exists()),
+    };
+    let Some(path) = found else {
+        return Ok(None);
+    };
+    let file = std::fs::read(&path).map_err(|e| crate::error::io_err(&path, e))?;
+    crate::tokens::Tpm2PolicyKey::parse(&file).map(Some)
+}
+
 /// A secret sealed to the TPM: its base64 (the new keyslot's passphrase) and the
 /// systemd-tpm2 token, keyslots to be filled in.
 fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
@@ -274,12 +304,28 @@ fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
         .transpose()?;
     let mut secret = SecretBytes::zeroed(32);
     cryptblk_crypto::random_bytes(&mut secret).map_err(|e| bad(e.to_string()))?;
+    let signed_pcrs = parse_pcrs(a.tpm2_public_key_pcrs.as_deref().unwrap_or("11"))?;
+    let key = if signed_pcrs.is_empty() {
+        None
+    } else {
+        policy_key(a.tpm2_public_key.as_deref())?
+    };
+    let signed_pcrs = if key.is_some() {
+        signed_pcrs
+    } else {
+        Vec::new()
+    };
     let tcti = cryptblk_tpm2::tcti_for(a.tokens.tpm2_device.as_deref()).map_err(bad)?;
     let tpm = cryptblk_tpm2::Tpm::open(&tcti).map_err(bad)?;
     let policy = Policy {
         pcr_bank: alg::SHA256,
         pcrs: &pcrs,
         auth: auth.as_deref(),
+        authorized: key.as_ref().map(|key| cryptblk_tpm2::Authorized {
+            key: &key.tpm,
+            pcrs: &signed_pcrs,
+            signature: None,
+        }),
     };
     let from = Parent::Primary {
         key_alg: alg::ECC,
@@ -294,9 +340,32 @@ fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
         &secret,
     )
     .map_err(bad)?;
+    // With --tpm2-signature, the signed policy is tried now, as systemd-cryptenroll does:
+    // an enrollment the signatures at hand cannot open is refused.
+    if let (Some(key), Some(path)) = (&key, &a.tokens.tpm2_signature) {
+        let sigs = crate::tokens::Tpm2Signatures::load(Some(path))?;
+        let find = |approved: &[u8]| sigs.find("sha256", &signed_pcrs, key, approved);
+        let check = Policy {
+            authorized: Some(cryptblk_tpm2::Authorized {
+                key: &key.tpm,
+                pcrs: &signed_pcrs,
+                signature: Some(&find),
+            }),
+            ..policy
+        };
+        let back = cryptblk_tpm2::unseal(&tpm, &from, &private, &public, &check).map_err(|e| {
+            bad(format!(
+                "the new token does not unseal with {}: {e}",
+                path.display()
+            ))
+        })?;
+        if back[..] != secret[..] {
+            return Err(bad("the new token unsealed to another secret"));
+        }
+    }
     let mut blob = private;
     blob.extend_from_slice(&public);
-    let token = json!({
+    let mut token = json!({
         "type": "systemd-tpm2",
         "keyslots": [],
         "tpm2-blob": B64.encode(&blob),
@@ -306,6 +375,10 @@ fn tpm2_token(a: &EnrollArgs) -> CliResult<(SecretBytes, Value)> {
         "tpm2-policy-hash": hex::encode(&digest),
         "tpm2-pin": with_pin,
     });
+    if let Some(key) = &key {
+        token["tpm2_pubkey"] = B64.encode(&key.file).into();
+        token["tpm2_pubkey_pcrs"] = json!(signed_pcrs);
+    }
     Ok((
         SecretBytes::from_vec(B64.encode(&secret[..]).into_bytes()),
         token,

@@ -326,6 +326,7 @@ fn tpm2_key(header: &Value, reach: &Reach) -> CliResult<SecretBytes> {
             pcr_bank: bank,
             pcrs: &pcrs,
             auth: None,
+            authorized: None,
         },
     )
     .map_err(|e| bad(format!("tpm2: {e}")))?;

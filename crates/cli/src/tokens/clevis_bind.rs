@@ -454,6 +454,7 @@ fn tpm2(config: &Value, cx: &BindContext) -> CliResult<(Value, SecretBytes)> {
             pcr_bank: bank,
             pcrs: &pcrs,
             auth: None,
+            authorized: None,
         },
         hash,
         attributes,

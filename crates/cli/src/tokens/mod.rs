@@ -12,7 +12,9 @@ mod systemd_pkcs11;
 mod systemd_tpm2;
 
 pub(crate) use clevis_bind::{BindContext, bind as clevis_bind};
-pub(crate) use systemd_tpm2::pin_auth as tpm2_pin_auth;
+pub(crate) use systemd_tpm2::{
+    PolicyKey as Tpm2PolicyKey, Signatures as Tpm2Signatures, pin_auth as tpm2_pin_auth,
+};
 
 use crate::error::{CliError, CliResult};
 use clap::Args;
@@ -39,6 +41,12 @@ pub(crate) struct TokenArgs {
     /// device path, or a TCTI such as swtpm:host=127.0.0.1,port=2321.
     #[arg(long = "tpm2-device", value_name = "PATH|auto|TCTI")]
     pub tpm2_device: Option<String>,
+    /// The signatures of PCR policies for systemd-tpm2 tokens bound to a signing key
+    /// (systemd-measure's JSON); by default tpm2-pcr-signature.json in /etc/systemd,
+    /// /run/systemd, /usr/local/lib/systemd, /usr/lib/systemd or /.extra, as systemd
+    /// looks for it.
+    #[arg(long = "tpm2-signature", value_name = "PATH")]
+    pub tpm2_signature: Option<std::path::PathBuf>,
     /// The FIDO2 security key for systemd-fido2 tokens: a hidraw device path, or auto
     /// (every key plugged in, in turn; the default).
     #[arg(long = "fido2-device", value_name = "PATH|auto")]

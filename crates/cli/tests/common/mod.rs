@@ -11,7 +11,14 @@ pub(crate) fn bin() -> &'static str {
 
 /// Path of a system tool; fails (never skips) naming the Debian package to install.
 pub(crate) fn tool(name: &str, pkg: &str) -> String {
-    for d in ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/bin"] {
+    for d in [
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+        "/usr/local/bin",
+        "/usr/lib/systemd",
+    ] {
         let p = format!("{d}/{name}");
         if Path::new(&p).exists() {
             return p;

@@ -554,3 +554,169 @@ fn cryptblk_enrolls_tpm2_tokens_systemd_takes_for_its_own() {
     assert!(out.status.success(), "{out:?}");
     assert!(std::fs::read(&exported).unwrap() == vol.data);
 }
+
+/// PCR 11 as a boot of a signed kernel image leaves it (systemd-stub, then the
+/// `enter-initrd` phase), extended step by step as systemd-measure computes it: the
+/// section's name with its NUL, its contents, the phase word.
+fn measure_boot_into_pcr11(tpm: &Swtpm, kernel: &[u8]) {
+    use sha2::Digest as _;
+    for step in [&b".linux\0"[..], kernel, b"enter-initrd"] {
+        let h = hex::encode(sha2::Sha256::digest(step));
+        tpm.tools("tpm2_pcrextend", &[&format!("11:sha256={h}")]);
+    }
+}
+
+/// An RSA key pair (PEM files) made by openssl.
+fn rsa_key_pair(dir: &std::path::Path, name: &str) -> (String, String) {
+    let openssl = tool("openssl", "openssl");
+    let private = dir.join(format!("{name}.key")).to_str().unwrap().to_owned();
+    let public = dir.join(format!("{name}.pub")).to_str().unwrap().to_owned();
+    ok(&Command::new(&openssl)
+        .args(["genrsa", "-out", &private, "2048"])
+        .output()
+        .unwrap());
+    ok(&Command::new(&openssl)
+        .args(["rsa", "-in", &private, "-pubout", "-out", &public])
+        .output()
+        .unwrap());
+    (private, public)
+}
+
+#[test]
+fn signed_pcr_policies_unlock_where_systemd_measure_signed_the_pcrs() {
+    let mut tpm = Swtpm::start();
+    let vol = Volume::new();
+    let img = vol.img.as_str();
+    let (private, public) = rsa_key_pair(vol.dir.path(), "pcr");
+    let (other_private, other_public) = rsa_key_pair(vol.dir.path(), "other");
+    let kernel = vol.p("kernel");
+    std::fs::write(&kernel, b"a kernel image, as far as PCR 11 is concerned").unwrap();
+    // systemd-measure signs the policy of PCR 11 as that kernel's boot leaves it.
+    let sign = |private: &str, public: &str, out: &str| {
+        let o = Command::new(tool("systemd-measure", "systemd"))
+            .args([
+                "sign",
+                &format!("--tpm2-device={}", tpm.tcti()),
+                &format!("--linux={kernel}"),
+                "--bank=sha256",
+                "--phase=enter-initrd",
+                &format!("--private-key={private}"),
+                &format!("--public-key={public}"),
+            ])
+            .output()
+            .unwrap();
+        std::fs::write(out, ok(&o)).unwrap();
+    };
+    let signature = vol.p("signature.json");
+    sign(&private, &public, &signature);
+    // Another key's signature passed off as ours (its entry's fingerprint rewritten).
+    let forged = vol.p("forged.json");
+    sign(&other_private, &other_public, &forged);
+    let mut f: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&forged).unwrap()).unwrap();
+    let mine: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&signature).unwrap()).unwrap();
+    f["sha256"][0]["pkfp"] = mine["sha256"][0]["pkfp"].clone();
+    std::fs::write(&forged, f.to_string()).unwrap();
+    measure_boot_into_pcr11(&tpm, std::fs::read(&kernel).unwrap().as_slice());
+    // systemd-cryptenroll binds token 0 to the key (PCR 11 signed, no literal PCRs).
+    let pass = std::fs::read_to_string(&vol.pw).unwrap();
+    ok(&Command::new(tool("systemd-cryptenroll", "systemd"))
+        .args([
+            &format!("--tpm2-device={}", tpm.tcti()),
+            &format!("--tpm2-public-key={public}"),
+            "--tpm2-pcrs=",
+            &format!("--tpm2-signature={signature}"),
+            img,
+        ])
+        .env("PASSWORD", &pass)
+        .output()
+        .unwrap());
+    // systemd's tools leave sessions loaded (swtpm has no resource manager): a reboot,
+    // and the same boot measured again, so that what cryptblk leaves can be seen.
+    tpm.reboot();
+    measure_boot_into_pcr11(&tpm, std::fs::read(&kernel).unwrap().as_slice());
+    let tcti = tpm.tcti();
+    let unlock = |id: &str, signature: Option<&str>| {
+        let mut a = vec![
+            "test-passphrase",
+            "--token-only",
+            "--token-id",
+            id,
+            "--tpm2-device",
+            &tcti,
+        ];
+        if let Some(s) = signature {
+            a.extend(["--tpm2-signature", s]);
+        }
+        a.push(img);
+        vol.cb(&a, &[], b"")
+    };
+    let out = unlock("0", Some(&signature));
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Token 0 (systemd-tpm2) unlocked keyslot 1"));
+    // cryptblk enrolls the same binding (token 1): the same policy digest, and the fields
+    // systemd writes; with --tpm2-signature it is tried before it is kept.
+    let enroll = |signature: &str| {
+        let a = [
+            "enroll",
+            "--tpm2-device",
+            &tcti,
+            "--tpm2-public-key",
+            &public,
+            "--tpm2-pcrs",
+            "",
+            "--tpm2-signature",
+            signature,
+            "--key-file",
+            &vol.pw,
+            img,
+        ];
+        vol.cb(&a, &[], b"")
+    };
+    let out = enroll(&signature);
+    assert!(out.status.success(), "{out:?}");
+    let (theirs, ours) = (token_json(img, 0), token_json(img, 1));
+    assert_eq!(ours["tpm2-policy-hash"], theirs["tpm2-policy-hash"]);
+    assert_eq!(ours["tpm2_pubkey"], theirs["tpm2_pubkey"]);
+    assert_eq!(ours["tpm2_pubkey_pcrs"], serde_json::json!([11]));
+    assert_eq!(ours["tpm2-pcrs"], serde_json::json!([]));
+    let out = unlock("1", Some(&signature));
+    assert!(out.status.success(), "{out:?}");
+    // No signature at hand: says where it looked.
+    let out = unlock("0", None);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("give --tpm2-signature"), "{out:?}");
+    // The forged signature: the TPM itself refuses it.
+    let out = unlock("0", Some(&forged));
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("Esys_VerifySignature"), "{out:?}");
+    // Enrolling with a signature that does not open it is refused, and writes nothing.
+    let before = std::fs::read(img).unwrap();
+    let out = enroll(&forged);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        std::fs::read(img).unwrap() == before,
+        "a refused enroll wrote"
+    );
+    assert_eq!(tpm.loaded(), "", "cryptblk left objects or sessions loaded");
+    // PCR 11 moves past what was signed (another phase, another kernel): refused, saying
+    // the values were not signed; after a reboot (PCR 11 zero), too.
+    tpm.tools(
+        "tpm2_pcrextend",
+        &[&format!("11:sha256={}", "02".repeat(32))],
+    );
+    let out = unlock("1", Some(&signature));
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("nobody signed"), "{out:?}");
+    tpm.reboot();
+    let out = unlock("0", Some(&signature));
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("nobody signed"), "{out:?}");
+    // Booted into the signed kernel again: both open.
+    measure_boot_into_pcr11(&tpm, std::fs::read(&kernel).unwrap().as_slice());
+    for id in ["0", "1"] {
+        let out = unlock(id, Some(&signature));
+        assert!(out.status.success(), "{id}: {out:?}");
+    }
+}
