@@ -84,5 +84,115 @@ check "compat-test:850 close the upper" unmap dmvol2
 check "compat-test:850 then the lower" unmap dmvol
 check "compat-test:851 inactive after" bash -c "! '$CS' -q status dmvol > /dev/null 2>&1"
 losetup -d "$L"
+
+PWD1=93R4P4pIqAH8
+fresh() { # a wiped 40 MiB image on a loop device, in $L
+  [ -n "${L:-}" ] && losetup -d "$L" 2>/dev/null
+  rm -f img; truncate -s 40M img
+  L=$(losetup -f --show img)
+}
+for v in 1 2; do
+  t=compat-test; [ $v = 2 ] && t=compat-test2
+  echo "== dm lines: $t [22] the device under a volume disappears (dmsetup linear, then error) (at ${SECONDS}s)"
+  fresh
+  check "$t: dmsetup create a linear device on the loop device" dmsetup create dmlin --table "0 39998 linear $L 2"
+  check "$t: luksFormat /dev/mapper/dmlin" bash -c "echo $PWD1 | '$CS' -q ${FAST[*]} luksFormat --type luks$v /dev/mapper/dmlin"
+  check "$t: luksOpen /dev/mapper/dmlin dmvol2" map dmvol2 "$PWD1" -q luksOpen /dev/mapper/dmlin dmvol2
+  check "$t: the device under it now fails every I/O (dmsetup load error, resume)" \
+    bash -c "dmsetup load dmlin --table '0 40000 error' && dmsetup resume dmlin"
+  check "$t: luksClose the volume all the same" unmap dmvol2
+  check "$t: dmsetup remove the device under it (nothing holds it)" dmsetup remove --retry dmlin
+  tidy; dmsetup remove dmlin 2>/dev/null
+done
+
+echo "== dm lines: compat-test [26] a key file at a 5 GB offset of a large device (at ${SECONDS}s)"
+fresh
+printf 'x%.0s' $(seq 32) > key2
+printf '%s' "$PWD1" > key1
+check "compat-test:701 a 5.6 GB dm device (error, then zero)" \
+  bash -c "printf '0 10000000 error\n10000000 1000000 zero\n' | dmsetup create dmbig"
+check "compat-test:702 luksFormat with the key at offset 5120000000 of it, 13 bytes" \
+  "$CS" -q luksFormat --type luks1 "${FAST[@]}" "$L" /dev/mapper/dmbig -l 13 --keyfile-offset 5120000000
+check "compat-test:703 one byte before it: refused" \
+  bash -c "! '$CS' --key-file=/dev/mapper/dmbig -l 13 --keyfile-offset 5119999999 luksOpen --test-passphrase '$L' 2>/dev/null"
+check "compat-test:704 at the offset: luksOpen" map dmvol "" --key-file=/dev/mapper/dmbig -l 13 --keyfile-offset 5120000000 luksOpen "$L" dmvol
+check "compat-test:705 luksClose" unmap dmvol
+check "compat-test:706 luksChangeKey to another offset and size of it" \
+  "$CS" luksChangeKey "$L" "${FAST[@]}" -d /dev/mapper/dmbig --keyfile-offset 5120000000 -l 13 /dev/mapper/dmbig --new-keyfile-offset 5120000001 --new-keyfile-size 15
+check "compat-test:707 ... which opens it" \
+  "$CS" --key-file=/dev/mapper/dmbig -l 15 --keyfile-offset 5120000001 luksOpen --test-passphrase "$L"
+tidy; dmsetup remove --retry dmbig
+
+echo "== dm lines: a disk with 4096-byte logical sectors (scsi_debug) (at ${SECONDS}s)"
+modprobe sd_mod 2>/dev/null  # the disk driver: without it scsi_debug makes no /dev/sdX
+if modprobe scsi_debug dev_size_mb=32 sector_size=4096 2>/dev/null; then
+  # Found as cryptsetup's scripts find it: the disk whose model is scsi_debug.
+  SD=
+  for _ in $(seq 200); do
+    SD=$(grep -l -e scsi_debug /sys/block/*/device/model 2>/dev/null | cut -f4 -d / | head -n1)
+    [ -n "$SD" ] && [ -b "/dev/$SD" ] && break
+    sleep 0.1
+  done
+  SD=/dev/$SD
+  check "compat-test:583 plain create on it" map dmvol "$PWD1" create dmvol --hash sha256 "$SD"
+  old=$("$CS" status dmvol | sed -n 's/^ *size: *\([0-9]*\) .*/\1/p')
+  check "compat-test:585 resize to 7 sectors (not a whole 4096-byte block): refused" \
+    bash -c "! '$CS' resize dmvol -b 7 2>/dev/null"
+  check "compat-test:587 ... the size unchanged" \
+    bash -c "[ -n '$old' ] && [ \"\$('$CS' status dmvol | sed -n 's/^ *size: *\([0-9]*\) .*/\1/p')\" = '$old' ]"
+  check "compat-test:589 close" unmap dmvol
+  check "compat-test:591 plain create of 7 sectors on it: refused" \
+    bash -c "! printf '%s\n' $PWD1 | '$CS' create dmvol --hash sha256 '$SD' -b 7 2>/dev/null"
+  check "compat-test:592 ... and nothing is active" bash -c "! '$CS' status dmvol > /dev/null 2>&1"
+  check "compat-test2:562 luksFormat on it" bash -c "echo $PWD1 | '$CS' luksFormat -q --type luks2 ${FAST[*]} '$SD'"
+  check "compat-test2:563 open" map dmvol "$PWD1" open "$SD" dmvol
+  check "compat-test2:565 resize -b 7: refused" bash -c "! echo $PWD1 | '$CS' resize dmvol -b 7 2>/dev/null"
+  check "compat-test2:569 close" unmap dmvol
+  tidy
+  rmmod scsi_debug 2>/dev/null
+else
+  fail=$((fail+1)); echo "FAIL scsi_debug: the guest kernel cannot make a 4096-byte-sector disk (modprobe scsi_debug)"
+fi
+
+echo "== dm lines: compat-test [29] repair, on a loop device (dd keeps its size) (at ${SECONDS}s)"
+fresh
+check "compat-test:810 luksFormat" "$CS" -q luksFormat --type luks1 "${FAST[@]}" "$L" key1 --key-slot 0
+dd if=/dev/urandom of="$L" bs=512 seek=1 count=1 status=none
+check "compat-test:813 a damaged keyslot area: open refused" bash -c "! '$CS' luksOpen --test-passphrase -d key1 '$L' > /dev/null 2>&1"
+check "compat-test:814 repair" "$CS" -q repair "$L"
+check "compat-test:815 opens after repair" "$CS" luksOpen --test-passphrase -d key1 "$L"
+check "compat-test:818 luksFormat aes-ecb" "$CS" -q luksFormat --type luks1 "${FAST[@]}" "$L" key1 --hash sha256 -c aes-ecb
+printf 'ecb-xxx' | dd of="$L" bs=1 seek=40 status=none
+check "compat-test:820 repair of the mode 'ecb-xxx'" "$CS" -q repair "$L"
+check "compat-test:821 opens after repair" "$CS" luksOpen --test-passphrase -d key1 "$L"
+printf 'SHA256' | dd of="$L" bs=1 seek=72 status=none
+check "compat-test:825 repair of an uppercase hash" "$CS" -q repair "$L"
+check "compat-test:826 opens after repair" "$CS" luksOpen --test-passphrase -d key1 "$L"
+
+echo "== dm lines: compat-test2 [19] resize, on a loop device (512-byte sectors) (at ${SECONDS}s)"
+fresh
+check "compat-test2:520 luksFormat" bash -c "echo $PWD1 | '$CS' luksFormat ${FAST[*]} --type luks2 '$L'"
+check "compat-test2:521 open (served over NBD, which can change size)" bash -c "echo $PWD1 | '$CS' luksOpen '$L' dmvol"
+size() { "$CS" -q status dmvol | grep "size:" | grep -q "$1 sectors"; }
+check "compat-test2:531 resize --size 100" bash -c "echo $PWD1 | '$CS' -q resize --size 100 dmvol"
+check "compat-test2:532 ... 100 sectors" size 100
+check "compat-test2:533 resize --device-size 51200" bash -c "echo $PWD1 | '$CS' -q resize --device-size 51200 dmvol"
+check "compat-test2:534 ... 100 sectors" size 100
+check "compat-test2:535 resize --device-size 1M" bash -c "echo $PWD1 | '$CS' -q resize --device-size 1M dmvol"
+check "compat-test2:536 ... 2048 sectors" size 2048
+check "compat-test2:537 --device-size with --size: refused" bash -c "! echo $PWD1 | '$CS' -q resize --device-size 512k --size 1024 dmvol > /dev/null 2>&1"
+check "compat-test2:538 --device-size 4097 (not whole sectors): refused" bash -c "! echo $PWD1 | '$CS' -q resize --device-size 4097 dmvol > /dev/null 2>&1"
+check "compat-test2:539 ... 2048 sectors" size 2048
+check "compat-test2:540 close" "$CS" close dmvol
+check "compat-test2:541 open again" bash -c "echo $PWD1 | '$CS' luksOpen --disable-keyring '$L' dmvol"
+check "compat-test2:542 resize --size 100 (the key from the server, none typed)" bash -c "echo | '$CS' -q resize --size 100 dmvol"
+check "compat-test2:543 ... 100 sectors" size 100
+check "compat-test2:544 close" "$CS" close dmvol
+
+echo "== dm lines: compat-test2 [40] a keyslots area the loop device cannot hold (at ${SECONDS}s)"
+fresh
+check "compat-test2:1076 128 MiB of keyslots on a 40 MiB loop device: refused" \
+  bash -c "! echo $PWD1 | '$CS' -q luksFormat ${FAST[*]} --type luks2 '$L' --key-size 256 --luks2-metadata-size=128k --luks2-keyslots-size=128M > /dev/null 2>&1"
+losetup -d "$L"
 echo "dm lines: $pass passed, $fail failed (at ${SECONDS}s)"
 [ "$fail" -eq 0 ]

@@ -84,8 +84,11 @@ fn skip_bytes(f: &mut std::fs::File, n: u64) -> std::io::Result<()> {
     if n == 0 {
         return Ok(());
     }
-    if f.metadata()?.is_file() {
-        // From where the file is now: stdin redirected from a file may not be at 0.
+    let kind = f.metadata()?.file_type();
+    if kind.is_file() || std::os::unix::fs::FileTypeExt::is_block_device(&kind) {
+        // From where the file is now: stdin redirected from a file may not be at 0. A
+        // block device is seeked too, as cryptsetup does: what lies before the key (a
+        // disk's unreadable start) is never read.
         let n = i64::try_from(n).map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset too large")
         })?;

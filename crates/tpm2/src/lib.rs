@@ -129,6 +129,16 @@ pub mod template {
         }
         let mut exponent = [0u8; 4];
         exponent[..e.len()].copy_from_slice(e);
+        rsa_public_with_exponent(n, u32::from_le_bytes(exponent))
+    }
+
+    /// [`rsa_public`] with the exponent field as given: systemd 255.0 to 255.2 wrote 0
+    /// (the TPM's "default exponent"), which gives the key another name, and so tokens
+    /// those versions enrolled another policy digest (systemd#30546; 255.4+ retry so).
+    pub fn rsa_public_with_exponent(n: &[u8], exponent: u32) -> Option<Wire> {
+        if n.is_empty() || n.len() > 512 {
+            return None;
+        }
         Some(
             Wire::new()
                 .u16(alg::RSA)
@@ -138,7 +148,7 @@ pub mod template {
                 .u16(alg::NULL)
                 .u16(alg::NULL)
                 .u16(u16::try_from(n.len() * 8).ok()?)
-                .u32(u32::from_le_bytes(exponent))
+                .u32(exponent)
                 .sized(n)
                 .into_sized(),
         )

@@ -280,6 +280,7 @@ fn policy_key(path: Option<&Path>) -> CliResult<Option<crate::tokens::Tpm2Policy
             "/run/systemd",
             "/usr/local/lib/systemd",
             "/usr/lib/systemd",
+            "/lib/systemd",
         ]
         .iter()
         .map(|d| Path::new(d).join("tpm2-pcr-public-key.pem"))

@@ -122,12 +122,30 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
             Storage::size(&f).map_err(|e| io_err(&a.device, e))?
         }
     };
+    // cryptsetup's choice: the device's physical sector size for a block device (512 on
+    // most loop devices and disks, 4096 on 4Kn ones), 4096 for an image file; either only
+    // where the data area is a whole number of them.
+    let preferred = match std::fs::File::open(&a.device) {
+        Ok(f)
+            if f.metadata()
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type())) =>
+        {
+            rustix::fs::ioctl_blkpbszget(&f)
+                .ok()
+                .filter(|&n| n.is_power_of_two() && (512..=4096).contains(&n))
+                .unwrap_or(512)
+        }
+        _ => 4096,
+    };
     if a.sector_size.is_none()
         && !luks1
-        && data_size.is_multiple_of(4096)
-        && opts.data_offset.is_none_or(|o| o.is_multiple_of(4096))
+        && preferred > 512
+        && data_size.is_multiple_of(u64::from(preferred))
+        && opts
+            .data_offset
+            .is_none_or(|o| o.is_multiple_of(u64::from(preferred)))
     {
-        opts.sector_size = 4096;
+        opts.sector_size = preferred;
     }
     confirm(
         ctx.batch,

@@ -353,6 +353,7 @@ fn unlock(ctx: &Ctx, a: &OpenArgs) -> CliResult<Unlocked> {
         info,
         header_file,
     } = open_volume(ctx, &a.device, &a.vol)?;
+    check_block_alignment(&a.device, &volume)?;
     let vol = Arc::new(volume);
     let suspension = suspend::SuspendControl::new(vol.clone(), header_file.as_ref(), &a.device)?;
     let header_store = header_file.clone();
@@ -809,6 +810,32 @@ fn control_loop(
         };
         let _ = writeln!(conn, "{reply}");
     }
+}
+
+/// On a block device, the data area must start and end on its logical blocks (a disk
+/// with 4096-byte sectors cannot be read 512 bytes at a time): refused as device-mapper
+/// refuses such a mapping, with cryptsetup's words.
+fn check_block_alignment(device: &Path, vol: &Volume) -> CliResult<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(f) = std::fs::File::open(device) else {
+        return Ok(());
+    };
+    if !f.metadata().is_ok_and(|m| m.file_type().is_block_device()) {
+        return Ok(());
+    }
+    let Ok(block) = rustix::fs::ioctl_blksszget(&f).map(u64::from) else {
+        return Ok(());
+    };
+    let size = cryptblk_device::BlockDevice::size(vol);
+    if block > 512 && (!vol.data_offset().is_multiple_of(block) || !size.is_multiple_of(block)) {
+        return Err(CliError::usage(format!(
+            "Device size is not aligned to device logical block size ({} has {block}-byte \
+             blocks; the volume starts at byte {} and holds {size} bytes).",
+            device.display(),
+            vol.data_offset()
+        )));
+    }
+    Ok(())
 }
 
 /// Re-runs this command detached; the child signals readiness on its stdout.

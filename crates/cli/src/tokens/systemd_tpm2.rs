@@ -77,6 +77,8 @@ pub(crate) struct PolicyKey {
     pub file: Vec<u8>,
     /// `TPM2B_PUBLIC`, wire form.
     pub tpm: cryptblk_tpm2::wire::Wire,
+    /// The same with the exponent field 0, as systemd 255.0-255.2 loaded it.
+    pub tpm_exponent_zero: Option<cryptblk_tpm2::wire::Wire>,
     /// SHA-256 of the key's PKCS#1 DER (OpenSSL's i2d_PublicKey): systemd-measure's `pkfp`.
     pub fingerprint: Vec<u8>,
 }
@@ -120,6 +122,7 @@ impl PolicyKey {
         })?;
         Ok(PolicyKey {
             file: file.to_vec(),
+            tpm_exponent_zero: cryptblk_tpm2::template::rsa_public_with_exponent(&n, 0),
             tpm,
             fingerprint: sha2::Sha256::digest(pkcs1).to_vec(),
         })
@@ -143,6 +146,7 @@ impl Signatures {
             "/run/systemd",
             "/usr/local/lib/systemd",
             "/usr/lib/systemd",
+            "/lib/systemd",
             "/.extra",
         ];
         let path = if name.components().count() > 1 || name.is_absolute() {
@@ -305,7 +309,19 @@ pub(crate) fn passphrase(token: &Value, args: &TokenArgs) -> CliResult<SecretByt
             signature: find.as_ref().map(|f| f as &dyn Fn(&[u8]) -> Result<_, _>),
         }),
     };
-    let secret = cryptblk_tpm2::unseal(&tpm, &from, private, public, &policy).map_err(|e| {
+    let mut result = cryptblk_tpm2::unseal(&tpm, &from, private, public, &policy);
+    // A token systemd 255.0-255.2 enrolled names the key with the exponent field 0.
+    if let (Err(cryptblk_tpm2::Error::PolicyMismatch), Some(a), Some((key, _))) =
+        (&result, &policy.authorized, &signed)
+        && let Some(zero) = &key.tpm_exponent_zero
+    {
+        let legacy = Policy {
+            authorized: Some(cryptblk_tpm2::Authorized { key: zero, ..*a }),
+            ..policy
+        };
+        result = cryptblk_tpm2::unseal(&tpm, &from, private, public, &legacy);
+    }
+    let secret = result.map_err(|e| {
         if e.is_bad_auth() {
             CliError::new(
                 crate::error::EXIT_PERMISSION,
