@@ -18,8 +18,9 @@ have strace || need+=(strace)
 have dislocker-file || need+=(dislocker)
 have tcplay || need+=(tcplay)
 # cryptsetup's own test scripts (tests/cryptsetup-suite): its header generators use jq
-# and xxd, the scripts xz.
+# and xxd, the scripts xz, and its interactive cases (prompts at a terminal) expect.
 have jq || need+=(jq)
+have expect || need+=(expect)
 have xxd || need+=(xxd)
 have xz || need+=(xz-utils)
 # Tokens (issue 36): clevis binds volumes to a tang server (tangd, run per connection by

@@ -370,8 +370,8 @@ pub(crate) struct CompatArgs {
     /// cryptblk waits).
     #[arg(short = 't', long = "timeout", global = true, value_name = "SECONDS")]
     pub timeout: Option<u64>,
-    /// Accepted: how often a passphrase typed at a terminal may be retried (not yet
-    /// honoured: cryptblk asks once).
+    /// How many times a passphrase typed at a terminal is asked for when it is wrong
+    /// (default 3, as cryptsetup; LUKS open/test-passphrase and luksResume).
     #[arg(short = 'T', long = "tries", global = true, value_name = "N")]
     pub tries: Option<u32>,
 }

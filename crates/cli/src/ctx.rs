@@ -13,6 +13,17 @@ pub(crate) struct Ctx {
     pub dropin: bool,
     /// Opens every DEVICE and `--header` argument.
     pub devices: Devices,
+    /// `-T`: how many times a passphrase typed at a terminal is asked for (cryptsetup's
+    /// default 3); a passphrase from anywhere else is read once.
+    pub tries: u32,
+}
+
+impl Ctx {
+    /// How many passphrases to ask for: [`Ctx::tries`] when they are typed at a
+    /// terminal (`interactive`), else one.
+    pub(crate) fn tries_for(&self, interactive: bool) -> u32 {
+        if interactive { self.tries.max(1) } else { 1 }
+    }
 }
 
 impl Ctx {

@@ -175,6 +175,7 @@ fn main() {
             },
             shared_local: false,
         },
+        tries: cli.compat.tries.unwrap_or(3),
     };
     // Every command that can hold a passphrase or a volume key (all but the benchmark
     // harness, which must be able to trace its peers) is neither dumpable nor ptraceable
@@ -183,6 +184,14 @@ fn main() {
     if !matches!(cli.command, Command::Bench(_)) {
         process::set_not_dumpable();
     }
+    // cryptsetup's last word with --verbose, "Command successful." or the failure's code
+    // and kind; not where standard output carries data or a daemon's readiness.
+    let last_word = ctx.verbose
+        && !matches!(
+            &cli.command,
+            Command::Export(_) | Command::Bench(_) | Command::Benchmark(_)
+        )
+        && !matches!(&cli.command, Command::Open(a) if a.daemon_child);
     let result = match cli.command {
         Command::Format(a) => commands::format::format(&ctx, a),
         Command::Dump(a) => commands::dump::dump(&ctx, a),
@@ -216,10 +225,26 @@ fn main() {
         Command::Import(a) => commands::transfer::import(&ctx, a),
     };
     match result {
-        Ok(()) => std::process::exit(error::EXIT_OK),
+        Ok(()) => {
+            if last_word {
+                outln!("Command successful.");
+            }
+            std::process::exit(error::EXIT_OK)
+        }
         Err(e) => {
             if !e.message.is_empty() {
                 eprintln!("{}", e.message);
+            }
+            if last_word {
+                let kind = match e.code {
+                    error::EXIT_USAGE => "wrong or missing parameters",
+                    error::EXIT_PERMISSION => "no permission or bad passphrase",
+                    error::EXIT_NO_MEMORY => "out of memory",
+                    error::EXIT_NO_DEVICE => "wrong device or file specified",
+                    error::EXIT_BUSY => "device already exists or device is busy",
+                    _ => "unknown error",
+                };
+                eprintln!("Command failed with code {} ({kind}).", -e.code);
             }
             std::process::exit(e.code);
         }

@@ -357,8 +357,27 @@ pub(crate) fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult
     if let Some(opened) = open_by_token(device, a, &opts)? {
         return Ok(opened);
     }
-    let secret = read_secret(a, device, &opts, &probe)?;
-    cryptblk_volume::open(a.kind, device, &secret, &opts).map_err(fail)
+    // A LUKS passphrase typed at a terminal is asked for again when wrong (-T).
+    let interactive = matches!(
+        a.kind,
+        VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2
+    ) && a.volume_key_file.is_none()
+        && a.key.key_file().is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let tries = ctx.tries_for(interactive);
+    let mut attempt = 1;
+    loop {
+        let secret = read_secret(a, device, &opts, &probe)?;
+        match cryptblk_volume::open(a.kind, device, &secret, &opts) {
+            Err(cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase))
+                if attempt < tries =>
+            {
+                eprintln!("No key available with this passphrase.");
+                attempt += 1;
+            }
+            r => return r.map_err(fail),
+        }
+    }
 }
 
 /// A LUKS volume opened by one of its tokens (cryptsetup tries them before asking for a

@@ -28,6 +28,9 @@ pub enum Error {
     WrongPassphrase,
     /// Keyslot number out of range or not in the state the operation needs.
     Keyslot(String),
+    /// No keyslot could be tried: none is active (an erased header), or all are set
+    /// to be ignored.
+    NoUsableKeyslot,
     /// All keyslots are in use.
     NoFreeKeyslot,
     /// Options that do not fit together or the format (e.g. LUKS1 with 4096-byte sectors).
@@ -57,6 +60,7 @@ impl fmt::Display for Error {
             }
             Error::WrongPassphrase => write!(f, "no key available with this passphrase"),
             Error::Keyslot(s) => write!(f, "keyslot: {s}"),
+            Error::NoUsableKeyslot => write!(f, "No usable keyslot is available."),
             Error::NoFreeKeyslot => write!(f, "all keyslots are in use"),
             Error::InvalidOption(s) => write!(f, "invalid option: {s}"),
             Error::Luks1(e) => write!(f, "LUKS1: {e}"),

@@ -414,6 +414,14 @@ pub(crate) fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
     } else {
         bound.clone()
     };
+    // The last way in: asked first, before any passphrase, as cryptsetup asks.
+    if bound == [a.slot] {
+        confirm(
+            ctx.batch,
+            "This is the last keyslot. Device will become unusable after purging this key.",
+        )
+        .map_err(|_| CliError::usage("Operation aborted, the keyslot was NOT wiped."))?;
+    }
     // As cryptsetup: a passphrase is checked unless in batch mode with none supplied (no
     // key file, standard input a terminal); one that was supplied and is wrong refuses,
     // wrong or not batch. Nothing at all on a standard input that is not a terminal
@@ -439,14 +447,8 @@ pub(crate) fn kill_slot(ctx: &Ctx, a: KillSlotArgs) -> CliResult<()> {
             verify_remaining(&*hdr, &mut dev, &pass, a.slot, &active)?;
         }
     }
-    if bound == [a.slot] {
-        confirm(
-            ctx.batch,
-            "This is the last keyslot. Device will become unusable after purging this key.",
-        )?;
-    }
     hdr.kill_keyslot(&mut dev, a.slot)?;
-    eprintln!("Key slot {} wiped.", a.slot);
+    eprintln!("Key slot {} removed.", a.slot);
     Ok(())
 }
 

@@ -348,14 +348,32 @@ pub(crate) fn resume(ctx: &Ctx, a: ResumeArgs) -> CliResult<()> {
             )));
         }
     }
-    let pass = crate::passphrase::get_passphrase(
-        &a.key.source(),
-        &format!("Enter passphrase for {}: ", a.name),
-        false,
-    )?;
-    let req = Request::Resume {
-        passphrase: zeroize::Zeroizing::new(pass.to_vec()),
-        key_slot: a.key_slot,
-    };
-    ask(&dir, &a.name, &req)?.expect(Reply::Resumed)
+    // The prompt names the device, as cryptsetup's does (the server knows it).
+    let device = match ask(&dir, &a.name, &Request::Status) {
+        Ok(Reply::Status(v)) => v["device"].as_str().map(str::to_owned),
+        _ => None,
+    }
+    .unwrap_or_else(|| a.name.clone());
+    let src = a.key.source();
+    let interactive = src.key_file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let tries = ctx.tries_for(interactive);
+    let mut attempt = 1;
+    loop {
+        let pass = crate::passphrase::get_passphrase(
+            &src,
+            &format!("Enter passphrase for {device}: "),
+            false,
+        )?;
+        let req = Request::Resume {
+            passphrase: zeroize::Zeroizing::new(pass.to_vec()),
+            key_slot: a.key_slot,
+        };
+        match ask(&dir, &a.name, &req).and_then(|r| r.expect(Reply::Resumed)) {
+            Err(e) if e.code == crate::error::EXIT_PERMISSION && attempt < tries => {
+                eprintln!("{}", e.message);
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
 }

@@ -243,6 +243,7 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 shared_local: true,
                 ..ctx.devices.clone()
             },
+            tries: ctx.tries,
         };
         &shared_ctx
     } else {
@@ -840,6 +841,25 @@ fn check_block_alignment(device: &Path, vol: &Volume) -> CliResult<()> {
 
 /// Re-runs this command detached; the child signals readiness on its stdout.
 fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
+    // A passphrase typed at a terminal that opens nothing is asked for again (-T), as
+    // cryptsetup asks: the child says so by its exit code.
+    let typed = a.vol.key.key_file().is_none()
+        && a.vol.volume_key_file.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let tries = ctx.tries_for(typed);
+    let mut attempt = 1;
+    loop {
+        match spawn_daemon_once(ctx, a, dir) {
+            Err(e) if e.code == crate::error::EXIT_PERMISSION && attempt < tries => {
+                eprintln!("{}", e.message);
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+fn spawn_daemon_once(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let log_path = dir.join(format!("{}.log", a.name));
@@ -924,6 +944,17 @@ fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
             );
         } else {
             outln!("{}", if rest.is_empty() { &a.name } else { rest });
+        }
+        // -v: which keyslot (or token) opened it, as cryptsetup says.
+        if ctx.verbose
+            && let Ok(Reply::Status(v)) = crate::control::ask(dir, &a.name, &Request::Status)
+        {
+            if let Some(id) = v["token"]["id"].as_u64() {
+                eprintln!("Token {id} unlocked the volume.");
+            }
+            if let Some(slot) = v["keyslot"].as_u64() {
+                eprintln!("Key slot {slot} unlocked.");
+            }
         }
         return Ok(());
     }

@@ -540,7 +540,7 @@ impl LuksHeader for Luks1Header {
                 .collect(),
         };
         if candidates.is_empty() {
-            return Err(Error::Keyslot("no active keyslot".into()));
+            return Err(Error::NoUsableKeyslot);
         }
         for i in candidates {
             let key = self.slot_crypto(i).open(dev, passphrase)?;

@@ -548,6 +548,9 @@ impl Luks2Header {
                 c.into_iter().map(|(_, id)| id).collect()
             }
         };
+        if candidates.is_empty() && slot.is_none() {
+            return Err(Error::NoUsableKeyslot);
+        }
         let mut unsupported = None;
         for id in candidates {
             let k = &self.model.keyslots[&id];
