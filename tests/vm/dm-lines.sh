@@ -189,6 +189,19 @@ check "compat-test2:542 resize --size 100 (the key from the server, none typed)"
 check "compat-test2:543 ... 100 sectors" size 100
 check "compat-test2:544 close" "$CS" close dmvol
 
+echo "== dm lines: compat-test2 [39] LUKS2 to LUKS1 and back on a loop device (512-byte sectors) (at ${SECONDS}s)"
+fresh
+PWD2=mymJeD8ivEhE
+check "compat-test2:817 luksFormat, key slot 0" bash -c "echo $PWD1 | '$CS' -q luksFormat ${FAST[*]} --type luks2 --key-slot 0 '$L'"
+check "compat-test2:818 luksAddKey, key slot 1" bash -c "printf '%s\n%s\n' $PWD1 $PWD2 | '$CS' -q luksAddKey ${FAST[*]} --key-slot 1 '$L'"
+check "compat-test2:819 luksChangeKey (slot 0's area now after slot 1's)" bash -c "printf '%s\n%s\n' $PWD1 $PWD1 | '$CS' -q luksChangeKey ${FAST[*]} '$L'"
+check "compat-test2:821 convert to LUKS1 (512-byte sectors allow it)" "$CS" -q convert --type luks1 "$L"
+check "compat-test2:822 the first passphrase opens it" bash -c "echo $PWD1 | '$CS' -q open --test-passphrase '$L'"
+check "compat-test2:823 the second too" bash -c "echo $PWD2 | '$CS' -q open --test-passphrase '$L'"
+check "compat-test2:824 convert back to LUKS2" "$CS" -q convert --type luks2 "$L"
+check "compat-test2:825 the first passphrase opens it" bash -c "echo $PWD1 | '$CS' -q open --test-passphrase '$L'"
+check "compat-test2:826 the second too" bash -c "echo $PWD2 | '$CS' -q open --test-passphrase '$L'"
+
 echo "== dm lines: compat-test2 [40] a keyslots area the loop device cannot hold (at ${SECONDS}s)"
 fresh
 check "compat-test2:1076 128 MiB of keyslots on a 40 MiB loop device: refused" \
