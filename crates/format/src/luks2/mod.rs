@@ -548,9 +548,6 @@ impl Luks2Header {
                 c.into_iter().map(|(_, id)| id).collect()
             }
         };
-        if candidates.is_empty() && slot.is_none() {
-            return Err(Error::NoUsableKeyslot);
-        }
         let mut unsupported = None;
         for id in candidates {
             let k = &self.model.keyslots[&id];
@@ -1347,6 +1344,17 @@ impl LuksHeader for Luks2Header {
                 .position(|(d, _)| *d == digest_id)
                 .ok_or(Error::WrongPassphrase)?;
             return Ok((slot, keys.swap_remove(i).1));
+        }
+        // No keyslot to try at all (an erased header): cryptsetup's own words, exit 1.
+        if slot.is_none()
+            && !self.model.digests[&digest_id].keyslots.iter().any(|id| {
+                self.model
+                    .keyslots
+                    .get(id)
+                    .is_some_and(|k| k.priority != model::Priority::Ignore)
+            })
+        {
+            return Err(Error::NoUsableKeyslot);
         }
         self.open_digest(dev, digest_id, passphrase, slot)
     }
