@@ -275,16 +275,10 @@ pub(crate) fn enroll(ctx: &Ctx, a: EnrollArgs) -> CliResult<()> {
 fn policy_key(path: Option<&Path>) -> CliResult<Option<crate::tokens::Tpm2PolicyKey>> {
     let found = match path {
         Some(p) => Some(p.to_path_buf()),
-        None => [
-            "/etc/systemd",
-            "/run/systemd",
-            "/usr/local/lib/systemd",
-            "/usr/lib/systemd",
-            "/lib/systemd",
-        ]
-        .iter()
-        .map(|d| Path::new(d).join("tpm2-pcr-public-key.pem"))
-        .find(|p| p.exists()),
+        None => crate::tokens::SYSTEMD_CONF_DIRS
+            .iter()
+            .map(|d| Path::new(d).join("tpm2-pcr-public-key.pem"))
+            .find(|p| p.exists()),
     };
     let Some(path) = found else {
         return Ok(None);

@@ -13,7 +13,8 @@ mod systemd_tpm2;
 
 pub(crate) use clevis_bind::{BindContext, bind as clevis_bind};
 pub(crate) use systemd_tpm2::{
-    PolicyKey as Tpm2PolicyKey, Signatures as Tpm2Signatures, pin_auth as tpm2_pin_auth,
+    PolicyKey as Tpm2PolicyKey, SYSTEMD_CONF_DIRS, Signatures as Tpm2Signatures,
+    pin_auth as tpm2_pin_auth,
 };
 
 use crate::error::{CliError, CliResult};

@@ -129,6 +129,16 @@ impl PolicyKey {
     }
 }
 
+/// systemd's configuration directories, in its search order (Debian's /lib/systemd
+/// too): where it looks for the PCR signature and the PCR signing key.
+pub(crate) const SYSTEMD_CONF_DIRS: [&str; 5] = [
+    "/etc/systemd",
+    "/run/systemd",
+    "/usr/local/lib/systemd",
+    "/usr/lib/systemd",
+    "/lib/systemd",
+];
+
 /// systemd-measure's signature file: per PCR bank, entries of PCRs, key fingerprint,
 /// policy digest (hex) and its signature (base64).
 pub(crate) struct Signatures(Value);
@@ -141,14 +151,12 @@ impl Signatures {
     pub(crate) fn load(path: Option<&std::path::Path>) -> CliResult<Signatures> {
         use std::path::Path;
         let name = path.unwrap_or(Path::new("tpm2-pcr-signature.json"));
-        let dirs = [
-            "/etc/systemd",
-            "/run/systemd",
-            "/usr/local/lib/systemd",
-            "/usr/lib/systemd",
-            "/lib/systemd",
-            "/.extra",
-        ];
+        // Where systemd-stub hands it to the initrd, last.
+        let dirs: Vec<&str> = SYSTEMD_CONF_DIRS
+            .iter()
+            .copied()
+            .chain(["/.extra"])
+            .collect();
         let path = if name.components().count() > 1 || name.is_absolute() {
             name.to_path_buf()
         } else {
