@@ -9,7 +9,8 @@
 # host CPUs: 488-531 s (session 24) against 545 s with twice the volumes and a VeraCrypt
 # image in the guests (session 23's set). CRYPTBLK_VM_PARALLEL=1 runs them one by one;
 # CRYPTBLK_VM_TESTS picks suites ("dmcrypt ublk"). The guests' output is shown once all
-# have ended, in this order.
+# have ended, in this order. The interop guest also runs on vhost-user-blk disks that cryptblk
+# serves on this host (tests/vm/vhost-user-blk.sh: started before the guests, stopped after).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VM=tests/vm/vm.sh
@@ -26,8 +27,9 @@ fi
 # The guest sees the host's / read-only but has its own /tmp, so hand the scripts and the
 # binary over through the results directory (mounted at /results in the guest).
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
-trap 'rm -rf "$xfer"' EXIT
-cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh tests/vm/dm-lines.sh "$BIN" "$xfer/"
+trap 'stop_vhost_servers 2> /dev/null; rm -rf "$xfer"' EXIT
+cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh tests/vm/dm-lines.sh \
+  tests/vm/vhost-user-blk.sh "$BIN" "$xfer/"
 # The software FIDO2 key the token tests plug in (a test tool with its own lock file,
 # never linked into cryptblk: tests/tools/fido2-authenticator). Built here; tokens.sh says
 # FAIL if it is missing.
@@ -54,12 +56,19 @@ fi
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
 PARALLEL=${CRYPTBLK_VM_PARALLEL:-3}
 [[ $PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "tests/vm: CRYPTBLK_VM_PARALLEL=$PARALLEL: a count of 1 or more" >&2; exit 2; }
-names=() titles=() cmds=() tpms=()
-# guest NAME TITLE COMMAND [tpm]: "tpm" gives the guest a TPM 2.0 (vm.sh's CRYPTBLK_VM_TPM).
-guest() { names+=("$1"); titles+=("$2"); cmds+=("$3"); tpms+=("${4:-}"); }
+names=() titles=() cmds=() tpms=() vubs=()
+# guest NAME TITLE COMMAND [tpm] [VHOST_USER_BLK]: "tpm" gives the guest a TPM 2.0 (vm.sh's
+# CRYPTBLK_VM_TPM); VHOST_USER_BLK, vhost-user-blk disks (vm.sh's CRYPTBLK_VM_VHOST_USER_BLK).
+guest() { names+=("$1"); titles+=("$2"); cmds+=("$3"); tpms+=("${4:-}"); vubs+=("${5:-}"); }
+vub_started=
+stop_vhost_servers() { [ -z "$vub_started" ] || bash tests/vm/vhost-user-blk.sh host-stop "$xfer" "$xfer/cryptblk"; vub_started=; }
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
-  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk"
+  # The vhost-user-blk servers run on this host, started before the guest boots
+  # (tests/vm/vhost-user-blk.sh); the interop guest ends first, so it takes them.
+  vub=$(bash tests/vm/vhost-user-blk.sh host-start "$xfer" "$xfer/cryptblk") || { echo "tests/vm: the vhost-user-blk servers did not start" >&2; exit 1; }
+  vub_started=1
+  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; a VM on cryptblk's vhost-user-blk disks (LUKS2, BitLocker, VeraCrypt; kill -9 and reconnect)" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/vhost-user-blk.sh guest /results && exit \$u" "" "$vub"
   # cryptsetup's test lines that need a mapping run over ublk here: the ublk guest is the
   # longest already.
   guest families "kernel dm-crypt interop: the other cipher families, plain, loop-AES, TrueCrypt volumes; cryptsetup's test lines that need a mapping (over ublk)" \
@@ -77,6 +86,7 @@ stop_guests() {
   local f
   for f in "$logs"/*.pid; do [ -f "$f" ] && kill -- "-$(cat "$f")" 2>/dev/null; done
   wait 2>/dev/null
+  stop_vhost_servers
   rm -rf "$xfer" "$logs"
 }
 trap stop_guests EXIT
@@ -84,12 +94,13 @@ trap 'exit 143' TERM INT
 for i in "${!names[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || true; done
   echo "== VM ${names[$i]}: booting at $SECONDS s: ${titles[$i]}"
-  ( set +e; CRYPTBLK_VM_TPM=${tpms[$i]:+1} setsid bash "$VM" run -r "$xfer" "${cmds[$i]}" > "$logs/$i.log" 2>&1 < /dev/null &
+  ( set +e; CRYPTBLK_VM_TPM=${tpms[$i]:+1} CRYPTBLK_VM_VHOST_USER_BLK=${vubs[$i]} setsid bash "$VM" run -r "$xfer" "${cmds[$i]}" > "$logs/$i.log" 2>&1 < /dev/null &
     echo $! > "$logs/$i.pid"; wait $!
     echo $? > "$logs/$i.rc"; rm -f "$logs/$i.pid"
     echo "== VM ${names[$i]}: ended at $SECONDS s (exit $(cat "$logs/$i.rc"))" ) &
 done
 wait
+stop_vhost_servers
 rc=0
 for i in "${!names[@]}"; do
   echo "== VM ${names[$i]}: ${titles[$i]}"

@@ -15,7 +15,10 @@
 # *-amd64 one apt knows), CRYPTBLK_VM_MEM (4G), CRYPTBLK_VM_CPUS (2), CRYPTBLK_VM_TIMEOUT
 # (seconds, 1800), CRYPTBLK_VM_ACCEL (auto|kvm|tcg), CRYPTBLK_VM_DEBUG=1 (kernel log),
 # CRYPTBLK_VM_TPM=1 (a TPM 2.0 in the guest: QEMU's tpm-tis over a host swtpm, fresh for
-# each run; /dev/tpmrm0 there).
+# each run; /dev/tpmrm0 there), CRYPTBLK_VM_VHOST_USER_BLK="SOCKET[:QUEUES] ..." (a
+# vhost-user-blk disk per socket, served on the host, /dev/vda... in the guest in that
+# order; QEMU reconnects to a socket whose server was replaced; guest memory then lives in
+# a shared memfd, as vhost-user needs).
 set -euo pipefail
 
 SELF_DIR=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -200,6 +203,17 @@ run() {
     [ -S "$job/swtpm.sock" ] || die "swtpm did not start: $(cat "$job/swtpm.log")"
     args+=(-chardev "socket,id=chrtpm,path=$job/swtpm.sock" -tpmdev emulator,id=tpm0,chardev=chrtpm
       -device tpm-tis,tpmdev=tpm0)
+  fi
+  if [ -n "${CRYPTBLK_VM_VHOST_USER_BLK:-}" ]; then
+    args+=(-object "memory-backend-memfd,id=mem,size=$MEM,share=on" -machine memory-backend=mem)
+    local n=0 spec sock queues
+    for spec in $CRYPTBLK_VM_VHOST_USER_BLK; do
+      sock=${spec%%:*} queues=1
+      [ "$spec" != "$sock" ] && queues=${spec#*:}
+      args+=(-chardev "socket,id=vub$n,path=$sock,reconnect=1"
+        -device "vhost-user-blk-pci,chardev=vub$n,num-queues=$queues")
+      n=$((n + 1))
+    done
   fi
   set +e
   timeout --foreground "$TIMEOUT" qemu-system-x86_64 "${args[@]}" < /dev/null

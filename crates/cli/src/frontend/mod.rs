@@ -13,6 +13,7 @@ mod online;
 mod shutdown;
 mod suspend;
 pub(crate) mod ublk;
+mod vhost_user_blk;
 
 use crate::args::VolumeArgs;
 use crate::control::{Reply, Request};
@@ -52,13 +53,19 @@ pub(crate) struct OpenArgs {
     /// (0600, the server's user) still apply, checked by the kernel.
     #[arg(long = "allow-other", requires = "fuse")]
     pub allow_other: bool,
-    /// With --nbd unix:PATH: permissions of the socket (octal; default 600, owner only).
-    /// Whoever can connect reads and writes the plaintext.
-    #[arg(long = "socket-mode", value_name = "OCTAL", requires = "nbd")]
+    /// Serve to a virtual machine as a virtio-blk disk over the vhost-user socket SOCKET
+    /// (QEMU: `-chardev socket,id=c,path=SOCKET,reconnect=1 -device
+    /// vhost-user-blk-pci,chardev=c` with guest memory shared, e.g.
+    /// `memory-backend-memfd,share=on`). One queue per CPU unless --queues.
+    #[arg(long = "vhost-user-blk", value_name = "SOCKET")]
+    pub vhost_user_blk: Option<PathBuf>,
+    /// With --nbd unix:PATH or --vhost-user-blk: permissions of the socket (octal;
+    /// default 600, owner only). Whoever can connect reads and writes the plaintext.
+    #[arg(long = "socket-mode", value_name = "OCTAL")]
     pub socket_mode: Option<String>,
-    /// With --nbd unix:PATH: group of the socket (name or number), to share it on purpose
-    /// together with --socket-mode 660.
-    #[arg(long = "socket-group", value_name = "GROUP", requires = "nbd")]
+    /// With --nbd unix:PATH or --vhost-user-blk: group of the socket (name or number), to
+    /// share it on purpose together with --socket-mode 660.
+    #[arg(long = "socket-group", value_name = "GROUP")]
     pub socket_group: Option<String>,
     /// With --nbd: TLS for clients (NBD_OPT_STARTTLS, X.509): `required` (the default when
     /// --tls-cert is given) serves only clients that switch to TLS, `optional` serves both,
@@ -105,8 +112,9 @@ pub(crate) struct OpenArgs {
     /// latency takes more requests in flight to hide.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// NBD: microseconds a connection polls for its next request before sleeping
-    /// (0 = never poll; polling saves a wake-up per request at low queue depth).
+    /// NBD: microseconds a connection polls for its next request before sleeping;
+    /// vhost-user-blk: the same for a queue's ring (0 = never poll; polling saves a
+    /// wake-up per request at low queue depth).
     #[arg(long = "busy-poll", value_name = "MICROS", default_value_t = 50)]
     pub busy_poll: u64,
     /// Seconds a stopping server (SIGTERM, `close`) has to drain its clients, flush and
@@ -207,25 +215,49 @@ pub(crate) trait Control: Send + Sync {
     }
 }
 
-/// The frontend the options name: exactly one of --nbd, --fuse, --ublk.
+/// The frontend the options name: exactly one of --nbd, --fuse, --ublk, --vhost-user-blk.
 fn choose(a: &OpenArgs) -> CliResult<Box<dyn Frontend>> {
-    match (&a.nbd, &a.fuse, a.ublk.ublk) {
-        (Some(spec), None, false) => {
-            ublk::check_unused(&a.ublk)?;
-            Ok(Box::new(nbd::NbdFrontend::parse(spec, a)?))
+    let named = [
+        a.nbd.is_some(),
+        a.fuse.is_some(),
+        a.ublk.ublk,
+        a.vhost_user_blk.is_some(),
+    ];
+    match named.iter().filter(|&&n| n).count() {
+        0 => {
+            return Err(CliError::usage(
+                "open needs one frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT, --fuse DIR, \
+                 --ublk or --vhost-user-blk SOCKET",
+            ));
         }
-        (None, Some(mnt), false) => {
-            ublk::check_unused(&a.ublk)?;
-            Ok(Box::new(fuse::FuseFrontend::new(mnt.clone())))
+        1 => {}
+        _ => {
+            return Err(CliError::usage(
+                "choose one frontend: --nbd, --fuse, --ublk or --vhost-user-blk",
+            ));
         }
-        (None, None, true) => Ok(Box::new(ublk::UblkFrontend::default())),
-        (None, None, false) => Err(CliError::usage(
-            "open needs one frontend: --nbd unix:PATH, --nbd tcp:127.0.0.1:PORT, --fuse DIR or --ublk",
-        )),
-        _ => Err(CliError::usage(
-            "choose one frontend: --nbd, --fuse or --ublk",
-        )),
     }
+    let on_socket = a.nbd.is_some() || a.vhost_user_blk.is_some();
+    if !on_socket && (a.socket_mode.is_some() || a.socket_group.is_some()) {
+        return Err(CliError::usage(
+            "--socket-mode and --socket-group need --nbd unix:PATH or --vhost-user-blk",
+        ));
+    }
+    if let Some(spec) = &a.nbd {
+        ublk::check_unused(&a.ublk, false)?;
+        return Ok(Box::new(nbd::NbdFrontend::parse(spec, a)?));
+    }
+    if let Some(mnt) = &a.fuse {
+        ublk::check_unused(&a.ublk, false)?;
+        return Ok(Box::new(fuse::FuseFrontend::new(mnt.clone())));
+    }
+    if let Some(socket) = &a.vhost_user_blk {
+        ublk::check_unused(&a.ublk, true)?;
+        return Ok(Box::new(vhost_user_blk::VhostUserBlkFrontend::parse(
+            socket, a,
+        )?));
+    }
+    Ok(Box::new(ublk::UblkFrontend::default()))
 }
 
 /// `open`: the whole lifecycle, for whichever frontend the options name, as its steps:

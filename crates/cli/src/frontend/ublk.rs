@@ -22,7 +22,7 @@ pub(crate) struct UblkArgs {
     /// Serve as a kernel block device /dev/ublkbN (needs ublk_drv, Linux 6.5+).
     #[arg(long)]
     pub ublk: bool,
-    /// ublk: hardware queues, one thread each (default: one per CPU).
+    /// ublk and vhost-user-blk: queues, one thread each (default: one per CPU).
     #[arg(long)]
     pub queues: Option<u16>,
     /// ublk: requests in flight per queue.
@@ -42,12 +42,15 @@ pub(crate) struct UblkArgs {
     pub dev_id: Option<u32>,
 }
 
-/// Rejects ublk options given without `--ublk`.
-pub(crate) fn check_unused(a: &UblkArgs) -> CliResult<()> {
-    if a.queues.is_some() || a.recover || a.no_recovery || a.dev_id.is_some() {
-        return Err(CliError::usage(
-            "--queues, --recover, --no-recovery and --dev-id need --ublk",
-        ));
+/// Rejects ublk options given without `--ublk` (`--queues` is also vhost-user-blk's,
+/// allowed with `queues_too`).
+pub(crate) fn check_unused(a: &UblkArgs, queues_too: bool) -> CliResult<()> {
+    if (a.queues.is_some() && !queues_too) || a.recover || a.no_recovery || a.dev_id.is_some() {
+        return Err(CliError::usage(if queues_too {
+            "--recover, --no-recovery and --dev-id need --ublk"
+        } else {
+            "--queues needs --ublk or --vhost-user-blk; --recover, --no-recovery and --dev-id need --ublk"
+        }));
     }
     Ok(())
 }

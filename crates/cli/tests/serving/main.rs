@@ -1,4 +1,4 @@
-//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, resize, suspend, durability
+//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, vhost-user-blk, resize, suspend, durability
 //! across kills, remote NBD and RBD storage, key hygiene and other local users, with the
 //! real clients.
 //! One test binary of modules (one link, `common` compiled once), as rustls groups its
@@ -18,3 +18,4 @@ mod resize;
 mod serve;
 mod suspend;
 mod ublk;
+mod vhost_user_blk;

@@ -1,0 +1,209 @@
+//! `open --vhost-user-blk` end to end: the CLI serves a LUKS2 volume on a vhost-user
+//! socket, the crate's client plays the VM (shared memory, virtqueues), and what it wrote
+//! is what `cryptblk export` reads back; `status`, read-only, the socket's mode, a VM that
+//! reconnects, suspend/resume and online reencryption under it, `close`.
+
+use crate::common::{bin, ok, run_in};
+use cryptblk_vhost_user_blk::client::{Client, ClientOptions, status};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+fn run(args: &[&str]) -> std::process::Output {
+    run_in(bin(), args, b"")
+}
+
+fn p(dir: &Path, f: &str) -> String {
+    dir.join(f).to_str().unwrap().to_string()
+}
+
+fn format(dir: &Path) {
+    std::fs::write(dir.join("pw"), b"vhost passphrase").unwrap();
+    std::fs::File::create(dir.join("v.img"))
+        .unwrap()
+        .set_len(48 << 20)
+        .unwrap();
+    ok(&run(&[
+        "format",
+        "-q",
+        "--type",
+        "luks2",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        &p(dir, "pw"),
+        &p(dir, "v.img"),
+    ]));
+}
+
+fn open(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let (img, pw, sock, rd) = (
+        p(dir, "v.img"),
+        p(dir, "pw"),
+        p(dir, "vub.sock"),
+        p(dir, "run"),
+    );
+    let mut args = vec![
+        "open",
+        &img,
+        "vm0",
+        "--vhost-user-blk",
+        &sock,
+        "--queues",
+        "2",
+        "--daemon",
+        "--run-dir",
+        &rd,
+        "--key-file",
+        &pw,
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+fn status_text(dir: &Path) -> String {
+    ok(&run(&["status", "vm0", "--run-dir", &p(dir, "run")]))
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn a_vm_writes_through_vhost_user_blk_and_export_reads_the_same_plaintext() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    format(dir);
+    ok(&open(dir, &[]));
+    let sock = dir.join("vub.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket is the owner's only");
+    let opt = ClientOptions {
+        queues: 2,
+        ..ClientOptions::default()
+    };
+    let mut c = Client::connect(&sock, opt).unwrap();
+    assert_eq!(
+        c.capacity().unwrap(),
+        (48 << 20) - (16 << 20),
+        "LUKS2 data area"
+    );
+    let data = pattern(1 << 20, 7);
+    assert_eq!(c.write(0, 4 << 20, &data).unwrap(), status::OK);
+    let mut back = vec![0u8; 1 << 20];
+    assert_eq!(c.read(1, 4 << 20, &mut back).unwrap(), status::OK);
+    assert!(back == data);
+    let text = status_text(dir);
+    assert!(text.contains("frontend: vhost-user-blk"), "{text}");
+    assert!(text.contains("clients: 1"), "{text}");
+    assert!(text.contains("1 writes (1048576 bytes)"), "{text}");
+    // The VM goes away and comes back: served again on the same socket.
+    drop(c);
+    let mut c = Client::connect(&sock, opt).unwrap();
+    assert_eq!(c.read(0, 4 << 20, &mut back).unwrap(), status::OK);
+    assert!(back == data, "after a reconnect");
+    // Suspended: the VM's read waits, and completes with the data once resumed.
+    let rd = p(dir, "run");
+    ok(&run(&["luksSuspend", "vm0", "--run-dir", &rd]));
+    let reader = std::thread::spawn(move || {
+        let mut back = vec![0u8; 1 << 20];
+        let st = c.read(0, 4 << 20, &mut back).unwrap();
+        (c, st, back)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!reader.is_finished(), "a read is held while suspended");
+    ok(&run(&[
+        "luksResume",
+        "vm0",
+        "--run-dir",
+        &rd,
+        "--key-file",
+        &p(dir, "pw"),
+    ]));
+    let (mut c, st, mut back) = reader.join().unwrap();
+    assert_eq!(st, status::OK);
+    assert!(back == data, "the held read, after resume");
+    // Online reencryption under the served disk: the VM reads the same plaintext after.
+    ok(&run(&[
+        "reencrypt",
+        "-q",
+        &p(dir, "v.img"),
+        "--key-file",
+        &p(dir, "pw"),
+        "--run-dir",
+        &rd,
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+    ]));
+    let mut again = vec![0u8; 1 << 20];
+    assert_eq!(c.read(0, 4 << 20, &mut again).unwrap(), status::OK);
+    assert!(again == data, "after online reencryption");
+    drop(c);
+    ok(&run(&["close", "vm0", "--run-dir", &p(dir, "run")]));
+    assert!(!sock.exists(), "close removes the socket");
+    // What the guest wrote is the volume's plaintext.
+    let out = p(dir, "plain.img");
+    ok(&run(&[
+        "export",
+        &p(dir, "v.img"),
+        &out,
+        "--key-file",
+        &p(dir, "pw"),
+    ]));
+    let plain = std::fs::read(&out).unwrap();
+    assert!(plain[4 << 20..5 << 20] == data[..]);
+
+    // Read-only: the VM sees VIRTIO_BLK_F_RO and writes fail.
+    ok(&open(dir, &["--readonly"]));
+    let mut c = Client::connect(&sock, ClientOptions::default()).unwrap();
+    assert!(c.features & (1 << 5) != 0);
+    assert_eq!(c.write(0, 0, &[0u8; 4096]).unwrap(), status::IOERR);
+    assert_eq!(c.read(0, 4 << 20, &mut back).unwrap(), status::OK);
+    assert!(back == data);
+    drop(c);
+    ok(&run(&["close", "vm0", "--run-dir", &p(dir, "run")]));
+}
+
+#[test]
+fn vhost_user_blk_options_are_checked_before_the_passphrase() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    format(dir);
+    let o = run(&[
+        "open",
+        &p(dir, "v.img"),
+        "x",
+        "--vhost-user-blk",
+        &p(dir, "s"),
+        "--nbd",
+        "unix:/tmp/x",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("choose one frontend"));
+    let o = run(&[
+        "open",
+        &p(dir, "v.img"),
+        "x",
+        "--fuse",
+        &p(dir, "m"),
+        "--socket-mode",
+        "660",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--socket-mode and --socket-group need"));
+    let o = run(&[
+        "open",
+        &p(dir, "v.img"),
+        "x",
+        "--vhost-user-blk",
+        &p(dir, "s"),
+        "--recover",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("need --ublk"));
+}
