@@ -385,8 +385,17 @@ fn a_hostile_guest_gets_errors_and_the_backend_carries_on() {
     }
     use At::{Abs, Slot};
     use Expect::{NothingWritten, Status};
+    type Case = (
+        &'static str,
+        u32,
+        u64,
+        bool,
+        Option<(At, u32, u16)>,
+        At,
+        Expect,
+    );
     #[rustfmt::skip]
-    let cases: Vec<(&str, u32, u64, bool, Option<(At, u32, u16)>, At, Expect)> = vec![
+    let cases: Vec<Case> = vec![
         ("data outside guest memory", kind::IN, 0, false, Some((Abs(outside), 4096, WRITE)), Slot(16), Status(status::IOERR)),
         ("status byte outside guest memory", kind::IN, 0, false, Some((Slot(4096), 4096, WRITE)), Abs(outside), NothingWritten),
         ("header in device-writable memory", kind::IN, 0, true, Some((Slot(4096), 4096, WRITE)), Slot(16), Status(status::IOERR)),
