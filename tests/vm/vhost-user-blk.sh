@@ -141,12 +141,13 @@ case $mode in
     check "fstrim on vda discards (--allow-discards)" fstrim /mnt/a
     # fio verify on both queues while the host kills the server (kill -9) and starts another:
     # QEMU reconnects and redoes what was in flight; the guest must see no error.
-    # (12 MiB a job and pass, written then verified, ~1 s a pass here: the kill lands mid-run)
-    fio --name=v --directory=/mnt/a --size=12M --loops=12 --rw=randwrite --bsrange=4k-64k \
-      --ioengine=libaio --iodepth=8 --numjobs=2 --direct=1 --verify=crc32c --verify_fatal=1 \
-      --do_verify=1 --group_reporting > fio-kill.log 2>&1 &
+    # (6 s of writes whatever the speed, each block verified soon after it is written
+    # (verify_backlog) and all again at the end: the kill at 2 s lands mid-run)
+    fio --name=v --directory=/mnt/a --size=8M --time_based --runtime=6 --rw=randwrite \
+      --bsrange=4k-64k --ioengine=libaio --iodepth=8 --numjobs=2 --direct=1 --verify=crc32c \
+      --verify_backlog=64 --verify_fatal=1 --do_verify=1 --group_reporting > fio-kill.log 2>&1 &
     fio_pid=$!
-    sleep 3
+    sleep 2
     check "the host killed vda's server (kill -9) and started a new one" ask kill-luks2
     check "fio was still running when the server was killed" kill -0 "$fio_pid"
     wait "$fio_pid"

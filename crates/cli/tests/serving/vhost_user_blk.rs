@@ -207,3 +207,70 @@ fn vhost_user_blk_options_are_checked_before_the_passphrase() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("need --ublk"));
 }
+
+/// The ciphertext on an NBD export (qemu-nbd serving the LUKS2 file): the VM's writes go
+/// through cryptblk's NBD client, and the file holds them encrypted.
+#[test]
+fn a_volume_on_an_nbd_export_is_a_vms_disk() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    format(dir);
+    let remote_sock = dir.join("remote.sock");
+    let mut remote = std::process::Command::new(crate::common::tool("qemu-nbd", "qemu-utils"))
+        .args([
+            "--format",
+            "raw",
+            "--persistent",
+            "--shared",
+            "4",
+            "--socket",
+        ])
+        .arg(&remote_sock)
+        .arg(dir.join("v.img"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&remote_sock).is_err() {
+        assert!(t0.elapsed().as_secs() < 30, "qemu-nbd did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", remote_sock.display());
+    let (sock, rd, pw) = (p(dir, "vub.sock"), p(dir, "run"), p(dir, "pw"));
+    ok(&run(&[
+        "open",
+        &uri,
+        "vm1",
+        "--vhost-user-blk",
+        &sock,
+        "--queues",
+        "1",
+        "--daemon",
+        "--run-dir",
+        &rd,
+        "--key-file",
+        &pw,
+    ]));
+    let mut c = Client::connect(Path::new(&sock), ClientOptions::default()).unwrap();
+    let data = pattern(1 << 20, 3);
+    assert_eq!(c.write(0, 1 << 20, &data).unwrap(), status::OK);
+    let mut back = vec![0u8; 1 << 20];
+    assert_eq!(c.read(0, 1 << 20, &mut back).unwrap(), status::OK);
+    assert!(back == data);
+    drop(c);
+    ok(&run(&["close", "vm1", "--run-dir", &rd]));
+    let _ = remote.kill();
+    let _ = remote.wait();
+    let out = p(dir, "plain.img");
+    ok(&run(&["export", &p(dir, "v.img"), &out, "--key-file", &pw]));
+    let plain = std::fs::read(&out).unwrap();
+    assert!(
+        plain[1 << 20..2 << 20] == data[..],
+        "the file behind the export holds the VM's data"
+    );
+    let raw = std::fs::read(dir.join("v.img")).unwrap();
+    assert!(
+        !raw.chunks_exact(4096).any(|w| w == &data[..4096]),
+        "and only encrypted"
+    );
+}
