@@ -2,12 +2,14 @@
 //! (`tests/ceph/cluster.sh`: ceph-mon and ceph-osd from Debian, memstore, cephx off) and
 //! librbd's own LUKS encryption (python3-rbd): librbd formats and writes, cryptblk reads;
 //! cryptblk formats and writes, librbd reads; a keyslot cryptblk adds opens in librbd; fio
-//! verifies through cryptblk's NBD frontend over RBD; the exclusive lock keeps a second
-//! writer out; a missing pool, a missing image and a cluster that is down are clear errors.
+//! verifies through cryptblk's NBD frontend over RBD; a VM's writes over vhost-user-blk
+//! decrypt in librbd; the exclusive lock keeps a second writer out; a missing pool, a
+//! missing image and a cluster that is down are clear errors.
 //! One test runs the scenarios in order on one cluster (it takes about 5 s to start).
 
 use crate::common::ceph::Cluster;
 use crate::common::{bin, ok, run_in, serve_nbd_unix, tool};
+use cryptblk_vhost_user_blk::client::{Client, ClientOptions, status};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -209,6 +211,59 @@ fn rbd_images_interoperate_with_librbd_encryption() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+
+    // The LUKS1 image as a VM's disk over vhost-user-blk (the crate's client plays the VM):
+    // what the VM writes, librbd's own LUKS decrypts; `close` releases the image.
+    let vhost_sock = p("vm.sock");
+    ok(&cb(&[
+        "open",
+        "rbd:rbd/c",
+        "vmdisk",
+        "--vhost-user-blk",
+        &vhost_sock,
+        "--queues",
+        "2",
+        "--daemon",
+        "--run-dir",
+        &p("run"),
+        "--key-file",
+        &p("pw"),
+    ]));
+    let opt = ClientOptions {
+        queues: 2,
+        ..ClientOptions::default()
+    };
+    let mut vm = Client::connect(Path::new(&vhost_sock), opt).unwrap();
+    assert_eq!(
+        vm.capacity().unwrap(),
+        (64 << 20) - 8192 * 512,
+        "LUKS1 payload"
+    );
+    let written = pattern(9, MIB);
+    assert_eq!(vm.write(1, MIB as u64, &written).unwrap(), status::OK);
+    let mut back = vec![0u8; MIB];
+    assert_eq!(vm.read(0, MIB as u64, &mut back).unwrap(), status::OK);
+    assert!(back == written, "the VM reads back what it wrote");
+    drop(vm);
+    ok(&run_in(
+        bin(),
+        &["close", "vmdisk", "--run-dir", &p("run")],
+        b"",
+    ));
+    let out = librbd(
+        &conf,
+        &format!(
+            "with rbd.Image(io, 'c') as img:\n    \
+               img.encryption_load(rbd.RBD_ENCRYPTION_FORMAT_LUKS1, sys.stdin.buffer.read())\n    \
+               sys.stdout.buffer.write(img.read({MIB}, {MIB}))\n"
+        ),
+        PASS,
+    );
+    assert!(
+        out.status.success() && out.stdout == written,
+        "librbd reads what the VM wrote over vhost-user-blk: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The rbd crate's own way to librbd's encryption (what `scripts/bench-rbd.sh` measures
     // beside cryptblk, with the `rbd_load` example): librbd formats and writes through it,

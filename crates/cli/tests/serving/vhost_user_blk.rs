@@ -1,9 +1,10 @@
 //! `open --vhost-user-blk` end to end: the CLI serves a LUKS2 volume on a vhost-user
 //! socket, the crate's client plays the VM (shared memory, virtqueues), and what it wrote
 //! is what `cryptblk export` reads back; `status`, read-only, the socket's mode, a VM that
-//! reconnects, suspend/resume and online reencryption under it, `close`.
+//! reconnects, suspend/resume and online reencryption under it, `close`; the volume on a
+//! file, an NBD export and a block device (on Ceph RBD: `rbd.rs`).
 
-use crate::common::{bin, ok, run_in};
+use crate::common::{bin, ok, run_in, tool};
 use cryptblk_vhost_user_blk::client::{Client, ClientOptions, status};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -208,8 +209,50 @@ fn vhost_user_blk_options_are_checked_before_the_passphrase() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("need --ublk"));
 }
 
+/// Serves `device` (the LUKS2 volume `format` made in `dir`, reached another way) to a VM
+/// over vhost-user-blk; the VM writes 1 MiB, reads it back, and goes away; `close`; then
+/// `v.img` holds the VM's data, encrypted.
+fn a_vm_disk_on(dir: &Path, device: &str) {
+    let (sock, rd, pw) = (p(dir, "vub.sock"), p(dir, "run"), p(dir, "pw"));
+    ok(&run(&[
+        "open",
+        device,
+        "vm1",
+        "--vhost-user-blk",
+        &sock,
+        "--queues",
+        "1",
+        "--daemon",
+        "--run-dir",
+        &rd,
+        "--key-file",
+        &pw,
+    ]));
+    let mut c = Client::connect(Path::new(&sock), ClientOptions::default()).unwrap();
+    assert_eq!(c.capacity().unwrap(), (48 << 20) - (16 << 20), "{device}");
+    let data = pattern(1 << 20, 3);
+    assert_eq!(c.write(0, 1 << 20, &data).unwrap(), status::OK);
+    let mut back = vec![0u8; 1 << 20];
+    assert_eq!(c.read(0, 1 << 20, &mut back).unwrap(), status::OK);
+    assert!(back == data, "{device}: read back");
+    drop(c);
+    ok(&run(&["close", "vm1", "--run-dir", &rd]));
+    let out = p(dir, "plain.img");
+    ok(&run(&["export", &p(dir, "v.img"), &out, "--key-file", &pw]));
+    let plain = std::fs::read(&out).unwrap();
+    assert!(
+        plain[1 << 20..2 << 20] == data[..],
+        "{device}: the file behind it holds the VM's data"
+    );
+    let raw = std::fs::read(dir.join("v.img")).unwrap();
+    assert!(
+        !raw.chunks_exact(4096).any(|w| *w == data[..4096]),
+        "{device}: and only encrypted"
+    );
+}
+
 /// The ciphertext on an NBD export (qemu-nbd serving the LUKS2 file): the VM's writes go
-/// through cryptblk's NBD client, and the file holds them encrypted.
+/// through cryptblk's NBD client.
 #[test]
 fn a_volume_on_an_nbd_export_is_a_vms_disk() {
     let d = tempfile::tempdir().unwrap();
@@ -228,6 +271,7 @@ fn a_volume_on_an_nbd_export_is_a_vms_disk() {
         .arg(&remote_sock)
         .arg(dir.join("v.img"))
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let t0 = std::time::Instant::now();
@@ -236,41 +280,34 @@ fn a_volume_on_an_nbd_export_is_a_vms_disk() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let uri = format!("nbd+unix:///?socket={}", remote_sock.display());
-    let (sock, rd, pw) = (p(dir, "vub.sock"), p(dir, "run"), p(dir, "pw"));
-    ok(&run(&[
-        "open",
-        &uri,
-        "vm1",
-        "--vhost-user-blk",
-        &sock,
-        "--queues",
-        "1",
-        "--daemon",
-        "--run-dir",
-        &rd,
-        "--key-file",
-        &pw,
-    ]));
-    let mut c = Client::connect(Path::new(&sock), ClientOptions::default()).unwrap();
-    let data = pattern(1 << 20, 3);
-    assert_eq!(c.write(0, 1 << 20, &data).unwrap(), status::OK);
-    let mut back = vec![0u8; 1 << 20];
-    assert_eq!(c.read(0, 1 << 20, &mut back).unwrap(), status::OK);
-    assert!(back == data);
-    drop(c);
-    ok(&run(&["close", "vm1", "--run-dir", &rd]));
+    a_vm_disk_on(dir, &uri);
     let _ = remote.kill();
     let _ = remote.wait();
-    let out = p(dir, "plain.img");
-    ok(&run(&["export", &p(dir, "v.img"), &out, "--key-file", &pw]));
-    let plain = std::fs::read(&out).unwrap();
-    assert!(
-        plain[1 << 20..2 << 20] == data[..],
-        "the file behind the export holds the VM's data"
-    );
-    let raw = std::fs::read(dir.join("v.img")).unwrap();
-    assert!(
-        !raw.chunks_exact(4096).any(|w| w == &data[..4096]),
-        "and only encrypted"
-    );
+}
+
+/// Detaches a loop device when dropped, test failed or not.
+struct LoopDevice(String);
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = run_in(&tool("losetup", "mount"), &["-d", &self.0], b"");
+    }
+}
+
+/// The ciphertext on a block device (a loop device over the LUKS2 file; root, as CI is).
+#[test]
+fn a_volume_on_a_block_device_is_a_vms_disk() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    format(dir);
+    let dev = ok(&run_in(
+        &tool("losetup", "mount"),
+        &["-f", "--show", &p(dir, "v.img")],
+        b"",
+    ))
+    .trim()
+    .to_string();
+    assert!(dev.starts_with("/dev/loop"), "{dev}");
+    let dev = LoopDevice(dev);
+    a_vm_disk_on(dir, &dev.0);
 }
