@@ -2,6 +2,7 @@ use std::fmt;
 
 use crate::bitlk::BitlkError;
 use crate::fvault2::Fvault2Error;
+use crate::integrity::IntegrityError;
 use crate::loopaes::LoopAesError;
 use crate::luks1::Luks1Error;
 use crate::luks2::Luks2Error;
@@ -47,6 +48,8 @@ pub enum Error {
     Fvault2(Fvault2Error),
     /// A loop-AES key file is not one.
     LoopAes(LoopAesError),
+    /// A dm-integrity superblock is damaged or its layout unsupported.
+    Integrity(IntegrityError),
 }
 
 impl fmt::Display for Error {
@@ -69,6 +72,7 @@ impl fmt::Display for Error {
             Error::Bitlk(e) => write!(f, "BITLK: {e}"),
             Error::Fvault2(e) => write!(f, "FVAULT2: {e}"),
             Error::LoopAes(e) => write!(f, "loop-AES: {e}"),
+            Error::Integrity(e) => write!(f, "{e}"),
         }
     }
 }
@@ -121,7 +125,8 @@ from_format_error!(
     Tcrypt(TcryptError),
     Bitlk(BitlkError),
     Fvault2(Fvault2Error),
-    LoopAes(LoopAesError)
+    LoopAes(LoopAesError),
+    Integrity(IntegrityError)
 );
 
 /// `Result` with this crate's [`Error`].

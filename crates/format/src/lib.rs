@@ -1,5 +1,6 @@
 //! On-disk formats of cryptsetup/dm-crypt volumes: LUKS1, LUKS2, plain mode, loop-AES,
-//! TrueCrypt/VeraCrypt (TCRYPT), BitLocker (BITLK) and FileVault 2 (FVAULT2).
+//! TrueCrypt/VeraCrypt (TCRYPT), BitLocker (BITLK) and FileVault 2 (FVAULT2); and
+//! dm-integrity's layout, under LUKS2 with integrity.
 //!
 //! Each format lives in its own module; all LUKS versions implement [`LuksHeader`], so the
 //! CLI and the data path never need to know which version they hold.
@@ -11,6 +12,7 @@ mod bytes;
 pub mod crash;
 mod error;
 pub mod fvault2;
+pub mod integrity;
 pub mod loopaes;
 pub mod luks1;
 pub mod luks2;
