@@ -9,6 +9,7 @@ mod backends;
 mod kat_cbc;
 mod kat_ccm;
 mod kat_dmcrypt;
+mod kat_dmcrypt_aead;
 mod kat_gcm;
 mod kat_hash;
 mod kat_kdf;
