@@ -159,9 +159,16 @@ case $mode in
     # vdb: BitLocker.
     mkfs.ext4 -q /dev/vdb && mkdir -p /mnt/b && mount /dev/vdb /mnt/b
     check "ext4 on the BitLocker disk (vdb) mounts" mountpoint -q /mnt/b
+    check "fio verify on the BitLocker disk's ext4" fio --name=b --directory=/mnt/b --size=4M \
+      --rw=randwrite --bs=4k --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c \
+      --verify_fatal=1 --output=fio-bitlk.log
+    rm -f /mnt/b/b.*
     head -c 4M /dev/urandom > /mnt/b/f && umount /mnt/b
     dd if=/dev/vdb bs=1M count=8 iflag=direct status=none | sha256sum > bitlk-raw.sha
-    # vdc: VeraCrypt (a small volume: raw data, no file system).
+    # vdc: VeraCrypt (36 KiB, too small for ext4): fio verify, then raw data.
+    check "fio verify on the VeraCrypt disk (raw)" fio --name=v --filename=/dev/vdc --size=32k \
+      --rw=randwrite --bs=4k --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c \
+      --verify_fatal=1 --output=fio-vc.log
     n=$(blockdev --getsize64 /dev/vdc)
     head -c "$n" /dev/urandom > vc.bin
     dd if=vc.bin of=/dev/vdc bs=4096 oflag=direct status=none
