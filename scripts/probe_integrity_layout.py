@@ -1,6 +1,6 @@
 """Host half of scripts/probe-integrity-layout.sh: reads each image the guest's kernel wrote,
 locates data and tags by docs/integrity-format.md (sections 1-2, 4-5), and decrypts and
-authenticates the 16 KiB-pattern sectors with `cryptography`. Fails on the first mismatch."""
+authenticates the blocks of the 8 KiB pattern with `cryptography`. Fails on the first mismatch."""
 import hashlib
 import hmac
 import json
