@@ -7,10 +7,13 @@
 # images of scripts/peer-bench.sh in tmpfs; and cryptblk's own NBD figures for the same
 # workloads and image (fio's nbd engine, scripts/peer-bench.sh), in the same run. Repeated
 # ROUNDS times; prints every round, then medians and the ratios the issue asks for.
-# usage: [ROUNDS=3] scripts/bench-vhost-user-blk.sh [runtime_s]
+# QUEUES=N (default 1) gives every server N virtqueues (cryptblk --queues N, qemu-storage-
+# daemon num-queues=N) and spreads the client's depth over them (as a guest with N vCPUs
+# has N queues; the client still drives them from one thread).
+# usage: [ROUNDS=3] [QUEUES=1] scripts/bench-vhost-user-blk.sh [runtime_s]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RT=${1:-3}; ROUNDS=${ROUNDS:-3}
+RT=${1:-3}; ROUNDS=${ROUNDS:-3}; Q=${QUEUES:-1}
 B=$PWD/target/release/cryptblk
 [ -x "$B" ] || cargo build --release -p cryptblk > /dev/null
 cargo build --release -q -p cryptblk-vhost-user-blk --example vhost-bench
@@ -22,14 +25,14 @@ ONLY=none bash scripts/peer-bench.sh 1 > /dev/null
 head -c 32 /dev/urandom > "$P/null.key"
 SOCK=$P/vub.sock
 servers=(
-  "cryptblk=$B open $P/luks1.img vb --vhost-user-blk $SOCK --queues 1 --run-dir $P/run --key-file $P/pw"
-  "cryptblk-null=$B open $P/luks1.img vb --vhost-user-blk $SOCK --queues 1 --run-dir $P/run --key-file $P/null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096"
-  "qsd-luks=$QSD --object iothread,id=io0 --object secret,id=s0,data=pass --blockdev driver=file,node-name=f0,filename=$P/luks1.img --blockdev driver=luks,node-name=l0,file=f0,key-secret=s0 --export type=vhost-user-blk,id=e0,node-name=l0,addr.type=unix,addr.path=$SOCK,writable=on,iothread=io0"
-  "qsd-raw=$QSD --object iothread,id=io0 --blockdev driver=file,node-name=f0,filename=$P/raw.img --export type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path=$SOCK,writable=on,iothread=io0"
+  "cryptblk=$B open $P/luks1.img vb --vhost-user-blk $SOCK --queues $Q --run-dir $P/run --key-file $P/pw"
+  "cryptblk-null=$B open $P/luks1.img vb --vhost-user-blk $SOCK --queues $Q --run-dir $P/run --key-file $P/null.key --type plain --cipher cipher_null-ecb --key-size 256 --offset 4096"
+  "qsd-luks=$QSD --object iothread,id=io0 --object secret,id=s0,data=pass --blockdev driver=file,node-name=f0,filename=$P/luks1.img --blockdev driver=luks,node-name=l0,file=f0,key-secret=s0 --export type=vhost-user-blk,id=e0,node-name=l0,addr.type=unix,addr.path=$SOCK,writable=on,iothread=io0,num-queues=$Q"
+  "qsd-raw=$QSD --object iothread,id=io0 --blockdev driver=file,node-name=f0,filename=$P/raw.img --export type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path=$SOCK,writable=on,iothread=io0,num-queues=$Q"
 )
 OUT=$(mktemp); trap 'rm -f "$OUT"' EXIT
 for r in $(seq "$ROUNDS"); do
-  echo "== round $r of $ROUNDS (${RT}s per figure, MiB/s)"
+  echo "== round $r of $ROUNDS (${RT}s per figure, $Q queue(s), MiB/s)"
   for entry in "${servers[@]}"; do
     name=${entry%%=*}
     rm -f "$SOCK"
@@ -37,7 +40,7 @@ for r in $(seq "$ROUNDS"); do
     server=$!
     for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
     printf '%-16s' "$name"
-    "$VB" "$SOCK" "$RT" | awk '{printf "%20s", int($3)}'
+    "$VB" "$SOCK" "$RT" "$Q" | awk '{printf "%20s", int($3)}'
     echo
     kill "$server" 2> /dev/null; wait "$server" 2> /dev/null || true
   done | tee -a "$OUT"

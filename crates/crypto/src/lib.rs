@@ -5,6 +5,7 @@
 //! (`CRYPTBLK_CRYPTO_BACKEND` overrides); the generic modes in `modes/`.
 //! `unsafe` is confined to `backend/x86` (CPU intrinsics, assembly) and `secret` (mlock).
 
+mod aead_sector;
 mod af;
 mod backend;
 mod block;
@@ -26,6 +27,7 @@ pub mod testing;
 mod twofish;
 mod unit;
 
+pub use aead_sector::{AeadIv, AeadSectorCipher};
 pub use af::{af_merge, af_split};
 pub use backend::{BACKEND_ENV, Backend};
 pub use ccm::{aes_ccm_decrypt, aes_ccm_encrypt};

@@ -2,12 +2,14 @@
 //! memory, virtqueues, eventfds), for comparing backends without a VM:
 //!
 //! ```text
-//! vhost-bench SOCKET [SECONDS]
+//! vhost-bench SOCKET [SECONDS [QUEUES]]
 //! ```
 //!
-//! Runs the five workloads of scripts/peer-bench.sh on queue 0 of the disk at SOCKET, each for SECONDS
-//! (default 3), and prints one line each: `name iops MiB/s`. Data written is random and
-//! not checked (the tests check data; this measures).
+//! Runs the five workloads of scripts/peer-bench.sh on the disk at SOCKET, each for SECONDS
+//! (default 3), and prints one line each: `name iops MiB/s`. With QUEUES (default 1) above
+//! one, each workload's queue depth is spread over that many virtqueues, driven by this one
+//! thread (the total in flight stays the workload's depth). Data written is random and not
+//! checked (the tests check data; this measures).
 
 use cryptblk_vhost_user_blk::client::{Client, ClientOptions, Request, kind, status};
 use std::path::Path;
@@ -70,15 +72,19 @@ const WORKLOADS: &[Workload] = &[
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let Some(socket) = args.get(1) else {
-        eprintln!("usage: vhost-bench SOCKET [SECONDS]");
+        eprintln!("usage: vhost-bench SOCKET [SECONDS [QUEUES]]");
         std::process::exit(2);
     };
     let secs: f64 = args
         .get(2)
         .map(|s| s.parse().expect("SECONDS"))
         .unwrap_or(3.0);
+    let queues: u16 = args.get(3).map(|s| s.parse().expect("QUEUES")).unwrap_or(1);
+    let qs: Vec<usize> = (0..usize::from(queues)).collect();
+    // Slot `s` of a workload is slot `s / queues` of queue `s % queues`.
+    let at = |s: u16| (usize::from(s % queues), s / queues);
     let opt = ClientOptions {
-        queues: 1,
+        queues,
         depth: 16,
         max_io: 128 << 10,
         event_idx: true,
@@ -87,7 +93,8 @@ fn main() -> std::io::Result<()> {
     let cap = c.capacity()?;
     // Random data in every slot, once.
     let mut x = 0x2545_f491_4f6c_dd1du64;
-    for slot in 0..16 {
+    for s in 0..16 {
+        let (q, slot) = at(s);
         let buf: Vec<u8> = (0..128 << 10)
             .map(|_| {
                 x ^= x << 13;
@@ -96,7 +103,7 @@ fn main() -> std::io::Result<()> {
                 x as u8
             })
             .collect();
-        c.write_mem(c.slot_data(0, slot), &buf)?;
+        c.write_mem(c.slot_data(q, slot), &buf)?;
     }
     for w in WORKLOADS {
         let blocks = cap / u64::from(w.bs);
@@ -119,30 +126,36 @@ fn main() -> std::io::Result<()> {
             sector,
             len: w.bs,
         };
-        let first: Vec<(u16, Request)> = (0..w.depth).map(|s| (s, req(next(&mut x)))).collect();
-        c.submit(0, &first)?;
+        for q in &qs {
+            let first: Vec<(u16, Request)> = (0..w.depth)
+                .filter(|&s| at(s).0 == *q)
+                .map(|s| (at(s).1, req(next(&mut x))))
+                .collect();
+            c.submit(*q, &first)?;
+        }
         let (start, limit) = (Instant::now(), Duration::from_secs_f64(secs));
         let mut done = 0u64;
         let mut in_flight = usize::from(w.depth);
         while in_flight > 0 {
-            let comps = c.wait(0)?;
-            in_flight -= comps.len();
-            let mut again = Vec::new();
-            for comp in comps {
-                if comp.status != status::OK {
-                    return Err(std::io::Error::other(format!(
-                        "{}: status {}",
-                        w.name, comp.status
-                    )));
+            for (q, comps) in c.wait_any(&qs)? {
+                in_flight -= comps.len();
+                let mut again = Vec::new();
+                for comp in comps {
+                    if comp.status != status::OK {
+                        return Err(std::io::Error::other(format!(
+                            "{}: status {}",
+                            w.name, comp.status
+                        )));
+                    }
+                    done += 1;
+                    if start.elapsed() < limit {
+                        again.push((comp.slot, req(next(&mut x))));
+                    }
                 }
-                done += 1;
-                if start.elapsed() < limit {
-                    again.push((comp.slot, req(next(&mut x))));
+                in_flight += again.len();
+                if !again.is_empty() {
+                    c.submit(q, &again)?;
                 }
-            }
-            in_flight += again.len();
-            if !again.is_empty() {
-                c.submit(0, &again)?;
             }
         }
         let t = start.elapsed().as_secs_f64();

@@ -472,6 +472,70 @@ impl Client {
         }
     }
 
+    /// Waits until at least one request of any of `qs` completes; returns each queue's
+    /// completions (a driver with one thread for several queues, as a guest vCPU may be).
+    pub fn wait_any(&mut self, qs: &[usize]) -> io::Result<Vec<(usize, Vec<Completion>)>> {
+        loop {
+            let mut out = Vec::new();
+            for &q in qs {
+                let done = self.reap(q)?;
+                if !done.is_empty() {
+                    out.push((q, done));
+                }
+            }
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            if self.event_idx {
+                for &q in qs {
+                    let queue = &self.queues[q];
+                    let at = GuestAddress(queue.avail + 4 + 2 * u64::from(queue.size));
+                    self.mem
+                        .store(queue.used_seen.to_le(), at, Ordering::Release)
+                        .map_err(err)?;
+                }
+                fence(Ordering::SeqCst);
+                for &q in qs {
+                    let done = self.reap(q)?;
+                    if !done.is_empty() {
+                        out.push((q, done));
+                    }
+                }
+                if !out.is_empty() {
+                    return Ok(out);
+                }
+            }
+            self.wait_calls(qs)?;
+        }
+    }
+
+    /// Sleeps until the device signals one of `qs`, and clears what it signalled.
+    fn wait_calls(&self, qs: &[usize]) -> io::Result<()> {
+        use std::os::fd::{AsRawFd, BorrowedFd};
+        if let [q] = qs {
+            return self.wait_call(*q);
+        }
+        let fds: Vec<BorrowedFd<'_>> = qs
+            .iter()
+            // SAFETY: each descriptor belongs to its queue's `call`, which outlives the borrow.
+            .map(|&q| unsafe { BorrowedFd::borrow_raw(self.queues[q].call.as_raw_fd()) })
+            .collect();
+        let mut p: Vec<_> = fds
+            .iter()
+            .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
+            .collect();
+        match rustix::event::poll(&mut p, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        for (i, &q) in qs.iter().enumerate() {
+            if !p[i].revents().is_empty() {
+                self.wait_call(q)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Sleeps until the device signals `queue`. Backends may set the eventfd non-blocking
     /// (its flags are shared with them: qemu-storage-daemon does), so it is polled first.
     fn wait_call(&self, q: usize) -> io::Result<()> {

@@ -1,0 +1,464 @@
+//! dm-crypt's authenticated sectors (LUKS2 `--integrity`, issue 38): every sector sealed on
+//! its own with an AEAD, or with AES-XTS and an HMAC (the kernel's `authenc`), its tag and
+//! IV kept beside it by dm-integrity. The layout is the kernel's (docs/integrity-format.md
+//! §4): associated data = le64(sector in 512-byte units, relative to the segment) || IV; the
+//! per-sector metadata = the authentication tag, then the IV where it is random (not where
+//! it is plain64, which is recomputed), then zeros up to the tag size dm-integrity keeps.
+//!
+//! AES-GCM runs on cryptblk's own vaes512 code where the CPU has it and on RustCrypto's
+//! `aes-gcm` elsewhere; ChaCha20-Poly1305 (RFC 7539) on RustCrypto's `chacha20poly1305`;
+//! the HMAC modes encrypt with cryptblk's XTS (every backend) and authenticate
+//! `sector || IV || ciphertext` with HMAC over the volume key's last bytes.
+
+use crate::backend::x86::XtsKeys;
+use crate::block::BlockKey;
+use crate::secret::{LockedBox, SecretBytes};
+use crate::{AesGcm, Backend, Error, HashAlg, Result};
+use aead::{AeadInOut, KeyInit};
+use zeroize::Zeroize;
+
+/// How a sector's IV is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AeadIv {
+    /// Random on every write and stored in the sector's metadata (`-random`).
+    Random,
+    /// le64(sector + IV offset), zero-padded: not stored (`-plain64`).
+    Plain64,
+}
+
+/// The sector's authentication, as LUKS2's `integrity.type` names it.
+enum Engine {
+    /// `aes-gcm-*` with `aead`.
+    Gcm(Gcm),
+    /// `chacha20-*` with `poly1305` (the kernel's `rfc7539(chacha20,poly1305)`).
+    ChaCha(Box<chacha20poly1305::ChaCha20Poly1305>),
+    /// `aes-xts-*` with `hmac(HASH)` (the kernel's `authenc(hmac(HASH),xts(aes))`).
+    XtsHmac {
+        xts: Xts,
+        mac_key: SecretBytes,
+        hash: HashAlg,
+    },
+}
+
+enum Gcm {
+    Own(AesGcm),
+    Aes128(Box<aes_gcm::Aes128Gcm>),
+    Aes256(Box<aes_gcm::Aes256Gcm>),
+}
+
+/// AES-XTS with a caller-given tweak per sector.
+struct Xts {
+    fast: Option<LockedBox<XtsKeys>>,
+    data: BlockKey,
+    tweak: BlockKey,
+}
+
+/// One volume key's authenticated sector cipher: seals and opens whole sectors with their
+/// per-sector metadata (dm-integrity's tags).
+pub struct AeadSectorCipher {
+    engine: Engine,
+    iv: AeadIv,
+    iv_size: usize,
+    auth_size: usize,
+    sector_size: u32,
+    iv_offset: u64,
+    name: String,
+}
+
+impl std::fmt::Debug for AeadSectorCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// The parts of `encryption` (`aes-gcm-random`) and `integrity` (`aead`, `poly1305`,
+/// `hmac(sha256)`) cryptblk can serve: the engine's kind, its IV, its key bytes.
+fn parse(encryption: &str, integrity: &str) -> Result<(Kind, AeadIv)> {
+    let unsupported = || {
+        Error::UnsupportedCipher(format!(
+            "{encryption} with integrity {integrity} (cryptblk serves aes-gcm-random, \
+             chacha20-random with poly1305, and aes-xts-plain64/-random with hmac(sha1|sha256|sha512))"
+        ))
+    };
+    let (alg, iv) = encryption.rsplit_once('-').ok_or_else(unsupported)?;
+    let iv = match iv {
+        "random" => AeadIv::Random,
+        "plain64" => AeadIv::Plain64,
+        _ => return Err(unsupported()),
+    };
+    let kind = match (alg, integrity) {
+        ("aes-gcm", "aead") => Kind::Gcm,
+        ("chacha20", "poly1305") => Kind::ChaCha,
+        ("aes-xts", h) => {
+            // The header's name (`hmac(sha256)`) or cryptsetup's option (`hmac-sha256`).
+            let hash = h
+                .strip_prefix("hmac(")
+                .and_then(|h| h.strip_suffix(')'))
+                .or_else(|| h.strip_prefix("hmac-"))
+                .ok_or_else(unsupported)?;
+            match hash {
+                "sha1" => Kind::XtsHmac(HashAlg::Sha1),
+                "sha256" => Kind::XtsHmac(HashAlg::Sha256),
+                "sha512" => Kind::XtsHmac(HashAlg::Sha512),
+                _ => return Err(unsupported()),
+            }
+        }
+        _ => return Err(unsupported()),
+    };
+    Ok((kind, iv))
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Gcm,
+    ChaCha,
+    XtsHmac(HashAlg),
+}
+
+impl Kind {
+    /// (IV bytes, authentication tag bytes).
+    fn sizes(self) -> (usize, usize) {
+        match self {
+            Kind::Gcm | Kind::ChaCha => (12, 16),
+            Kind::XtsHmac(h) => (16, h.output_len()),
+        }
+    }
+}
+
+impl AeadSectorCipher {
+    /// The bytes of metadata each sector needs for `encryption` and `integrity` (the
+    /// dm-integrity tag size: cryptsetup's `INTEGRITY_tag_size`).
+    pub fn tag_size_of(encryption: &str, integrity: &str) -> Result<usize> {
+        let (kind, iv) = parse(encryption, integrity)?;
+        let (iv_size, auth) = kind.sizes();
+        Ok(auth + if iv == AeadIv::Random { iv_size } else { 0 })
+    }
+
+    /// The key for `encryption` with `integrity` over `sector_size`-byte sectors, the IV
+    /// offset being the segment's `iv_tweak`. `key` is the whole volume key: for the HMAC
+    /// modes the XTS key, then the HMAC key (as long as the hash's digest).
+    pub fn new(
+        encryption: &str,
+        integrity: &str,
+        key: &[u8],
+        sector_size: u32,
+        iv_offset: u64,
+    ) -> Result<AeadSectorCipher> {
+        if !(512..=4096).contains(&sector_size) || !sector_size.is_power_of_two() {
+            return Err(Error::InvalidSectorSize(sector_size));
+        }
+        let (kind, iv) = parse(encryption, integrity)?;
+        let bad_key = || Error::InvalidKeyLength {
+            cipher: format!("{encryption} + {integrity}"),
+            len: key.len(),
+        };
+        let engine = match kind {
+            Kind::Gcm => Engine::Gcm(match key.len() {
+                16 | 32 if AesGcm::is_available() => Gcm::Own(AesGcm::new(key)?),
+                16 => Gcm::Aes128(Box::new(
+                    aes_gcm::Aes128Gcm::new_from_slice(key).map_err(|_| bad_key())?,
+                )),
+                32 => Gcm::Aes256(Box::new(
+                    aes_gcm::Aes256Gcm::new_from_slice(key).map_err(|_| bad_key())?,
+                )),
+                _ => return Err(bad_key()),
+            }),
+            Kind::ChaCha => Engine::ChaCha(Box::new(
+                chacha20poly1305::ChaCha20Poly1305::new_from_slice(key).map_err(|_| bad_key())?,
+            )),
+            Kind::XtsHmac(hash) => {
+                let mac_len = hash.output_len();
+                let xts_len = key.len().checked_sub(mac_len).ok_or_else(bad_key)?;
+                if !matches!(xts_len, 32 | 64) {
+                    return Err(bad_key());
+                }
+                let (xts, mac) = key.split_at(xts_len);
+                let (k1, k2) = xts.split_at(xts_len / 2);
+                Engine::XtsHmac {
+                    xts: Xts {
+                        fast: XtsKeys::new(k1, k2),
+                        data: BlockKey::aes_scrubbed(k1)?,
+                        tweak: BlockKey::aes_scrubbed(k2)?,
+                    },
+                    mac_key: SecretBytes::from_slice(mac),
+                    hash,
+                }
+            }
+        };
+        let (iv_size, auth_size) = kind.sizes();
+        Ok(AeadSectorCipher {
+            engine,
+            iv,
+            iv_size,
+            auth_size,
+            sector_size,
+            iv_offset,
+            name: format!("{encryption} + {integrity}"),
+        })
+    }
+
+    /// Bytes of metadata per sector (dm-integrity's tag size).
+    pub fn tag_size(&self) -> usize {
+        self.auth_size
+            + if self.iv == AeadIv::Random {
+                self.iv_size
+            } else {
+                0
+            }
+    }
+
+    /// The sector size in bytes.
+    pub fn sector_size(&self) -> u32 {
+        self.sector_size
+    }
+
+    /// `encryption + integrity`, as the header names them.
+    pub fn description(&self) -> &str {
+        &self.name
+    }
+
+    /// Checks that `data` is whole sectors and `meta` holds their tags.
+    fn check(&self, data: &[u8], meta: &[u8]) -> Result<usize> {
+        let ss = self.sector_size as usize;
+        if !data.len().is_multiple_of(ss) {
+            return Err(Error::UnalignedLength {
+                len: data.len(),
+                sector_size: self.sector_size,
+            });
+        }
+        let n = data.len() / ss;
+        if meta.len() != n * self.tag_size() {
+            return Err(Error::UnsupportedCipher(format!(
+                "{}: {} bytes of metadata for {n} sectors",
+                self.name,
+                meta.len()
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Sector `i`'s IV into `iv`: read from its metadata, or computed.
+    fn iv_of(&self, dm_sector: u64, meta: &[u8], iv: &mut [u8]) {
+        match self.iv {
+            AeadIv::Random => iv.copy_from_slice(&meta[self.auth_size..][..self.iv_size]),
+            AeadIv::Plain64 => {
+                iv.fill(0);
+                iv[..8].copy_from_slice(&(dm_sector + self.iv_offset).to_le_bytes());
+            }
+        }
+    }
+
+    /// Encrypts `data` (whole sectors; `sector` the first one's index in sector-size
+    /// units within the segment) in place and writes each sector's metadata into `meta`
+    /// (`tag_size()` bytes per sector). Random IVs are fresh for every call.
+    pub fn seal(&self, sector: u64, data: &mut [u8], meta: &mut [u8]) -> Result<()> {
+        let n = self.check(data, meta)?;
+        let ts = self.tag_size();
+        let per = u64::from(self.sector_size / 512);
+        if self.iv == AeadIv::Random {
+            let mut ivs = vec![0u8; n * self.iv_size];
+            crate::random_bytes(&mut ivs)?;
+            for (m, iv) in meta
+                .chunks_exact_mut(ts)
+                .zip(ivs.chunks_exact(self.iv_size))
+            {
+                m[self.auth_size..][..self.iv_size].copy_from_slice(iv);
+            }
+        }
+        let ss = self.sector_size as usize;
+        if let Engine::XtsHmac { xts, .. } = &self.engine {
+            let mut tweaks = self.tweaks(sector, meta, n);
+            xts.run(&mut tweaks, data, ss, true);
+        }
+        let mut iv = [0u8; 16];
+        for (i, (d, m)) in data
+            .chunks_exact_mut(ss)
+            .zip(meta.chunks_exact_mut(ts))
+            .enumerate()
+        {
+            let s = (sector + i as u64) * per;
+            let iv = &mut iv[..self.iv_size];
+            self.iv_of(s, m, iv);
+            let aad = aad(s, iv);
+            let (auth, rest) = m.split_at_mut(self.auth_size);
+            match &self.engine {
+                Engine::Gcm(g) => g.seal(iv, &aad[..8 + self.iv_size], d, auth)?,
+                Engine::ChaCha(c) => {
+                    let tag = c
+                        .encrypt_inout_detached(
+                            iv.as_ref().try_into().unwrap(),
+                            &aad[..20],
+                            d.into(),
+                        )
+                        .map_err(|_| Error::Gcm("ChaCha20-Poly1305 seal".into()))?;
+                    auth.copy_from_slice(&tag);
+                }
+                Engine::XtsHmac { mac_key, hash, .. } => {
+                    hmac_into(*hash, &mac_key[..], &[&aad[..24], d], auth)
+                }
+            }
+            if self.iv == AeadIv::Plain64 {
+                rest.fill(0);
+            } else {
+                rest[self.iv_size..].fill(0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Verifies and decrypts `data` in place with its metadata `meta`; see
+    /// [`AeadSectorCipher::seal`]. A sector whose tag does not verify is filled with zeros
+    /// (its bytes are never handed out) and its index in `data` pushed onto `bad`; the
+    /// others are decrypted.
+    pub fn open(
+        &self,
+        sector: u64,
+        data: &mut [u8],
+        meta: &[u8],
+        bad: &mut Vec<usize>,
+    ) -> Result<()> {
+        let n = self.check(data, meta)?;
+        let (ss, ts) = (self.sector_size as usize, self.tag_size());
+        let per = u64::from(self.sector_size / 512);
+        let first_bad = bad.len();
+        let mut iv = [0u8; 16];
+        for (i, (d, m)) in data
+            .chunks_exact_mut(ss)
+            .zip(meta.chunks_exact(ts))
+            .enumerate()
+        {
+            let s = (sector + i as u64) * per;
+            let iv = &mut iv[..self.iv_size];
+            self.iv_of(s, m, iv);
+            let aad = aad(s, iv);
+            let auth = &m[..self.auth_size];
+            let ok = match &self.engine {
+                Engine::Gcm(g) => g.open(iv, &aad[..8 + self.iv_size], d, auth),
+                Engine::ChaCha(c) => c
+                    .decrypt_inout_detached(
+                        iv.as_ref().try_into().unwrap(),
+                        &aad[..20],
+                        d.into(),
+                        auth.try_into().unwrap(),
+                    )
+                    .is_ok(),
+                Engine::XtsHmac { mac_key, hash, .. } => {
+                    let mut want = [0u8; 64];
+                    let want = &mut want[..self.auth_size];
+                    hmac_into(*hash, &mac_key[..], &[&aad[..24], d], want);
+                    crate::constant_time_eq(want, auth)
+                }
+            };
+            if !ok {
+                d.fill(0);
+                bad.push(i);
+            }
+        }
+        if let Engine::XtsHmac { xts, .. } = &self.engine {
+            let mut tweaks = self.tweaks(sector, meta, n);
+            xts.run(&mut tweaks, data, ss, false);
+            for &i in &bad[first_bad..] {
+                data[i * ss..][..ss].fill(0);
+            }
+        }
+        Ok(())
+    }
+
+    /// The XTS tweak of each of `n` sectors from `sector` on.
+    fn tweaks(&self, sector: u64, meta: &[u8], n: usize) -> Vec<[u8; 16]> {
+        let per = u64::from(self.sector_size / 512);
+        let ts = self.tag_size();
+        (0..n)
+            .map(|i| {
+                let mut iv = [0u8; 16];
+                self.iv_of((sector + i as u64) * per, &meta[i * ts..][..ts], &mut iv);
+                iv
+            })
+            .collect()
+    }
+}
+
+/// le64(sector) || IV, in a buffer long enough for every engine's IV.
+fn aad(sector: u64, iv: &[u8]) -> [u8; 24] {
+    let mut a = [0u8; 24];
+    a[..8].copy_from_slice(&sector.to_le_bytes());
+    a[8..8 + iv.len()].copy_from_slice(iv);
+    a
+}
+
+/// HMAC over the concatenation of `parts`, its first `out.len()` bytes into `out`.
+fn hmac_into(hash: HashAlg, key: &[u8], parts: &[&[u8]], out: &mut [u8]) {
+    fn run<D>(key: &[u8], parts: &[&[u8]], out: &mut [u8])
+    where
+        D: hmac::digest::Digest + hmac::digest::block_api::BlockSizeUser,
+        hmac::SimpleHmac<D>:
+            hmac::digest::KeyInit + hmac::digest::Update + hmac::digest::FixedOutput,
+    {
+        use hmac::digest::{FixedOutput, KeyInit, Update};
+        let mut m = <hmac::SimpleHmac<D> as KeyInit>::new_from_slice(key).expect("any key length");
+        for p in parts {
+            m.update(p);
+        }
+        let mut full = m.finalize_fixed();
+        out.copy_from_slice(&full[..out.len()]);
+        full.as_mut_slice().zeroize();
+    }
+    match hash {
+        HashAlg::Sha1 => run::<sha1::Sha1>(key, parts, out),
+        HashAlg::Sha256 => run::<sha2::Sha256>(key, parts, out),
+        HashAlg::Sha512 => run::<sha2::Sha512>(key, parts, out),
+        _ => unreachable!("parse admits sha1, sha256 and sha512"),
+    }
+}
+
+impl Gcm {
+    fn seal(&self, iv: &[u8], aad: &[u8], data: &mut [u8], tag: &mut [u8]) -> Result<()> {
+        let nonce: &[u8; 12] = iv.try_into().expect("GCM IVs are 12 bytes");
+        let t = match self {
+            Gcm::Own(g) => {
+                let mut m = g.begin(nonce, aad);
+                m.encrypt_in_place(data);
+                m.tag()
+            }
+            Gcm::Aes128(g) => g
+                .encrypt_inout_detached(nonce.into(), aad, data.into())
+                .map_err(|_| Error::Gcm("seal".into()))?
+                .into(),
+            Gcm::Aes256(g) => g
+                .encrypt_inout_detached(nonce.into(), aad, data.into())
+                .map_err(|_| Error::Gcm("seal".into()))?
+                .into(),
+        };
+        tag.copy_from_slice(&t);
+        Ok(())
+    }
+
+    /// Whether the tag verified (then `data` is decrypted).
+    fn open(&self, iv: &[u8], aad: &[u8], data: &mut [u8], tag: &[u8]) -> bool {
+        let nonce: &[u8; 12] = iv.try_into().expect("GCM IVs are 12 bytes");
+        let tag16: &[u8; 16] = tag.try_into().expect("GCM tags are 16 bytes");
+        match self {
+            Gcm::Own(g) => {
+                let mut m = g.begin(nonce, aad);
+                m.decrypt_in_place(data);
+                m.verify(tag).is_ok()
+            }
+            Gcm::Aes128(g) => g
+                .decrypt_inout_detached(nonce.into(), aad, data.into(), tag16.into())
+                .is_ok(),
+            Gcm::Aes256(g) => g
+                .decrypt_inout_detached(nonce.into(), aad, data.into(), tag16.into())
+                .is_ok(),
+        }
+    }
+}
+
+impl Xts {
+    fn run(&self, tweaks: &mut [[u8; 16]], data: &mut [u8], unit: usize, enc: bool) {
+        let backend = Backend::current().unwrap_or(Backend::Generic);
+        match &self.fast {
+            Some(f) if backend != Backend::Generic => f.xts(backend, tweaks, data, unit, enc),
+            _ => crate::modes::xts_generic(&self.data, &self.tweak, tweaks, data, unit, enc),
+        }
+    }
+}
