@@ -219,6 +219,11 @@ pub trait LuksHeader: std::fmt::Debug + Send {
         }
         Ok(())
     }
+    /// The data segment's authenticated encryption, where it has one (LUKS2 with
+    /// integrity).
+    fn integrity(&self) -> Option<SegmentIntegrity> {
+        None
+    }
     /// Whether an unfinished reencryption is recorded (LUKS2 `online-reencrypt-v2/3`).
     fn in_reencryption(&self) -> bool {
         false
@@ -307,6 +312,20 @@ pub trait LuksHeader: std::fmt::Debug + Send {
     }
 }
 
+/// A LUKS2 data segment's `integrity` object: dm-crypt's authenticated mode over a
+/// dm-integrity layout (issue 38; docs/integrity-format.md §5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentIntegrity {
+    /// The segment's `encryption`, e.g. `aes-gcm-random`.
+    pub encryption: String,
+    /// Its `type`: `aead`, `poly1305`, `hmac(sha256)`, ...
+    pub kind: String,
+    /// `journal_encryption` (cryptsetup only writes `none`).
+    pub journal_encryption: String,
+    /// `journal_integrity` (cryptsetup only writes `none`).
+    pub journal_integrity: String,
+}
+
 /// One stretch of an unlocked volume's data: where it is and how it is encrypted.
 #[derive(Debug)]
 pub struct SegmentKey {
@@ -324,6 +343,9 @@ pub struct SegmentKey {
     pub iv: IvOptions,
     /// Its volume key.
     pub key: SecretBytes,
+    /// Authenticated encryption over dm-integrity's layout instead of `cipher` (which is
+    /// then `cipher_null-ecb`, giving only the sector size).
+    pub integrity: Option<SegmentIntegrity>,
 }
 
 /// The one data segment of a header, unlocked (the default of
@@ -357,6 +379,7 @@ fn segment_with_key<H: LuksHeader + ?Sized>(h: &H, key: SecretBytes, data_size: 
         sector_size: h.sector_size(),
         iv: h.iv_options(),
         key,
+        integrity: h.integrity(),
     }
 }
 

@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 mod error;
+mod integrity;
 mod mmap;
 mod online;
 mod open;
@@ -30,6 +31,7 @@ pub use cryptblk_device::{
     DataDevice, DeviceOpener, LocalDevices, MemStorage, Partition, Storage, partition_of,
 };
 pub use error::{Error, Result};
+pub use integrity::Integrity;
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
     Devices, FileIo, LoopAesOptions, OpenOptions, Opened, Probe, Secret, Unlock, UnlockedBitlk,

@@ -32,6 +32,14 @@ impl Volume {
                 )));
                 return;
             }
+            if l.segments.iter().any(|s| s.integrity.is_some()) {
+                // Its journal state lives with the segment; resuming would have to reopen
+                // the dm-integrity device.
+                let _ = res_tx.send(Err(Error::Invalid(
+                    "suspend is not supported on volumes with integrity protection".into(),
+                )));
+                return;
+            }
             l.segments.clear();
             let _ = res_tx.send(Ok(()));
             hold(&vol, &mut l, &seg_rx, &res_tx);

@@ -53,6 +53,9 @@ pub struct VolumeStats {
     pub hot_zone_reads: AtomicU64,
     /// Writes (and discards) that waited for an online reencryption step to end.
     pub hot_zone_waits: AtomicU64,
+    /// Sectors whose integrity tag did not verify (LUKS2 with integrity): each read of
+    /// one failed with EIO.
+    pub integrity_errors: AtomicU64,
 }
 
 /// One stretch of a volume with its own key, cipher and place on the storage. A volume
@@ -72,6 +75,9 @@ pub struct DataSegment {
     /// and the storage under it is never touched (BitLocker's metadata areas); the
     /// cipher only gives the sector size.
     pub zero: bool,
+    /// LUKS2 with integrity: authenticated sectors over dm-integrity's layout, whose
+    /// superblock is at `storage_offset`; `cipher` then only gives the sector size.
+    pub integrity: Option<Arc<crate::Integrity>>,
 }
 
 impl std::fmt::Debug for DataSegment {
@@ -83,6 +89,7 @@ impl std::fmt::Debug for DataSegment {
             .field("cipher", &self.cipher.description())
             .field("sector_size", &self.cipher.sector_size())
             .field("zero", &self.zero)
+            .field("integrity", &self.integrity)
             .finish()
     }
 }
@@ -135,7 +142,10 @@ impl CipherSummary {
     fn of(segments: &[DataSegment]) -> Mutex<CipherSummary> {
         let s = &segments[0];
         Mutex::new(CipherSummary {
-            spec: s.cipher.description(),
+            spec: match &s.integrity {
+                Some(i) => i.description().to_string(),
+                None => s.cipher.description(),
+            },
             sector_size: s.cipher.sector_size(),
             backend: s.cipher.backend().name(),
             data_offset: s.storage_offset,
@@ -327,6 +337,7 @@ impl Volume {
             storage_offset: params.data_offset,
             cipher,
             zero: false,
+            integrity: None,
         }];
         Ok(Volume {
             storage,
@@ -601,6 +612,13 @@ impl Volume {
                 "a reencryption is in progress: resize after it".into(),
             ));
         }
+        if l.segments[0].integrity.is_some() {
+            return Err(Error::Invalid(
+                "a volume with integrity protection has the size its dm-integrity \
+                 superblock gives"
+                    .into(),
+            ));
+        }
         let seg = &mut l.segments[0];
         let max = have.saturating_sub(seg.storage_offset);
         let max = max - max % self.sector;
@@ -738,6 +756,14 @@ impl Volume {
             piece.fill(0);
             return Ok(());
         }
+        if let Some(i) = &seg.integrity {
+            self.stats.crypto_calls.fetch_add(1, Relaxed);
+            return i.read(&*self.storage, rel, piece).inspect_err(|_| {
+                self.stats
+                    .integrity_errors
+                    .store(i.failures(), Relaxed);
+            });
+        }
         // Decrypted straight out of the page cache where the storage lends its bytes (the
         // mmap engine): one pass over memory instead of a copy and then the cipher.
         let at = seg.storage_offset + rel;
@@ -802,6 +828,10 @@ impl Volume {
         if seg.zero {
             // dm-zero drops writes: the metadata under it stays as it is.
             return Ok(());
+        }
+        if let Some(i) = &seg.integrity {
+            self.stats.crypto_calls.fetch_add(1, Relaxed);
+            return i.write(&*self.storage, rel, piece);
         }
         self.stats.crypto_calls.fetch_add(1, Relaxed);
         let sector = rel / seg.cipher.sector_size() as u64;
@@ -1116,7 +1146,16 @@ impl BlockDevice for Volume {
     }
     fn flush(&self) -> io::Result<()> {
         self.stats.flushes.fetch_add(1, Relaxed);
-        self.storage.sync()
+        let l = self.layout();
+        let journaled: Vec<_> = l.segments.iter().filter_map(|s| s.integrity.clone()).collect();
+        drop(l);
+        if journaled.is_empty() {
+            return self.storage.sync();
+        }
+        for i in journaled {
+            i.flush(&*self.storage)?;
+        }
+        Ok(())
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         if !self.can_discard() {
@@ -1148,7 +1187,7 @@ impl BlockDevice for Volume {
         let end = offset + len;
         for s in &l.segments {
             let (lo, hi) = (offset.max(s.start), end.min(s.start + s.len));
-            if hi > lo && !s.zero {
+            if hi > lo && !s.zero && s.integrity.is_none() {
                 self.storage
                     .prefetch(s.storage_offset + (lo - s.start), hi - lo)?;
             }
@@ -1213,7 +1252,7 @@ impl BlockDevice for Volume {
     /// cipher.
     fn split_io(&self) -> Option<&dyn SplitIo> {
         let l = self.layout();
-        if l.segments.len() != 1 || l.hot.is_some() {
+        if l.segments.len() != 1 || l.hot.is_some() || l.segments[0].integrity.is_some() {
             return None;
         }
         let split = self.storage.raw_fd().map(|_| self as &dyn SplitIo);

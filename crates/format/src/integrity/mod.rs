@@ -2,9 +2,14 @@
 //! integrity and standalone integritysetup volumes use it): the superblock, the journal's
 //! size, and where each data block and its tag live in the interleaved areas.
 //!
-//! Issue 38 groundwork: layout only, no data path yet. docs/integrity-format.md gives the
-//! rules and their sources; every figure the tests check was read off volumes the 6.12
-//! kernel formatted (`scripts/probe-integrity-layout.sh`).
+//! The journal is in `journal.rs`; the data path (reading, verifying, writing through the
+//! journal) is the volume crate's `integrity.rs`. docs/integrity-format.md gives the rules
+//! and their sources; every figure the tests check was read off volumes the 6.12 kernel
+//! formatted (`scripts/probe-integrity-layout.sh`).
+
+mod journal;
+
+pub use journal::{Journal, JournalEntry, Replay};
 
 use std::fmt;
 

@@ -164,6 +164,9 @@ impl Luks2Header {
             return no("the header has requirements (a reencryption in progress)");
         }
         let seg = self.segment();
+        if seg.integrity.is_some() {
+            return no("the data segment has integrity protection");
+        }
         if seg.sector_size != 512 {
             return no("default segment encryption sector size is not 512 bytes");
         }

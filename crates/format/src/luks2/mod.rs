@@ -339,15 +339,22 @@ impl Luks2Header {
         // every use of the data or the keys.
         self.unsupported_segment =
             (seg.kind != "crypt" && seg.kind != "linear").then(|| seg.kind.clone());
-        if seg.integrity {
-            // The data lives on a dm-integrity device with interleaved tags; reading it as
-            // plain dm-crypt would serve garbage.
-            return Err(Luks2Error::Unsupported(
-                "data segment with integrity protection (dm-integrity)".into(),
-            )
-            .into());
+        if let Some(i) = &seg.integrity {
+            // The data lives on a dm-integrity device with interleaved tags, each sector
+            // sealed on its own: the volume layer serves it (`cipher` then only gives the
+            // sector size). What it cannot serve is refused here, before any use.
+            if i.journal_encryption != "none" || i.journal_integrity != "none" {
+                return Err(Luks2Error::Unsupported(format!(
+                    "integrity journal encryption '{}' / integrity '{}' (cryptsetup writes none)",
+                    i.journal_encryption, i.journal_integrity
+                ))
+                .into());
+            }
+            cryptblk_crypto::AeadSectorCipher::tag_size_of(&i.encryption, &i.kind).map_err(
+                |e| Luks2Error::Unsupported(format!("data segment with integrity: {e}")),
+            )?;
         }
-        let cipher = if seg.kind != "crypt" {
+        let cipher = if seg.kind != "crypt" || seg.integrity.is_some() {
             CipherSpec::parse("cipher_null-ecb")?
         } else {
             CipherSpec::parse(&seg.encryption)
@@ -1270,6 +1277,9 @@ impl LuksHeader for Luks2Header {
     fn cipher(&self) -> CipherSpec {
         self.cipher
     }
+    fn integrity(&self) -> Option<crate::SegmentIntegrity> {
+        self.segment().integrity.clone()
+    }
     fn key_len(&self) -> usize {
         self.key_len
     }
@@ -1691,9 +1701,9 @@ pub(super) fn keyed_segments(
                 Luks2Error::Unsupported(format!("data segment of type '{}'", seg.kind)).into(),
             );
         };
-        if seg.integrity {
+        if seg.integrity.is_some() {
             return Err(Luks2Error::Unsupported(
-                "data segment with integrity protection (dm-integrity)".into(),
+                "reencryption of a data segment with integrity protection (dm-integrity)".into(),
             )
             .into());
         }
@@ -1708,6 +1718,7 @@ pub(super) fn keyed_segments(
                 offset: iv_offset,
             },
             key,
+            integrity: None,
         });
     }
     Ok(out)

@@ -245,8 +245,8 @@ pub(crate) struct Segment {
     pub encryption: String,
     pub sector_size: u32,
     pub flags: Vec<String>,
-    /// The segment has an `integrity` object (dm-integrity / AEAD under the encryption).
-    pub integrity: bool,
+    /// The segment's `integrity` object (dm-integrity / AEAD under the encryption).
+    pub integrity: Option<crate::SegmentIntegrity>,
 }
 
 impl Segment {
@@ -518,8 +518,18 @@ fn parse_segment(v: &Value, what: &str) -> Result<Segment, Luks2Error> {
         encryption: String::new(),
         sector_size: 512,
         flags,
-        integrity: o.contains_key("integrity"),
+        integrity: None,
     };
+    if let Some(i) = o.get("integrity") {
+        let w = format!("{what} integrity");
+        let io = as_obj(i, &w)?;
+        seg.integrity = Some(crate::SegmentIntegrity {
+            kind: get_str(io, "type", &w)?.to_string(),
+            journal_encryption: get_str(io, "journal_encryption", &w)?.to_string(),
+            journal_integrity: get_str(io, "journal_integrity", &w)?.to_string(),
+            encryption: String::new(),
+        });
+    }
     if seg.kind == "crypt" {
         seg.iv_tweak = get_u64_str(o, "iv_tweak", what)?;
         seg.encryption = get_str(o, "encryption", what)?.to_string();
@@ -532,6 +542,9 @@ fn parse_segment(v: &Value, what: &str) -> Result<Segment, Luks2Error> {
         }
         if seg.size.is_some_and(|s| s % seg.sector_size as u64 != 0) {
             return Err(bad(format!("{what}: size not aligned to the sector size")));
+        }
+        if let Some(i) = seg.integrity.as_mut() {
+            i.encryption = seg.encryption.clone();
         }
     }
     Ok(seg)

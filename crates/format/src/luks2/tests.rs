@@ -804,19 +804,35 @@ fn fresh_cached() -> (MemStorage, Luks2Header) {
     CELL.get_or_init(fresh).clone()
 }
 
-/// Regression (damaged-header suite): a data segment with dm-integrity cannot be served as
-/// plain dm-crypt; the header is refused instead of decrypting garbage.
+/// A data segment with dm-integrity (issue 38) loads with what the volume layer needs to
+/// serve it; what it cannot serve (journal encryption, a MAC it has no code for) is refused
+/// at load instead of decrypting garbage.
 #[test]
-fn integrity_segments_are_refused() {
-    let err = with_json(|j| {
-        j["segments"]["0"]["integrity"] = json!({
-            "type": "hmac(sha256)",
-            "journal_encryption": "none",
-            "journal_integrity": "none"
+fn integrity_segments_load_or_are_refused() {
+    let with = |enc: &str, kind: &str, journal: &str| {
+        with_json(|j| {
+            j["segments"]["0"]["encryption"] = json!(enc);
+            j["segments"]["0"]["integrity"] = json!({
+                "type": kind,
+                "journal_encryption": journal,
+                "journal_integrity": "none"
+            })
         })
-    })
-    .unwrap_err();
-    assert!(err.to_string().contains("integrity"), "{err}");
+    };
+    let h = with("aes-xts-plain64", "hmac(sha256)", "none").unwrap();
+    let i = h.integrity().expect("integrity");
+    assert_eq!((i.encryption.as_str(), i.kind.as_str()), ("aes-xts-plain64", "hmac(sha256)"));
+    let mut dev = MemStorage::new(17 * MIB);
+    assert!(h.convert_to_luks1(&mut dev).is_err());
+    with("aes-gcm-random", "aead", "none").unwrap();
+    for (enc, kind, journal) in [
+        ("aes-xts-plain64", "hmac(sha256)", "cbc(aes)"),
+        ("aes-xts-plain64", "hmac(md5)", "none"),
+        ("aes-cbc-essiv:sha256", "aead", "none"),
+    ] {
+        let err = with(enc, kind, journal).unwrap_err();
+        assert!(err.to_string().contains("integrity"), "{enc} {kind}: {err}");
+    }
 }
 
 /// Regression (damaged-header suite): a readable primary header of an unknown version is

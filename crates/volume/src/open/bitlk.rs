@@ -55,6 +55,7 @@ pub fn open_bitlk(device: &Path, opts: &OpenOptions, secret: Unlock<'_>) -> Resu
                 storage_offset,
                 cipher,
                 zero,
+                integrity: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -5,7 +5,7 @@ use super::*;
 use crate::storage::Storage;
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
 use cryptblk_device::DataDevice;
-use cryptblk_format::{LuksHeader, load_header};
+use cryptblk_format::{LuksHeader, SegmentKey, load_header};
 use std::path::Path;
 
 /// An unlocked LUKS volume with the header it came from.
@@ -84,7 +84,9 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
     }
     let (keyslot, mut segments) =
         header.unlock_segments(&mut hdev, passphrase, opts.key_slot, data_size)?;
-    let volume = if let [one] = segments.as_slice() {
+    let volume = if let [one @ SegmentKey { integrity: Some(_), .. }] = segments.as_slice() {
+        integrity_volume(data, one, opts)?
+    } else if let [one] = segments.as_slice() {
         let params = VolumeParams {
             cipher: one.cipher,
             sector_size: one.sector_size,
@@ -120,6 +122,48 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
     })
 }
 
+/// A LUKS2 data segment with integrity as a volume: its dm-integrity device opened on the
+/// data (the journal replayed; read-only, held in memory) and served with authenticated
+/// sectors. Discards are refused as cryptsetup refuses them (a discarded block would read
+/// as a failed tag), and O_DIRECT (tags are not sector-aligned).
+fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> Result<Volume> {
+    let i = one.integrity.as_ref().expect("a segment with integrity");
+    if opts.allow_discards {
+        return Err(Error::Invalid(
+            "discards are not supported on volumes with integrity protection".into(),
+        ));
+    }
+    if opts.io.direct {
+        return Err(Error::Invalid(
+            "--direct is not supported on volumes with integrity protection".into(),
+        ));
+    }
+    let cipher = cryptblk_crypto::AeadSectorCipher::new(
+        &i.encryption,
+        &i.kind,
+        &one.key,
+        one.sector_size,
+        one.iv.offset,
+    )?;
+    let storage = opts.io.storage(data, one.sector_size)?;
+    let (integrity, size) =
+        crate::Integrity::open(&*storage, one.storage_offset, cipher, opts.read_only)?;
+    let seg = DataSegment {
+        start: 0,
+        len: size,
+        storage_offset: one.storage_offset,
+        cipher: SectorCipher::new(
+            cryptblk_crypto::CipherSpec::parse("cipher_null-ecb")?,
+            &[],
+            one.sector_size,
+            cryptblk_crypto::IvOptions::default(),
+        )?,
+        zero: false,
+        integrity: Some(std::sync::Arc::new(integrity)),
+    };
+    Volume::with_segments(storage, vec![seg], opts.read_only, false)
+}
+
 /// Opens a LUKS volume with its volume key (`open --volume-key-file`): no keyslot is
 /// used; the key is checked against the header's digest. A reencryption in progress (or
 /// a step a crash cut off) needs the passphrase instead.
@@ -139,6 +183,14 @@ pub(crate) fn unlock_luks_with_key(
     let [one] = segments.as_slice() else {
         return Err(Error::Invalid("a volume key opens one data segment".into()));
     };
+    if one.integrity.is_some() {
+        return Ok(UnlockedLuks {
+            volume: integrity_volume(data, one, opts)?,
+            header,
+            keyslot: None,
+            header_file: hdev,
+        });
+    }
     let params = VolumeParams {
         cipher: one.cipher,
         sector_size: one.sector_size,

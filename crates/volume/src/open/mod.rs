@@ -439,12 +439,19 @@ impl FileIo {
 
 /// A header's unlocked segment as the volume serves it.
 pub(crate) fn data_segment(s: SegmentKey) -> Result<DataSegment> {
+    if s.integrity.is_some() {
+        // Only `unlock_luks` opens these: the dm-integrity device needs the storage.
+        return Err(Error::Invalid(
+            "a segment with integrity protection in a layout of several".into(),
+        ));
+    }
     Ok(DataSegment {
         start: s.start,
         len: s.len,
         storage_offset: s.storage_offset,
         cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv)?,
         zero: false,
+        integrity: None,
     })
 }
 

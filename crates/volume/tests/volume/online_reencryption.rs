@@ -378,6 +378,7 @@ fn power_cuts_during_an_online_job_under_client_load_lose_no_acknowledged_write(
                 storage_offset: s.storage_offset,
                 cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv).unwrap(),
                 zero: false,
+                integrity: None,
             })
             .collect();
         Arc::new(cryptblk_volume::Volume::with_segments(Box::new(dev), segs, false, false).unwrap())
@@ -512,6 +513,7 @@ fn power_cuts_during_an_online_data_shift_under_client_load_lose_no_acknowledged
                 storage_offset: s.storage_offset,
                 cipher: SectorCipher::new(s.cipher, &s.key, s.sector_size, s.iv).unwrap(),
                 zero: false,
+                integrity: None,
             })
             .collect();
         Arc::new(cryptblk_volume::Volume::with_segments(Box::new(dev), segs, false, false).unwrap())

@@ -47,6 +47,7 @@ fn volume(storage: Arc<MemStorage>) -> Volume {
             storage_offset: at,
             cipher: cipher(spec, key, ss, ivo),
             zero: false,
+            integrity: None,
         })
         .collect();
     Volume::with_segments(Box::new(storage), segs, false, true).unwrap()
@@ -130,6 +131,7 @@ fn bad_layouts_are_refused() {
                 storage_offset: at,
                 cipher: cipher("aes-xts-plain64", 1, ss, 0),
                 zero: false,
+                integrity: None,
             })
             .collect();
         Volume::with_segments(Box::new(MemStorage::new(1 << 20)), segs, false, false)

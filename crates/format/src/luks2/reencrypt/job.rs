@@ -498,6 +498,7 @@ impl ReencryptJob {
                 offset: seg.iv_tweak,
             },
             key: self.new_key.clone(),
+            integrity: None,
         }
     }
 

@@ -69,6 +69,13 @@ impl Luks2Header {
             .into());
         }
         let seg = self.segment().clone();
+        if seg.integrity.is_some() {
+            // As cryptsetup: the tags would have to be rewritten with the data.
+            return Err(Luks2Error::Unsupported(
+                "reencryption of a volume with integrity protection".into(),
+            )
+            .into());
+        }
         let regular = self
             .model
             .segments

@@ -1,0 +1,323 @@
+//! LUKS2 with integrity, served without the kernel (issue 38): dm-crypt's authenticated
+//! sectors ([`AeadSectorCipher`]) over dm-integrity's layout (data in areas, each block's
+//! tag packed in the metadata run before its area) and journal, both from
+//! `cryptblk_format::integrity`.
+//!
+//! Writes go through the journal as the kernel's journal mode does, so that a crash never
+//! leaves a block whose data and tag disagree: a write is sealed, its blocks become journal
+//! entries (sections filled in memory, written when full), and they reach their home only
+//! once the journal holding them is on stable storage (at a flush, or when the ring wraps
+//! and its sections are about to be reused). Until then reads take those blocks from
+//! memory. Opening replays the journal as the kernel's `replay_journal` does (read-write:
+//! the entries are written home and the journal emptied; read-only: they are read from
+//! memory), so a volume the kernel left mid-write opens with the kernel's result, and the
+//! kernel replays ours.
+//!
+//! A block whose tag does not verify is never handed out: the read fails with EIO and the
+//! failure is counted (`status`: `integrity_errors`).
+
+use cryptblk_crypto::AeadSectorCipher;
+use cryptblk_device::Storage;
+use cryptblk_format::integrity::{Geometry, Journal, JournalEntry, Superblock, flags};
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// A data segment's dm-integrity device, opened.
+pub struct Integrity {
+    cipher: AeadSectorCipher,
+    geo: Geometry,
+    journal: Journal,
+    /// Block (= encryption sector) size in bytes.
+    block: u64,
+    state: RwLock<State>,
+    read_only: bool,
+    failures: AtomicU64,
+}
+
+impl std::fmt::Debug for Integrity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Integrity")
+            .field("cipher", &self.cipher.description())
+            .field("geometry", &self.geo)
+            .finish()
+    }
+}
+
+/// Blocks on their way home, the newest version of each.
+#[derive(Default)]
+struct State {
+    /// In the journal (written, perhaps not yet stable), not yet home: block → (data, tag).
+    journaled: BTreeMap<u64, (Vec<u8>, Vec<u8>)>,
+    /// The section being filled, not yet written (a block may appear twice: the later wins).
+    open: Vec<JournalEntry>,
+    /// Where the next section goes, and its ring pass.
+    next_section: u32,
+    seq: u8,
+}
+
+fn eio(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+impl Integrity {
+    /// Opens the dm-integrity device whose superblock is at byte `start` of `storage`,
+    /// under `cipher`; replays its journal. Returns it and the bytes it provides.
+    pub fn open(
+        storage: &dyn Storage,
+        start: u64,
+        cipher: AeadSectorCipher,
+        read_only: bool,
+    ) -> crate::Result<(Integrity, u64)> {
+        let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
+        let mut sb_bytes = [0u8; 512];
+        storage.read_at(&mut sb_bytes, start)?;
+        let sb = Superblock::parse(&sb_bytes).map_err(|e| bad(e.to_string()))?;
+        if sb.flags & (flags::RECALCULATING | flags::DIRTY_BITMAP) != 0 {
+            return Err(bad(format!(
+                "flags {:#x}: recalculation or bitmap mode, which LUKS2 never uses",
+                sb.flags
+            )));
+        }
+        if usize::from(sb.tag_size) != cipher.tag_size() {
+            return Err(bad(format!(
+                "tag size {} where {} needs {}",
+                sb.tag_size,
+                cipher.description(),
+                cipher.tag_size()
+            )));
+        }
+        let block = u64::from(cipher.sector_size());
+        if 512u64 << sb.log2_sectors_per_block != block {
+            return Err(bad(format!(
+                "block size {} where the segment's sector size is {block}",
+                512u64 << sb.log2_sectors_per_block
+            )));
+        }
+        let geo = Geometry::of(&sb, start / 512);
+        let journal = Journal::of(&sb, &geo).map_err(|e| bad(e.to_string()))?;
+        let provided = geo.provided_data_sectors;
+        let dev_sectors = storage.size()? / 512;
+        if provided == 0 || geo.data_sector(provided - 1) >= dev_sectors {
+            return Err(crate::Error::TooSmall {
+                need: (geo.data_sector(provided.max(1) - 1) + 1) * 512,
+                have: dev_sectors * 512,
+            });
+        }
+        let mut jbytes = vec![0u8; journal.bytes() as usize];
+        storage.read_at(&mut jbytes, journal.section_offset(0))?;
+        let replay = journal.replay(&jbytes);
+        let mut state = State::default();
+        for e in replay.entries.iter().cloned() {
+            let b = e.sector * 512 / block;
+            state.journaled.insert(b, (e.data, e.tag));
+        }
+        let me = Integrity {
+            cipher,
+            geo,
+            journal,
+            block,
+            state: RwLock::new(State::default()),
+            read_only,
+            failures: AtomicU64::new(0),
+        };
+        if !read_only {
+            // Home, stable, then the journal emptied as the kernel clears it.
+            me.write_home(storage, &state.journaled)?;
+            storage.sync()?;
+            state.journaled.clear();
+            let (erase, next) = replay.erase_and_next_seq();
+            let mut empty = Vec::with_capacity(jbytes.len());
+            for i in 0..me.journal.sections {
+                empty.extend(me.journal.section(i, erase, &[]));
+            }
+            storage.write_at(&empty, me.journal.section_offset(0))?;
+            storage.sync()?;
+            state.seq = next;
+        }
+        *me.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+        Ok((me, provided * 512))
+    }
+
+    /// Sectors whose tag did not verify, since the volume was opened.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Relaxed)
+    }
+
+    /// `encryption + integrity`, for `status`.
+    pub fn description(&self) -> &str {
+        self.cipher.description()
+    }
+
+    /// Blocks per area (an area's data is contiguous on the device).
+    fn area_blocks(&self) -> u64 {
+        (1u64 << self.geo.log2_interleave_sectors) * 512 / self.block
+    }
+
+    /// Runs of blocks `[first, first + n)` that stay inside one area: (first, count).
+    fn runs(&self, first: u64, n: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let per = self.area_blocks();
+        let mut b = first;
+        std::iter::from_fn(move || {
+            (b < first + n).then(|| {
+                let k = (per - b % per).min(first + n - b);
+                let run = (b, k);
+                b += k;
+                run
+            })
+        })
+    }
+
+    fn data_at(&self, b: u64) -> u64 {
+        self.geo.data_sector(b * self.block / 512) * 512
+    }
+
+    fn tag_at(&self, b: u64) -> u64 {
+        self.geo.tag_offset(b * self.block / 512)
+    }
+
+    /// Reads, verifies and decrypts whole blocks at byte `rel` of the provided device.
+    pub fn read(&self, storage: &dyn Storage, rel: u64, buf: &mut [u8]) -> io::Result<()> {
+        let (bs, ts) = (self.block as usize, self.cipher.tag_size());
+        let first = rel / self.block;
+        let st = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0usize;
+        let mut bad = Vec::new();
+        for (b0, k) in self.runs(first, buf.len() as u64 / self.block) {
+            let chunk = &mut buf[done..][..k as usize * bs];
+            let mut tags = vec![0u8; k as usize * ts];
+            storage.read_at(chunk, self.data_at(b0))?;
+            storage.read_at(&mut tags, self.tag_at(b0))?;
+            for i in 0..k as usize {
+                let b = b0 + i as u64;
+                let newer = st
+                    .open
+                    .iter()
+                    .rev()
+                    .find(|e| e.sector * 512 / self.block == b)
+                    .map(|e| (&e.data, &e.tag))
+                    .or_else(|| st.journaled.get(&b).map(|(d, t)| (d, t)));
+                if let Some((d, t)) = newer {
+                    chunk[i * bs..][..bs].copy_from_slice(d);
+                    tags[i * ts..][..ts].copy_from_slice(t);
+                }
+            }
+            let before = bad.len();
+            self.cipher
+                .open(b0, chunk, &tags, &mut bad)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+            for i in &mut bad[before..] {
+                *i += done / bs;
+            }
+            done += chunk.len();
+        }
+        if let Some(&i) = bad.first() {
+            self.failures.fetch_add(bad.len() as u64, Relaxed);
+            return Err(eio(format!(
+                "integrity check failed: {} of {} sectors from sector {} (first: {})",
+                bad.len(),
+                buf.len() as u64 / self.block,
+                first,
+                first + i as u64
+            )));
+        }
+        Ok(())
+    }
+
+    /// Seals whole blocks at byte `rel` and hands them to the journal. `buf` holds the
+    /// ciphertext afterwards.
+    pub fn write(&self, storage: &dyn Storage, rel: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "read-only volume",
+            ));
+        }
+        let (bs, ts) = (self.block as usize, self.cipher.tag_size());
+        let first = rel / self.block;
+        let n = buf.len() / bs;
+        let mut tags = vec![0u8; n * ts];
+        let spb = self.block / 512;
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        self.cipher
+            .seal(first, buf, &mut tags)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        for i in 0..n {
+            st.open.push(JournalEntry {
+                sector: (first + i as u64) * spb,
+                data: buf[i * bs..][..bs].to_vec(),
+                tag: tags[i * ts..][..ts].to_vec(),
+            });
+            if st.open.len() == self.journal.entries_per_section {
+                self.commit(storage, &mut st)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the open section (padded: its other entries unused) to the journal ring.
+    fn commit(&self, storage: &dyn Storage, st: &mut State) -> io::Result<()> {
+        if st.open.is_empty() {
+            return Ok(());
+        }
+        if st.next_section == self.journal.sections {
+            // The ring is full: what its sections hold goes home, stably, before the
+            // first of them is reused in the next pass.
+            storage.sync()?;
+            self.write_home(storage, &st.journaled)?;
+            storage.sync()?;
+            st.journaled.clear();
+            st.next_section = 0;
+            st.seq = (st.seq + 1) % 4;
+        }
+        let section = self.journal.section(st.next_section, st.seq, &st.open);
+        storage.write_at(&section, self.journal.section_offset(st.next_section))?;
+        st.next_section += 1;
+        for e in st.open.drain(..) {
+            let b = e.sector * 512 / self.block;
+            st.journaled.insert(b, (e.data, e.tag));
+        }
+        Ok(())
+    }
+
+    /// Makes every write so far stable: the open section to the journal, the journal to
+    /// stable storage (a crash from here on replays it); then the blocks go home (stable
+    /// at the next sync; the journal keeps them until then).
+    pub fn flush(&self, storage: &dyn Storage) -> io::Result<()> {
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        self.commit(storage, &mut st)?;
+        storage.sync()?;
+        if !st.journaled.is_empty() {
+            self.write_home(storage, &st.journaled)?;
+            st.journaled.clear();
+        }
+        Ok(())
+    }
+
+    /// Writes `blocks` (data and tags) to their places, a run of neighbours at a time.
+    fn write_home(
+        &self,
+        storage: &dyn Storage,
+        blocks: &BTreeMap<u64, (Vec<u8>, Vec<u8>)>,
+    ) -> io::Result<()> {
+        let per = self.area_blocks();
+        let mut it = blocks.iter().peekable();
+        while let Some((&b0, (d, t))) = it.next() {
+            let (mut data, mut tags) = (d.clone(), t.clone());
+            let mut last = b0;
+            while let Some(&(&b, (d, t))) = it.peek() {
+                if b != last + 1 || b % per == 0 || data.len() >= 1 << 20 {
+                    break;
+                }
+                data.extend_from_slice(d);
+                tags.extend_from_slice(t);
+                last = b;
+                it.next();
+            }
+            storage.write_at(&data, self.data_at(b0))?;
+            storage.write_at(&tags, self.tag_at(b0))?;
+        }
+        Ok(())
+    }
+}
