@@ -99,6 +99,10 @@ pub struct FormatOptions {
     /// LUKS2 `--keyslot-cipher` and `--keyslot-key-size` (bytes): how the first keyslot's
     /// area is encrypted; `None` = with the data cipher. LUKS1 refuses it.
     pub keyslot_encryption: Option<(String, usize)>,
+    /// LUKS2 `--integrity`: the data segment's authenticated encryption (its `encryption`
+    /// replaces `cipher`, which is then ignored; the volume key is the cipher's key and
+    /// then the MAC's). The dm-integrity metadata under it is the volume layer's to write.
+    pub integrity: Option<SegmentIntegrity>,
 }
 
 impl FormatOptions {
@@ -120,6 +124,7 @@ impl FormatOptions {
             luks2_metadata_size: None,
             luks2_keyslots_size: None,
             keyslot_encryption: None,
+            integrity: None,
         }
     }
 }

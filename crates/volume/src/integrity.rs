@@ -140,6 +140,67 @@ impl Integrity {
         Ok((me, provided * 512))
     }
 
+    /// Writes a new dm-integrity device at byte `start` of `storage`, as the kernel formats
+    /// one for LUKS2 (`Geometry::format`: journal mode, default interleave and journal,
+    /// fixed padding), its journal empty. With `wipe`, every block is then sealed zeros
+    /// with its tag (cryptsetup's wipe; `progress(done, total)` in bytes follows it):
+    /// without it, a block never written fails verification when read, as it does under
+    /// the kernel. Returns the bytes the device provides.
+    pub fn format(
+        storage: &dyn Storage,
+        start: u64,
+        cipher: AeadSectorCipher,
+        wipe: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> crate::Result<u64> {
+        let bad = |s: String| crate::Error::Invalid(format!("dm-integrity: {s}"));
+        let sectors = storage.size()? / 512;
+        let tag = u16::try_from(cipher.tag_size()).map_err(|_| bad("tag size".into()))?;
+        let sb = Geometry::format(sectors, start / 512, tag, cipher.sector_size())
+            .map_err(|e| bad(e.to_string()))?;
+        let geo = Geometry::of(&sb, start / 512);
+        let journal = Journal::of(&sb, &geo).map_err(|e| bad(e.to_string()))?;
+        let mut area = vec![0u8; 4096];
+        area[..64].copy_from_slice(&sb.to_bytes());
+        let mut empty = Vec::with_capacity(journal.bytes() as usize);
+        for i in 0..journal.sections {
+            empty.extend(journal.section(i, 0, &[]));
+        }
+        storage.write_at(&empty, journal.section_offset(0))?;
+        storage.write_at(&area, start)?;
+        let me = Integrity {
+            block: u64::from(cipher.sector_size()),
+            cipher,
+            geo,
+            journal,
+            state: RwLock::new(State::default()),
+            read_only: false,
+            failures: AtomicU64::new(0),
+        };
+        let total = geo.provided_data_sectors * 512;
+        if wipe {
+            let (bs, ts) = (me.block as usize, me.cipher.tag_size());
+            let chunk = (1 << 20) / bs as u64;
+            let blocks = total / me.block;
+            let mut b = 0;
+            while b < blocks {
+                for (b0, k) in me.runs(b, chunk.min(blocks - b)) {
+                    let mut data = vec![0u8; k as usize * bs];
+                    let mut tags = vec![0u8; k as usize * ts];
+                    me.cipher
+                        .seal(b0, &mut data, &mut tags)
+                        .map_err(|e| bad(e.to_string()))?;
+                    storage.write_at(&data, me.data_at(b0))?;
+                    storage.write_at(&tags, me.tag_at(b0))?;
+                }
+                b += chunk.min(blocks - b);
+                progress(b * me.block, total);
+            }
+        }
+        storage.sync()?;
+        Ok(total)
+    }
+
     /// Sectors whose tag did not verify, since the volume was opened.
     pub fn failures(&self) -> u64 {
         self.failures.load(Relaxed)

@@ -759,9 +759,7 @@ impl Volume {
         if let Some(i) = &seg.integrity {
             self.stats.crypto_calls.fetch_add(1, Relaxed);
             return i.read(&*self.storage, rel, piece).inspect_err(|_| {
-                self.stats
-                    .integrity_errors
-                    .store(i.failures(), Relaxed);
+                self.stats.integrity_errors.store(i.failures(), Relaxed);
             });
         }
         // Decrypted straight out of the page cache where the storage lends its bytes (the
@@ -1147,7 +1145,11 @@ impl BlockDevice for Volume {
     fn flush(&self) -> io::Result<()> {
         self.stats.flushes.fetch_add(1, Relaxed);
         let l = self.layout();
-        let journaled: Vec<_> = l.segments.iter().filter_map(|s| s.integrity.clone()).collect();
+        let journaled: Vec<_> = l
+            .segments
+            .iter()
+            .filter_map(|s| s.integrity.clone())
+            .collect();
         drop(l);
         if journaled.is_empty() {
             return self.storage.sync();

@@ -306,7 +306,10 @@ mod tests {
             let mut secs: Vec<(u8, Vec<JournalEntry>)> = (0..n)
                 .map(|i| (0, vec![entry(spb * i as u64, bs, tag, 0x10 + i as u8)]))
                 .collect();
-            secs[0] = (1, vec![entry(0, bs, tag, 0xa0), entry(spb * 5, bs, tag, 0xa1)]);
+            secs[0] = (
+                1,
+                vec![entry(0, bs, tag, 0xa0), entry(spb * 5, bs, tag, 0xa1)],
+            );
             secs[1] = (1, vec![entry(spb, bs, tag, 0xb0)]);
             let r = j.replay(&ring(&j, &secs));
             assert!(r.consistent);
@@ -315,7 +318,11 @@ mod tests {
             let mut want: Vec<u8> = (2..n).map(|i| 0x10 + i as u8).collect();
             want.extend([0xa0, 0xa1, 0xb0]);
             assert_eq!(fills, want, "tag {tag} block {bs}");
-            assert_eq!(r.entries[n - 2], entry(0, bs, tag, 0xa0), "data and last bytes");
+            assert_eq!(
+                r.entries[n - 2],
+                entry(0, bs, tag, 0xa0),
+                "data and last bytes"
+            );
             assert_eq!(r.erase_and_next_seq(), (3, 0));
         }
     }

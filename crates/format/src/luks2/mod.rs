@@ -443,6 +443,8 @@ impl Luks2Header {
                 check_keyslot_encryption(c, *bytes)?;
                 (c.clone(), *bytes)
             }
+            // As cryptsetup: an authenticated data cipher is no keyslot cipher.
+            None if opts.integrity.is_some() => ("aes-xts-plain64".into(), 64),
             None => keyslot_cipher(&opts.cipher, key_len),
         };
 
@@ -1570,7 +1572,21 @@ impl Luks2Header {
 /// metadata (binary header + JSON) size.
 fn check_format_options(opts: &FormatOptions, volume_key: &[u8]) -> Result<u64> {
     let key_len = opts.key_len;
-    if volume_key.len() != key_len || !opts.cipher.valid_key_len(key_len) {
+    if let Some(i) = &opts.integrity {
+        if i.journal_encryption != "none" || i.journal_integrity != "none" {
+            return Err(Error::InvalidOption(
+                "journal encryption or integrity (cryptsetup refuses them for LUKS2)".into(),
+            ));
+        }
+        cryptblk_crypto::AeadSectorCipher::new(
+            &i.encryption,
+            &i.kind,
+            volume_key,
+            opts.sector_size,
+            0,
+        )
+        .map_err(|e| Error::InvalidOption(format!("--integrity {}: {e}", i.kind)))?;
+    } else if volume_key.len() != key_len || !opts.cipher.valid_key_len(key_len) {
         return Err(Error::InvalidOption(format!(
             "{}-bit key for {} (volume key has {} bytes)",
             key_len * 8,
@@ -1644,19 +1660,26 @@ fn initial_metadata(
     hdr_size: u64,
     keyslots_size: u64,
 ) -> Value {
+    let mut segment = json!({
+        "type": "crypt",
+        "offset": data_offset.to_string(),
+        "size": "dynamic",
+        "iv_tweak": "0",
+        "encryption": opts.cipher.to_string(),
+        "sector_size": opts.sector_size,
+    });
+    if let Some(i) = &opts.integrity {
+        segment["encryption"] = json!(i.encryption);
+        segment["integrity"] = json!({
+            "type": i.kind,
+            "journal_encryption": i.journal_encryption,
+            "journal_integrity": i.journal_integrity,
+        });
+    }
     json!({
         "keyslots": keyslots,
         "tokens": {},
-        "segments": {
-            "0": {
-                "type": "crypt",
-                "offset": data_offset.to_string(),
-                "size": "dynamic",
-                "iv_tweak": "0",
-                "encryption": opts.cipher.to_string(),
-                "sector_size": opts.sector_size,
-            }
-        },
+        "segments": { "0": segment },
         "digests": { "0": digest },
         "config": {
             "json_size": (hdr_size - BIN_HDR_LEN as u64).to_string(),

@@ -821,7 +821,10 @@ fn integrity_segments_load_or_are_refused() {
     };
     let h = with("aes-xts-plain64", "hmac(sha256)", "none").unwrap();
     let i = h.integrity().expect("integrity");
-    assert_eq!((i.encryption.as_str(), i.kind.as_str()), ("aes-xts-plain64", "hmac(sha256)"));
+    assert_eq!(
+        (i.encryption.as_str(), i.kind.as_str()),
+        ("aes-xts-plain64", "hmac(sha256)")
+    );
     let mut dev = MemStorage::new(17 * MIB);
     assert!(h.convert_to_luks1(&mut dev).is_err());
     with("aes-gcm-random", "aead", "none").unwrap();

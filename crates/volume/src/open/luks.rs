@@ -84,7 +84,12 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
     }
     let (keyslot, mut segments) =
         header.unlock_segments(&mut hdev, passphrase, opts.key_slot, data_size)?;
-    let volume = if let [one @ SegmentKey { integrity: Some(_), .. }] = segments.as_slice() {
+    let volume = if let [
+        one @ SegmentKey {
+            integrity: Some(_), ..
+        },
+    ] = segments.as_slice()
+    {
         integrity_volume(data, one, opts)?
     } else if let [one] = segments.as_slice() {
         let params = VolumeParams {
@@ -146,22 +151,33 @@ fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> R
         one.iv.offset,
     )?;
     let storage = opts.io.storage(data, one.sector_size)?;
-    let (integrity, size) =
-        crate::Integrity::open(&*storage, one.storage_offset, cipher, opts.read_only)?;
+    integrity_volume_on(storage, one.storage_offset, cipher, opts.read_only)
+}
+
+/// The volume over the dm-integrity device at byte `start` of `storage` (its journal
+/// replayed) with `cipher`'s authenticated sectors: LUKS2 with integrity below its header.
+pub fn integrity_volume_on(
+    storage: Box<dyn Storage>,
+    start: u64,
+    cipher: cryptblk_crypto::AeadSectorCipher,
+    read_only: bool,
+) -> Result<Volume> {
+    let sector_size = cipher.sector_size();
+    let (integrity, size) = crate::Integrity::open(&*storage, start, cipher, read_only)?;
     let seg = DataSegment {
         start: 0,
         len: size,
-        storage_offset: one.storage_offset,
+        storage_offset: start,
         cipher: SectorCipher::new(
             cryptblk_crypto::CipherSpec::parse("cipher_null-ecb")?,
             &[],
-            one.sector_size,
+            sector_size,
             cryptblk_crypto::IvOptions::default(),
         )?,
         zero: false,
         integrity: Some(std::sync::Arc::new(integrity)),
     };
-    Volume::with_segments(storage, vec![seg], opts.read_only, false)
+    Volume::with_segments(storage, vec![seg], read_only, false)
 }
 
 /// Opens a LUKS volume with its volume key (`open --volume-key-file`): no keyslot is

@@ -6,6 +6,7 @@
 #[path = "../../../format/tests/common/mod.rs"]
 mod common;
 
+mod integrity;
 mod mmap_engine;
 mod online_reencryption;
 mod reencryption;
