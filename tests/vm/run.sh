@@ -29,7 +29,7 @@ fi
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'stop_vhost_servers 2> /dev/null; rm -rf "$xfer"' EXIT
 cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh tests/vm/dm-lines.sh \
-  tests/vm/vhost-user-blk.sh "$BIN" "$xfer/"
+  tests/vm/vhost-user-blk.sh tests/vm/integrity.sh "$BIN" "$xfer/"
 # The software FIDO2 key the token tests plug in (a test tool with its own lock file,
 # never linked into cryptblk: tests/tools/fido2-authenticator). Built here; tokens.sh says
 # FAIL if it is missing.
@@ -67,8 +67,8 @@ if [[ " $SUITES " == *" dmcrypt "* ]]; then
   # (tests/vm/vhost-user-blk.sh); the interop guest ends first, so it takes them.
   vub=$(bash tests/vm/vhost-user-blk.sh host-start "$xfer" "$xfer/cryptblk") || { echo "tests/vm: the vhost-user-blk servers did not start" >&2; exit 1; }
   vub_started=1
-  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; a VM on cryptblk's vhost-user-blk disks (LUKS2, BitLocker, VeraCrypt; kill -9 and reconnect)" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/vhost-user-blk.sh guest /results && exit \$u" "" "$vub"
+  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; a VM on cryptblk's vhost-user-blk disks (LUKS2, BitLocker, VeraCrypt; kill -9 and reconnect); LUKS2 with integrity both ways with dm-integrity (tests/vm/integrity.sh)" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/vhost-user-blk.sh guest /results || u=1; bash /results/integrity.sh /results/cryptblk && exit \$u" "" "$vub"
   # cryptsetup's test lines that need a mapping run over ublk here: the ublk guest is the
   # longest already.
   guest families "kernel dm-crypt interop: the other cipher families, plain, loop-AES, TrueCrypt volumes; cryptsetup's test lines that need a mapping (over ublk)" \

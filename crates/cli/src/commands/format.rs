@@ -6,17 +6,17 @@ use crate::ctx::Ctx;
 use crate::error::{CliError, CliResult, io_err};
 use crate::passphrase::{confirm, get_passphrase, read_key_file};
 use clap::Args;
-use cryptblk_crypto::{CipherSpec, HashAlg, SecretBytes};
+use cryptblk_crypto::{AeadSectorCipher, CipherSpec, HashAlg, SecretBytes};
 use cryptblk_format::luks1::Luks1Header;
 use cryptblk_format::luks2::Luks2Header;
-use cryptblk_format::{FormatOptions, LuksHeader, Storage};
-use cryptblk_volume::DataDevice;
+use cryptblk_format::{FormatOptions, LuksHeader, SegmentIntegrity, Storage};
 use cryptblk_volume::VolumeType;
+use cryptblk_volume::{DataDevice, DeviceOpener};
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub(crate) struct FormatArgs {
     pub device: PathBuf,
     /// Key file holding the passphrase (cryptsetup's positional form of --key-file, which
@@ -70,6 +70,15 @@ pub(crate) struct FormatArgs {
     /// LUKS2 keyslots area size in bytes.
     #[arg(long = "luks2-keyslots-size", value_parser = crate::units::parse_size)]
     pub luks2_keyslots_size: Option<u64>,
+    /// LUKS2 authenticated encryption over a dm-integrity layout: aead (with
+    /// aes-gcm-random), poly1305 (with chacha20-random), hmac-sha1, hmac-sha256 or
+    /// hmac-sha512 (with aes-xts-plain64 or aes-xts-random). Written without the kernel.
+    #[arg(short = 'I', long)]
+    pub integrity: Option<String>,
+    /// With --integrity: do not seal every sector now (a sector never written then fails
+    /// to read, as with cryptsetup's option of the same name).
+    #[arg(long = "integrity-no-wipe", requires = "integrity")]
+    pub integrity_no_wipe: bool,
 }
 
 pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
@@ -196,6 +205,24 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
     } else {
         Box::new(Luks2Header::format(&mut dev, &opts, &volume_key, &pass)?)
     };
+    if let Some(i) = &opts.integrity {
+        let data = if opts.detached_header {
+            ctx.devices
+                .open(&a.device, false)
+                .map_err(|e| io_err(&a.device, e))?
+        } else {
+            dev
+        };
+        format_integrity(
+            ctx,
+            &a,
+            &data,
+            hdr.data_offset(),
+            i,
+            &volume_key,
+            opts.sector_size,
+        )?;
+    }
     // As cryptsetup: a device with no room for data after the header is still formatted
     // (an image file grows to hold the header; a block device too short has failed the
     // header write already), with a warning: it cannot be opened until it grows.
@@ -217,9 +244,99 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The dm-integrity device under a LUKS2 header with integrity: superblock, empty journal
+/// and (without --integrity-no-wipe) every sector sealed, as cryptsetup has the kernel do.
+fn format_integrity(
+    ctx: &Ctx,
+    a: &FormatArgs,
+    data: &DataDevice,
+    offset: u64,
+    i: &SegmentIntegrity,
+    volume_key: &[u8],
+    sector_size: u32,
+) -> CliResult<()> {
+    let cipher = AeadSectorCipher::new(&i.encryption, &i.kind, volume_key, sector_size, 0)?;
+    let wipe = !a.integrity_no_wipe;
+    let mut last = std::time::Instant::now();
+    let mut progress = |done: u64, total: u64| {
+        if ctx.verbose && last.elapsed().as_secs() >= 1 {
+            last = std::time::Instant::now();
+            eprintln!("Wiping: {} of {} MiB", done >> 20, total >> 20);
+        }
+    };
+    cryptblk_volume::Integrity::format(data, offset, cipher, wipe, &mut progress)
+        .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
+    if !wipe {
+        eprintln!(
+            "Device {} was not wiped: a sector never written fails to read until it is.",
+            a.device.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--integrity` as the LUKS2 header names it (`hmac-sha256` is `hmac(sha256)`), and the
+/// bytes of MAC key it adds to the volume key.
+fn integrity_kind(name: &str) -> CliResult<(String, usize)> {
+    let kind = match name.strip_prefix("hmac-") {
+        Some(h) => format!("hmac({h})"),
+        None => name.to_string(),
+    };
+    let mac = match kind.as_str() {
+        "aead" | "poly1305" => 0,
+        "hmac(sha1)" => 20,
+        "hmac(sha256)" => 32,
+        "hmac(sha512)" => 64,
+        _ => {
+            return Err(CliError::usage(format!(
+                "unsupported --integrity {name} (aead, poly1305, hmac-sha1, hmac-sha256, \
+                 hmac-sha512)"
+            )));
+        }
+    };
+    Ok((kind, mac))
+}
+
 /// The format options the arguments ask for (the sector size may still change with the
 /// device's size).
 fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
+    if let Some(name) = &a.integrity {
+        if luks1 {
+            return Err(CliError::usage("--integrity needs LUKS2"));
+        }
+        let (kind, mac) = integrity_kind(name)?;
+        AeadSectorCipher::tag_size_of(&a.cipher, &kind).map_err(|e| {
+            CliError::usage(format!("--cipher {} --integrity {name}: {e}", a.cipher))
+        })?;
+        // cryptsetup's key size: --key-size covers the cipher (default 256 bits, 512 for
+        // XTS); the MAC key is appended.
+        let bits = match a.key_size {
+            Some(b) if b % 8 != 0 => {
+                return Err(CliError::usage("key size must be a multiple of 8 bits"));
+            }
+            Some(b) => b,
+            None if a.cipher.contains("-xts-") => 512,
+            None => 256,
+        };
+        let mut opts = format_options(
+            &FormatArgs {
+                cipher: "aes-xts-plain64".into(),
+                key_size: None,
+                integrity: None,
+                ..a.clone()
+            },
+            false,
+        )?;
+        opts.cipher = CipherSpec::parse("cipher_null-ecb")?;
+        opts.key_len = bits / 8 + mac;
+        opts.integrity = Some(SegmentIntegrity {
+            encryption: a.cipher.clone(),
+            kind,
+            journal_encryption: "none".into(),
+            journal_integrity: "none".into(),
+        });
+        return Ok(opts);
+    }
     let cipher = CipherSpec::parse(&a.cipher)?;
     let key_len = match a.key_size {
         Some(bits) if bits % 8 != 0 => {
