@@ -635,6 +635,11 @@ impl Volume {
         Ok(new)
     }
 
+    /// Whether a segment is LUKS2 with integrity (authenticated sectors over dm-integrity).
+    pub fn integrity_protected(&self) -> bool {
+        self.layout().segments.iter().any(|s| s.integrity.is_some())
+    }
+
     /// Live counters of the data path.
     pub fn stats(&self) -> &VolumeStats {
         &self.stats

@@ -216,6 +216,12 @@ pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
                 .map_or(String::new(), |e| format!(": {e}"))
         );
     }
+    if v["integrity"] == true {
+        outln!(
+            "  integrity: {} sectors failed verification",
+            v["integrity_errors"]
+        );
+    }
     outln!(
         "  I/O:     {} reads ({} bytes), {} writes ({} bytes), {} flushes",
         v["reads"],

@@ -9,6 +9,7 @@ mod common;
 
 mod durability;
 mod fuse;
+mod integrity;
 mod key_hygiene;
 mod local_users;
 mod nbd_stress;
