@@ -300,10 +300,12 @@ impl Integrity {
         let n = buf.len() / bs;
         let mut tags = vec![0u8; n * ts];
         let spb = self.block / 512;
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        // Sealed before the journal is taken: writers seal in parallel (two writes to one
+        // block land in the order they take it).
         self.cipher
             .seal(first, buf, &mut tags)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
         for i in 0..n {
             st.open.push(JournalEntry {
                 sector: (first + i as u64) * spb,
@@ -346,6 +348,10 @@ impl Integrity {
     /// stable storage (a crash from here on replays it); then the blocks go home (stable
     /// at the next sync; the journal keeps them until then).
     pub fn flush(&self, storage: &dyn Storage) -> io::Result<()> {
+        if self.read_only {
+            // Nothing written; what the replay found stays in memory (never written home).
+            return Ok(());
+        }
         let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
         self.commit(storage, &mut st)?;
         storage.sync()?;
@@ -356,7 +362,8 @@ impl Integrity {
         Ok(())
     }
 
-    /// Writes `blocks` (data and tags) to their places, a run of neighbours at a time.
+    /// Writes `blocks` (data and tags) to their places: each block's data as it is, the
+    /// tags of a run of neighbours in one write.
     fn write_home(
         &self,
         storage: &dyn Storage,
@@ -364,19 +371,21 @@ impl Integrity {
     ) -> io::Result<()> {
         let per = self.area_blocks();
         let mut it = blocks.iter().peekable();
+        let mut tags = Vec::new();
         while let Some((&b0, (d, t))) = it.next() {
-            let (mut data, mut tags) = (d.clone(), t.clone());
+            storage.write_at(d, self.data_at(b0))?;
+            tags.clear();
+            tags.extend_from_slice(t);
             let mut last = b0;
             while let Some(&(&b, (d, t))) = it.peek() {
-                if b != last + 1 || b % per == 0 || data.len() >= 1 << 20 {
+                if b != last + 1 || b % per == 0 {
                     break;
                 }
-                data.extend_from_slice(d);
+                storage.write_at(d, self.data_at(b))?;
                 tags.extend_from_slice(t);
                 last = b;
                 it.next();
             }
-            storage.write_at(&data, self.data_at(b0))?;
             storage.write_at(&tags, self.tag_at(b0))?;
         }
         Ok(())
