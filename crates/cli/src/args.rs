@@ -213,6 +213,10 @@ pub(crate) struct VolumeArgs {
     /// Pass discards (TRIM) down to the storage (reveals unused blocks; off by default).
     #[arg(long = "allow-discards")]
     pub allow_discards: bool,
+    /// LUKS2 with integrity: write without dm-integrity's journal (faster; a crash during
+    /// a write can leave that sector failing verification, as with the kernel's mode D).
+    #[arg(long = "integrity-no-journal")]
+    pub integrity_no_journal: bool,
     /// Plain mode: cipher specification.
     #[arg(short = 'c', long)]
     pub cipher: Option<String>,

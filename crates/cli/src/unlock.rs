@@ -165,6 +165,7 @@ impl VolumeArgs {
             header: None,
             read_only: self.read_only,
             allow_discards: self.allow_discards,
+            integrity_no_journal: self.integrity_no_journal,
             key_slot: None,
             io: self.file_io(),
             ..Default::default()

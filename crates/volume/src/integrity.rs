@@ -33,6 +33,8 @@ pub struct Integrity {
     block: u64,
     state: RwLock<State>,
     read_only: bool,
+    /// Writes go through the journal (mode 'J'); else straight home (mode 'D').
+    journal_writes: bool,
     failures: AtomicU64,
 }
 
@@ -69,6 +71,7 @@ impl Integrity {
         start: u64,
         cipher: AeadSectorCipher,
         read_only: bool,
+        journal_writes: bool,
     ) -> crate::Result<(Integrity, u64)> {
         let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
         let mut sb_bytes = [0u8; 512];
@@ -120,6 +123,7 @@ impl Integrity {
             block,
             state: RwLock::new(State::default()),
             read_only,
+            journal_writes,
             failures: AtomicU64::new(0),
         };
         if !read_only {
@@ -175,6 +179,7 @@ impl Integrity {
             journal,
             state: RwLock::new(State::default()),
             read_only: false,
+            journal_writes: false,
             failures: AtomicU64::new(0),
         };
         let total = geo.provided_data_sectors * 512;
@@ -306,6 +311,18 @@ impl Integrity {
             .seal(first, buf, &mut tags)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        if !self.journal_writes {
+            // Mode 'D': data, then tags, at their places (under the lock, so no read sees
+            // one without the other; a crash between them can).
+            let mut done = 0;
+            for (b0, k) in self.runs(first, n as u64) {
+                let len = k as usize;
+                storage.write_at(&buf[done * bs..][..len * bs], self.data_at(b0))?;
+                storage.write_at(&tags[done * ts..][..len * ts], self.tag_at(b0))?;
+                done += len;
+            }
+            return Ok(());
+        }
         for i in 0..n {
             st.open.push(JournalEntry {
                 sector: (first + i as u64) * spb,

@@ -136,6 +136,8 @@ pub struct CipherSummary {
     pub data_offset: u64,
     /// dm-crypt's `iv_offset` of the first segment (plain `--skip`), in 512-byte sectors.
     pub iv_offset: u64,
+    /// LUKS2 with integrity (authenticated sectors over dm-integrity).
+    pub integrity: bool,
 }
 
 impl CipherSummary {
@@ -150,6 +152,7 @@ impl CipherSummary {
             backend: s.cipher.backend().name(),
             data_offset: s.storage_offset,
             iv_offset: s.cipher.iv_options().offset,
+            integrity: segments.iter().any(|s| s.integrity.is_some()),
         })
     }
 }
@@ -633,11 +636,6 @@ impl Volume {
         seg.len = new;
         self.size.store(new, Relaxed);
         Ok(new)
-    }
-
-    /// Whether a segment is LUKS2 with integrity (authenticated sectors over dm-integrity).
-    pub fn integrity_protected(&self) -> bool {
-        self.layout().segments.iter().any(|s| s.integrity.is_some())
     }
 
     /// Live counters of the data path.
@@ -1149,6 +1147,11 @@ impl BlockDevice for Volume {
     }
     fn flush(&self) -> io::Result<()> {
         self.stats.flushes.fetch_add(1, Relaxed);
+        // Without integrity the layout lock is not needed (nor waited for while suspended;
+        // a volume with integrity cannot be suspended).
+        if !self.cipher_summary().integrity {
+            return self.storage.sync();
+        }
         let l = self.layout();
         let journaled: Vec<_> = l
             .segments
@@ -1156,9 +1159,6 @@ impl BlockDevice for Volume {
             .filter_map(|s| s.integrity.clone())
             .collect();
         drop(l);
-        if journaled.is_empty() {
-            return self.storage.sync();
-        }
         for i in journaled {
             i.flush(&*self.storage)?;
         }

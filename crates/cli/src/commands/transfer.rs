@@ -61,7 +61,7 @@ fn open(ctx: &Ctx, a: &TransferArgs, read_only: bool) -> CliResult<Volume> {
             "{}: {} {}, {} bits{slot}",
             a.device.display(),
             o.info.kind,
-            o.volume.with_cipher(|c| c.description()),
+            o.volume.cipher_summary().spec,
             o.info.key_bits
         );
     }

@@ -1,6 +1,7 @@
 //! LUKS2 with integrity served over NBD (issue 38): what a client writes reads back after a
 //! restart; a sector whose ciphertext was changed on the disk reads as EIO over NBD and
-//! only that one, the server carries on, and `status` counts it. (Kill -9 under load:
+//! only that one, the server carries on, and `status` counts it; `--integrity-no-journal`
+//! writes what the journal mode reads. (Kill -9 under load:
 //! durability.rs; the kernel's side: tests/vm/integrity.sh.)
 
 use crate::common::nbd::NbdClient;
@@ -117,5 +118,33 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
         "{st}"
     );
     assert!(st.contains("aes-xts-plain64 + hmac(sha256)"), "{st}");
+    close();
+
+    // --integrity-no-journal (mode D) writes what the journal mode then reads.
+    run(&[
+        "open",
+        &img,
+        "vol",
+        "--nbd",
+        &nbd,
+        "--daemon",
+        "--run-dir",
+        &run_dir,
+        "--key-file",
+        &pw,
+        "--integrity-no-journal",
+    ]);
+    let mut c = NbdClient::connect(&sock, "vol").unwrap();
+    c.write(20 * BS as u64, &data[..2 * BS]).unwrap().unwrap();
+    c.flush().unwrap().unwrap();
+    c.disconnect();
+    close();
+    open();
+    let mut c = NbdClient::connect(&sock, "vol").unwrap();
+    assert_eq!(
+        c.read(20 * BS as u64, 2 * BS).unwrap().unwrap(),
+        data[..2 * BS]
+    );
+    c.disconnect();
     close();
 }

@@ -151,19 +151,28 @@ fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> R
         one.iv.offset,
     )?;
     let storage = opts.io.storage(data, one.sector_size)?;
-    integrity_volume_on(storage, one.storage_offset, cipher, opts.read_only)
+    integrity_volume_on(
+        storage,
+        one.storage_offset,
+        cipher,
+        opts.read_only,
+        !opts.integrity_no_journal,
+    )
 }
 
 /// The volume over the dm-integrity device at byte `start` of `storage` (its journal
 /// replayed) with `cipher`'s authenticated sectors: LUKS2 with integrity below its header.
+/// `journal`: writes go through dm-integrity's journal (its mode 'J', the default), else
+/// straight home (mode 'D').
 pub fn integrity_volume_on(
     storage: Box<dyn Storage>,
     start: u64,
     cipher: cryptblk_crypto::AeadSectorCipher,
     read_only: bool,
+    journal: bool,
 ) -> Result<Volume> {
     let sector_size = cipher.sector_size();
-    let (integrity, size) = crate::Integrity::open(&*storage, start, cipher, read_only)?;
+    let (integrity, size) = crate::Integrity::open(&*storage, start, cipher, read_only, journal)?;
     let seg = DataSegment {
         start: 0,
         len: size,

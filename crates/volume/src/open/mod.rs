@@ -39,6 +39,10 @@ pub struct OpenOptions {
     /// dm-crypt's `allow_discards`: pass discards down as hole punches (reveals which
     /// sectors are unused; off by default).
     pub allow_discards: bool,
+    /// LUKS2 with integrity: write blocks and tags straight home, without dm-integrity's
+    /// journal (cryptsetup's `--integrity-no-journal`, the kernel's mode 'D'): faster, but a
+    /// crash during a write can leave that block failing verification.
+    pub integrity_no_journal: bool,
     /// Only try this keyslot.
     pub key_slot: Option<u32>,
     /// How the data file is read and written.

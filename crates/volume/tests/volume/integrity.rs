@@ -36,7 +36,7 @@ fn formatted(m: (&str, &str, usize, u32), wipe: bool) -> MemStorage {
 }
 
 fn open(dev: &Arc<dyn Storage>, m: (&str, &str, usize, u32), ro: bool) -> Volume {
-    integrity_volume_on(Box::new(dev.clone()), START, cipher(m), ro).unwrap()
+    integrity_volume_on(Box::new(dev.clone()), START, cipher(m), ro, true).unwrap()
 }
 
 /// Opens read-write and closes: the journal is replayed and emptied, so what is on the
@@ -236,6 +236,33 @@ fn never_written_blocks_of_an_unwiped_volume_fail_and_written_ones_read() {
     assert!(read(&vol, 8192, 4096).is_err());
 }
 
+/// `--integrity-no-journal` (the kernel's mode 'D'): blocks and tags go straight home, the
+/// journal is not touched after the open, and the volume reads the same in either mode.
+#[test]
+fn without_the_journal_writes_go_straight_home() {
+    for m in [MODES[0], MODES[2]] {
+        let dev: Arc<dyn Storage> = Arc::new(formatted(m, true));
+        let vol =
+            integrity_volume_on(Box::new(dev.clone()), START, cipher(m), false, false).unwrap();
+        // As the open left it (emptied, as every read-write open does).
+        let journal_at = START + 4096;
+        let mut before = vec![0u8; 64 << 10];
+        dev.read_at(&mut before, journal_at).unwrap();
+        let p = pattern(3 << 20, 6);
+        vol.write_at(&p, (15 << 20) + 4096, false).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        let mut after = vec![0u8; 64 << 10];
+        dev.read_at(&mut after, journal_at).unwrap();
+        assert!(before == after, "{m:?}: the journal was written");
+        let vol = open(&dev, m, false);
+        assert!(
+            read(&vol, (15 << 20) + 4096, 3 << 20).unwrap() == p,
+            "{m:?}"
+        );
+    }
+}
+
 #[test]
 fn read_only_volumes_refuse_writes() {
     let m = MODES[0];
@@ -262,7 +289,7 @@ fn power_cuts_lose_no_flushed_write_and_tear_no_block() {
         // Per block: its value at the last completed flush, and values written since.
         let mut flushed = vec![vec![0u8; bs]; blocks];
         let mut since: Vec<Vec<Vec<u8>>> = vec![Vec::new(); blocks];
-        let Ok(vol) = integrity_volume_on(Box::new(dev), START, cipher(m), false) else {
+        let Ok(vol) = integrity_volume_on(Box::new(dev), START, cipher(m), false, true) else {
             return (flushed, since);
         };
         for (n, &(b, k, seed)) in ops.iter().enumerate() {
