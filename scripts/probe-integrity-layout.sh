@@ -40,6 +40,7 @@ chachapoly-512|--cipher chacha20-random --integrity poly1305 --key-size 256|512
 hmac-plain64-512|--cipher aes-xts-plain64 --integrity hmac-sha256|512
 hmac-plain64-4096|--cipher aes-xts-plain64 --integrity hmac-sha256|4096
 hmac-random-512|--cipher aes-xts-random --integrity hmac-sha256|512
+aegis128-512|--cipher aegis128-random --integrity aead --key-size 128|512
 M
 G
 rm -f "$dir/made"

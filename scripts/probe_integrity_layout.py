@@ -60,6 +60,13 @@ def main(d):
             aad_sector = struct.pack("<Q", s)  # 512-byte units whatever the sector size
             want = pattern[(s - 8) * 512:(s - 8) * 512 + ss]
             enc = seg["encryption"]
+            if enc == "aegis128-random":
+                # No independent AEGIS-128 here: the layout is checked (the kernel's block
+                # and its tag are found where the rules say, the IV after the tag), and the
+                # block becomes a known answer cryptblk's implementation must reproduce
+                # (crates/crypto/tests/data/dmcrypt-aead.txt).
+                n += 1
+                continue
             if enc in ("aes-gcm-random", "chacha20-random"):
                 tagv, iv = t[:16], t[16:28]
                 aead = AESGCM(vk) if enc.startswith("aes") else ChaCha20Poly1305(vk)
@@ -72,9 +79,11 @@ def main(d):
                 pt = dec.update(ct) + dec.finalize()
             assert pt == want, f"{name}: plaintext of sector {s}"
             n += 1
+        what = ("found (AEGIS-128: kept as known answers, no independent implementation here)"
+                if seg["encryption"] == "aegis128-random" else "decrypted and authenticated")
         print(f"{name}: superblock v{lay['version']} flags {lay['flags']:#x} tag {lay['tag']} "
               f"journal sections {lay['journal_sections']} metadata run {lay['run']} "
-              f"provided {lay['provided']}: {n} blocks of {ss} bytes decrypted and authenticated")
+              f"provided {lay['provided']}: {n} blocks of {ss} bytes {what}")
 
 
 if __name__ == "__main__":

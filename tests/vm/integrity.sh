@@ -17,7 +17,7 @@ check() { # name, command...
   if "$@"; then pass=$((pass+1)); echo "ok   $name"; else fail=$((fail+1)); echo "FAIL $name"; fi
 }
 modprobe loop 2>/dev/null; modprobe dm-integrity 2>/dev/null
-for m in gcm chacha20poly1305 authenc; do modprobe "$m" 2>/dev/null; done
+for m in gcm chacha20poly1305 authenc aegis128; do modprobe "$m" 2>/dev/null; done
 cd /tmp
 printf 'integrity passphrase' > pw
 SZ=1048576
@@ -45,14 +45,15 @@ area, off = s >> l2i, s & ((1 << l2i) - 1)
 print((start + initial + (area << l2i) + (area + 1) * run + off) * 512)
 PY
 }
-one() { # formatter cipher integrity sector-size
+one() { # formatter cipher integrity sector-size [key bits]
   local fmt=$1 cipher=$2 integ=$3 ss=$4 name="$1-made $2 + $3, $4-byte sectors"
+  local ks=(); [ -n "${5:-}" ] && ks=(--key-size "$5")
   rm -f img snap.img; truncate -s 20M img
   if [ "$fmt" = cryptblk ]; then
-    "$CB" format -q --type luks2 --cipher "$cipher" --integrity "$integ" --sector-size "$ss" \
+    "$CB" format -q --type luks2 --cipher "$cipher" "${ks[@]}" --integrity "$integ" --sector-size "$ss" \
       --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw img || { fail=$((fail+1)); echo "FAIL $name: format"; return; }
   else
-    cryptsetup luksFormat -q --type luks2 --cipher "$cipher" --integrity "$integ" --sector-size "$ss" \
+    cryptsetup luksFormat -q --type luks2 --cipher "$cipher" "${ks[@]}" --integrity "$integ" --sector-size "$ss" \
       --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw img > /dev/null || { fail=$((fail+1)); echo "FAIL $name: luksFormat"; return; }
   fi
   head -c $SZ /dev/urandom > a.bin; head -c $SZ /dev/urandom > b.bin
@@ -79,6 +80,7 @@ one cryptsetup aes-gcm-random aead 4096
 one cryptblk chacha20-random poly1305 512
 one cryptsetup aes-xts-plain64 hmac-sha256 512
 one cryptblk aes-xts-random hmac-sha256 4096
+one cryptsetup aegis128-random aead 512 128
 # Tampering: one flipped ciphertext byte fails that sector, in both, and no other.
 if [ -f img ]; then
   off=$(home img 16)

@@ -7,6 +7,7 @@
 //!
 //! AES-GCM runs on cryptblk's own vaes512 code where the CPU has it and on RustCrypto's
 //! `aes-gcm` elsewhere; ChaCha20-Poly1305 (RFC 7539) on RustCrypto's `chacha20poly1305`;
+//! AEGIS-128 on `aegis128.rs` (the AES round of RustCrypto's `aes`);
 //! the HMAC modes encrypt with cryptblk's XTS (every backend) and authenticate
 //! `sector || IV || ciphertext` with HMAC over the volume key's last bytes.
 
@@ -32,6 +33,8 @@ enum Engine {
     Gcm(Gcm),
     /// `chacha20-*` with `poly1305` (the kernel's `rfc7539(chacha20,poly1305)`).
     ChaCha(Box<chacha20poly1305::ChaCha20Poly1305>),
+    /// `aegis128-*` with `aead`.
+    Aegis(Box<crate::aegis128::Aegis128>),
     /// `aes-xts-*` with `hmac(HASH)` (the kernel's `authenc(hmac(HASH),xts(aes))`).
     XtsHmac {
         xts: Xts,
@@ -77,7 +80,8 @@ fn parse(encryption: &str, integrity: &str) -> Result<(Kind, AeadIv)> {
     let unsupported = || {
         Error::UnsupportedCipher(format!(
             "{encryption} with integrity {integrity} (cryptblk serves aes-gcm-random, \
-             chacha20-random with poly1305, and aes-xts-plain64/-random with hmac(sha1|sha256|sha512))"
+             chacha20-random with poly1305, aegis128-random with aead, and \
+             aes-xts-plain64/-random with hmac(sha1|sha256|sha512))"
         ))
     };
     let (alg, iv) = encryption.rsplit_once('-').ok_or_else(unsupported)?;
@@ -89,6 +93,7 @@ fn parse(encryption: &str, integrity: &str) -> Result<(Kind, AeadIv)> {
     let kind = match (alg, integrity) {
         ("aes-gcm", "aead") => Kind::Gcm,
         ("chacha20", "poly1305") => Kind::ChaCha,
+        ("aegis128", "aead") => Kind::Aegis,
         ("aes-xts", h) => {
             // The header's name (`hmac(sha256)`) or cryptsetup's option (`hmac-sha256`).
             let hash = h
@@ -112,6 +117,7 @@ fn parse(encryption: &str, integrity: &str) -> Result<(Kind, AeadIv)> {
 enum Kind {
     Gcm,
     ChaCha,
+    Aegis,
     XtsHmac(HashAlg),
 }
 
@@ -120,6 +126,7 @@ impl Kind {
     fn sizes(self) -> (usize, usize) {
         match self {
             Kind::Gcm | Kind::ChaCha => (12, 16),
+            Kind::Aegis => (16, 16),
             Kind::XtsHmac(h) => (16, h.output_len()),
         }
     }
@@ -165,6 +172,9 @@ impl AeadSectorCipher {
             }),
             Kind::ChaCha => Engine::ChaCha(Box::new(
                 chacha20poly1305::ChaCha20Poly1305::new_from_slice(key).map_err(|_| bad_key())?,
+            )),
+            Kind::Aegis => Engine::Aegis(Box::new(
+                crate::aegis128::Aegis128::new(key).ok_or_else(bad_key)?,
             )),
             Kind::XtsHmac(hash) => {
                 let mac_len = hash.output_len();
@@ -293,6 +303,10 @@ impl AeadSectorCipher {
                         .map_err(|_| Error::Gcm("ChaCha20-Poly1305 seal".into()))?;
                     auth.copy_from_slice(&tag);
                 }
+                Engine::Aegis(a) => {
+                    let nonce: &[u8; 16] = iv.as_ref().try_into().expect("16-byte IVs");
+                    auth.copy_from_slice(&a.seal(nonce, &aad[..24], d));
+                }
                 Engine::XtsHmac { mac_key, hash, .. } => {
                     hmac_into(*hash, &mac_key[..], &[&aad[..24], d], auth)
                 }
@@ -342,6 +356,10 @@ impl AeadSectorCipher {
                         auth.try_into().unwrap(),
                     )
                     .is_ok(),
+                Engine::Aegis(a) => {
+                    let nonce: &[u8; 16] = iv.as_ref().try_into().expect("16-byte IVs");
+                    a.open(nonce, &aad[..24], d, auth)
+                }
                 Engine::XtsHmac { mac_key, hash, .. } => {
                     let mut want = [0u8; 64];
                     let want = &mut want[..self.auth_size];

@@ -6,6 +6,7 @@
 //! `unsafe` is confined to `backend/x86` (CPU intrinsics, assembly) and `secret` (mlock).
 
 mod aead_sector;
+mod aegis128;
 mod af;
 mod backend;
 mod block;

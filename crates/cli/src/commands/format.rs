@@ -71,8 +71,9 @@ pub(crate) struct FormatArgs {
     #[arg(long = "luks2-keyslots-size", value_parser = crate::units::parse_size)]
     pub luks2_keyslots_size: Option<u64>,
     /// LUKS2 authenticated encryption over a dm-integrity layout: aead (with
-    /// aes-gcm-random), poly1305 (with chacha20-random), hmac-sha1, hmac-sha256 or
-    /// hmac-sha512 (with aes-xts-plain64 or aes-xts-random). Written without the kernel.
+    /// aes-gcm-random or aegis128-random), poly1305 (with chacha20-random), hmac-sha1,
+    /// hmac-sha256 or hmac-sha512 (with aes-xts-plain64 or aes-xts-random). Written
+    /// without the kernel.
     #[arg(short = 'I', long)]
     pub integrity: Option<String>,
     /// With --integrity: do not seal every sector now (a sector never written then fails
@@ -316,6 +317,8 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
             }
             Some(b) => b,
             None if a.cipher.contains("-xts-") => 512,
+            // AEGIS-128 takes 128 bits only (cryptsetup needs --key-size 128 for it).
+            None if a.cipher.starts_with("aegis128-") => 128,
             None => 256,
         };
         let mut opts = format_options(

@@ -119,6 +119,25 @@ macro_rules! tweak_lane {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod aegis;
+
+/// AEGIS-128 on AES-NI (`crate::aegis128`'s fast path): the tag, or `None` where the CPU
+/// lacks AES-NI.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn aegis128_ni(
+    key: &[u8; 16],
+    nonce: &[u8; 16],
+    aad: &[u8],
+    data: &mut [u8],
+    encrypt: bool,
+) -> Option<[u8; 16]> {
+    if !std::arch::is_x86_feature_detected!("aes") {
+        return None;
+    }
+    // SAFETY: the CPU has AES-NI (and SSE2, which every x86_64 CPU has).
+    Some(unsafe { aegis::aegis128(key, nonce, aad, data, encrypt) })
+}
+#[cfg(target_arch = "x86_64")]
 mod gcm512;
 #[cfg(target_arch = "x86_64")]
 mod keys;
