@@ -33,23 +33,14 @@ for r in $(seq "$ROUNDS"); do
     grep -v '^server' | tee -a "$OUT"
 done
 python3 - "$OUT" << 'PY'
-import sys, statistics
-runs = {}
-for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) == 6:
-        runs.setdefault(f[0], []).append([float(x) if x != "ERR" else 0.0 for x in f[1:]])
-rows = {k: [statistics.median(c) for c in zip(*v)] for k, v in runs.items()}
-wl = ["4k-rw-qd1", "4k-randread-qd16", "4k-randwrite-qd16", "128k-read-qd8", "128k-write-qd8"]
-print("\n| server (median MB/s) | " + " | ".join(wl) + " |")
-print("|---" * (len(wl) + 1) + "|")
-for k, v in rows.items():
-    print(f"| {k} | " + " | ".join(f"{x:.0f}" for x in v) + " |")
-x = rows.get("xts")
-if x:
-    print("\n| ÷ plain XTS | " + " | ".join(wl) + " |")
-    print("|---" * (len(wl) + 1) + "|")
-    for k, v in rows.items():
-        if k != "xts":
-            print(f"| {k} | " + " | ".join(f"{a / b:.2f}" if b else "-" for a, b in zip(v, x)) + " |")
+import sys
+sys.path.insert(0, "scripts")
+from peer_medians import WORKLOADS, medians, ratios, table
+rows = medians(sys.argv[1])
+table(rows)
+print("\n| ÷ plain XTS | " + " | ".join(WORKLOADS) + " |")
+print("|---" * (len(WORKLOADS) + 1) + "|")
+for k in rows:
+    if k != "xts":
+        print(f"| {k} | " + " | ".join(f"{r:.2f}" for r in ratios(rows, k, "xts")) + " |")
 PY

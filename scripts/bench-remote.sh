@@ -30,22 +30,15 @@ for r in $(seq "$ROUNDS"); do
     | tee -a "$OUT"
 done
 python3 - "$OUT" <<'PY'
-import sys, statistics
-runs = {}
-for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) == 6 and f[0] != "server":
-        runs.setdefault(f[0], []).append([float(x) if x != "ERR" else 0.0 for x in f[1:]])
-rows = {k: [statistics.median(c) for c in zip(*v)] for k, v in runs.items()}
-wl = ["4k-rw-qd1", "4k-randread-qd16", "4k-randwrite-qd16", "128k-read-qd8", "128k-write-qd8"]
-print("\n| server (median MB/s) | " + " | ".join(wl) + " |")
-print("|---" * (len(wl) + 1) + "|")
-for k, v in rows.items():
-    print(f"| {k} | " + " | ".join(f"{x:.0f}" for x in v) + " |")
-print("\n| remote | " + " | ".join(wl) + " |  (cryptblk over the export ÷ the export directly, bar ≥ 0.9)")
-print("|---" * (len(wl) + 1) + "|")
+import sys
+sys.path.insert(0, "scripts")
+from peer_medians import WORKLOADS, medians, ratios, table
+rows = medians(sys.argv[1])
+table(rows)
+print("\n| remote | " + " | ".join(WORKLOADS) + " |  (cryptblk over the export ÷ the export directly, bar ≥ 0.9)")
+print("|---" * (len(WORKLOADS) + 1) + "|")
 for remote in ("qemu-nbd", "nbdkit"):
-    a, b = rows.get(f"cryptblk-over-{remote}"), rows.get(f"{remote}-direct")
-    if a and b:
-        print(f"| {remote} | " + " | ".join(f"{x / y:.2f}" if y else "-" for x, y in zip(a, b)) + " |")
+    if rows.get(f"cryptblk-over-{remote}") and rows.get(f"{remote}-direct"):
+        r = ratios(rows, f"cryptblk-over-{remote}", f"{remote}-direct")
+        print(f"| {remote} | " + " | ".join(f"{x:.2f}" for x in r) + " |")
 PY

@@ -49,23 +49,15 @@ for r in $(seq "$ROUNDS"); do
     grep -v '^server' | tee -a "$OUT"
 done
 python3 - "$OUT" << 'PY'
-import sys, statistics
-runs = {}
-for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) == 6:
-        runs.setdefault(f[0], []).append([float(x) if x != "ERR" else 0.0 for x in f[1:]])
-rows = {k: [statistics.median(c) for c in zip(*v)] for k, v in runs.items()}
-wl = ["4k-rw-qd1", "4k-randread-qd16", "4k-randwrite-qd16", "128k-read-qd8", "128k-write-qd8"]
-print("\n| server (median MiB/s) | " + " | ".join(wl) + " |")
-print("|---" * (len(wl) + 1) + "|")
-for k, v in rows.items():
-    print(f"| {k} | " + " | ".join(f"{x:.0f}" for x in v) + " |")
-def ratio(a, b, i):
-    return rows[a][i] / rows[b][i] if rows.get(a) and rows.get(b) and rows[b][i] else float("nan")
+import sys
+sys.path.insert(0, "scripts")
+from peer_medians import WORKLOADS, medians, ratios, table
+rows = medians(sys.argv[1])
+table(rows, "MiB/s")
+cols = [ratios(rows, "cryptblk", "qsd-luks"), ratios(rows, "cryptblk", "qsd-raw"),
+        ratios(rows, "cryptblk", "cryptblk-nbd"), ratios(rows, "cryptblk-null", "qsd-raw")]
 print("\n| workload | cryptblk ÷ qsd LUKS (≥2) | cryptblk ÷ qsd raw (≥1.0) | cryptblk ÷ its NBD (>1) | cipher_null ÷ qsd raw |")
 print("|---|---|---|---|---|")
-for i, w in enumerate(wl):
-    print(f"| {w} | {ratio('cryptblk','qsd-luks',i):.2f}× | {ratio('cryptblk','qsd-raw',i):.2f} "
-          f"| {ratio('cryptblk','cryptblk-nbd',i):.2f} | {ratio('cryptblk-null','qsd-raw',i):.2f} |")
+for i, w in enumerate(WORKLOADS):
+    print(f"| {w} | {cols[0][i]:.2f}× | {cols[1][i]:.2f} | {cols[2][i]:.2f} | {cols[3][i]:.2f} |")
 PY

@@ -451,38 +451,15 @@ impl Client {
 
     /// Waits until at least one request of `queue` completes; returns all that have.
     pub fn wait(&mut self, q: usize) -> io::Result<Vec<Completion>> {
-        loop {
-            let done = self.reap(q)?;
-            if !done.is_empty() {
-                return Ok(done);
-            }
-            if self.event_idx {
-                let queue = &self.queues[q];
-                let at = GuestAddress(queue.avail + 4 + 2 * u64::from(queue.size));
-                self.mem
-                    .store(queue.used_seen.to_le(), at, Ordering::Release)
-                    .map_err(err)?;
-                fence(Ordering::SeqCst);
-                let done = self.reap(q)?;
-                if !done.is_empty() {
-                    return Ok(done);
-                }
-            }
-            self.wait_call(q)?;
-        }
+        let mut done = self.wait_any(&[q])?;
+        Ok(done.pop().map(|(_, c)| c).unwrap_or_default())
     }
 
     /// Waits until at least one request of any of `qs` completes; returns each queue's
     /// completions (a driver with one thread for several queues, as a guest vCPU may be).
     pub fn wait_any(&mut self, qs: &[usize]) -> io::Result<Vec<(usize, Vec<Completion>)>> {
         loop {
-            let mut out = Vec::new();
-            for &q in qs {
-                let done = self.reap(q)?;
-                if !done.is_empty() {
-                    out.push((q, done));
-                }
-            }
+            let out = self.reap_all(qs)?;
             if !out.is_empty() {
                 return Ok(out);
             }
@@ -495,18 +472,25 @@ impl Client {
                         .map_err(err)?;
                 }
                 fence(Ordering::SeqCst);
-                for &q in qs {
-                    let done = self.reap(q)?;
-                    if !done.is_empty() {
-                        out.push((q, done));
-                    }
-                }
+                let out = self.reap_all(qs)?;
                 if !out.is_empty() {
                     return Ok(out);
                 }
             }
             self.wait_calls(qs)?;
         }
+    }
+
+    /// The completions of each of `qs` that has some, without waiting.
+    fn reap_all(&mut self, qs: &[usize]) -> io::Result<Vec<(usize, Vec<Completion>)>> {
+        let mut out = Vec::new();
+        for &q in qs {
+            let done = self.reap(q)?;
+            if !done.is_empty() {
+                out.push((q, done));
+            }
+        }
+        Ok(out)
     }
 
     /// Sleeps until the device signals one of `qs`, and clears what it signalled.

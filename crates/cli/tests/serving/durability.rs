@@ -82,15 +82,20 @@ fn pid_of(run_dir: &str) -> i32 {
         .unwrap()
 }
 
-#[test]
-fn kill_9_under_write_and_flush_load_loses_nothing_flushed() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
+/// A 24 MiB image file in `dir`.
+fn image(dir: &Path, name: &str) -> String {
+    let img = dir.join(name);
     std::fs::File::create(&img)
         .unwrap()
         .set_len(24 << 20)
         .unwrap();
-    kill_9_rounds(dir.path(), img.to_str().unwrap(), &[], &[]);
+    img.to_str().unwrap().to_string()
+}
+
+#[test]
+fn kill_9_under_write_and_flush_load_loses_nothing_flushed() {
+    let dir = tempfile::tempdir().unwrap();
+    kill_9_rounds(dir.path(), &image(dir.path(), "v.img"), &[], &[]);
 }
 
 /// The same on LUKS2 with integrity (issue 38: AES-GCM sectors over dm-integrity's layout,
@@ -99,14 +104,9 @@ fn kill_9_under_write_and_flush_load_loses_nothing_flushed() {
 #[test]
 fn kill_9_with_integrity_loses_nothing_flushed_and_tears_no_sector() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("v.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(24 << 20)
-        .unwrap();
     kill_9_rounds(
         dir.path(),
-        img.to_str().unwrap(),
+        &image(dir.path(), "v.img"),
         &[],
         &["--cipher", "aes-gcm-random", "--integrity", "aead"],
     );
@@ -117,11 +117,7 @@ fn kill_9_with_integrity_loses_nothing_flushed_and_tears_no_sector() {
 #[test]
 fn kill_9_over_a_remote_nbd_export_loses_nothing_flushed() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("remote.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(24 << 20)
-        .unwrap();
+    let img = image(dir.path(), "remote.img");
     let rsock = dir.path().join("remote.sock");
     let mut remote = std::process::Command::new(tool("qemu-nbd", "qemu-utils"))
         .args([

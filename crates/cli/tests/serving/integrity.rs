@@ -42,8 +42,8 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
         &img,
     ]);
     let nbd = format!("unix:{sock}");
-    let open = || {
-        run(&[
+    let open_with = |extra: &[&str]| {
+        let mut args = vec![
             "open",
             &img,
             "vol",
@@ -54,22 +54,33 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
             &run_dir,
             "--key-file",
             &pw,
-        ])
+        ];
+        args.extend(extra);
+        run(&args)
     };
+    let open = || open_with(&[]);
     let close = || run(&["close", "vol", "--run-dir", &run_dir]);
+    // A server with `extra` options writes `d` at `off`, flushes and closes.
+    let write_then_close = |extra: &[&str], off: u64, d: &[u8]| {
+        open_with(extra);
+        let mut c = NbdClient::connect(&sock, "vol").unwrap();
+        c.write(off, d).unwrap().unwrap();
+        c.flush().unwrap().unwrap();
+        c.disconnect();
+        close();
+    };
+    // A server reads `d` back at `off`, and closes.
+    let read_back = |off: u64, d: &[u8]| {
+        open();
+        let mut c = NbdClient::connect(&sock, "vol").unwrap();
+        assert_eq!(c.read(off, d.len()).unwrap().unwrap(), d, "at {off}");
+        c.disconnect();
+        close();
+    };
     let data: Vec<u8> = (0..16 * BS).map(|i| (i * 7 % 251) as u8).collect();
-    open();
-    let mut c = NbdClient::connect(&sock, "vol").unwrap();
-    c.write(0, &data).unwrap().unwrap();
-    c.flush().unwrap().unwrap();
-    c.disconnect();
-    close();
+    write_then_close(&[], 0, &data);
     // Reopened (the journal replayed and emptied), then closed: the homes are all there is.
-    open();
-    let mut c = NbdClient::connect(&sock, "vol").unwrap();
-    assert_eq!(c.read(0, data.len()).unwrap().unwrap(), data);
-    c.disconnect();
-    close();
+    read_back(0, &data);
 
     // One byte of block 5's ciphertext changed on the disk.
     let mut f = std::fs::OpenOptions::new()
@@ -121,30 +132,6 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
     close();
 
     // --integrity-no-journal (mode D) writes what the journal mode then reads.
-    run(&[
-        "open",
-        &img,
-        "vol",
-        "--nbd",
-        &nbd,
-        "--daemon",
-        "--run-dir",
-        &run_dir,
-        "--key-file",
-        &pw,
-        "--integrity-no-journal",
-    ]);
-    let mut c = NbdClient::connect(&sock, "vol").unwrap();
-    c.write(20 * BS as u64, &data[..2 * BS]).unwrap().unwrap();
-    c.flush().unwrap().unwrap();
-    c.disconnect();
-    close();
-    open();
-    let mut c = NbdClient::connect(&sock, "vol").unwrap();
-    assert_eq!(
-        c.read(20 * BS as u64, 2 * BS).unwrap().unwrap(),
-        data[..2 * BS]
-    );
-    c.disconnect();
-    close();
+    write_then_close(&["--integrity-no-journal"], 20 * BS as u64, &data[..2 * BS]);
+    read_back(20 * BS as u64, &data[..2 * BS]);
 }
