@@ -149,13 +149,13 @@ pub(crate) fn aegis128_x4(
     encrypt: bool,
 ) -> Option<[[u8; 16]; 4]> {
     let len = data.len() / 4;
-    if !(std::arch::is_x86_feature_detected!("avx512f")
+    let cpu = std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("vaes")
-        && std::arch::is_x86_feature_detected!("aes"))
-        || !len.is_multiple_of(16)
-        || data.len() != 4 * len
-        || aad.iter().any(|a| a.len() != aad[0].len())
-    {
+        && std::arch::is_x86_feature_detected!("aes");
+    let shapes = len.is_multiple_of(16)
+        && data.len() == 4 * len
+        && aad.iter().all(|a| a.len() == aad[0].len());
+    if !(cpu && shapes) {
         return None;
     }
     // SAFETY: the CPU has the features; the sizes are as the function requires.
