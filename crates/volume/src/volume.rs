@@ -112,6 +112,9 @@ pub struct Volume {
     /// A frontend moves the ciphertext itself ([`SplitIo`]): the layout must stay as it is.
     split_handed_out: AtomicBool,
     summary: Mutex<CipherSummary>,
+    /// The dm-integrity device of a LUKS2 volume with integrity (its one segment's): what
+    /// a flush commits, without the layout lock (such a volume is never suspended).
+    integrity: Option<Arc<crate::Integrity>>,
 }
 
 /// The volume's segments and, while a reencryption step runs, its hot zone.
@@ -136,8 +139,6 @@ pub struct CipherSummary {
     pub data_offset: u64,
     /// dm-crypt's `iv_offset` of the first segment (plain `--skip`), in 512-byte sectors.
     pub iv_offset: u64,
-    /// LUKS2 with integrity (authenticated sectors over dm-integrity).
-    pub integrity: bool,
 }
 
 impl CipherSummary {
@@ -152,7 +153,6 @@ impl CipherSummary {
             backend: s.cipher.backend().name(),
             data_offset: s.storage_offset,
             iv_offset: s.cipher.iv_options().offset,
-            integrity: segments.iter().any(|s| s.integrity.is_some()),
         })
     }
 }
@@ -355,6 +355,7 @@ impl Volume {
             allow_discards: params.allow_discards,
             stats: VolumeStats::default(),
             split_handed_out: AtomicBool::new(false),
+            integrity: None,
         })
     }
 
@@ -368,6 +369,7 @@ impl Volume {
         allow_discards: bool,
     ) -> Result<Self> {
         let (size, sector) = check_segments(&segments, storage.size()?)?;
+        let integrity = segments.iter().find_map(|s| s.integrity.clone());
         Ok(Volume {
             storage,
             summary: CipherSummary::of(&segments),
@@ -381,6 +383,7 @@ impl Volume {
             allow_discards,
             stats: VolumeStats::default(),
             split_handed_out: AtomicBool::new(false),
+            integrity,
         })
     }
 
@@ -636,6 +639,11 @@ impl Volume {
         seg.len = new;
         self.size.store(new, Relaxed);
         Ok(new)
+    }
+
+    /// Whether the volume is LUKS2 with integrity (authenticated sectors over dm-integrity).
+    pub fn integrity_protected(&self) -> bool {
+        self.integrity.is_some()
     }
 
     /// Live counters of the data path.
@@ -1147,22 +1155,10 @@ impl BlockDevice for Volume {
     }
     fn flush(&self) -> io::Result<()> {
         self.stats.flushes.fetch_add(1, Relaxed);
-        // Without integrity the layout lock is not needed (nor waited for while suspended;
-        // a volume with integrity cannot be suspended).
-        if !self.cipher_summary().integrity {
-            return self.storage.sync();
+        match &self.integrity {
+            Some(i) => i.flush(&*self.storage),
+            None => self.storage.sync(),
         }
-        let l = self.layout();
-        let journaled: Vec<_> = l
-            .segments
-            .iter()
-            .filter_map(|s| s.integrity.clone())
-            .collect();
-        drop(l);
-        for i in journaled {
-            i.flush(&*self.storage)?;
-        }
-        Ok(())
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         if !self.can_discard() {

@@ -663,7 +663,7 @@ fn status_json(
         "reencryption": jobs.status(),
         "hot_zone_reads": st.hot_zone_reads.load(Relaxed),
         "hot_zone_waits": st.hot_zone_waits.load(Relaxed),
-        "integrity": c.integrity,
+        "integrity": vol.integrity_protected(),
         "integrity_errors": st.integrity_errors.load(Relaxed),
     });
     if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
