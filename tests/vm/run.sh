@@ -9,8 +9,12 @@
 # host CPUs: 488-531 s (session 24) against 545 s with twice the volumes and a VeraCrypt
 # image in the guests (session 23's set). CRYPTBLK_VM_PARALLEL=1 runs them one by one;
 # CRYPTBLK_VM_TESTS picks suites ("dmcrypt ublk"). The guests' output is shown once all
-# have ended, in this order. The interop guest also runs on vhost-user-blk disks that cryptblk
+# have ended, in this order. The ublk guest also runs on vhost-user-blk disks that cryptblk
 # serves on this host (tests/vm/vhost-user-blk.sh: started before the guests, stopped after).
+# vCPUs: the ublk guest has two (its multi-queue checks, ublk's and vhost-user-blk's, need
+# them); the others one each. Three guests of two vCPUs on two host CPUs spent the
+# difference contending: one vCPU each took the dm-crypt guests from 628-659 s to 454-542 s
+# (session 33); CRYPTBLK_VM_CPUS gives every guest that many.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VM=tests/vm/vm.sh
@@ -56,27 +60,30 @@ fi
 SUITES=${CRYPTBLK_VM_TESTS:-dmcrypt ublk}
 PARALLEL=${CRYPTBLK_VM_PARALLEL:-3}
 [[ $PARALLEL =~ ^[1-9][0-9]*$ ]] || { echo "tests/vm: CRYPTBLK_VM_PARALLEL=$PARALLEL: a count of 1 or more" >&2; exit 2; }
-names=() titles=() cmds=() tpms=() vubs=()
-# guest NAME TITLE COMMAND [tpm] [VHOST_USER_BLK]: "tpm" gives the guest a TPM 2.0 (vm.sh's
-# CRYPTBLK_VM_TPM); VHOST_USER_BLK, vhost-user-blk disks (vm.sh's CRYPTBLK_VM_VHOST_USER_BLK).
-guest() { names+=("$1"); titles+=("$2"); cmds+=("$3"); tpms+=("${4:-}"); vubs+=("${5:-}"); }
+names=() titles=() cmds=() tpms=() vubs=() cpus=()
+# guest NAME TITLE COMMAND VCPUS [tpm] [VHOST_USER_BLK]: "tpm" gives the guest a TPM 2.0
+# (vm.sh's CRYPTBLK_VM_TPM); VHOST_USER_BLK, vhost-user-blk disks (vm.sh's
+# CRYPTBLK_VM_VHOST_USER_BLK).
+guest() {
+  names+=("$1"); titles+=("$2"); cmds+=("$3"); cpus+=("${CRYPTBLK_VM_CPUS:-$4}"); tpms+=("${5:-}"); vubs+=("${6:-}")
+}
 vub_started=
 stop_vhost_servers() { [ -z "$vub_started" ] || bash tests/vm/vhost-user-blk.sh host-stop "$xfer" "$xfer/cryptblk"; vub_started=; }
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
-  # The vhost-user-blk servers run on this host, started before the guest boots
-  # (tests/vm/vhost-user-blk.sh); the interop guest ends first, so it takes them.
-  vub=$(bash tests/vm/vhost-user-blk.sh host-start "$xfer" "$xfer/cryptblk") || { echo "tests/vm: the vhost-user-blk servers did not start" >&2; exit 1; }
-  vub_started=1
-  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; a VM on cryptblk's vhost-user-blk disks (LUKS2, BitLocker, VeraCrypt; kill -9 and reconnect); LUKS2 with integrity both ways with dm-integrity (tests/vm/integrity.sh)" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/vhost-user-blk.sh guest /results || u=1; bash /results/integrity.sh /results/cryptblk && exit \$u" "" "$vub"
+  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; LUKS2 with integrity both ways with dm-integrity (tests/vm/integrity.sh)" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/integrity.sh /results/cryptblk && exit \$u" 1
   # cryptsetup's test lines that need a mapping run over ublk here: the ublk guest is the
   # longest already.
   guest families "kernel dm-crypt interop: the other cipher families, plain, loop-AES, TrueCrypt volumes; cryptsetup's test lines that need a mapping (over ublk)" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk families plain loopaes tcrypt; u=\$?; bash /results/dm-lines.sh /results/cryptblk /results/compatimage.img.xz && exit \$u"
+    "bash /results/dmcrypt-interop.sh /results/cryptblk families plain loopaes tcrypt; u=\$?; bash /results/dm-lines.sh /results/cryptblk /results/compatimage.img.xz && exit \$u" 1
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
-  guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery; TPM2 (PCR and signed policies) and FIDO2 tokens against systemd's own unlock path" \
-    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk /results/fido2-authenticator && exit \$u" tpm
+  # The vhost-user-blk servers run on this host, started before the guest boots
+  # (tests/vm/vhost-user-blk.sh).
+  vub=$(bash tests/vm/vhost-user-blk.sh host-start "$xfer" "$xfer/cryptblk") || { echo "tests/vm: the vhost-user-blk servers did not start" >&2; exit 1; }
+  vub_started=1
+  guest ublk "ublk frontend (/dev/ublkbN): filesystems, fio verify, dm-crypt interop, kill -9 + recovery; TPM2 (PCR and signed policies) and FIDO2 tokens against systemd's own unlock path; a VM on cryptblk's vhost-user-blk disks (LUKS2, BitLocker, VeraCrypt; kill -9 and reconnect)" \
+    "bash /results/ublk.sh /results/cryptblk; u=\$?; bash /results/tokens.sh /results/cryptblk /results/fido2-authenticator || u=1; bash /results/vhost-user-blk.sh guest /results && exit \$u" 2 tpm "$vub"
 fi
 # The guests only read /results (they work in their own /tmp), so they share it.
 logs=$(mktemp -d /var/tmp/cryptblk-vm-logs.XXXXXX)
@@ -94,7 +101,7 @@ trap 'exit 143' TERM INT
 for i in "${!names[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || true; done
   echo "== VM ${names[$i]}: booting at $SECONDS s: ${titles[$i]}"
-  ( set +e; CRYPTBLK_VM_TPM=${tpms[$i]:+1} CRYPTBLK_VM_VHOST_USER_BLK=${vubs[$i]} setsid bash "$VM" run -r "$xfer" "${cmds[$i]}" > "$logs/$i.log" 2>&1 < /dev/null &
+  ( set +e; CRYPTBLK_VM_CPUS=${cpus[$i]} CRYPTBLK_VM_TPM=${tpms[$i]:+1} CRYPTBLK_VM_VHOST_USER_BLK=${vubs[$i]} setsid bash "$VM" run -r "$xfer" "${cmds[$i]}" > "$logs/$i.log" 2>&1 < /dev/null &
     echo $! > "$logs/$i.pid"; wait $!
     echo $? > "$logs/$i.rc"; rm -f "$logs/$i.pid"
     echo "== VM ${names[$i]}: ended at $SECONDS s (exit $(cat "$logs/$i.rc"))" ) &

@@ -300,15 +300,20 @@ pub fn pbkdf2_iterations_for(hash: HashAlg, key_len: usize, ms: u32) -> Result<u
 
 /// Measured PBKDF2 speed, in iterations per second, for a `key_len`-byte output.
 pub fn pbkdf2_iterations_per_second(hash: HashAlg, key_len: usize) -> Result<u64> {
+    // Short probes grow towards one ~60 ms run, scaled by what the last one took, so the
+    // measurement costs ~1.2x its final run (a fixed 4x growth costs up to 5x: reencryption
+    // and every new digest pay for this).
+    const ENOUGH: Duration = Duration::from_millis(50);
     let mut out = vec![0u8; key_len.max(1)];
     let mut iterations = 1u32 << 12;
     loop {
         let kdf = Kdf::Pbkdf2 { hash, iterations };
         let d = time_it(|| kdf.derive(b"cryptblk-bench-pass", &[0x5a; 32], &mut out))?;
-        if d >= Duration::from_millis(100) || iterations >= 1 << 28 {
+        if d >= ENOUGH || iterations >= 1 << 28 {
             return Ok((iterations as f64 / d.as_secs_f64().max(1e-9)) as u64);
         }
-        iterations = iterations.saturating_mul(4);
+        let grow = (1.2 * ENOUGH.as_secs_f64() / d.as_secs_f64().max(1e-6)).clamp(2.0, 64.0);
+        iterations = (iterations as f64 * grow).min((1u32 << 28) as f64) as u32;
     }
 }
 

@@ -24,6 +24,9 @@ use std::io;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// The most data one home write carries (a run of neighbouring blocks is split beyond it).
+const HOME_RUN_BYTES: usize = 1 << 20;
+
 /// A data segment's dm-integrity device, opened.
 pub struct Integrity {
     cipher: AeadSectorCipher,
@@ -379,8 +382,9 @@ impl Integrity {
         Ok(())
     }
 
-    /// Writes `blocks` (data and tags) to their places: each block's data as it is, the
-    /// tags of a run of neighbours in one write.
+    /// Writes `blocks` (data and tags) to their places: a run of neighbours within one
+    /// area in two writes, its data and its tags (a write per block cost a system call
+    /// per 4 KiB).
     fn write_home(
         &self,
         storage: &dyn Storage,
@@ -388,21 +392,23 @@ impl Integrity {
     ) -> io::Result<()> {
         let per = self.area_blocks();
         let mut it = blocks.iter().peekable();
-        let mut tags = Vec::new();
+        let (mut data, mut tags) = (Vec::new(), Vec::new());
         while let Some((&b0, (d, t))) = it.next() {
-            storage.write_at(d, self.data_at(b0))?;
+            data.clear();
             tags.clear();
+            data.extend_from_slice(d);
             tags.extend_from_slice(t);
             let mut last = b0;
             while let Some(&(&b, (d, t))) = it.peek() {
-                if b != last + 1 || b % per == 0 {
+                if b != last + 1 || b % per == 0 || data.len() >= HOME_RUN_BYTES {
                     break;
                 }
-                storage.write_at(d, self.data_at(b))?;
+                data.extend_from_slice(d);
                 tags.extend_from_slice(t);
                 last = b;
                 it.next();
             }
+            storage.write_at(&data, self.data_at(b0))?;
             storage.write_at(&tags, self.tag_at(b0))?;
         }
         Ok(())

@@ -3,8 +3,8 @@
 use crate::error::{CliError, CliResult};
 use clap::Args;
 use cryptblk_crypto::kdf::pbkdf2_iterations_per_second;
+use cryptblk_crypto::{AeadSectorCipher, IvOptions, SectorCipher};
 use cryptblk_crypto::{Argon2Variant, Backend, CipherSpec, HashAlg, Kdf, KdfKind, KdfRequest};
-use cryptblk_crypto::{IvOptions, SectorCipher};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -23,8 +23,14 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long = "request-size")]
     pub request_size: Option<usize>,
     /// vaes512, vaes256, aesni or generic (default: the fastest this CPU has).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "integrity")]
     pub backend: Option<String>,
+    /// Authenticated sector encryption as LUKS2 `--integrity` volumes use it: aead,
+    /// poly1305, hmac-sha1, hmac-sha256 or hmac-sha512 (sealing and opening with the tag;
+    /// default ciphers: aes-gcm-random and aegis128-random for aead, chacha20-random for
+    /// poly1305, aes-xts-plain64 for the HMACs).
+    #[arg(long, value_name = "MODE")]
+    pub integrity: Option<String>,
     /// Seconds per figure.
     #[arg(long, default_value_t = 0.25)]
     pub seconds: f64,
@@ -50,6 +56,9 @@ fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
 }
 
 pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
+    if let Some(mode) = &a.integrity {
+        return run_integrity(&a, mode);
+    }
     let backend = chosen_backend(a.backend.as_deref())?;
     let dur = Duration::from_secs_f64(a.seconds.clamp(0.01, 60.0));
     let chart_base = a
@@ -84,29 +93,173 @@ pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
             dur,
         )?;
         print_cipher_speed(&s, a.json);
-        rows.push(cryptblk_bench::chart::CipherRow {
-            cipher: s.cipher.to_string(),
-            key_bits: s.key_bits,
-            sector_size: s.sector_size,
-            request_size: s.request_size,
-            encrypt_mb_s: s.encrypt_mb_s,
-            decrypt_mb_s: s.decrypt_mb_s,
-        });
+        rows.push(chart_row(&s));
     }
     if let Some(base) = &chart_base {
-        let svg = cryptblk_bench::chart::cipher_chart(&rows, backend.name());
-        cryptblk_bench::chart::write_svg_png(&svg, base).map_err(CliError::usage)?;
-        eprintln!(
-            "chart: {} and {}",
-            base.with_extension("svg").display(),
-            base.with_extension("png").display()
-        );
+        draw_chart(&rows, backend.name(), base)?;
     }
     if a.no_kdf || a.cipher.is_some() {
         return Ok(());
     }
     print_pbkdf2_speeds(a.json)?;
     print_argon2_costs(a.json)
+}
+
+fn chart_row(s: &CipherSpeed) -> cryptblk_bench::chart::CipherRow {
+    cryptblk_bench::chart::CipherRow {
+        cipher: s.cipher.to_string(),
+        key_bits: s.key_bits,
+        sector_size: s.sector_size,
+        request_size: s.request_size,
+        encrypt_mb_s: s.encrypt_mb_s,
+        decrypt_mb_s: s.decrypt_mb_s,
+    }
+}
+
+fn draw_chart(
+    rows: &[cryptblk_bench::chart::CipherRow],
+    backend: &str,
+    base: &std::path::Path,
+) -> CliResult<()> {
+    let svg = cryptblk_bench::chart::cipher_chart(rows, backend);
+    cryptblk_bench::chart::write_svg_png(&svg, base).map_err(CliError::usage)?;
+    eprintln!(
+        "chart: {} and {}",
+        base.with_extension("svg").display(),
+        base.with_extension("png").display()
+    );
+    Ok(())
+}
+
+/// `benchmark --integrity MODE`: sealing (encryption + tag) and opening (verification +
+/// decryption) speed of the sector engine LUKS2 volumes with integrity use, per cipher,
+/// sector size and request size. No storage and no dm-integrity journal: the crypto alone,
+/// as the plain cipher figures are.
+fn run_integrity(a: &BenchmarkArgs, mode: &str) -> CliResult<()> {
+    let dur = Duration::from_secs_f64(a.seconds.clamp(0.01, 60.0));
+    let ciphers: Vec<&str> = match (&a.cipher, mode) {
+        (Some(c), _) => vec![c.as_str()],
+        (None, "aead") => vec!["aes-gcm-random", "aegis128-random"],
+        (None, "poly1305") => vec!["chacha20-random"],
+        (None, _) => vec!["aes-xts-plain64"],
+    };
+    // Every mode checked before anything is printed.
+    let modes = ciphers
+        .iter()
+        .map(|&c| Ok((c, super::format::integrity_key(c, mode, a.key_size)?)))
+        .collect::<CliResult<Vec<_>>>()?;
+    let chart_base = a
+        .chart
+        .as_deref()
+        .map(cryptblk_bench::chart::chart_base)
+        .transpose()
+        .map_err(CliError::usage)?;
+    if !a.json {
+        outln!("# Tests are approximate, in-process, one core (no storage I/O, no journal).");
+        outln!("# MB = 10^6 bytes of data; each sector's tag is written or checked besides.");
+        outln!(
+            "{:>30} {:>6} {:>7} {:>8} {:>14} {:>14}",
+            "Algorithm",
+            "Key",
+            "Sector",
+            "Request",
+            "Seal",
+            "Open"
+        );
+    }
+    let mut rows = Vec::new();
+    for (cipher, (kind, key_len)) in modes {
+        let sectors = match a.sector_size {
+            Some(s) => vec![s],
+            None => vec![512, 4096],
+        };
+        for sector in sectors {
+            let mut reqs = match a.request_size {
+                Some(r) => vec![r],
+                None => vec![sector as usize, 4096],
+            };
+            reqs.dedup();
+            for request in reqs {
+                let s = aead_speed(cipher, &kind, key_len, sector, request, dur)?;
+                print_cipher_speed(&s, a.json);
+                rows.push(chart_row(&s));
+            }
+        }
+    }
+    if let Some(base) = &chart_base {
+        draw_chart(&rows, "integrity", base)?;
+    }
+    Ok(())
+}
+
+/// Sealing and opening speed of `cipher` + `kind` on one core, as [`cipher_speed`] measures
+/// the plain ciphers (1 MiB in calls of `request_size` bytes); every open must verify.
+fn aead_speed(
+    cipher: &str,
+    kind: &str,
+    key_len: usize,
+    sector_size: u32,
+    request_size: usize,
+    duration: Duration,
+) -> CliResult<CipherSpeed> {
+    let mut key = cryptblk_crypto::SecretBytes::zeroed(key_len);
+    cryptblk_crypto::random_bytes(&mut key)?;
+    let engine = AeadSectorCipher::new(cipher, kind, &key, sector_size, 0)?;
+    let ss = sector_size as usize;
+    let request_size = request_size.max(ss) / ss * ss;
+    let total = ((1 << 20) / request_size * request_size).max(request_size);
+    let per_req = request_size / ss;
+    let mut data = vec![0x5au8; total];
+    let mut meta = vec![0u8; total / ss * engine.tag_size()];
+    let tag_req = per_req * engine.tag_size();
+    // One pass over the buffer, request by request: sealing, or opening what was sealed.
+    let mut pass = |seal: bool, bad: &mut Vec<usize>| -> CliResult<Duration> {
+        let start = Instant::now();
+        for (i, (d, m)) in data
+            .chunks_mut(request_size)
+            .zip(meta.chunks_mut(tag_req))
+            .enumerate()
+        {
+            let sector = (i * per_req) as u64;
+            if seal {
+                engine.seal(sector, d, m)?;
+            } else {
+                engine.open(sector, d, m, bad)?;
+            }
+        }
+        Ok(start.elapsed())
+    };
+    let mut bad = Vec::new();
+    pass(true, &mut bad)?; // warm-up
+    let (mut sealing, mut seal_bytes) = (Duration::ZERO, 0u64);
+    while sealing < duration {
+        sealing += pass(true, &mut bad)?;
+        seal_bytes += total as u64;
+    }
+    // Opening decrypts in place: each timed open follows an untimed seal.
+    let (mut opening, mut open_bytes) = (Duration::ZERO, 0u64);
+    while opening < duration {
+        pass(true, &mut bad)?;
+        opening += pass(false, &mut bad)?;
+        open_bytes += total as u64;
+        if !bad.is_empty() {
+            return Err(CliError::usage(format!(
+                "{cipher} + {kind}: {} sectors failed to verify what was just sealed",
+                bad.len()
+            )));
+        }
+    }
+    let mb_s = |b: u64, d: Duration| b as f64 / d.as_secs_f64().max(1e-9) / 1e6;
+    let (seal_mb_s, open_mb_s) = (mb_s(seal_bytes, sealing), mb_s(open_bytes, opening));
+    Ok(CipherSpeed {
+        cipher: format!("{cipher} + {kind}"),
+        key_bits: key_len * 8,
+        sector_size,
+        request_size,
+        backend: None,
+        encrypt_mb_s: seal_mb_s,
+        decrypt_mb_s: open_mb_s,
+    })
 }
 
 /// The backend `--backend` names (refused if this CPU cannot run it), or the one chosen.
@@ -182,20 +335,22 @@ fn print_cipher_speed(s: &CipherSpeed, json: bool) {
             "{}",
             json!({
                 "cipher": s.cipher, "key_bits": s.key_bits, "sector_size": s.sector_size,
-                "request_size": s.request_size, "backend": s.backend.name(),
+                "request_size": s.request_size, "backend": s.backend.map(|b| b.name()),
                 "encrypt_mb_s": (s.encrypt_mb_s * 10.0).round() / 10.0,
                 "decrypt_mb_s": (s.decrypt_mb_s * 10.0).round() / 10.0,
             })
         );
     } else {
         outln!(
-            "{:>22} {:>5}b {:>7} {:>8} {:>9.1} MB/s {:>9.1} MB/s",
+            "{:>w$} {:>5}b {:>7} {:>8} {:>9.1} MB/s {:>9.1} MB/s",
             s.cipher,
             s.key_bits,
             s.sector_size,
             s.request_size,
             s.encrypt_mb_s,
-            s.decrypt_mb_s
+            s.decrypt_mb_s,
+            // The authenticated modes' names are longer (their header is as wide).
+            w = if s.backend.is_some() { 22 } else { 30 }
         );
     }
 }
@@ -263,8 +418,9 @@ struct CipherSpeed {
     /// Bytes handed to one encrypt/decrypt call (the I/O request size), rounded down to a
     /// whole number of sectors and at least one sector.
     request_size: usize,
-    /// The AES implementation that ran.
-    backend: Backend,
+    /// The AES implementation that ran (none named for the authenticated modes: each
+    /// engine picks its own).
+    backend: Option<Backend>,
     /// Encryption throughput in MB/s, MB = 10^6 bytes.
     encrypt_mb_s: f64,
     /// Decryption throughput in MB/s, MB = 10^6 bytes.
@@ -317,7 +473,7 @@ fn cipher_speed(
         key_bits: key_len * 8,
         sector_size,
         request_size,
-        backend,
+        backend: Some(backend),
         encrypt_mb_s,
         decrypt_mb_s,
     })

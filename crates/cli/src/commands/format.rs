@@ -298,6 +298,31 @@ fn integrity_kind(name: &str) -> CliResult<(String, usize)> {
     Ok((kind, mac))
 }
 
+/// `--cipher CIPHER --integrity NAME [--key-size BITS]`: the integrity kind as the header
+/// names it, and the volume key's length in bytes, as cryptsetup sizes it: `--key-size`
+/// covers the cipher (default 256 bits, 512 for XTS, 128 for AEGIS-128) and the MAC key is
+/// appended.
+pub(crate) fn integrity_key(
+    cipher: &str,
+    name: &str,
+    key_size: Option<usize>,
+) -> CliResult<(String, usize)> {
+    let (kind, mac) = integrity_kind(name)?;
+    AeadSectorCipher::tag_size_of(cipher, &kind)
+        .map_err(|e| CliError::usage(format!("--cipher {cipher} --integrity {name}: {e}")))?;
+    let bits = match key_size {
+        Some(b) if b % 8 != 0 => {
+            return Err(CliError::usage("key size must be a multiple of 8 bits"));
+        }
+        Some(b) => b,
+        None if cipher.contains("-xts-") => 512,
+        // AEGIS-128 takes 128 bits only (cryptsetup needs --key-size 128 for it).
+        None if cipher.starts_with("aegis128-") => 128,
+        None => 256,
+    };
+    Ok((kind, bits / 8 + mac))
+}
+
 /// The format options the arguments ask for (the sector size may still change with the
 /// device's size).
 fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
@@ -305,22 +330,7 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
         if luks1 {
             return Err(CliError::usage("--integrity needs LUKS2"));
         }
-        let (kind, mac) = integrity_kind(name)?;
-        AeadSectorCipher::tag_size_of(&a.cipher, &kind).map_err(|e| {
-            CliError::usage(format!("--cipher {} --integrity {name}: {e}", a.cipher))
-        })?;
-        // cryptsetup's key size: --key-size covers the cipher (default 256 bits, 512 for
-        // XTS); the MAC key is appended.
-        let bits = match a.key_size {
-            Some(b) if b % 8 != 0 => {
-                return Err(CliError::usage("key size must be a multiple of 8 bits"));
-            }
-            Some(b) => b,
-            None if a.cipher.contains("-xts-") => 512,
-            // AEGIS-128 takes 128 bits only (cryptsetup needs --key-size 128 for it).
-            None if a.cipher.starts_with("aegis128-") => 128,
-            None => 256,
-        };
+        let (kind, key_len) = integrity_key(&a.cipher, name, a.key_size)?;
         let mut opts = format_options(
             &FormatArgs {
                 cipher: "aes-xts-plain64".into(),
@@ -331,7 +341,7 @@ fn format_options(a: &FormatArgs, luks1: bool) -> CliResult<FormatOptions> {
             false,
         )?;
         opts.cipher = CipherSpec::parse("cipher_null-ecb")?;
-        opts.key_len = bits / 8 + mac;
+        opts.key_len = key_len;
         opts.integrity = Some(SegmentIntegrity {
             encryption: a.cipher.clone(),
             kind,

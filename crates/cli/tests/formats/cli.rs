@@ -592,6 +592,65 @@ fn benchmark_json_has_the_documented_fields() {
     }
 }
 
+/// `benchmark --integrity`: a row per default cipher of the mode, the key sized as
+/// `format --integrity` sizes it (the MAC key appended), seal and open both measured (an
+/// open that fails to verify is an error, not a figure); a bad mode fails before any
+/// output, and `--backend` does not apply.
+#[test]
+fn benchmark_integrity_measures_each_authenticated_mode() {
+    let run = |mode: &str| {
+        let o = ok(&cb(&[
+            "benchmark",
+            "--json",
+            "--integrity",
+            mode,
+            "--sector-size",
+            "4096",
+            "--request-size",
+            "16384",
+            "--seconds",
+            "0.02",
+        ]));
+        o.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .map(|r| {
+                assert!(
+                    r["encrypt_mb_s"].as_f64().unwrap() > 1.0
+                        && r["decrypt_mb_s"].as_f64().unwrap() > 1.0,
+                    "{r}"
+                );
+                assert_eq!(r["request_size"], 16384);
+                (
+                    r["cipher"].as_str().unwrap().to_string(),
+                    r["key_bits"].as_u64().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let s = |c: &str, k: u64| (c.to_string(), k);
+    assert_eq!(
+        run("aead"),
+        [
+            s("aes-gcm-random + aead", 256),
+            s("aegis128-random + aead", 128)
+        ]
+    );
+    assert_eq!(run("poly1305"), [s("chacha20-random + poly1305", 256)]);
+    assert_eq!(
+        run("hmac-sha256"),
+        [s("aes-xts-plain64 + hmac(sha256)", 512 + 256)]
+    );
+    let o = cb(&["benchmark", "--integrity", "hmac-md4"]);
+    assert_eq!(o.status.code(), Some(1), "an unknown mode is refused");
+    assert!(o.stdout.is_empty(), "nothing printed before the refusal");
+    let o = cb(&["benchmark", "--integrity", "aead", "--backend", "aesni"]);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "--backend with --integrity is refused"
+    );
+}
+
 /// `import` and `export` keep several requests (1 MiB, or `--request-size`) in flight on
 /// worker threads; the bytes
 /// must still land and leave in order. With cipher_null the image holds the plaintext at the

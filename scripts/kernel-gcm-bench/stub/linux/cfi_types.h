@@ -1,0 +1,1 @@
+/* No kernel control-flow integrity in userspace. */
