@@ -267,7 +267,7 @@ impl AeadSectorCipher {
         let per = u64::from(self.sector_size / 512);
         if self.iv == AeadIv::Random {
             let mut ivs = vec![0u8; n * self.iv_size];
-            crate::random_bytes(&mut ivs)?;
+            crate::iv_stream::fill(&mut ivs)?;
             for (m, iv) in meta
                 .chunks_exact_mut(ts)
                 .zip(ivs.chunks_exact(self.iv_size))

@@ -16,6 +16,7 @@ mod elephant;
 mod error;
 mod gcm;
 mod hash;
+mod iv_stream;
 pub mod kdf;
 mod keywrap;
 mod modes;

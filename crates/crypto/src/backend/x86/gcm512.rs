@@ -237,6 +237,35 @@ fn ghash_step(k: &GcmKeys, s: __m128i, mut hashed: [__m512i; 4], blocks: usize) 
     fold_lanes(reduce(acc))
 }
 
+/// The `n` bytes (at most a step's) at `at`, zero-padded to the step and byte-reflected
+/// per block, as GHASH takes them.
+///
+/// # Safety
+/// `at` readable for `n` bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn load_reflected(at: *const u8, n: usize, reflect: __m512i) -> [__m512i; 4] {
+    let mut t = [_mm512_setzero_si512(); 4];
+    if n == STEP * 16 {
+        for (i, x) in t.iter_mut().enumerate() {
+            // SAFETY: the 256 bytes at `at` are readable (the caller's `n`).
+            *x = _mm512_shuffle_epi8(
+                unsafe { _mm512_loadu_si512(at.add(64 * i).cast()) },
+                reflect,
+            );
+        }
+    } else {
+        let m = masks(n);
+        for (i, x) in t.iter_mut().enumerate() {
+            // SAFETY: the masked load reads only the first `n` bytes (the mask is zero past
+            // them); the address is formed with wrapping arithmetic.
+            let v = unsafe { _mm512_maskz_loadu_epi8(m[i], at.wrapping_add(64 * i).cast()) };
+            *x = _mm512_shuffle_epi8(v, reflect);
+        }
+    }
+    t
+}
+
 /// `n` in the low doubleword of each lane (a counter increment).
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -273,8 +302,10 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
         _mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
     );
     let mut s = load128(y);
-    // Encrypting: the previous step's ciphertext (reflected) and its block count.
-    let mut pending: Option<([__m512i; 4], usize)> = None;
+    // Encrypting: where the previous step's ciphertext went, its length and block count
+    // (reloaded from there rather than kept: four fewer registers live across the AES
+    // rounds, which otherwise spill).
+    let mut pending: Option<(*const u8, usize, usize)> = None;
     let mut done = 0;
     while done < len {
         let n = (len - done).min(STEP * 16);
@@ -284,8 +315,11 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
             *x = _mm512_shuffle_epi8(_mm512_add_epi32(c, lane_add(4 * i as i32)), reflect);
         }
         let ks = aes4::<NR>(&rk, b);
-        if let Some((p, pb)) = pending.take() {
-            s = ghash_step(k, s, p, pb);
+        if let Some((at, pn, pb)) = pending.take() {
+            // SAFETY: `at` is where the previous step stored its `pn` bytes of ciphertext
+            // (within `dst`, writable hence readable); the masked load reads no byte past them.
+            let text = unsafe { load_reflected(at, pn, reflect) };
+            s = ghash_step(k, s, text, pb);
         }
         let mut text = [_mm512_setzero_si512(); 4];
         // The pointers may pass the buffers' ends where the masks are zero: computed with
@@ -318,19 +352,21 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
                 };
             }
         }
-        for t in text.iter_mut() {
-            *t = _mm512_shuffle_epi8(*t, reflect);
-        }
         if ENC {
-            pending = Some((text, blocks));
+            pending = Some((to.cast_const(), n, blocks));
         } else {
+            for t in text.iter_mut() {
+                *t = _mm512_shuffle_epi8(*t, reflect);
+            }
             s = ghash_step(k, s, text, blocks);
         }
         c = _mm512_add_epi32(c, lane_add(blocks as i32));
         done += n;
     }
-    if let Some((p, pb)) = pending {
-        s = ghash_step(k, s, p, pb);
+    if let Some((at, pn, pb)) = pending {
+        // SAFETY: as in the loop.
+        let text = unsafe { load_reflected(at, pn, reflect) };
+        s = ghash_step(k, s, text, pb);
     }
     super::keys::store128(y, s);
     super::keys::store128(ctr, _mm512_castsi512_si128(_mm512_shuffle_epi8(c, reflect)));
