@@ -18,11 +18,11 @@
 
 use cryptblk_crypto::AeadSectorCipher;
 use cryptblk_device::Storage;
-use cryptblk_format::integrity::{Geometry, Journal, JournalEntry, Superblock, flags};
+use cryptblk_format::integrity::{Geometry, Journal, Superblock, flags};
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
 
 /// The most data one home write carries (a run of neighbouring blocks is split beyond it).
 const HOME_RUN_BYTES: usize = 1 << 20;
@@ -50,13 +50,33 @@ impl std::fmt::Debug for Integrity {
     }
 }
 
+/// A block on its way home: block `index` of a sealed write's ciphertext and tags (or of a
+/// replayed journal entry), shared by all the blocks of that write rather than copied per
+/// block; a run of them goes home straight from the write's buffer.
+#[derive(Clone)]
+struct Pending {
+    data: Arc<[u8]>,
+    tags: Arc<[u8]>,
+    index: usize,
+}
+
+impl Pending {
+    fn data(&self, bs: usize) -> &[u8] {
+        &self.data[self.index * bs..][..bs]
+    }
+    fn tag(&self, ts: usize) -> &[u8] {
+        &self.tags[self.index * ts..][..ts]
+    }
+}
+
 /// Blocks on their way home, the newest version of each.
 #[derive(Default)]
 struct State {
-    /// In the journal (written, perhaps not yet stable), not yet home: block → (data, tag).
-    journaled: BTreeMap<u64, (Vec<u8>, Vec<u8>)>,
-    /// The section being filled, not yet written (a block may appear twice: the later wins).
-    open: Vec<JournalEntry>,
+    /// In the journal (written, perhaps not yet stable), not yet home, by block.
+    journaled: BTreeMap<u64, Pending>,
+    /// The section being filled, not yet written, by block (a block may appear twice: the
+    /// later wins).
+    open: Vec<(u64, Pending)>,
     /// Where the next section goes, and its ring pass.
     next_section: u32,
     seq: u8,
@@ -117,7 +137,13 @@ impl Integrity {
         let mut state = State::default();
         for e in replay.entries.iter().cloned() {
             let b = e.sector * 512 / block;
-            state.journaled.insert(b, (e.data, e.tag));
+            let (data, tags) = (Arc::from(e.data), Arc::from(e.tag));
+            let p = Pending {
+                data,
+                tags,
+                index: 0,
+            };
+            state.journaled.insert(b, p);
         }
         let me = Integrity {
             cipher,
@@ -264,12 +290,12 @@ impl Integrity {
                     .open
                     .iter()
                     .rev()
-                    .find(|e| e.sector * 512 / self.block == b)
-                    .map(|e| (&e.data, &e.tag))
-                    .or_else(|| st.journaled.get(&b).map(|(d, t)| (d, t)));
-                if let Some((d, t)) = newer {
-                    chunk[i * bs..][..bs].copy_from_slice(d);
-                    tags[i * ts..][..ts].copy_from_slice(t);
+                    .find(|(ob, _)| *ob == b)
+                    .map(|(_, p)| p)
+                    .or_else(|| st.journaled.get(&b));
+                if let Some(p) = newer {
+                    chunk[i * bs..][..bs].copy_from_slice(p.data(bs));
+                    tags[i * ts..][..ts].copy_from_slice(p.tag(ts));
                 }
             }
             let before = bad.len();
@@ -307,34 +333,37 @@ impl Integrity {
         let first = rel / self.block;
         let n = buf.len() / bs;
         let mut tags = vec![0u8; n * ts];
-        let spb = self.block / 512;
         // Sealed before the journal is taken: writers seal in parallel (two writes to one
         // block land in the order they take it).
         self.cipher
             .seal(first, buf, &mut tags)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
-        if !self.journal_writes {
-            // Mode 'D': data, then tags, at their places (under the lock, so no read sees
-            // one without the other; a crash between them can).
-            let mut done = 0;
-            for (b0, k) in self.runs(first, n as u64) {
-                let len = k as usize;
-                storage.write_at(&buf[done * bs..][..len * bs], self.data_at(b0))?;
-                storage.write_at(&tags[done * ts..][..len * ts], self.tag_at(b0))?;
-                done += len;
+        if self.journal_writes {
+            // The journal's copy, also taken outside the lock.
+            let (data, tags): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(&buf[..]), Arc::from(tags));
+            let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+            for index in 0..n {
+                let p = Pending {
+                    data: data.clone(),
+                    tags: tags.clone(),
+                    index,
+                };
+                st.open.push((first + index as u64, p));
+                if st.open.len() == self.journal.entries_per_section {
+                    self.commit(storage, &mut st)?;
+                }
             }
             return Ok(());
         }
-        for i in 0..n {
-            st.open.push(JournalEntry {
-                sector: (first + i as u64) * spb,
-                data: buf[i * bs..][..bs].to_vec(),
-                tag: tags[i * ts..][..ts].to_vec(),
-            });
-            if st.open.len() == self.journal.entries_per_section {
-                self.commit(storage, &mut st)?;
-            }
+        // Mode 'D': data, then tags, at their places (under the lock, so no read sees one
+        // without the other; a crash between them can).
+        let _st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        for (b0, k) in self.runs(first, n as u64) {
+            let len = k as usize;
+            storage.write_at(&buf[done * bs..][..len * bs], self.data_at(b0))?;
+            storage.write_at(&tags[done * ts..][..len * ts], self.tag_at(b0))?;
+            done += len;
         }
         Ok(())
     }
@@ -354,13 +383,22 @@ impl Integrity {
             st.next_section = 0;
             st.seq = (st.seq + 1) % 4;
         }
-        let section = self.journal.section(st.next_section, st.seq, &st.open);
+        let (bs, ts, spb) = (
+            self.block as usize,
+            self.cipher.tag_size(),
+            self.block / 512,
+        );
+        let entries = st
+            .open
+            .iter()
+            .map(|(b, p)| (b * spb, p.data(bs), p.tag(ts)));
+        let section = self.journal.section_of(st.next_section, st.seq, entries);
         storage.write_at(&section, self.journal.section_offset(st.next_section))?;
         st.next_section += 1;
-        for e in st.open.drain(..) {
-            let b = e.sector * 512 / self.block;
-            st.journaled.insert(b, (e.data, e.tag));
-        }
+        let State {
+            open, journaled, ..
+        } = st;
+        journaled.extend(open.drain(..));
         Ok(())
     }
 
@@ -384,29 +422,43 @@ impl Integrity {
 
     /// Writes `blocks` (data and tags) to their places: a run of neighbours within one
     /// area in two writes, its data and its tags (a write per block cost a system call
-    /// per 4 KiB).
-    fn write_home(
-        &self,
-        storage: &dyn Storage,
-        blocks: &BTreeMap<u64, (Vec<u8>, Vec<u8>)>,
-    ) -> io::Result<()> {
+    /// per 4 KiB), each straight from its write's buffer when the run came from one write
+    /// in order (a NBD request's blocks), else gathered.
+    fn write_home(&self, storage: &dyn Storage, blocks: &BTreeMap<u64, Pending>) -> io::Result<()> {
+        let (bs, ts) = (self.block as usize, self.cipher.tag_size());
         let per = self.area_blocks();
         let mut it = blocks.iter().peekable();
+        let mut run: Vec<&Pending> = Vec::new();
         let (mut data, mut tags) = (Vec::new(), Vec::new());
-        while let Some((&b0, (d, t))) = it.next() {
-            data.clear();
-            tags.clear();
-            data.extend_from_slice(d);
-            tags.extend_from_slice(t);
+        while let Some((&b0, p0)) = it.next() {
+            run.clear();
+            run.push(p0);
             let mut last = b0;
-            while let Some(&(&b, (d, t))) = it.peek() {
-                if b != last + 1 || b % per == 0 || data.len() >= HOME_RUN_BYTES {
+            while let Some(&(&b, p)) = it.peek() {
+                if b != last + 1 || b % per == 0 || run.len() * bs >= HOME_RUN_BYTES {
                     break;
                 }
-                data.extend_from_slice(d);
-                tags.extend_from_slice(t);
+                run.push(p);
                 last = b;
                 it.next();
+            }
+            let one_write = run
+                .iter()
+                .enumerate()
+                .all(|(i, p)| Arc::ptr_eq(&p.data, &p0.data) && p.index == p0.index + i);
+            if one_write {
+                storage.write_at(
+                    &p0.data[p0.index * bs..][..run.len() * bs],
+                    self.data_at(b0),
+                )?;
+                storage.write_at(&p0.tags[p0.index * ts..][..run.len() * ts], self.tag_at(b0))?;
+                continue;
+            }
+            data.clear();
+            tags.clear();
+            for p in &run {
+                data.extend_from_slice(p.data(bs));
+                tags.extend_from_slice(p.tag(ts));
             }
             storage.write_at(&data, self.data_at(b0))?;
             storage.write_at(&tags, self.tag_at(b0))?;

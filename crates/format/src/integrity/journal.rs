@@ -234,22 +234,36 @@ impl Journal {
     /// Section `i` of pass `seq` holding `entries` (at most
     /// [`Journal::entries_per_section`]; the rest unused), as the kernel commits it.
     pub fn section(&self, i: u32, seq: u8, entries: &[JournalEntry]) -> Vec<u8> {
+        self.section_of(
+            i,
+            seq,
+            entries.iter().map(|e| (e.sector, &e.data[..], &e.tag[..])),
+        )
+    }
+
+    /// [`Journal::section`] from borrowed entries: (first logical sector, block, tag).
+    pub fn section_of<'a>(
+        &self,
+        i: u32,
+        seq: u8,
+        entries: impl ExactSizeIterator<Item = (u64, &'a [u8], &'a [u8])>,
+    ) -> Vec<u8> {
         assert!(entries.len() <= self.entries_per_section);
         let mut s = vec![0u8; self.section_bytes()];
         for e in 0..self.entries_per_section {
             let (at, _) = self.entry_at(e);
             s[at + 4..at + 8].copy_from_slice(&UNUSED_HI.to_le_bytes());
         }
-        for (e, entry) in entries.iter().enumerate() {
+        for (e, (sector, data, tag)) in entries.enumerate() {
             let (at, _) = self.entry_at(e);
-            s[at..at + 8].copy_from_slice(&entry.sector.to_le_bytes());
+            s[at..at + 8].copy_from_slice(&sector.to_le_bytes());
             let data_at = (ENTRY_SECTORS + e * self.spb) * 512;
             for k in 0..self.spb {
-                let src = &entry.data[k * 512..][..512];
+                let src = &data[k * 512..][..512];
                 s[data_at + k * 512..][..SECTOR_DATA].copy_from_slice(&src[..SECTOR_DATA]);
                 s[at + 8 + 8 * k..][..8].copy_from_slice(&src[SECTOR_DATA..]);
             }
-            s[at + 8 + 8 * self.spb..][..self.tag_size].copy_from_slice(&entry.tag);
+            s[at + 8 + 8 * self.spb..][..self.tag_size].copy_from_slice(tag);
         }
         for j in 0..self.section_sectors {
             s[j as usize * 512 + SECTOR_DATA..][..8].copy_from_slice(&Self::commit_id(i, j, seq));
