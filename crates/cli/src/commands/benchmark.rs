@@ -55,18 +55,22 @@ fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
         .collect()
 }
 
+/// Where `--chart` draws, checked before anything is measured.
+fn chart_base(a: &BenchmarkArgs) -> CliResult<Option<std::path::PathBuf>> {
+    a.chart
+        .as_deref()
+        .map(cryptblk_bench::chart::chart_base)
+        .transpose()
+        .map_err(CliError::usage)
+}
+
 pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
     if let Some(mode) = &a.integrity {
         return run_integrity(&a, mode);
     }
     let backend = chosen_backend(a.backend.as_deref())?;
     let dur = Duration::from_secs_f64(a.seconds.clamp(0.01, 60.0));
-    let chart_base = a
-        .chart
-        .as_deref()
-        .map(cryptblk_bench::chart::chart_base)
-        .transpose()
-        .map_err(CliError::usage)?;
+    let chart_base = chart_base(&a)?;
     if !a.json {
         outln!(
             "# Tests are approximate, in-process, one core, backend {backend} (no storage I/O)."
@@ -148,12 +152,7 @@ fn run_integrity(a: &BenchmarkArgs, mode: &str) -> CliResult<()> {
         .iter()
         .map(|&c| Ok((c, super::format::integrity_key(c, mode, a.key_size)?)))
         .collect::<CliResult<Vec<_>>>()?;
-    let chart_base = a
-        .chart
-        .as_deref()
-        .map(cryptblk_bench::chart::chart_base)
-        .transpose()
-        .map_err(CliError::usage)?;
+    let chart_base = chart_base(a)?;
     if !a.json {
         outln!("# Tests are approximate, in-process, one core (no storage I/O, no journal).");
         outln!("# MB = 10^6 bytes of data; each sector's tag is written or checked besides.");
