@@ -168,21 +168,10 @@ fn run_integrity(a: &BenchmarkArgs, mode: &str) -> CliResult<()> {
     }
     let mut rows = Vec::new();
     for (cipher, (kind, key_len)) in modes {
-        let sectors = match a.sector_size {
-            Some(s) => vec![s],
-            None => vec![512, 4096],
-        };
-        for sector in sectors {
-            let mut reqs = match a.request_size {
-                Some(r) => vec![r],
-                None => vec![sector as usize, 4096],
-            };
-            reqs.dedup();
-            for request in reqs {
-                let s = aead_speed(cipher, &kind, key_len, sector, request, dur)?;
-                print_cipher_speed(&s, a.json);
-                rows.push(chart_row(&s));
-            }
+        for (sector, request) in sector_and_request_sizes(a) {
+            let s = aead_speed(cipher, &kind, key_len, sector, request, dur)?;
+            print_cipher_speed(&s, a.json);
+            rows.push(chart_row(&s));
         }
     }
     if let Some(base) = &chart_base {
@@ -292,10 +281,6 @@ fn cipher_cases(a: &BenchmarkArgs) -> CliResult<Vec<CipherCase>> {
             .map(|c| CipherSpec::parse(c).expect("built-in spec"))
             .collect(),
     };
-    let sectors = match a.sector_size {
-        Some(s) => vec![s],
-        None => vec![512, 4096],
-    };
     let mut cases = Vec::new();
     for spec in ciphers {
         let keys = match a.key_size {
@@ -308,24 +293,36 @@ fn cipher_cases(a: &BenchmarkArgs) -> CliResult<Vec<CipherCase>> {
             None => key_sizes(&spec),
         };
         for key_len in keys {
-            for &sector in &sectors {
-                let mut reqs = match a.request_size {
-                    Some(r) => vec![r],
-                    None => vec![sector as usize, 4096],
-                };
-                reqs.dedup();
-                for request in reqs {
-                    cases.push(CipherCase {
-                        spec,
-                        key_len,
-                        sector,
-                        request,
-                    });
-                }
+            for (sector, request) in sector_and_request_sizes(a) {
+                cases.push(CipherCase {
+                    spec,
+                    key_len,
+                    sector,
+                    request,
+                });
             }
         }
     }
     Ok(cases)
+}
+
+/// The (sector size, request size) pairs the arguments select: `--sector-size` or 512 and
+/// 4096; `--request-size` or both one sector and 4096.
+fn sector_and_request_sizes(a: &BenchmarkArgs) -> Vec<(u32, usize)> {
+    let sectors = match a.sector_size {
+        Some(s) => vec![s],
+        None => vec![512, 4096],
+    };
+    let mut pairs = Vec::new();
+    for sector in sectors {
+        let mut reqs = match a.request_size {
+            Some(r) => vec![r],
+            None => vec![sector as usize, 4096],
+        };
+        reqs.dedup();
+        pairs.extend(reqs.into_iter().map(|r| (sector, r)));
+    }
+    pairs
 }
 
 fn print_cipher_speed(s: &CipherSpeed, json: bool) {
