@@ -8,9 +8,14 @@
 # (the state a power cut leaves) reads in cryptblk as the kernel's data; the kernel replays
 # cryptblk's journal (a written block's home copy wiped after cryptblk closed); a flipped
 # ciphertext byte fails the same sector in both.
-# usage: integrity.sh /path/to/cryptblk
+# Standalone integritysetup volumes (dm-integrity's own checksums, no encryption) the same
+# way: formatted by integritysetup or by cryptblk, written, replayed and tampered with in
+# both directions.
+# usage: integrity.sh /path/to/cryptblk [luks2] [standalone]   (default: both parts)
 set -uo pipefail
 CB=$1
+shift
+PARTS=" ${*:-luks2 standalone} "
 pass=0 fail=0
 check() { # name, command...
   local name=$1; shift
@@ -21,13 +26,13 @@ for m in gcm chacha20poly1305 authenc aegis128; do modprobe "$m" 2>/dev/null; do
 cd /tmp
 printf 'integrity passphrase' > pw
 SZ=1048576
-# The byte offset of the home copy of logical 512-byte sector S of the LUKS2 image IMG
-# (superblock at the data offset, 16 MiB): docs/integrity-format.md §2.3.
-home() {
-  python3 - "$1" "$2" << 'PY'
+# The byte offset of the home copy of logical 512-byte sector S of the image IMG, whose
+# superblock is at sector START (LUKS2: the data offset, 16 MiB; standalone: 0):
+# docs/integrity-format.md §2.3.
+home() { # IMG S [START]
+  python3 - "$1" "$2" "${3:-32768}" << 'PY'
 import struct, sys
-img, s = sys.argv[1], int(sys.argv[2])
-start = 16 << 11
+img, s, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with open(img, "rb") as f:
     f.seek(start * 512)
     sb = f.read(64)
@@ -76,6 +81,55 @@ one() { # formatter cipher integrity sector-size [key bits]
   "$CB" export --key-file pw --length $SZ snap.img out.bin
   check "$name: the kernel's journal replayed by cryptblk (a copy taken mid-write)" cmp out.bin b.bin
 }
+# standalone FORMATTER SECTOR-SIZE OPTIONS...: a standalone integrity volume (options as
+# both tools take them: -I, --integrity-key-file, --integrity-key-size).
+standalone() {
+  local fmt=$1 ss=$2; shift 2
+  local opts=("$@") name
+  name="$fmt-made standalone integrity ${opts[*]:-crc32c}, $ss-byte sectors"
+  rm -f simg ssnap.img; truncate -s 12M simg
+  if [ "$fmt" = cryptblk ]; then
+    "$CB" format -q --type integrity "${opts[@]}" --sector-size "$ss" simg || { fail=$((fail+1)); echo "FAIL $name: format"; return; }
+  else
+    integritysetup format -q "${opts[@]}" --sector-size "$ss" simg > /dev/null || { fail=$((fail+1)); echo "FAIL $name: integritysetup format"; return; }
+  fi
+  head -c $SZ /dev/urandom > a.bin; head -c $SZ /dev/urandom > b.bin
+  "$CB" import --type integrity "${opts[@]}" simg a.bin || { fail=$((fail+1)); echo "FAIL $name: import"; return; }
+  # The home copy of the last block cryptblk wrote, wiped: only cryptblk's journal has it.
+  local last; last=$(home simg $(( (SZ - ss) / 512 )) 0)
+  dd if=/dev/zero of=simg bs=1 seek="$last" count="$ss" conv=notrunc status=none
+  local L; L=$(losetup -f --show simg)
+  integritysetup open "${opts[@]}" "$L" s || { fail=$((fail+1)); echo "FAIL $name: integritysetup open"; losetup -d "$L"; return; }
+  check "$name: cryptblk writes, the kernel reads (its journal replayed by the kernel)" cmp -n $SZ /dev/mapper/s a.bin
+  check "$name: every sector verifies in the kernel" dd if=/dev/mapper/s of=/dev/null bs=1M status=none
+  dd if=b.bin of=/dev/mapper/s bs=64k oflag=direct conv=fsync status=none
+  cp --sparse=always simg ssnap.img
+  integritysetup close s; losetup -d "$L"
+  "$CB" export --type integrity "${opts[@]}" --length $SZ simg out.bin
+  check "$name: the kernel writes, cryptblk reads" cmp out.bin b.bin
+  "$CB" export --type integrity "${opts[@]}" simg /dev/null
+  check "$name: every sector verifies in cryptblk" test $? -eq 0
+  "$CB" export --type integrity "${opts[@]}" --length $SZ ssnap.img out.bin
+  check "$name: the kernel's journal replayed by cryptblk (a copy taken mid-write)" cmp out.bin b.bin
+  # One flipped data byte (block 3): both fail that block and read its neighbour.
+  local off; off=$(home simg $(( 3 * ss / 512 )) 0)
+  local b; b=$(dd if=simg bs=1 skip=$((off + 9)) count=1 status=none | od -An -tu1 | tr -d ' ')
+  printf "\\x$(printf %02x $((b ^ 1)))" | dd of=simg bs=1 seek=$((off + 9)) conv=notrunc status=none
+  L=$(losetup -f --show simg)
+  integritysetup open "${opts[@]}" "$L" s
+  check "$name: tampered, the kernel fails the block" bash -c "! dd if=/dev/mapper/s of=/dev/null bs=$ss skip=3 count=1 iflag=direct status=none 2>/dev/null"
+  check "$name: tampered, the kernel reads its neighbour" dd if=/dev/mapper/s of=/dev/null bs="$ss" skip=4 count=1 iflag=direct status=none
+  integritysetup close s; losetup -d "$L"
+  check "$name: tampered, cryptblk fails the block" bash -c "! '$CB' export --type integrity ${opts[*]} --at $((3 * ss)) --length $ss simg /dev/null 2>/dev/null"
+  check "$name: tampered, cryptblk reads the blocks before it" "$CB" export --type integrity "${opts[@]}" --length $((3 * ss)) simg /dev/null
+}
+if [[ $PARTS == *" standalone "* ]]; then
+  head -c 32 /dev/urandom > hkey
+  standalone integritysetup 512
+  standalone cryptblk 4096 -I hmac-sha256 --integrity-key-file hkey --integrity-key-size 32
+  standalone integritysetup 4096 -I sha256
+fi
+[[ $PARTS == *" luks2 "* ]] || { echo "integrity: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; }
 one cryptsetup aes-gcm-random aead 4096
 one cryptblk chacha20-random poly1305 512
 one cryptsetup aes-xts-plain64 hmac-sha256 512

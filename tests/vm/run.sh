@@ -71,11 +71,11 @@ vub_started=
 stop_vhost_servers() { [ -z "$vub_started" ] || bash tests/vm/vhost-user-blk.sh host-stop "$xfer" "$xfer/cryptblk"; vub_started=; }
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
   guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; LUKS2 with integrity both ways with dm-integrity (tests/vm/integrity.sh)" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/integrity.sh /results/cryptblk && exit \$u" 1
+    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/integrity.sh /results/cryptblk luks2 && exit \$u" 1
   # cryptsetup's test lines that need a mapping run over ublk here: the ublk guest is the
   # longest already.
-  guest families "kernel dm-crypt interop: the other cipher families, plain, loop-AES, TrueCrypt volumes; cryptsetup's test lines that need a mapping (over ublk)" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk families plain loopaes tcrypt; u=\$?; bash /results/dm-lines.sh /results/cryptblk /results/compatimage.img.xz && exit \$u" 1
+  guest families "kernel dm-crypt interop: the other cipher families, plain, loop-AES, TrueCrypt volumes; standalone integritysetup volumes both ways with dm-integrity (tests/vm/integrity.sh); cryptsetup's test lines that need a mapping (over ublk)" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk families plain loopaes tcrypt; u=\$?; bash /results/integrity.sh /results/cryptblk standalone || u=1; bash /results/dm-lines.sh /results/cryptblk /results/compatimage.img.xz && exit \$u" 1
 fi
 if [[ " $SUITES " == *" ublk "* ]]; then
   # The vhost-user-blk servers run on this host, started before the guest boots

@@ -8,6 +8,35 @@ use cryptblk_format::tcrypt::TcryptOptions;
 use cryptblk_volume::VolumeType;
 use std::path::PathBuf;
 
+/// A standalone integrity volume's checksum (`--type integrity`, integritysetup's options).
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct IntegrityArgs {
+    /// --type integrity: the HMAC's key (hmac-sha1, hmac-sha256, hmac-sha512).
+    #[arg(long = "integrity-key-file", value_name = "FILE")]
+    pub integrity_key_file: Option<PathBuf>,
+    /// --type integrity: bytes of HMAC key to read (default: the whole file).
+    #[arg(long = "integrity-key-size", value_name = "BYTES")]
+    pub integrity_key_size: Option<usize>,
+}
+
+impl IntegrityArgs {
+    /// The key `algorithm` takes: read from --integrity-key-file for the HMACs (which need
+    /// one), none otherwise (a key for a checksum that takes none is refused).
+    pub(crate) fn key(&self, algorithm: &str) -> CliResult<Option<cryptblk_crypto::SecretBytes>> {
+        let keyed = cryptblk_crypto::IntegrityHash::is_keyed(algorithm)?;
+        match (&self.integrity_key_file, keyed) {
+            (Some(f), true) => read_key_file(f, 0, self.integrity_key_size).map(Some),
+            (None, true) => Err(CliError::usage(format!(
+                "Integrity algorithm {algorithm} needs --integrity-key-file."
+            ))),
+            (Some(_), false) => Err(CliError::usage(format!(
+                "Integrity algorithm {algorithm} takes no key (--integrity-key-file)."
+            ))),
+            (None, false) => Ok(None),
+        }
+    }
+}
+
 /// Options that say where the key or passphrase comes from.
 #[derive(Args, Debug, Clone, Default)]
 pub(crate) struct KeyArgs {
@@ -215,8 +244,15 @@ pub(crate) struct VolumeArgs {
     pub allow_discards: bool,
     /// LUKS2 with integrity: write without dm-integrity's journal (faster; a crash during
     /// a write can leave that sector failing verification, as with the kernel's mode D).
-    #[arg(long = "integrity-no-journal")]
+    #[arg(long = "integrity-no-journal", short = 'D')]
     pub integrity_no_journal: bool,
+    /// --type integrity: the checksum the volume was formatted with (crc32c, crc32,
+    /// sha1, sha256, sha512, hmac-sha1, hmac-sha256, hmac-sha512; default crc32c). The
+    /// superblock does not record it.
+    #[arg(short = 'I', long = "integrity")]
+    pub integrity: Option<String>,
+    #[command(flatten)]
+    pub integrity_key: IntegrityArgs,
     /// Plain mode: cipher specification.
     #[arg(short = 'c', long)]
     pub cipher: Option<String>,

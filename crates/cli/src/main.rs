@@ -117,7 +117,7 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Unlock a volume and serve it as a block device (NBD, FUSE or ublk).
     #[command(alias = "luksOpen")]
-    Open(frontend::OpenArgs),
+    Open(Box<frontend::OpenArgs>),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     #[command(alias = "luksClose")]
     Close(commands::served::NameArgs),
@@ -214,7 +214,7 @@ fn main() {
         Command::HeaderRestore(a) => commands::header::header_restore(&ctx, a),
         Command::Benchmark(a) => commands::benchmark::run(a),
         Command::Bench(a) => commands::bench::run(a),
-        Command::Open(a) => frontend::open(&ctx, a),
+        Command::Open(a) => frontend::open(&ctx, *a),
         Command::Close(a) => commands::served::close(&ctx, a),
         Command::Suspend(a) => commands::served::suspend(&ctx, a),
         Command::Resize(a) => commands::served::resize(&ctx, a),

@@ -166,6 +166,9 @@ impl VolumeArgs {
             read_only: self.read_only,
             allow_discards: self.allow_discards,
             integrity_no_journal: self.integrity_no_journal,
+            integrity: cryptblk_volume::IntegrityOptions {
+                algorithm: self.integrity.clone(),
+            },
             key_slot: None,
             io: self.file_io(),
             ..Default::default()
@@ -239,6 +242,10 @@ fn read_secret(
             };
             Secret::KeyFile(read_key_file(f, a.key.keyfile_offset, a.key.keyfile_size)?)
         }
+        VolumeType::Integrity => match a.integrity_key.key(opts.integrity.algorithm())? {
+            Some(k) => Secret::KeyFile(k),
+            None => Secret::None,
+        },
         VolumeType::Tcrypt => Secret::Passphrase(get_tcrypt_passphrase(
             &prompt,
             !opts.tcrypt.keyfiles.is_empty(),

@@ -444,7 +444,7 @@ fn aad(sector: u64, iv: &[u8]) -> [u8; 24] {
 }
 
 /// HMAC over the concatenation of `parts`, its first `out.len()` bytes into `out`.
-fn hmac_into(hash: HashAlg, key: &[u8], parts: &[&[u8]], out: &mut [u8]) {
+pub(crate) fn hmac_into(hash: HashAlg, key: &[u8], parts: &[&[u8]], out: &mut [u8]) {
     fn run<D>(key: &[u8], parts: &[&[u8]], out: &mut [u8])
     where
         D: hmac::digest::Digest + hmac::digest::block_api::BlockSizeUser,

@@ -16,6 +16,7 @@ mod elephant;
 mod error;
 mod gcm;
 mod hash;
+mod integrity_hash;
 mod iv_stream;
 pub mod kdf;
 mod keywrap;
@@ -23,6 +24,7 @@ mod modes;
 #[allow(unsafe_code)] // mlock, madvise
 mod secret;
 mod sector;
+mod sector_tags;
 mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -37,10 +39,12 @@ pub use crc::{crc32, crc32_update, crc32c_update};
 pub use error::{Error, Result};
 pub use gcm::{AesGcm, GcmMessage};
 pub use hash::HashAlg;
+pub use integrity_hash::IntegrityHash;
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
 pub use keywrap::{aes_key_unwrap, aes_key_wrap};
 pub use secret::{SecretBytes, constant_time_eq};
 pub use sector::{IvOptions, SectorCipher};
+pub use sector_tags::SectorTags;
 pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};
 pub use unit::UnitCipher;
 

@@ -1,7 +1,8 @@
-//! LUKS2 with integrity, served without the kernel (issue 38): dm-crypt's authenticated
-//! sectors ([`AeadSectorCipher`]) over dm-integrity's layout (data in areas, each block's
-//! tag packed in the metadata run before its area) and journal, both from
-//! `cryptblk_format::integrity`.
+//! dm-integrity served without the kernel (issue 38): blocks and their tags over
+//! dm-integrity's layout (data in areas, each block's tag packed in the metadata run before
+//! its area) and journal, both from `cryptblk_format::integrity`. The tags come from a
+//! [`SectorTags`]: dm-crypt's authenticated sectors (`AeadSectorCipher`, LUKS2 with
+//! integrity) or dm-integrity's own checksum (`IntegrityHash`, standalone volumes).
 //!
 //! Writes go through the journal as the kernel's journal mode does, so that a crash never
 //! leaves a block whose data and tag disagree: a write is sealed, its blocks become journal
@@ -16,7 +17,7 @@
 //! A block whose tag does not verify is never handed out: the read fails with EIO and the
 //! failure is counted (`status`: `integrity_errors`).
 
-use cryptblk_crypto::AeadSectorCipher;
+use cryptblk_crypto::SectorTags;
 use cryptblk_device::Storage;
 use cryptblk_format::integrity::{Geometry, Journal, Superblock, flags};
 use std::collections::BTreeMap;
@@ -29,7 +30,9 @@ const HOME_RUN_BYTES: usize = 1 << 20;
 
 /// A data segment's dm-integrity device, opened.
 pub struct Integrity {
-    cipher: AeadSectorCipher,
+    /// What makes and checks the tags: dm-crypt's authenticated sectors (LUKS2), or
+    /// dm-integrity's own checksum (standalone volumes).
+    auth: Box<dyn SectorTags>,
     geo: Geometry,
     journal: Journal,
     /// Block (= encryption sector) size in bytes.
@@ -44,7 +47,7 @@ pub struct Integrity {
 impl std::fmt::Debug for Integrity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Integrity")
-            .field("cipher", &self.cipher.description())
+            .field("tags", &self.auth.description())
             .field("geometry", &self.geo)
             .finish()
     }
@@ -88,11 +91,11 @@ fn eio(msg: String) -> io::Error {
 
 impl Integrity {
     /// Opens the dm-integrity device whose superblock is at byte `start` of `storage`,
-    /// under `cipher`; replays its journal. Returns it and the bytes it provides.
+    /// under `auth`; replays its journal. Returns it and the bytes it provides.
     pub fn open(
         storage: &dyn Storage,
         start: u64,
-        cipher: AeadSectorCipher,
+        auth: Box<dyn SectorTags>,
         read_only: bool,
         journal_writes: bool,
     ) -> crate::Result<(Integrity, u64)> {
@@ -106,15 +109,15 @@ impl Integrity {
                 sb.flags
             )));
         }
-        if usize::from(sb.tag_size) != cipher.tag_size() {
+        if usize::from(sb.tag_size) != auth.tag_size() {
             return Err(bad(format!(
                 "tag size {} where {} needs {}",
                 sb.tag_size,
-                cipher.description(),
-                cipher.tag_size()
+                auth.description(),
+                auth.tag_size()
             )));
         }
-        let block = u64::from(cipher.sector_size());
+        let block = u64::from(auth.sector_size());
         if 512u64 << sb.log2_sectors_per_block != block {
             return Err(bad(format!(
                 "block size {} where the segment's sector size is {block}",
@@ -146,7 +149,7 @@ impl Integrity {
             state.journaled.insert(b, p);
         }
         let me = Integrity {
-            cipher,
+            auth,
             geo,
             journal,
             block,
@@ -174,23 +177,31 @@ impl Integrity {
     }
 
     /// Writes a new dm-integrity device at byte `start` of `storage`, as the kernel formats
-    /// one for LUKS2 (`Geometry::format`: journal mode, default interleave and journal,
-    /// fixed padding), its journal empty. With `wipe`, every block is then sealed zeros
+    /// one for cryptsetup (`Geometry::format`: journal mode, default interleave and journal,
+    /// fixed padding; with `salt`, `fix_hmac` and that salt, which `auth` must hash), its
+    /// journal empty. With `wipe`, every block is then sealed zeros
     /// with its tag (cryptsetup's wipe; `progress(done, total)` in bytes follows it):
     /// without it, a block never written fails verification when read, as it does under
     /// the kernel. Returns the bytes the device provides.
     pub fn format(
         storage: &dyn Storage,
         start: u64,
-        cipher: AeadSectorCipher,
+        auth: Box<dyn SectorTags>,
+        salt: Option<[u8; 16]>,
         wipe: bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> crate::Result<u64> {
         let bad = |s: String| crate::Error::Invalid(format!("dm-integrity: {s}"));
         let sectors = storage.size()? / 512;
-        let tag = u16::try_from(cipher.tag_size()).map_err(|_| bad("tag size".into()))?;
-        let sb = Geometry::format(sectors, start / 512, tag, cipher.sector_size())
+        let tag = u16::try_from(auth.tag_size()).map_err(|_| bad("tag size".into()))?;
+        let mut sb = Geometry::format(sectors, start / 512, tag, auth.sector_size())
             .map_err(|e| bad(e.to_string()))?;
+        if let Some(salt) = salt {
+            // fix_hmac: the salt goes into every tag (`auth` was built with it).
+            sb.flags |= flags::FIXED_HMAC;
+            sb.salt = salt;
+            sb.version = Superblock::version_for(sb.flags, false);
+        }
         let geo = Geometry::of(&sb, start / 512);
         let journal = Journal::of(&sb, &geo).map_err(|e| bad(e.to_string()))?;
         let mut area = vec![0u8; 4096];
@@ -202,8 +213,8 @@ impl Integrity {
         storage.write_at(&empty, journal.section_offset(0))?;
         storage.write_at(&area, start)?;
         let me = Integrity {
-            block: u64::from(cipher.sector_size()),
-            cipher,
+            block: u64::from(auth.sector_size()),
+            auth,
             geo,
             journal,
             state: RwLock::new(State::default()),
@@ -213,7 +224,7 @@ impl Integrity {
         };
         let total = geo.provided_data_sectors * 512;
         if wipe {
-            let (bs, ts) = (me.block as usize, me.cipher.tag_size());
+            let (bs, ts) = (me.block as usize, me.auth.tag_size());
             let chunk = (1 << 20) / bs as u64;
             let blocks = total / me.block;
             let mut b = 0;
@@ -221,7 +232,7 @@ impl Integrity {
                 for (b0, k) in me.runs(b, chunk.min(blocks - b)) {
                     let mut data = vec![0u8; k as usize * bs];
                     let mut tags = vec![0u8; k as usize * ts];
-                    me.cipher
+                    me.auth
                         .seal(b0, &mut data, &mut tags)
                         .map_err(|e| bad(e.to_string()))?;
                     storage.write_at(&data, me.data_at(b0))?;
@@ -242,7 +253,7 @@ impl Integrity {
 
     /// `encryption + integrity`, for `status`.
     pub fn description(&self) -> &str {
-        self.cipher.description()
+        self.auth.description()
     }
 
     /// Blocks per area (an area's data is contiguous on the device).
@@ -274,7 +285,7 @@ impl Integrity {
 
     /// Reads, verifies and decrypts whole blocks at byte `rel` of the provided device.
     pub fn read(&self, storage: &dyn Storage, rel: u64, buf: &mut [u8]) -> io::Result<()> {
-        let (bs, ts) = (self.block as usize, self.cipher.tag_size());
+        let (bs, ts) = (self.block as usize, self.auth.tag_size());
         let first = rel / self.block;
         let st = self.state.read().unwrap_or_else(|e| e.into_inner());
         let mut done = 0usize;
@@ -299,7 +310,7 @@ impl Integrity {
                 }
             }
             let before = bad.len();
-            self.cipher
+            self.auth
                 .open(b0, chunk, &tags, &mut bad)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
             for i in &mut bad[before..] {
@@ -329,13 +340,13 @@ impl Integrity {
                 "read-only volume",
             ));
         }
-        let (bs, ts) = (self.block as usize, self.cipher.tag_size());
+        let (bs, ts) = (self.block as usize, self.auth.tag_size());
         let first = rel / self.block;
         let n = buf.len() / bs;
         let mut tags = vec![0u8; n * ts];
         // Sealed before the journal is taken: writers seal in parallel (two writes to one
         // block land in the order they take it).
-        self.cipher
+        self.auth
             .seal(first, buf, &mut tags)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         if self.journal_writes {
@@ -383,11 +394,7 @@ impl Integrity {
             st.next_section = 0;
             st.seq = (st.seq + 1) % 4;
         }
-        let (bs, ts, spb) = (
-            self.block as usize,
-            self.cipher.tag_size(),
-            self.block / 512,
-        );
+        let (bs, ts, spb) = (self.block as usize, self.auth.tag_size(), self.block / 512);
         let entries = st
             .open
             .iter()
@@ -425,7 +432,7 @@ impl Integrity {
     /// per 4 KiB), each straight from its write's buffer when the run came from one write
     /// in order (a NBD request's blocks), else gathered.
     fn write_home(&self, storage: &dyn Storage, blocks: &BTreeMap<u64, Pending>) -> io::Result<()> {
-        let (bs, ts) = (self.block as usize, self.cipher.tag_size());
+        let (bs, ts) = (self.block as usize, self.auth.tag_size());
         let per = self.area_blocks();
         let mut it = blocks.iter().peekable();
         let mut run: Vec<&Pending> = Vec::new();

@@ -195,6 +195,30 @@ fn dump_fvault2(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// Whether the device starts with a dm-integrity superblock (a standalone integrity
+/// volume: `dump` then prints what `integritysetup dump` does).
+fn is_integrity(ctx: &Ctx, a: &DumpArgs) -> bool {
+    let mut b = [0u8; 8];
+    ctx.volume_devices()
+        .open(&a.device, true)
+        .and_then(|d| Ok(cryptblk_format::Storage::read_at(&d, &mut b, 0)?))
+        .is_ok_and(|()| b == cryptblk_format::integrity::MAGIC)
+}
+
+/// `dump` of a standalone integrity volume: its superblock, as `integritysetup dump`.
+fn dump_integrity(ctx: &Ctx, a: &DumpArgs) -> CliResult<()> {
+    let err = |e: String| crate::error::CliError::usage(format!("{}: {e}", a.device.display()));
+    let dev = ctx
+        .volume_devices()
+        .open(&a.device, true)
+        .map_err(|e| err(e.to_string()))?;
+    let mut b = [0u8; 512];
+    cryptblk_format::Storage::read_at(&dev, &mut b, 0).map_err(|e| err(e.to_string()))?;
+    let sb = cryptblk_format::integrity::Superblock::parse(&b).map_err(|e| err(e.to_string()))?;
+    out!("{}", sb.dump(&a.device.display().to_string()));
+    Ok(())
+}
+
 /// `dump --type plain --dump-volume-key`: the key a plain mapping with these options
 /// would use (`-c`, `-h`, `-s` and the key options as `open --type plain` takes them).
 /// Plain mode has no header to dump; this is what `dmsetup table --showkeys` gives for a
@@ -253,6 +277,11 @@ pub(crate) fn dump(ctx: &Ctx, a: DumpArgs) -> CliResult<()> {
     }
     if a.select.is_fvault2() {
         return dump_fvault2(ctx, &a);
+    }
+    if a.select.kind == Some(cryptblk_volume::VolumeType::Integrity)
+        || (a.select.kind.is_none() && a.header.header.is_none() && is_integrity(ctx, &a))
+    {
+        return dump_integrity(ctx, &a);
     }
     if a.select.is_tcrypt()? {
         return dump_tcrypt(ctx, &a);

@@ -23,7 +23,8 @@ pub(crate) struct FormatArgs {
     /// takes precedence).
     #[arg(value_name = "KEY_FILE")]
     pub positional_key_file: Option<PathBuf>,
-    /// luks1 or luks2 (luks: LUKS2).
+    /// luks1 or luks2 (luks: LUKS2), or integrity: a standalone dm-integrity volume as
+    /// integritysetup formats it (checksums, no encryption, no passphrase).
     #[arg(long = "type", value_enum, default_value_t = VolumeType::Luks2)]
     pub kind: VolumeType,
     /// Cipher specification, e.g. aes-xts-plain64, aes-cbc-essiv:sha256.
@@ -73,13 +74,26 @@ pub(crate) struct FormatArgs {
     /// LUKS2 authenticated encryption over a dm-integrity layout: aead (with
     /// aes-gcm-random or aegis128-random), poly1305 (with chacha20-random), hmac-sha1,
     /// hmac-sha256 or hmac-sha512 (with aes-xts-plain64 or aes-xts-random). Written
-    /// without the kernel.
+    /// without the kernel. --type integrity: the checksum (crc32c, the default; crc32,
+    /// sha1, sha256, sha512, hmac-sha1, hmac-sha256, hmac-sha512).
     #[arg(short = 'I', long)]
     pub integrity: Option<String>,
-    /// With --integrity: do not seal every sector now (a sector never written then fails
-    /// to read, as with cryptsetup's option of the same name).
-    #[arg(long = "integrity-no-wipe", requires = "integrity")]
+    /// With --integrity or --type integrity: do not write every sector's tag now (a
+    /// sector never written then fails to read, as with cryptsetup's option of the same
+    /// name and integritysetup's --no-wipe).
+    #[arg(long = "integrity-no-wipe", alias = "no-wipe")]
     pub integrity_no_wipe: bool,
+    /// --type integrity: bytes of tag per sector (default: the checksum's size; shorter
+    /// cuts it, longer pads it with zeros).
+    #[arg(long = "tag-size", value_name = "BYTES")]
+    pub tag_size: Option<u16>,
+    /// --type integrity: leave the salt out of the tags (integritysetup's option of the
+    /// same name, for kernels before 5.11); by default a random salt is mixed in
+    /// (`fix_hmac`), as integritysetup formats.
+    #[arg(long = "integrity-legacy-hmac")]
+    pub integrity_legacy_hmac: bool,
+    #[command(flatten)]
+    pub integrity_key: crate::args::IntegrityArgs,
 }
 
 pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
@@ -98,9 +112,10 @@ pub(crate) fn format(ctx: &Ctx, mut a: FormatArgs) -> CliResult<()> {
     let luks1 = match a.kind {
         VolumeType::Luks1 => true,
         VolumeType::Luks2 | VolumeType::Luks => false,
+        VolumeType::Integrity => return format_standalone_integrity(ctx, &a),
         other => {
             return Err(CliError::usage(format!(
-                "unsupported --type {other} (luks1, luks2)"
+                "unsupported --type {other} (luks1, luks2, integrity)"
             )));
         }
     };
@@ -257,6 +272,19 @@ fn format_integrity(
     sector_size: u32,
 ) -> CliResult<()> {
     let cipher = AeadSectorCipher::new(&i.encryption, &i.kind, volume_key, sector_size, 0)?;
+    write_integrity(ctx, a, data, offset, Box::new(cipher), None)
+}
+
+/// A dm-integrity device at byte `offset` of `data` with `auth`'s tags (and `salt`, for
+/// fix_hmac), every sector's tag written unless --integrity-no-wipe.
+fn write_integrity(
+    ctx: &Ctx,
+    a: &FormatArgs,
+    data: &DataDevice,
+    offset: u64,
+    auth: Box<dyn cryptblk_crypto::SectorTags>,
+    salt: Option<[u8; 16]>,
+) -> CliResult<()> {
     let wipe = !a.integrity_no_wipe;
     let mut last = std::time::Instant::now();
     let mut progress = |done: u64, total: u64| {
@@ -265,11 +293,53 @@ fn format_integrity(
             eprintln!("Wiping: {} of {} MiB", done >> 20, total >> 20);
         }
     };
-    cryptblk_volume::Integrity::format(data, offset, cipher, wipe, &mut progress)
+    cryptblk_volume::Integrity::format(data, offset, auth, salt, wipe, &mut progress)
         .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
     if !wipe {
         eprintln!(
             "Device {} was not wiped: a sector never written fails to read until it is.",
+            a.device.display()
+        );
+    }
+    Ok(())
+}
+
+/// `format --type integrity`: a standalone dm-integrity volume as `integritysetup format`
+/// writes it on the 6.12 kernel (superblock version 5: fixed padding and a random salt in
+/// every tag, unless --integrity-legacy-hmac), without the kernel.
+fn format_standalone_integrity(ctx: &Ctx, a: &FormatArgs) -> CliResult<()> {
+    let alg = a
+        .integrity
+        .as_deref()
+        .unwrap_or(cryptblk_volume::DEFAULT_INTEGRITY_ALGORITHM);
+    let tag_size = match a.tag_size {
+        Some(t) => usize::from(t),
+        None => cryptblk_crypto::IntegrityHash::digest_size_of(alg)?,
+    };
+    let block = a.sector_size.unwrap_or(512);
+    let key = a.integrity_key.key(alg)?;
+    let salt = if a.integrity_legacy_hmac {
+        None
+    } else {
+        let r = SecretBytes::random(16)?;
+        Some(<[u8; 16]>::try_from(&r[..]).expect("16 random bytes"))
+    };
+    let hash = cryptblk_crypto::IntegrityHash::new(alg, key.as_deref(), tag_size, block, salt)?;
+    let data = ctx
+        .devices
+        .open(&a.device, false)
+        .map_err(|e| io_err(&a.device, e))?;
+    confirm(
+        ctx.batch,
+        &format!(
+            "This will overwrite data on {} irrevocably.",
+            a.device.display()
+        ),
+    )?;
+    write_integrity(ctx, a, &data, 0, Box::new(hash), salt)?;
+    if ctx.verbose {
+        eprintln!(
+            "Formatted {} as a dm-integrity volume ({alg}, {tag_size}-byte tags, {block}-byte sectors)",
             a.device.display()
         );
     }

@@ -901,6 +901,7 @@ fn spawn_daemon_once(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
     // The passphrase is read here (terminal or stdin) and handed over a pipe, never argv.
     let needs_pass = a.vol.key.key_file().is_none()
         && a.vol.volume_key_file.is_none()
+        && a.vol.kind != cryptblk_volume::VolumeType::Integrity
         && !a.device.to_string_lossy().starts_with("mem:");
     let pass = if needs_pass {
         Some(crate::passphrase::get_passphrase(

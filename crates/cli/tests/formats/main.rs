@@ -14,6 +14,7 @@ mod convert;
 mod fido2;
 mod fvault2;
 mod hashes;
+mod integritysetup;
 mod loopaes;
 mod luksdump;
 mod pkcs11;

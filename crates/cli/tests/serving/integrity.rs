@@ -1,5 +1,5 @@
-//! LUKS2 with integrity served over NBD (issue 38): what a client writes reads back after a
-//! restart; a sector whose ciphertext was changed on the disk reads as EIO over NBD and
+//! LUKS2 with integrity, and standalone integritysetup volumes, served over NBD (issue 38):
+//! what a client writes reads back after a restart; a sector whose ciphertext was changed on the disk reads as EIO over NBD and
 //! only that one, the server carries on, and `status` counts it; `--integrity-no-journal`
 //! writes what the journal mode reads. (Kill -9 under load:
 //! durability.rs; the kernel's side: tests/vm/integrity.sh.)
@@ -13,6 +13,16 @@ const BS: usize = 4096;
 
 #[test]
 fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
+    changed_sector_over_nbd(false);
+}
+
+/// The same for a standalone integrity volume (HMAC-SHA256, its key from a file).
+#[test]
+fn a_changed_block_of_a_standalone_volume_reads_as_eio_over_nbd() {
+    changed_sector_over_nbd(true);
+}
+
+fn changed_sector_over_nbd(standalone: bool) {
     let dir = tempfile::tempdir().unwrap();
     let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
     let (img, pw, sock, run_dir) = (p("v.img"), p("pw"), p("s.sock"), p("run"));
@@ -22,25 +32,40 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
         .unwrap();
     std::fs::write(&pw, b"integrity passphrase").unwrap();
     let run = |args: &[&str]| ok(&run_in(bin(), args, b""));
-    run(&[
-        "format",
-        "-q",
-        "--type",
-        "luks2",
-        "--cipher",
-        "aes-xts-plain64",
-        "--integrity",
-        "hmac-sha256",
-        "--sector-size",
-        "4096",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--key-file",
-        &pw,
-        &img,
-    ]);
+    // What opens the volume: the passphrase, or the checksum and its key.
+    let unlock: Vec<&str> = if standalone {
+        vec![
+            "--type",
+            "integrity",
+            "-I",
+            "hmac-sha256",
+            "--integrity-key-file",
+            &pw,
+        ]
+    } else {
+        vec!["--key-file", &pw]
+    };
+    let mut format = vec!["format", "-q", "--sector-size", "4096"];
+    if standalone {
+        format.extend(&unlock);
+    } else {
+        format.extend([
+            "--type",
+            "luks2",
+            "--cipher",
+            "aes-xts-plain64",
+            "--integrity",
+            "hmac-sha256",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &pw,
+        ]);
+    }
+    format.push(&img);
+    run(&format);
     let nbd = format!("unix:{sock}");
     let open_with = |extra: &[&str]| {
         let mut args = vec![
@@ -52,9 +77,8 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
             "--daemon",
             "--run-dir",
             &run_dir,
-            "--key-file",
-            &pw,
         ];
+        args.extend(&unlock);
         args.extend(extra);
         run(&args)
     };
@@ -88,10 +112,11 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
         .write(true)
         .open(&img)
         .unwrap();
+    let start = if standalone { 0 } else { 16 << 20 };
     let mut sb = [0u8; 512];
-    f.seek(SeekFrom::Start(16 << 20)).unwrap();
+    f.seek(SeekFrom::Start(start)).unwrap();
     f.read_exact(&mut sb).unwrap();
-    let g = Geometry::of(&Superblock::parse(&sb).unwrap(), (16 << 20) / 512);
+    let g = Geometry::of(&Superblock::parse(&sb).unwrap(), start / 512);
     let at = g.data_sector(5 * BS as u64 / 512) * 512 + 9;
     let mut b = [0u8];
     f.seek(SeekFrom::Start(at)).unwrap();
@@ -128,7 +153,12 @@ fn a_changed_sector_reads_as_eio_over_nbd_and_status_counts_it() {
         st.contains("integrity: 2 sectors failed verification"),
         "{st}"
     );
-    assert!(st.contains("aes-xts-plain64 + hmac(sha256)"), "{st}");
+    let spec = if standalone {
+        "hmac-sha256"
+    } else {
+        "aes-xts-plain64 + hmac(sha256)"
+    };
+    assert!(st.contains(spec), "{st}");
     close();
 
     // --integrity-no-journal (mode D) writes what the journal mode then reads.

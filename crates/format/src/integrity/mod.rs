@@ -143,6 +143,46 @@ impl Superblock {
         b
     }
 
+    /// What `integritysetup dump` prints for the device `shown`, line for line.
+    pub fn dump(&self, shown: &str) -> String {
+        let mut out = format!(
+            "Info for integrity device {shown}.\n\
+             superblock_version {}\n\
+             log2_interleave_sectors {}\n\
+             integrity_tag_size {}\n\
+             journal_sections {}\n\
+             provided_data_sectors {}\n\
+             sector_size {}\n",
+            self.version,
+            self.log2_interleave_sectors,
+            self.tag_size,
+            self.journal_sections,
+            self.provided_data_sectors,
+            512u32 << self.log2_sectors_per_block
+        );
+        if self.version >= 2 && self.flags & flags::RECALCULATING != 0 {
+            out += &format!("recalc_sector {}\n", self.recalc_sector);
+        }
+        out += &format!(
+            "log2_blocks_per_bitmap {}\nflags ",
+            self.log2_blocks_per_bitmap_bit
+        );
+        for (bit, name) in [
+            (flags::HAVE_JOURNAL_MAC, "have_journal_mac"),
+            (flags::RECALCULATING, "recalculating"),
+            (flags::DIRTY_BITMAP, "dirty_bitmap"),
+            (flags::FIXED_PADDING, "fix_padding"),
+            (flags::FIXED_HMAC, "fix_hmac"),
+        ] {
+            if self.flags & bit != 0 {
+                out += name;
+                out.push(' ');
+            }
+        }
+        out.push('\n');
+        out
+    }
+
     /// The version the kernel writes for these flags (`sb_set_version`), in bitmap mode
     /// or not.
     pub fn version_for(flag_bits: u32, bitmap_mode: bool) -> u8 {

@@ -154,25 +154,26 @@ fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> R
     integrity_volume_on(
         storage,
         one.storage_offset,
-        cipher,
+        Box::new(cipher),
         opts.read_only,
         !opts.integrity_no_journal,
     )
 }
 
 /// The volume over the dm-integrity device at byte `start` of `storage` (its journal
-/// replayed) with `cipher`'s authenticated sectors: LUKS2 with integrity below its header.
+/// replayed) with `auth`'s tags: LUKS2 with integrity below its header (dm-crypt's
+/// authenticated sectors), or a standalone integritysetup volume (dm-integrity's checksum).
 /// `journal`: writes go through dm-integrity's journal (its mode 'J', the default), else
 /// straight home (mode 'D').
 pub fn integrity_volume_on(
     storage: Box<dyn Storage>,
     start: u64,
-    cipher: cryptblk_crypto::AeadSectorCipher,
+    auth: Box<dyn cryptblk_crypto::SectorTags>,
     read_only: bool,
     journal: bool,
 ) -> Result<Volume> {
-    let sector_size = cipher.sector_size();
-    let (integrity, size) = crate::Integrity::open(&*storage, start, cipher, read_only, journal)?;
+    let sector_size = auth.sector_size();
+    let (integrity, size) = crate::Integrity::open(&*storage, start, auth, read_only, journal)?;
     let seg = DataSegment {
         start: 0,
         len: size,

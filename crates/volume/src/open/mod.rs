@@ -1,7 +1,7 @@
 //! Opening volumes of every type through one function, [`open`]: the [`VolumeType`]
 //! (cryptsetup's `--type`), the [`Secret`] the caller read (once, after [`probe`] checked
 //! the device), the [`OpenOptions`]. One module per type: `luks`, `plain`, `loopaes`,
-//! `tcrypt`, `bitlk`, `fvault2`. A new type: its module here, its variant and arms below.
+//! `tcrypt`, `bitlk`, `fvault2`, `integrity`. A new type: its module here, its variant and arms below.
 
 use crate::storage::{FileStorage, IoEngine, Storage};
 use crate::{DataSegment, Error, Result, Volume, VolumeParams};
@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 mod bitlk;
 mod fvault2;
+mod integrity;
 mod loopaes;
 mod luks;
 mod plain;
@@ -20,6 +21,7 @@ mod tcrypt;
 
 pub use bitlk::*;
 pub use fvault2::*;
+pub use integrity::*;
 pub use loopaes::*;
 pub use luks::*;
 pub use plain::*;
@@ -43,6 +45,8 @@ pub struct OpenOptions {
     /// journal (cryptsetup's `--integrity-no-journal`, the kernel's mode 'D'): faster, but a
     /// crash during a write can leave that block failing verification.
     pub integrity_no_journal: bool,
+    /// Standalone integrity volumes: the checksum.
+    pub integrity: IntegrityOptions,
     /// Only try this keyslot.
     pub key_slot: Option<u32>,
     /// How the data file is read and written.
@@ -76,11 +80,13 @@ pub enum VolumeType {
     Bitlk,
     /// FileVault 2 (Core Storage).
     Fvault2,
+    /// A standalone dm-integrity volume (integritysetup's): checksums, no encryption.
+    Integrity,
 }
 
 impl VolumeType {
     /// Every type, in cryptsetup's order.
-    pub const ALL: [VolumeType; 8] = [
+    pub const ALL: [VolumeType; 9] = [
         VolumeType::Luks,
         VolumeType::Luks1,
         VolumeType::Luks2,
@@ -89,6 +95,7 @@ impl VolumeType {
         VolumeType::Tcrypt,
         VolumeType::Bitlk,
         VolumeType::Fvault2,
+        VolumeType::Integrity,
     ];
 
     /// cryptsetup's name: `luks`, `plain`, `tcrypt`...
@@ -102,6 +109,7 @@ impl VolumeType {
             VolumeType::Tcrypt => "tcrypt",
             VolumeType::Bitlk => "bitlk",
             VolumeType::Fvault2 => "fvault2",
+            VolumeType::Integrity => "integrity",
         }
     }
 
@@ -136,7 +144,8 @@ pub enum Secret {
     /// be empty with keyfiles), BitLocker (passphrase, recovery password or a startup key
     /// file's contents), FileVault 2.
     Passphrase(cryptblk_crypto::SecretBytes),
-    /// A key file's bytes used as keys: plain mode's raw key, loop-AES's key file.
+    /// A key file's bytes used as keys: plain mode's raw key, loop-AES's key file, a
+    /// standalone integrity volume's HMAC key.
     KeyFile(cryptblk_crypto::SecretBytes),
     /// The volume key itself (BitLocker, FileVault 2: `--volume-key-file`).
     VolumeKey(cryptblk_crypto::SecretBytes),
@@ -203,6 +212,9 @@ pub fn probe(kind: VolumeType, device: &Path, opts: &OpenOptions) -> Result<Prob
         VolumeType::Fvault2 => {
             cryptblk_format::fvault2::Fvault2Header::read(&data)?;
             probe.key_len = Some(FVAULT2_KEY_LEN);
+        }
+        VolumeType::Integrity => {
+            integrity_superblock(device, opts)?;
         }
         VolumeType::Plain | VolumeType::Loopaes | VolumeType::Tcrypt => {}
     }
@@ -357,6 +369,24 @@ pub fn open(
                     token: None,
                 },
                 volume: u.volume,
+                header_file: None,
+            })
+        }
+        (VolumeType::Integrity, Secret::None | Secret::KeyFile(_)) => {
+            let key = match secret {
+                Secret::KeyFile(k) => Some(&k[..]),
+                _ => None,
+            };
+            let volume = open_integrity(device, opts, key)?;
+            Ok(Opened {
+                info: VolumeInfo {
+                    kind: "INTEGRITY".into(),
+                    key_bits: key.map_or(0, |k| k.len() * 8),
+                    keyslot: None,
+                    uuid: None,
+                    token: None,
+                },
+                volume,
                 header_file: None,
             })
         }

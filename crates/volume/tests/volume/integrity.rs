@@ -1,11 +1,12 @@
 //! LUKS2 with integrity (issue 38) at the volume layer: dm-integrity's layout and journal
-//! under dm-crypt's authenticated sectors. Formatted, written and read back in every mode;
+//! under dm-crypt's authenticated sectors, and under dm-integrity's own checksums
+//! (standalone integritysetup volumes). Formatted, written and read back in every mode;
 //! a tampered sector reads as EIO and nothing else does; the journal is replayed on open
 //! (read-write and read-only); power cut at every write of the journal path loses no
 //! flushed write and leaves no sector that fails verification. (The kernel's side of the
 //! same volumes is checked in the test VM: tests/vm/integrity.sh.)
 
-use cryptblk_crypto::AeadSectorCipher;
+use cryptblk_crypto::{AeadSectorCipher, IntegrityHash, SectorTags};
 use cryptblk_device::BlockDevice;
 use cryptblk_format::integrity::{Geometry, Superblock};
 use cryptblk_format::{CrashDevice, Tear};
@@ -16,22 +17,37 @@ use std::sync::Arc;
 const START: u64 = 1 << 20;
 const DEV: u64 = 24 << 20;
 
-/// (encryption, integrity, key bytes, sector size): the modes cryptsetup formats.
-const MODES: [(&str, &str, usize, u32); 4] = [
+/// (encryption, integrity, key bytes, sector size): the modes cryptsetup formats; and
+/// (checksum, "", key bytes, sector size): integritysetup's, with fix_hmac's salt.
+const MODES: [(&str, &str, usize, u32); 6] = [
     ("aes-gcm-random", "aead", 32, 512),
     ("chacha20-random", "poly1305", 32, 4096),
     ("aes-xts-plain64", "hmac(sha256)", 96, 4096),
     ("aes-xts-random", "hmac(sha256)", 96, 512),
+    ("crc32c", "", 0, 512),
+    ("hmac-sha256", "", 32, 4096),
 ];
 
-fn cipher(m: (&str, &str, usize, u32)) -> AeadSectorCipher {
+const SALT: [u8; 16] = *b"salt of 16 bytes";
+
+fn checksum(m: (&str, &str, usize, u32)) -> bool {
+    m.1.is_empty()
+}
+
+fn cipher(m: (&str, &str, usize, u32)) -> Box<dyn SectorTags> {
     let key: Vec<u8> = (0..m.2).map(|i| i as u8 ^ 0x5c).collect();
-    AeadSectorCipher::new(m.0, m.1, &key, m.3, 0).unwrap()
+    if checksum(m) {
+        let tag = IntegrityHash::digest_size_of(m.0).unwrap();
+        let key = (m.2 > 0).then_some(&key[..]);
+        return Box::new(IntegrityHash::new(m.0, key, tag, m.3, Some(SALT)).unwrap());
+    }
+    Box::new(AeadSectorCipher::new(m.0, m.1, &key, m.3, 0).unwrap())
 }
 
 fn formatted(m: (&str, &str, usize, u32), wipe: bool) -> MemStorage {
     let dev = MemStorage::new(DEV);
-    Integrity::format(&dev, START, cipher(m), wipe, &mut |_, _| {}).unwrap();
+    let salt = checksum(m).then_some(SALT);
+    Integrity::format(&dev, START, cipher(m), salt, wipe, &mut |_, _| {}).unwrap();
     dev
 }
 
@@ -240,7 +256,7 @@ fn never_written_blocks_of_an_unwiped_volume_fail_and_written_ones_read() {
 /// journal is not touched after the open, and the volume reads the same in either mode.
 #[test]
 fn without_the_journal_writes_go_straight_home() {
-    for m in [MODES[0], MODES[2]] {
+    for m in [MODES[0], MODES[2], MODES[4]] {
         let dev: Arc<dyn Storage> = Arc::new(formatted(m, true));
         let vol =
             integrity_volume_on(Box::new(dev.clone()), START, cipher(m), false, false).unwrap();

@@ -1,0 +1,334 @@
+//! dm-integrity's own checksum (its `internal_hash`), as standalone integritysetup volumes
+//! use it: each block's tag is a hash of the block, the data stored as it is. The kernel's
+//! `integrity_sector_checksum` hashes, in order: the superblock's salt (only when the
+//! superblock has `FIXED_HMAC`), le64(the block's first 512-byte sector on the provided
+//! device), the block; the digest is cut to the tag size or padded with zeros.
+//!
+//! The names are integritysetup's `--integrity`: `crc32c` (its default; the kernel's
+//! `crc32c`: the usual CRC-32C), `crc32` (the kernel's `crc32` shash: no inversions), a
+//! hash (`sha256`, `sha1`, `sha512`, `blake2b-512`...) or a keyed `hmac-sha1`,
+//! `hmac-sha256`, `hmac-sha512`.
+
+use crate::secret::SecretBytes;
+use crate::{Error, HashAlg, Result};
+
+/// The hashes the kernel accepts for `hmac(...)` that cryptblk computes.
+const HMAC_HASHES: [HashAlg; 3] = [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha512];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Alg {
+    Crc32c,
+    Crc32,
+    Hash(HashAlg),
+    Hmac(HashAlg),
+}
+
+impl Alg {
+    fn parse(name: &str) -> Result<Alg> {
+        let lower = name.to_ascii_lowercase();
+        let unknown = || {
+            Error::UnsupportedCipher(format!(
+                "integrity algorithm '{name}' (cryptblk computes crc32c, crc32, a hash such \
+                 as sha256, or hmac-sha1/-sha256/-sha512)"
+            ))
+        };
+        Ok(match lower.as_str() {
+            "crc32c" => Alg::Crc32c,
+            "crc32" => Alg::Crc32,
+            _ => {
+                // cryptsetup's `hmac-sha256` or the kernel's `hmac(sha256)`.
+                let keyed = lower.strip_prefix("hmac-").or_else(|| {
+                    lower
+                        .strip_prefix("hmac(")
+                        .and_then(|h| h.strip_suffix(')'))
+                });
+                match keyed {
+                    Some(h) => {
+                        let h = HashAlg::from_name(h).map_err(|_| unknown())?;
+                        if !HMAC_HASHES.contains(&h) {
+                            return Err(unknown());
+                        }
+                        Alg::Hmac(h)
+                    }
+                    None => {
+                        let h = HashAlg::from_name(&lower).map_err(|_| unknown())?;
+                        if h.is_essiv_only() {
+                            return Err(unknown());
+                        }
+                        Alg::Hash(h)
+                    }
+                }
+            }
+        })
+    }
+
+    fn digest_size(self) -> usize {
+        match self {
+            Alg::Crc32c | Alg::Crc32 => 4,
+            Alg::Hash(h) | Alg::Hmac(h) => h.output_len(),
+        }
+    }
+}
+
+/// One volume's dm-integrity checksum over blocks of a fixed size.
+pub struct IntegrityHash {
+    alg: Alg,
+    key: Option<SecretBytes>,
+    /// The superblock's salt, hashed first, when it has `FIXED_HMAC`.
+    salt: Option<[u8; 16]>,
+    tag_size: usize,
+    block: u32,
+    name: String,
+}
+
+impl std::fmt::Debug for IntegrityHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl IntegrityHash {
+    /// The digest size of `name` in bytes: integritysetup's default tag size for it.
+    pub fn digest_size_of(name: &str) -> Result<usize> {
+        Ok(Alg::parse(name)?.digest_size())
+    }
+
+    /// Whether `name` is keyed (needs `--integrity-key-file`).
+    pub fn is_keyed(name: &str) -> Result<bool> {
+        Ok(matches!(Alg::parse(name)?, Alg::Hmac(_)))
+    }
+
+    /// The checksum `name` over `block`-byte blocks with tags of `tag_size` bytes; `key`
+    /// for the HMACs (and only for them), `salt` when the superblock has `FIXED_HMAC`.
+    pub fn new(
+        name: &str,
+        key: Option<&[u8]>,
+        tag_size: usize,
+        block: u32,
+        salt: Option<[u8; 16]>,
+    ) -> Result<IntegrityHash> {
+        if !(512..=4096).contains(&block) || !block.is_power_of_two() {
+            return Err(Error::InvalidSectorSize(block));
+        }
+        let alg = Alg::parse(name)?;
+        let key = match (alg, key) {
+            (Alg::Hmac(_), Some(k)) if !k.is_empty() => Some(SecretBytes::from_slice(k)),
+            (Alg::Hmac(_), _) => {
+                return Err(Error::UnsupportedCipher(format!(
+                    "{name} needs a key (--integrity-key-file)"
+                )));
+            }
+            (_, Some(_)) => {
+                return Err(Error::UnsupportedCipher(format!("{name} takes no key")));
+            }
+            (_, None) => None,
+        };
+        if tag_size == 0 || tag_size > 424 {
+            return Err(Error::UnsupportedCipher(format!("tag size {tag_size}")));
+        }
+        Ok(IntegrityHash {
+            alg,
+            key,
+            salt,
+            tag_size,
+            block,
+            name: name.to_ascii_lowercase(),
+        })
+    }
+
+    /// The tag of one block whose first 512-byte sector is `sector`, into `out` (the tag
+    /// size).
+    fn tag(&self, sector: u64, block: &[u8], out: &mut [u8]) {
+        let le = sector.to_le_bytes();
+        let mut parts: [&[u8]; 3] = [&[], &le, block];
+        if let Some(s) = &self.salt {
+            parts[0] = s;
+        }
+        let mut digest = [0u8; 64];
+        let d = &mut digest[..self.alg.digest_size()];
+        match self.alg {
+            Alg::Crc32c => {
+                let c = parts.iter().fold(0, |c, p| crc32c::crc32c_append(c, p));
+                d.copy_from_slice(&c.to_le_bytes());
+            }
+            Alg::Crc32 => {
+                // The kernel's `crc32`: the register from 0, not inverted at either end;
+                // crc32fast keeps the inverted one.
+                let mut h = crc32fast::Hasher::new_with_initial(!0);
+                parts.iter().for_each(|p| h.update(p));
+                d.copy_from_slice(&(!h.finalize()).to_le_bytes());
+            }
+            Alg::Hash(h) => h.digest_parts(&parts, d),
+            Alg::Hmac(h) => {
+                let key = self.key.as_ref().expect("HMACs are built with a key");
+                crate::aead_sector::hmac_into(h, key, &parts, d);
+            }
+        }
+        let n = self.tag_size.min(d.len());
+        out[..n].copy_from_slice(&d[..n]);
+        out[n..].fill(0);
+        zeroize::Zeroize::zeroize(&mut digest);
+    }
+
+    fn check(&self, data: &[u8], tags: &[u8]) -> Result<usize> {
+        let bs = self.block as usize;
+        if !data.len().is_multiple_of(bs) {
+            return Err(Error::UnalignedLength {
+                len: data.len(),
+                sector_size: self.block,
+            });
+        }
+        let n = data.len() / bs;
+        if tags.len() != n * self.tag_size {
+            return Err(Error::UnsupportedCipher(format!(
+                "{}: {} bytes of tags for {n} blocks",
+                self.name,
+                tags.len()
+            )));
+        }
+        Ok(n)
+    }
+}
+
+impl crate::SectorTags for IntegrityHash {
+    fn tag_size(&self) -> usize {
+        self.tag_size
+    }
+    fn sector_size(&self) -> u32 {
+        self.block
+    }
+    fn description(&self) -> &str {
+        &self.name
+    }
+    fn seal(&self, sector: u64, data: &mut [u8], tags: &mut [u8]) -> Result<()> {
+        self.check(data, tags)?;
+        let (bs, per) = (self.block as usize, u64::from(self.block / 512));
+        for (i, (b, t)) in data
+            .chunks_exact(bs)
+            .zip(tags.chunks_exact_mut(self.tag_size))
+            .enumerate()
+        {
+            self.tag((sector + i as u64) * per, b, t);
+        }
+        Ok(())
+    }
+    fn open(&self, sector: u64, data: &mut [u8], tags: &[u8], bad: &mut Vec<usize>) -> Result<()> {
+        self.check(data, tags)?;
+        let (bs, per) = (self.block as usize, u64::from(self.block / 512));
+        let mut want = vec![0u8; self.tag_size];
+        for (i, (b, t)) in data
+            .chunks_exact_mut(bs)
+            .zip(tags.chunks_exact(self.tag_size))
+            .enumerate()
+        {
+            self.tag((sector + i as u64) * per, b, &mut want);
+            if !crate::constant_time_eq(&want, t) {
+                b.fill(0);
+                bad.push(i);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SectorTags;
+
+    /// Each algorithm against an independent computation of the kernel's rule for a
+    /// 512-byte block of `(i * 7 + 3) & 255` at sector 9: the table-driven CRCs of
+    /// `crc.rs`, and HMACs computed with Python's `hmac`.
+    #[test]
+    fn tags_are_the_kernels_checksums() {
+        let block: Vec<u8> = (0..512u32).map(|i| ((i * 7 + 3) & 255) as u8).collect();
+        let mut input = 9u64.to_le_bytes().to_vec();
+        input.extend(&block);
+        let salt = [0x5au8; 16];
+        let mut salted = salt.to_vec();
+        salted.extend(&input);
+        let key: &[u8] = &(0..32).collect::<Vec<u8>>();
+        // (name, key, salt, tag size, the tag).
+        type Case<'a> = (&'a str, Option<&'a [u8]>, Option<[u8; 16]>, usize, Vec<u8>);
+        let cases: [Case; 7] = [
+            ("crc32c", None, None, 4, {
+                (!crate::crc32c_update(!0, &input)).to_le_bytes().to_vec()
+            }),
+            // The kernel's crc32: no inversions at either end.
+            (
+                "crc32",
+                None,
+                None,
+                4,
+                crate::crc32_update(0, &input).to_le_bytes().to_vec(),
+            ),
+            ("sha256", None, None, 32, HashAlg::Sha256.digest(&input)),
+            (
+                "sha256",
+                None,
+                Some(salt),
+                32,
+                HashAlg::Sha256.digest(&salted),
+            ),
+            // Cut to the tag size, and padded with zeros beyond the digest.
+            (
+                "sha1",
+                None,
+                None,
+                8,
+                HashAlg::Sha1.digest(&input)[..8].to_vec(),
+            ),
+            ("crc32c", None, None, 6, {
+                let mut t = (!crate::crc32c_update(!0, &input)).to_le_bytes().to_vec();
+                t.extend([0, 0]);
+                t
+            }),
+            (
+                "hmac-sha256",
+                Some(key),
+                None,
+                32,
+                hex::decode("06746a277cd6e5e9ebb4522ebfbb1e8e574ac35ada64ae73ef57d8d754ef7574")
+                    .unwrap(),
+            ),
+        ];
+        for (name, key, salt, ts, want) in cases {
+            let h = IntegrityHash::new(name, key, ts, 512, salt).unwrap();
+            let mut data = block.clone();
+            let mut tag = vec![0u8; ts];
+            h.seal(9, &mut data, &mut tag).unwrap();
+            assert_eq!(
+                hex::encode(&tag),
+                hex::encode(&want),
+                "{name} salt {salt:?}"
+            );
+            assert_eq!(data, block, "the data is stored as it is");
+            let mut bad = Vec::new();
+            h.open(9, &mut data, &tag, &mut bad).unwrap();
+            assert!(bad.is_empty());
+            data[100] ^= 1;
+            h.open(9, &mut data, &tag, &mut bad).unwrap();
+            assert_eq!(bad, [0], "{name}: a flipped bit fails");
+            assert!(
+                data.iter().all(|&b| b == 0),
+                "a failed block is never handed out"
+            );
+        }
+        let salted_hmac = IntegrityHash::new("hmac-sha1", Some(key), 20, 512, Some(salt)).unwrap();
+        let mut tag = [0u8; 20];
+        salted_hmac.seal(9, &mut block.clone(), &mut tag).unwrap();
+        assert_eq!(hex::encode(tag), "02304a45895b2e049ff7c3a1021c279ab82590b5");
+    }
+
+    #[test]
+    fn keys_go_with_hmacs_only() {
+        assert!(IntegrityHash::new("hmac-sha256", None, 32, 512, None).is_err());
+        assert!(IntegrityHash::new("crc32c", Some(b"k"), 4, 512, None).is_err());
+        assert!(IntegrityHash::new("hmac-md5", Some(b"k"), 16, 512, None).is_err());
+        assert!(IntegrityHash::new("nonsense", None, 4, 512, None).is_err());
+        assert!(IntegrityHash::new("crc32c", None, 4, 1000, None).is_err());
+        assert_eq!(IntegrityHash::digest_size_of("sha256").unwrap(), 32);
+        assert_eq!(IntegrityHash::digest_size_of("crc32c").unwrap(), 4);
+        assert!(IntegrityHash::is_keyed("hmac(sha256)").unwrap());
+    }
+}
