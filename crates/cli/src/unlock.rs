@@ -166,6 +166,7 @@ impl VolumeArgs {
             read_only: self.read_only,
             allow_discards: self.allow_discards,
             integrity_no_journal: self.integrity_no_journal,
+            integrity_bitmap: self.integrity_bitmap,
             integrity: cryptblk_volume::IntegrityOptions {
                 algorithm: self.integrity.clone(),
             },

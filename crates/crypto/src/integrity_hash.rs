@@ -200,6 +200,9 @@ impl crate::SectorTags for IntegrityHash {
     fn description(&self) -> &str {
         &self.name
     }
+    fn recomputable(&self) -> bool {
+        true
+    }
     fn seal(&self, sector: u64, data: &mut [u8], tags: &mut [u8]) -> Result<()> {
         self.check(data, tags)?;
         let (bs, per) = (self.block as usize, u64::from(self.block / 512));

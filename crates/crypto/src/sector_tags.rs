@@ -12,6 +12,12 @@ pub trait SectorTags: Send + Sync + std::fmt::Debug {
     fn sector_size(&self) -> u32;
     /// What `status` calls it: `aes-gcm-random + aead`, `crc32c`...
     fn description(&self) -> &str;
+    /// Whether a tag can be recomputed from the stored bytes alone, and [`SectorTags::seal`]
+    /// leaves the data as it is (a checksum: what dm-integrity's recalculation and bitmap
+    /// mode need). Not for encryption, whose tags need the plaintext and fresh IVs.
+    fn recomputable(&self) -> bool {
+        false
+    }
     /// Turns `data` (whole sectors; `sector` the first one's index in sector-size units)
     /// into what is stored, in place, and writes each sector's tag into `tags`.
     fn seal(&self, sector: u64, data: &mut [u8], tags: &mut [u8]) -> crate::Result<()>;

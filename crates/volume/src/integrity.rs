@@ -23,10 +23,108 @@ use cryptblk_format::integrity::{Geometry, Journal, Superblock, flags};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// The most data one home write carries (a run of neighbouring blocks is split beyond it).
 const HOME_RUN_BYTES: usize = 1 << 20;
+
+/// Bitmap mode: how long a region stays marked after its writes are stable before a flush
+/// clears the bitmap (the kernel's `bitmap_flush_interval`, 10 s by default): clearing at
+/// every flush would cost every next write a bitmap write and a sync first.
+const BITMAP_CLEAR_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How writes reach their place, as dm-integrity's modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IntegrityMode {
+    /// Through the journal (mode 'J', the default): a crash never leaves a block whose
+    /// data and tag disagree.
+    #[default]
+    Journal,
+    /// Straight home (mode 'D', `--integrity-no-journal`): a crash mid-write can leave
+    /// that block failing verification.
+    Direct,
+    /// Straight home, each region marked in a bitmap on the device before its first
+    /// write (mode 'B', `--integrity-bitmap-mode`): after a crash, the tags of the marked
+    /// regions are recalculated from their data. Checksums only (standalone volumes).
+    Bitmap,
+}
+
+/// Bitmap mode's bitmap, as the kernel keeps it at the start of the journal area: bit `i`
+/// (byte `i / 8`, bit `i % 8`) covers blocks `[i << log2_blocks, (i + 1) << log2_blocks)`.
+/// What is here is what is on the device (bits are written, and synced, before the writes
+/// they cover).
+struct Bitmap {
+    bits: Vec<u8>,
+    log2_blocks: u8,
+    /// Since when a set bit's writes may not yet be stable (a flush after
+    /// [`BITMAP_CLEAR_INTERVAL`] clears them).
+    since: Option<Instant>,
+}
+
+impl Bitmap {
+    /// The bitmap's bytes on the device: whole 4 KiB blocks (the kernel's
+    /// `n_bitmap_blocks`).
+    fn bytes_for(sb: &Superblock) -> u64 {
+        let blocks = sb.provided_data_sectors >> sb.log2_sectors_per_block;
+        let bits = blocks.div_ceil(1u64 << sb.log2_blocks_per_bitmap_bit);
+        bits.div_ceil(4096 * 8) * 4096
+    }
+
+    fn of(sb: &Superblock, bits: Vec<u8>) -> Bitmap {
+        Bitmap {
+            bits,
+            log2_blocks: sb.log2_blocks_per_bitmap_bit,
+            since: None,
+        }
+    }
+
+    fn bit(&self, i: u64) -> bool {
+        self.bits[(i / 8) as usize] & (1 << (i % 8)) != 0
+    }
+
+    /// Runs of blocks (first, count) under set bits, within `blocks`.
+    fn dirty_runs(&self, blocks: u64) -> Vec<(u64, u64)> {
+        let per = 1u64 << self.log2_blocks;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for i in 0..blocks.div_ceil(per) {
+            if !self.bit(i) {
+                continue;
+            }
+            let (first, n) = (i * per, per.min(blocks - i * per));
+            match runs.last_mut() {
+                Some((f, k)) if *f + *k == first => *k += n,
+                _ => runs.push((first, n)),
+            }
+        }
+        runs
+    }
+
+    /// Sets the bits of blocks `[first, first + n)`; returns the byte range of the 4 KiB
+    /// bitmap blocks that changed (to be written), if any did.
+    fn mark(&mut self, first: u64, n: u64) -> Option<std::ops::Range<usize>> {
+        let (lo, hi) = (
+            first >> self.log2_blocks,
+            (first + n - 1) >> self.log2_blocks,
+        );
+        let mut changed: Option<std::ops::Range<usize>> = None;
+        for i in lo..=hi {
+            if self.bit(i) {
+                continue;
+            }
+            self.bits[(i / 8) as usize] |= 1 << (i % 8);
+            let page = (i / 8) as usize / 4096 * 4096;
+            changed = Some(match changed {
+                Some(r) => r.start.min(page)..r.end.max(page + 4096),
+                None => page..page + 4096,
+            });
+        }
+        if changed.is_some() {
+            self.since.get_or_insert_with(Instant::now);
+        }
+        changed
+    }
+}
 
 /// A data segment's dm-integrity device, opened.
 pub struct Integrity {
@@ -39,9 +137,12 @@ pub struct Integrity {
     block: u64,
     state: RwLock<State>,
     read_only: bool,
-    /// Writes go through the journal (mode 'J'); else straight home (mode 'D').
-    journal_writes: bool,
+    mode: IntegrityMode,
     failures: AtomicU64,
+    /// The superblock as last written (its flags change: bitmap mode, recalculation).
+    sb: Mutex<Superblock>,
+    /// Where it is, in bytes.
+    start: u64,
 }
 
 impl std::fmt::Debug for Integrity {
@@ -83,6 +184,8 @@ struct State {
     /// Where the next section goes, and its ring pass.
     next_section: u32,
     seq: u8,
+    /// Bitmap mode's bitmap, while the device is open read-write in that mode.
+    bitmap: Option<Bitmap>,
 }
 
 fn eio(msg: String) -> io::Error {
@@ -91,22 +194,48 @@ fn eio(msg: String) -> io::Error {
 
 impl Integrity {
     /// Opens the dm-integrity device whose superblock is at byte `start` of `storage`,
-    /// under `auth`; replays its journal. Returns it and the bytes it provides.
+    /// under `auth`, written in `mode`. What an earlier user left is put right first, as
+    /// the kernel does on activation: the journal replayed; or, for a volume left in bitmap
+    /// mode (`DIRTY_BITMAP`), the tags of the regions its bitmap marks recalculated; or
+    /// the tags a recalculation had not reached yet (`RECALCULATING`). The last two need
+    /// a checksum ([`SectorTags::recomputable`]) and a read-write open (the kernel would
+    /// serve those blocks unverified meanwhile; cryptblk refuses instead). Returns the
+    /// device and the bytes it provides.
     pub fn open(
         storage: &dyn Storage,
         start: u64,
         auth: Box<dyn SectorTags>,
         read_only: bool,
-        journal_writes: bool,
+        mode: IntegrityMode,
     ) -> crate::Result<(Integrity, u64)> {
         let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
         let mut sb_bytes = [0u8; 512];
         storage.read_at(&mut sb_bytes, start)?;
         let sb = Superblock::parse(&sb_bytes).map_err(|e| bad(e.to_string()))?;
-        if sb.flags & (flags::RECALCULATING | flags::DIRTY_BITMAP) != 0 {
+        let dirty = sb.flags & flags::DIRTY_BITMAP != 0;
+        let recalc =
+            sb.flags & flags::RECALCULATING != 0 && sb.recalc_sector < sb.provided_data_sectors;
+        if (dirty || recalc || mode == IntegrityMode::Bitmap) && !auth.recomputable() {
             return Err(bad(format!(
-                "flags {:#x}: recalculation or bitmap mode, which LUKS2 never uses",
+                "flags {:#x} or bitmap mode: tags to recalculate, which only dm-integrity's \
+                 own checksums allow (standalone volumes; LUKS2 never uses them)",
                 sb.flags
+            )));
+        }
+        if (dirty || recalc) && read_only {
+            return Err(bad(format!(
+                "{} tags not yet recalculated ({}): open it read-write once to \
+                 recalculate them",
+                if dirty {
+                    "a volume left in bitmap mode has"
+                } else {
+                    "a recalculating volume has"
+                },
+                if dirty {
+                    "dirty bitmap"
+                } else {
+                    "recalculating"
+                }
             )));
         }
         if usize::from(sb.tag_size) != auth.tag_size() {
@@ -134,10 +263,44 @@ impl Integrity {
                 have: dev_sectors * 512,
             });
         }
-        let mut jbytes = vec![0u8; journal.bytes() as usize];
-        storage.read_at(&mut jbytes, journal.section_offset(0))?;
-        let replay = journal.replay(&jbytes);
+        let bitmap_bytes = Bitmap::bytes_for(&sb);
+        if (dirty || mode == IntegrityMode::Bitmap) && bitmap_bytes > journal.bytes() {
+            return Err(bad(format!(
+                "a bitmap of {bitmap_bytes} bytes does not fit in the journal ({})",
+                journal.bytes()
+            )));
+        }
+        let mut me = Integrity {
+            auth,
+            geo,
+            journal,
+            block,
+            state: RwLock::new(State::default()),
+            read_only,
+            mode,
+            failures: AtomicU64::new(0),
+            sb: Mutex::new(sb.clone()),
+            start,
+        };
+        let mut jbytes = vec![0u8; me.journal.bytes() as usize];
+        storage.read_at(&mut jbytes, me.journal.section_offset(0))?;
         let mut state = State::default();
+        if dirty {
+            // The journal area holds the bitmap, not a journal. The regions it marks may
+            // hold blocks whose tags were not written: their tags are recalculated; then
+            // the area becomes an empty journal again (the kernel's `init_journal`).
+            let bitmap = Bitmap::of(&sb, jbytes[..bitmap_bytes as usize].to_vec());
+            for (first, n) in bitmap.dirty_runs(me.blocks()) {
+                me.recalculate(storage, first, n)?;
+            }
+            storage.sync()?;
+            me.empty_journal(storage, 0)?;
+            storage.read_at(&mut jbytes, me.journal.section_offset(0))?;
+            let mut sb = me.sb.lock().unwrap_or_else(|e| e.into_inner());
+            sb.flags &= !flags::DIRTY_BITMAP;
+            me.write_superblock(storage, &sb)?;
+        }
+        let replay = me.journal.replay(&jbytes);
         for e in replay.entries.iter().cloned() {
             let b = e.sector * 512 / block;
             let (data, tags) = (Arc::from(e.data), Arc::from(e.tag));
@@ -148,32 +311,87 @@ impl Integrity {
             };
             state.journaled.insert(b, p);
         }
-        let me = Integrity {
-            auth,
-            geo,
-            journal,
-            block,
-            state: RwLock::new(State::default()),
-            read_only,
-            journal_writes,
-            failures: AtomicU64::new(0),
-        };
         if !read_only {
             // Home, stable, then the journal emptied as the kernel clears it.
             me.write_home(storage, &state.journaled)?;
             storage.sync()?;
             state.journaled.clear();
             let (erase, next) = replay.erase_and_next_seq();
-            let mut empty = Vec::with_capacity(jbytes.len());
-            for i in 0..me.journal.sections {
-                empty.extend(me.journal.section(i, erase, &[]));
-            }
-            storage.write_at(&empty, me.journal.section_offset(0))?;
-            storage.sync()?;
+            me.empty_journal(storage, erase)?;
             state.seq = next;
         }
-        *me.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+        if recalc {
+            let from = sb.recalc_sector * 512 / block;
+            me.recalculate(storage, from, me.blocks() - from)?;
+            storage.sync()?;
+            let mut sb = me.sb.lock().unwrap_or_else(|e| e.into_inner());
+            // As the kernel ends a recalculation: the position at the end, the flag kept.
+            sb.recalc_sector = sb.provided_data_sectors;
+            me.write_superblock(storage, &sb)?;
+        }
+        if mode == IntegrityMode::Bitmap && !read_only {
+            // Marked in use in bitmap mode before the first write: a crash from here on
+            // leaves DIRTY_BITMAP for the next open to act on.
+            let bitmap = Bitmap::of(&sb, vec![0u8; bitmap_bytes as usize]);
+            storage.write_at(&bitmap.bits, me.journal.section_offset(0))?;
+            let mut sb = me.sb.lock().unwrap_or_else(|e| e.into_inner());
+            sb.flags |= flags::DIRTY_BITMAP;
+            me.write_superblock(storage, &sb)?;
+            drop(sb);
+            state.bitmap = Some(bitmap);
+        }
+        *me.state.get_mut().unwrap_or_else(|e| e.into_inner()) = state;
         Ok((me, provided * 512))
+    }
+
+    /// Blocks the device provides.
+    fn blocks(&self) -> u64 {
+        self.geo.provided_data_sectors * 512 / self.block
+    }
+
+    /// The journal ring written empty (every section's commit ids of pass `seq`), stable.
+    fn empty_journal(&self, storage: &dyn Storage, seq: u8) -> io::Result<()> {
+        let mut empty = Vec::with_capacity(self.journal.bytes() as usize);
+        for i in 0..self.journal.sections {
+            empty.extend(self.journal.section(i, seq, &[]));
+        }
+        storage.write_at(&empty, self.journal.section_offset(0))?;
+        storage.sync()
+    }
+
+    /// Writes `sb` (its version as the kernel sets it for its flags), stable.
+    fn write_superblock(&self, storage: &dyn Storage, sb: &Superblock) -> io::Result<()> {
+        let mut sb = sb.clone();
+        sb.version = sb.version.max(Superblock::version_for(
+            sb.flags,
+            self.mode == IntegrityMode::Bitmap,
+        ));
+        let mut area = vec![0u8; 4096];
+        area[..64].copy_from_slice(&sb.to_bytes());
+        storage.write_at(&area, self.start)?;
+        storage.sync()
+    }
+
+    /// Computes and writes the tags of blocks `[first, first + n)` from their data as it
+    /// is on the device (a checksum's recalculation: the kernel's `integrity_recalc`).
+    fn recalculate(&self, storage: &dyn Storage, first: u64, n: u64) -> io::Result<()> {
+        let (bs, ts) = (self.block as usize, self.auth.tag_size());
+        let chunk = ((1 << 20) / bs as u64).max(1);
+        let mut b = first;
+        while b < first + n {
+            let k = chunk.min(first + n - b);
+            for (b0, len) in self.runs(b, k) {
+                let mut data = vec![0u8; len as usize * bs];
+                let mut tags = vec![0u8; len as usize * ts];
+                storage.read_at(&mut data, self.data_at(b0))?;
+                self.auth
+                    .seal(b0, &mut data, &mut tags)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                storage.write_at(&tags, self.tag_at(b0))?;
+            }
+            b += k;
+        }
+        Ok(())
     }
 
     /// Writes a new dm-integrity device at byte `start` of `storage`, as the kernel formats
@@ -219,8 +437,10 @@ impl Integrity {
             journal,
             state: RwLock::new(State::default()),
             read_only: false,
-            journal_writes: false,
+            mode: IntegrityMode::Direct,
             failures: AtomicU64::new(0),
+            sb: Mutex::new(sb.clone()),
+            start,
         };
         let total = geo.provided_data_sectors * 512;
         if wipe {
@@ -349,7 +569,7 @@ impl Integrity {
         self.auth
             .seal(first, buf, &mut tags)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        if self.journal_writes {
+        if self.mode == IntegrityMode::Journal {
             // The journal's copy, also taken outside the lock.
             let (data, tags): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(&buf[..]), Arc::from(tags));
             let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
@@ -366,9 +586,19 @@ impl Integrity {
             }
             return Ok(());
         }
-        // Mode 'D': data, then tags, at their places (under the lock, so no read sees one
-        // without the other; a crash between them can).
-        let _st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        // Modes 'D' and 'B': data, then tags, at their places (under the lock, so no read
+        // sees one without the other; a crash between them can: in bitmap mode, only once
+        // the bitmap on the device marks their region).
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(bitmap) = st.bitmap.as_mut()
+            && let Some(r) = bitmap.mark(first, n as u64)
+        {
+            storage.write_at(
+                &bitmap.bits[r.clone()],
+                self.journal.section_offset(0) + r.start as u64,
+            )?;
+            storage.sync()?;
+        }
         let mut done = 0;
         for (b0, k) in self.runs(first, n as u64) {
             let len = k as usize;
@@ -423,6 +653,34 @@ impl Integrity {
         if !st.journaled.is_empty() {
             self.write_home(storage, &st.journaled)?;
             st.journaled.clear();
+        }
+        // Bitmap mode: every marked write is stable now (writes hold the lock); the marks
+        // are cleared once they are old enough.
+        if let Some(bitmap) = st.bitmap.as_mut()
+            && bitmap
+                .since
+                .is_some_and(|t| t.elapsed() >= BITMAP_CLEAR_INTERVAL)
+        {
+            bitmap.bits.fill(0);
+            bitmap.since = None;
+            storage.write_at(&bitmap.bits, self.journal.section_offset(0))?;
+            storage.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes, and in bitmap mode leaves the device clean as the kernel does when it
+    /// stops (the kernel's `dm_integrity_postsuspend`): the area an empty journal again,
+    /// `DIRTY_BITMAP` cleared. A device never closed (a crash, `kill -9`) keeps its marks:
+    /// the next open recalculates those regions.
+    pub fn close(&self, storage: &dyn Storage) -> io::Result<()> {
+        self.flush(storage)?;
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        if st.bitmap.take().is_some() {
+            self.empty_journal(storage, 0)?;
+            let mut sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());
+            sb.flags &= !flags::DIRTY_BITMAP;
+            self.write_superblock(storage, &sb)?;
         }
         Ok(())
     }

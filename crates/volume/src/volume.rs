@@ -295,7 +295,13 @@ impl Volume {
     /// about to exit). The first error is returned. On storage that holds something
     /// elsewhere (an RBD image, an NBD export), requests after it fail.
     pub fn close(&self) -> io::Result<()> {
-        let flushed = BlockDevice::flush(self);
+        let flushed = match &self.integrity {
+            Some(i) => {
+                self.stats.flushes.fetch_add(1, Relaxed);
+                i.close(&*self.storage)
+            }
+            None => BlockDevice::flush(self),
+        };
         let closed = self.storage.close();
         flushed.and(closed)
     }

@@ -67,6 +67,6 @@ pub fn open_integrity(device: &Path, opts: &OpenOptions, key: Option<&[u8]>) -> 
         0,
         Box::new(hash),
         opts.read_only,
-        !opts.integrity_no_journal,
+        opts.integrity_mode(),
     )
 }

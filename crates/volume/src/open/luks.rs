@@ -156,24 +156,23 @@ fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> R
         one.storage_offset,
         Box::new(cipher),
         opts.read_only,
-        !opts.integrity_no_journal,
+        opts.integrity_mode(),
     )
 }
 
 /// The volume over the dm-integrity device at byte `start` of `storage` (its journal
 /// replayed) with `auth`'s tags: LUKS2 with integrity below its header (dm-crypt's
 /// authenticated sectors), or a standalone integritysetup volume (dm-integrity's checksum).
-/// `journal`: writes go through dm-integrity's journal (its mode 'J', the default), else
-/// straight home (mode 'D').
+/// `mode`: how writes reach their place (dm-integrity's modes 'J', 'D', 'B').
 pub fn integrity_volume_on(
     storage: Box<dyn Storage>,
     start: u64,
     auth: Box<dyn cryptblk_crypto::SectorTags>,
     read_only: bool,
-    journal: bool,
+    mode: crate::IntegrityMode,
 ) -> Result<Volume> {
     let sector_size = auth.sector_size();
-    let (integrity, size) = crate::Integrity::open(&*storage, start, auth, read_only, journal)?;
+    let (integrity, size) = crate::Integrity::open(&*storage, start, auth, read_only, mode)?;
     let seg = DataSegment {
         start: 0,
         len: size,

@@ -45,6 +45,10 @@ pub struct OpenOptions {
     /// journal (cryptsetup's `--integrity-no-journal`, the kernel's mode 'D'): faster, but a
     /// crash during a write can leave that block failing verification.
     pub integrity_no_journal: bool,
+    /// Standalone integrity volumes: dm-integrity's bitmap mode (integritysetup's
+    /// `--integrity-bitmap-mode`): writes straight home, their regions marked first, the
+    /// marked regions' tags recalculated after a crash.
+    pub integrity_bitmap: bool,
     /// Standalone integrity volumes: the checksum.
     pub integrity: IntegrityOptions,
     /// Only try this keyslot.
@@ -57,6 +61,19 @@ pub struct OpenOptions {
     pub loopaes: LoopAesOptions,
     /// TrueCrypt/VeraCrypt: the header to find and the keyfiles.
     pub tcrypt: cryptblk_format::tcrypt::TcryptOptions,
+}
+
+impl OpenOptions {
+    /// How a dm-integrity device's writes reach their place, as the options say.
+    pub fn integrity_mode(&self) -> crate::IntegrityMode {
+        if self.integrity_bitmap {
+            crate::IntegrityMode::Bitmap
+        } else if self.integrity_no_journal {
+            crate::IntegrityMode::Direct
+        } else {
+            crate::IntegrityMode::Journal
+        }
+    }
 }
 
 /// A volume type: cryptsetup's `--type`.

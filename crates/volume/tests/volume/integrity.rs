@@ -8,9 +8,9 @@
 
 use cryptblk_crypto::{AeadSectorCipher, IntegrityHash, SectorTags};
 use cryptblk_device::BlockDevice;
-use cryptblk_format::integrity::{Geometry, Superblock};
+use cryptblk_format::integrity::{Geometry, Superblock, flags};
 use cryptblk_format::{CrashDevice, Tear};
-use cryptblk_volume::{Integrity, MemStorage, Storage, Volume, integrity_volume_on};
+use cryptblk_volume::{Integrity, IntegrityMode, MemStorage, Storage, Volume, integrity_volume_on};
 use std::sync::Arc;
 
 /// Where the dm-integrity superblock goes (LUKS2's data offset would be 16 MiB).
@@ -52,7 +52,14 @@ fn formatted(m: (&str, &str, usize, u32), wipe: bool) -> MemStorage {
 }
 
 fn open(dev: &Arc<dyn Storage>, m: (&str, &str, usize, u32), ro: bool) -> Volume {
-    integrity_volume_on(Box::new(dev.clone()), START, cipher(m), ro, true).unwrap()
+    integrity_volume_on(
+        Box::new(dev.clone()),
+        START,
+        cipher(m),
+        ro,
+        IntegrityMode::Journal,
+    )
+    .unwrap()
 }
 
 /// Opens read-write and closes: the journal is replayed and emptied, so what is on the
@@ -258,8 +265,14 @@ fn never_written_blocks_of_an_unwiped_volume_fail_and_written_ones_read() {
 fn without_the_journal_writes_go_straight_home() {
     for m in [MODES[0], MODES[2], MODES[4]] {
         let dev: Arc<dyn Storage> = Arc::new(formatted(m, true));
-        let vol =
-            integrity_volume_on(Box::new(dev.clone()), START, cipher(m), false, false).unwrap();
+        let vol = integrity_volume_on(
+            Box::new(dev.clone()),
+            START,
+            cipher(m),
+            false,
+            IntegrityMode::Direct,
+        )
+        .unwrap();
         // As the open left it (emptied, as every read-write open does).
         let journal_at = START + 4096;
         let mut before = vec![0u8; 64 << 10];
@@ -293,7 +306,18 @@ fn read_only_volumes_refuse_writes() {
 /// the last flush that completed or one written after it.
 #[test]
 fn power_cuts_lose_no_flushed_write_and_tear_no_block() {
-    let m = MODES[0];
+    power_cuts(MODES[0], IntegrityMode::Journal);
+}
+
+/// The same in bitmap mode (a checksum, 512-byte blocks: a torn write never splits a
+/// block): the regions marked when the power went have their tags recalculated on open,
+/// so no block fails verification.
+#[test]
+fn power_cuts_in_bitmap_mode_leave_every_block_verifying() {
+    power_cuts(MODES[4], IntegrityMode::Bitmap);
+}
+
+fn power_cuts(m: (&str, &str, usize, u32), mode: IntegrityMode) {
     let bs = m.3 as usize;
     let base = formatted(m, true);
     let blocks = 2048usize; // the part of the volume the workload writes
@@ -305,7 +329,7 @@ fn power_cuts_lose_no_flushed_write_and_tear_no_block() {
         // Per block: its value at the last completed flush, and values written since.
         let mut flushed = vec![vec![0u8; bs]; blocks];
         let mut since: Vec<Vec<Vec<u8>>> = vec![Vec::new(); blocks];
-        let Ok(vol) = integrity_volume_on(Box::new(dev), START, cipher(m), false, true) else {
+        let Ok(vol) = integrity_volume_on(Box::new(dev), START, cipher(m), false, mode) else {
             return (flushed, since);
         };
         for (n, &(b, k, seed)) in ops.iter().enumerate() {
@@ -361,4 +385,127 @@ fn power_cuts_lose_no_flushed_write_and_tear_no_block() {
             );
         }
     }
+}
+
+fn superblock(dev: &dyn Storage) -> Superblock {
+    let mut sb = [0u8; 512];
+    dev.read_at(&mut sb, START).unwrap();
+    Superblock::parse(&sb).unwrap()
+}
+
+fn open_in(
+    dev: &Arc<dyn Storage>,
+    m: (&str, &str, usize, u32),
+    ro: bool,
+    mode: IntegrityMode,
+) -> cryptblk_volume::Result<Volume> {
+    integrity_volume_on(Box::new(dev.clone()), START, cipher(m), ro, mode)
+}
+
+/// Bitmap mode (the kernel's mode 'B'): the superblock says DIRTY_BITMAP while the device
+/// is open; a clean close clears it and leaves an empty journal; a device left open keeps
+/// its marks, and the next read-write open recalculates the tags of the marked regions
+/// only (a block whose data changed under an unmarked region still fails). A read-only
+/// open of such a device is refused, and so is bitmap mode under encryption.
+#[test]
+fn bitmap_mode_marks_regions_and_a_crash_recalculates_only_them() {
+    let m = MODES[4];
+    let bs = m.3 as u64;
+    let dev: Arc<dyn Storage> = Arc::new(formatted(m, true));
+    let vol = open_in(&dev, m, false, IntegrityMode::Bitmap).unwrap();
+    assert_ne!(
+        superblock(&*dev).flags & flags::DIRTY_BITMAP,
+        0,
+        "marked in use"
+    );
+    vol.write_at(&pattern(8 * bs as usize, 1), 0, false)
+        .unwrap();
+    vol.close().unwrap();
+    let sb = superblock(&*dev);
+    assert_eq!(sb.flags & flags::DIRTY_BITMAP, 0, "a clean close clears it");
+    assert_eq!(sb.version, 5);
+    let vol = open_in(&dev, m, false, IntegrityMode::Journal).unwrap();
+    assert_eq!(
+        read(&vol, 0, 8 * bs as usize).unwrap(),
+        pattern(8 * bs as usize, 1)
+    );
+    drop(vol);
+
+    // Left open (a crash): blocks 0..8 written, their region marked.
+    let vol = open_in(&dev, m, false, IntegrityMode::Bitmap).unwrap();
+    let size = vol.size();
+    vol.write_at(&pattern(8 * bs as usize, 2), 0, false)
+        .unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    assert_ne!(superblock(&*dev).flags & flags::DIRTY_BITMAP, 0);
+    // What a torn write leaves: block 3's data written, its tag not; and the same under
+    // the last block, whose region (16 MiB further) was never marked.
+    let g = geometry(&*dev);
+    let last = size / bs - 1;
+    for b in [3, last] {
+        dev.write_at(&pattern(bs as usize, 9), g.data_sector(b * bs / 512) * 512)
+            .unwrap();
+    }
+    let Err(e) = open_in(&dev, m, true, IntegrityMode::Journal) else {
+        panic!("a read-only open of a marked device")
+    };
+    assert!(e.to_string().contains("read-write once"), "{e}");
+    let aead = MODES[0];
+    let enc: Arc<dyn Storage> = Arc::new(formatted(aead, false));
+    assert!(
+        open_in(&enc, aead, false, IntegrityMode::Bitmap).is_err(),
+        "bitmap mode under encryption"
+    );
+    let vol = open_in(&dev, m, false, IntegrityMode::Journal).unwrap();
+    assert_eq!(superblock(&*dev).flags & flags::DIRTY_BITMAP, 0);
+    let mut want = pattern(8 * bs as usize, 2);
+    want[3 * bs as usize..][..bs as usize].copy_from_slice(&pattern(bs as usize, 9));
+    assert_eq!(
+        read(&vol, 0, 8 * bs as usize).unwrap(),
+        want,
+        "recalculated"
+    );
+    assert!(
+        read(&vol, last * bs, bs as usize).is_err(),
+        "an unmarked region is not"
+    );
+}
+
+/// A volume whose recalculation had not finished (`RECALCULATING`, integritysetup's
+/// `--integrity-recalculate`): a read-write open recalculates from its position to the
+/// end and leaves the position at the end, as the kernel does; before the position,
+/// nothing changes.
+#[test]
+fn a_recalculating_volume_is_finished_on_open() {
+    let m = MODES[5];
+    let bs = m.3 as u64;
+    let dev: Arc<dyn Storage> = Arc::new(formatted(m, false));
+    let mut sb = superblock(&*dev);
+    sb.flags |= flags::RECALCULATING;
+    sb.recalc_sector = 16 * bs / 512;
+    let mut area = vec![0u8; 4096];
+    area[..64].copy_from_slice(&sb.to_bytes());
+    dev.write_at(&area, START).unwrap();
+    assert!(
+        open_in(&dev, m, true, IntegrityMode::Journal).is_err(),
+        "read-only"
+    );
+    let vol = open_in(&dev, m, false, IntegrityMode::Journal).unwrap();
+    let size = vol.size();
+    assert!(
+        read(&vol, 15 * bs, bs as usize).is_err(),
+        "before the position"
+    );
+    assert_eq!(
+        read(&vol, 16 * bs, (size - 16 * bs) as usize).unwrap(),
+        vec![0u8; (size - 16 * bs) as usize]
+    );
+    let sb = superblock(&*dev);
+    assert_eq!(sb.recalc_sector, sb.provided_data_sectors);
+    assert_ne!(
+        sb.flags & flags::RECALCULATING,
+        0,
+        "the flag kept, as the kernel keeps it"
+    );
 }
