@@ -9,8 +9,8 @@
 # cryptblk's journal (a written block's home copy wiped after cryptblk closed); a flipped
 # ciphertext byte fails the same sector in both.
 # Standalone integritysetup volumes (dm-integrity's own checksums, no encryption) the same
-# way: formatted by integritysetup or by cryptblk, written, replayed and tampered with in
-# both directions.
+# way: formatted by integritysetup or by cryptblk (with and without a journal MAC),
+# written, replayed and tampered with in both directions; and bitmap mode.
 # usage: integrity.sh /path/to/cryptblk [luks2] [standalone]   (default: both parts)
 set -uo pipefail
 CB=$1
@@ -171,8 +171,13 @@ bitmap() {
 if [[ $PARTS == *" standalone "* ]]; then
   head -c 32 /dev/urandom > hkey
   standalone integritysetup 512
-  standalone cryptblk 4096 -I hmac-sha256 --integrity-key-file hkey --integrity-key-size 32
-  standalone integritysetup 4096 -I sha256
+  head -c 32 /dev/urandom > jkey
+  # With a journal MAC (--journal-integrity) both ways: each side checks the other's
+  # superblock MAC and section MACs when it replays the other's journal.
+  standalone cryptblk 4096 -I hmac-sha256 --integrity-key-file hkey --integrity-key-size 32 \
+    --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32
+  standalone integritysetup 4096 -I sha256 \
+    --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32
   bitmap
 fi
 [[ $PARTS == *" luks2 "* ]] || { echo "integrity: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; }

@@ -17,23 +17,70 @@ pub(crate) struct IntegrityArgs {
     /// --type integrity: bytes of HMAC key to read (default: the whole file).
     #[arg(long = "integrity-key-size", value_name = "BYTES")]
     pub integrity_key_size: Option<usize>,
+    /// --type integrity: the journal's MAC (integritysetup's option: hmac-sha256, ...),
+    /// which makes a changed journal fail to replay; format and open both need it.
+    #[arg(long = "journal-integrity", value_name = "ALG")]
+    pub journal_integrity: Option<String>,
+    /// --type integrity: the journal MAC's key.
+    #[arg(long = "journal-integrity-key-file", value_name = "FILE")]
+    pub journal_integrity_key_file: Option<PathBuf>,
+    /// --type integrity: bytes of journal MAC key to read (default: the whole file).
+    #[arg(long = "journal-integrity-key-size", value_name = "BYTES")]
+    pub journal_integrity_key_size: Option<usize>,
 }
 
 impl IntegrityArgs {
     /// The key `algorithm` takes: read from --integrity-key-file for the HMACs (which need
     /// one), none otherwise (a key for a checksum that takes none is refused).
     pub(crate) fn key(&self, algorithm: &str) -> CliResult<Option<cryptblk_crypto::SecretBytes>> {
-        let keyed = cryptblk_crypto::IntegrityHash::is_keyed(algorithm)?;
-        match (&self.integrity_key_file, keyed) {
-            (Some(f), true) => read_key_file(f, 0, self.integrity_key_size).map(Some),
-            (None, true) => Err(CliError::usage(format!(
-                "Integrity algorithm {algorithm} needs --integrity-key-file."
-            ))),
-            (Some(_), false) => Err(CliError::usage(format!(
-                "Integrity algorithm {algorithm} takes no key (--integrity-key-file)."
-            ))),
-            (None, false) => Ok(None),
-        }
+        keyed_file(
+            algorithm,
+            self.integrity_key_file.as_deref(),
+            self.integrity_key_size,
+            "--integrity-key-file",
+        )
+    }
+
+    /// The journal's MAC (--journal-integrity) and its key, when given.
+    pub(crate) fn journal_mac(
+        &self,
+    ) -> CliResult<Option<(String, Option<cryptblk_crypto::SecretBytes>)>> {
+        let Some(alg) = &self.journal_integrity else {
+            if self.journal_integrity_key_file.is_some() {
+                return Err(CliError::usage(
+                    "--journal-integrity-key-file needs --journal-integrity.",
+                ));
+            }
+            return Ok(None);
+        };
+        let key = keyed_file(
+            alg,
+            self.journal_integrity_key_file.as_deref(),
+            self.journal_integrity_key_size,
+            "--journal-integrity-key-file",
+        )?;
+        Ok(Some((alg.clone(), key)))
+    }
+}
+
+/// The key `algorithm` takes, from `file` (given as `option`) for the HMACs, which need
+/// one; none for the others, which refuse one.
+fn keyed_file(
+    algorithm: &str,
+    file: Option<&std::path::Path>,
+    size: Option<usize>,
+    option: &str,
+) -> CliResult<Option<cryptblk_crypto::SecretBytes>> {
+    let keyed = cryptblk_crypto::IntegrityHash::is_keyed(algorithm)?;
+    match (file, keyed) {
+        (Some(f), true) => read_key_file(f, 0, size).map(Some),
+        (None, true) => Err(CliError::usage(format!(
+            "Integrity algorithm {algorithm} needs {option}."
+        ))),
+        (Some(_), false) => Err(CliError::usage(format!(
+            "Integrity algorithm {algorithm} takes no key ({option})."
+        ))),
+        (None, false) => Ok(None),
     }
 }
 

@@ -169,6 +169,7 @@ impl VolumeArgs {
             integrity_bitmap: self.integrity_bitmap,
             integrity: cryptblk_volume::IntegrityOptions {
                 algorithm: self.integrity.clone(),
+                journal_mac: self.integrity_key.journal_mac()?,
             },
             key_slot: None,
             io: self.file_io(),

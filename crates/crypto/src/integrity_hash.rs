@@ -144,6 +144,13 @@ impl IntegrityHash {
         if let Some(s) = &self.salt {
             parts[0] = s;
         }
+        self.digest(&parts, out);
+    }
+
+    /// The algorithm (keyed where it is an HMAC) over the concatenation of `parts`, cut to
+    /// `out`'s length or padded with zeros (as dm-integrity uses a digest: a tag, a journal
+    /// section's MAC, the superblock's MAC).
+    pub fn digest(&self, parts: &[&[u8]], out: &mut [u8]) {
         let mut digest = [0u8; 64];
         let d = &mut digest[..self.alg.digest_size()];
         match self.alg {
@@ -158,16 +165,21 @@ impl IntegrityHash {
                 parts.iter().for_each(|p| h.update(p));
                 d.copy_from_slice(&(!h.finalize()).to_le_bytes());
             }
-            Alg::Hash(h) => h.digest_parts(&parts, d),
+            Alg::Hash(h) => h.digest_parts(parts, d),
             Alg::Hmac(h) => {
                 let key = self.key.as_ref().expect("HMACs are built with a key");
-                crate::aead_sector::hmac_into(h, key, &parts, d);
+                crate::aead_sector::hmac_into(h, key, parts, d);
             }
         }
-        let n = self.tag_size.min(d.len());
+        let n = out.len().min(d.len());
         out[..n].copy_from_slice(&d[..n]);
         out[n..].fill(0);
         zeroize::Zeroize::zeroize(&mut digest);
+    }
+
+    /// The digest's size in bytes.
+    pub fn digest_size(&self) -> usize {
+        self.alg.digest_size()
     }
 
     fn check(&self, data: &[u8], tags: &[u8]) -> Result<usize> {

@@ -17,9 +17,9 @@
 //! A block whose tag does not verify is never handed out: the read fails with EIO and the
 //! failure is counted (`status`: `integrity_errors`).
 
-use cryptblk_crypto::SectorTags;
+use cryptblk_crypto::{IntegrityHash, SectorTags};
 use cryptblk_device::Storage;
-use cryptblk_format::integrity::{Geometry, Journal, Superblock, flags};
+use cryptblk_format::integrity::{Geometry, Journal, SECTION_MAC_BYTES, Superblock, flags};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -141,6 +141,9 @@ pub struct Integrity {
     failures: AtomicU64,
     /// The superblock as last written (its flags change: bitmap mode, recalculation).
     sb: Mutex<Superblock>,
+    /// The journal's MAC (`HAVE_JOURNAL_MAC`, integritysetup's `--journal-integrity`):
+    /// each section's, and the superblock's with `FIXED_HMAC`.
+    journal_mac: Option<IntegrityHash>,
     /// Where it is, in bytes.
     start: u64,
 }
@@ -208,10 +211,46 @@ impl Integrity {
         read_only: bool,
         mode: IntegrityMode,
     ) -> crate::Result<(Integrity, u64)> {
+        Integrity::open_with(storage, start, auth, None, read_only, mode)
+    }
+
+    /// [`Integrity::open`] with the journal's MAC (a device formatted with one needs it;
+    /// the superblock's MAC and every replayed section's are checked with it).
+    pub fn open_with(
+        storage: &dyn Storage,
+        start: u64,
+        auth: Box<dyn SectorTags>,
+        journal_mac: Option<IntegrityHash>,
+        read_only: bool,
+        mode: IntegrityMode,
+    ) -> crate::Result<(Integrity, u64)> {
         let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
         let mut sb_bytes = [0u8; 512];
         storage.read_at(&mut sb_bytes, start)?;
         let sb = Superblock::parse(&sb_bytes).map_err(|e| bad(e.to_string()))?;
+        match (sb.flags & flags::HAVE_JOURNAL_MAC != 0, &journal_mac) {
+            (true, None) => {
+                return Err(bad(
+                    "its journal has a MAC: give it (--journal-integrity and its key)".into(),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(bad("its journal has no MAC (--journal-integrity)".into()));
+            }
+            (true, Some(m)) if sb.flags & flags::FIXED_HMAC != 0 => {
+                let at = Superblock::mac_at(m.digest_size());
+                let mut want = vec![0u8; m.digest_size()];
+                m.digest(&[&sb_bytes[..at]], &mut want);
+                if !cryptblk_crypto::constant_time_eq(&want, &sb_bytes[at..]) {
+                    return Err(bad(
+                        "the superblock's MAC does not verify (a wrong --journal-integrity \
+                         key, or a changed superblock)"
+                            .into(),
+                    ));
+                }
+            }
+            _ => {}
+        }
         let dirty = sb.flags & flags::DIRTY_BITMAP != 0;
         let recalc =
             sb.flags & flags::RECALCULATING != 0 && sb.recalc_sector < sb.provided_data_sectors;
@@ -280,6 +319,7 @@ impl Integrity {
             mode,
             failures: AtomicU64::new(0),
             sb: Mutex::new(sb.clone()),
+            journal_mac,
             start,
         };
         let mut jbytes = vec![0u8; me.journal.bytes() as usize];
@@ -301,6 +341,18 @@ impl Integrity {
             me.write_superblock(storage, &sb)?;
         }
         let replay = me.journal.replay(&jbytes);
+        // As the kernel replays: each section taken must carry its MAC. A mismatch leaves
+        // the journal as it is (the kernel fails the device).
+        let ss = me.journal.section_bytes();
+        for &i in &replay.sections {
+            let section = &jbytes[i as usize * ss..][..ss];
+            if me.journal.mac && me.section_mac(i, section) != me.journal.stored_mac(section) {
+                return Err(bad(format!(
+                    "journal section {i}'s MAC does not verify: a wrong --journal-integrity \
+                     key, or a changed journal (left as it is)"
+                )));
+            }
+        }
         for e in replay.entries.iter().cloned() {
             let b = e.sector * 512 / block;
             let (data, tags) = (Arc::from(e.data), Arc::from(e.tag));
@@ -349,11 +401,36 @@ impl Integrity {
         self.geo.provided_data_sectors * 512 / self.block
     }
 
+    /// Section `i`'s MAC (the kernel's `section_mac`), of its bytes `section`.
+    fn section_mac(&self, i: u32, section: &[u8]) -> [u8; SECTION_MAC_BYTES] {
+        let mut mac = [0u8; SECTION_MAC_BYTES];
+        if let Some(m) = &self.journal_mac {
+            let salt = {
+                let sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());
+                (sb.flags & flags::FIXED_HMAC != 0).then_some(sb.salt)
+            };
+            m.digest(
+                &[&self.journal.mac_input(i, salt.as_ref(), section)],
+                &mut mac,
+            );
+        }
+        mac
+    }
+
+    /// Section `i` (its bytes) with its MAC, where the journal has one.
+    fn sealed_section(&self, i: u32, mut section: Vec<u8>) -> Vec<u8> {
+        if self.journal.mac {
+            let mac = self.section_mac(i, &section);
+            self.journal.set_mac(&mut section, &mac);
+        }
+        section
+    }
+
     /// The journal ring written empty (every section's commit ids of pass `seq`), stable.
     fn empty_journal(&self, storage: &dyn Storage, seq: u8) -> io::Result<()> {
         let mut empty = Vec::with_capacity(self.journal.bytes() as usize);
         for i in 0..self.journal.sections {
-            empty.extend(self.journal.section(i, seq, &[]));
+            empty.extend(self.sealed_section(i, self.journal.section(i, seq, &[])));
         }
         storage.write_at(&empty, self.journal.section_offset(0))?;
         storage.sync()
@@ -362,12 +439,20 @@ impl Integrity {
     /// Writes `sb` (its version as the kernel sets it for its flags), stable.
     fn write_superblock(&self, storage: &dyn Storage, sb: &Superblock) -> io::Result<()> {
         let mut sb = sb.clone();
-        sb.version = sb.version.max(Superblock::version_for(
-            sb.flags,
-            self.mode == IntegrityMode::Bitmap,
-        ));
+        // The kernel's `sb_set_version`, at every superblock write.
+        sb.version = Superblock::version_for(sb.flags, self.mode == IntegrityMode::Bitmap);
         let mut area = vec![0u8; 4096];
         area[..64].copy_from_slice(&sb.to_bytes());
+        if let Some(m) = self
+            .journal_mac
+            .as_ref()
+            .filter(|_| sb.flags & flags::FIXED_HMAC != 0)
+        {
+            // The kernel's `sb_mac`: the first sector's MAC at its end.
+            let at = Superblock::mac_at(m.digest_size());
+            let (covered, mac) = area[..512].split_at_mut(at);
+            m.digest(&[covered], mac);
+        }
         storage.write_at(&area, self.start)?;
         storage.sync()
     }
@@ -409,27 +494,38 @@ impl Integrity {
         wipe: bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> crate::Result<u64> {
+        Integrity::format_with(storage, start, auth, None, salt, wipe, progress)
+    }
+
+    /// [`Integrity::format`] with a journal MAC (`HAVE_JOURNAL_MAC`; with `salt`, the
+    /// superblock's MAC too), as integritysetup's `--journal-integrity` formats.
+    pub fn format_with(
+        storage: &dyn Storage,
+        start: u64,
+        auth: Box<dyn SectorTags>,
+        journal_mac: Option<IntegrityHash>,
+        salt: Option<[u8; 16]>,
+        wipe: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> crate::Result<u64> {
         let bad = |s: String| crate::Error::Invalid(format!("dm-integrity: {s}"));
         let sectors = storage.size()? / 512;
         let tag = u16::try_from(auth.tag_size()).map_err(|_| bad("tag size".into()))?;
-        let mut sb = Geometry::format(sectors, start / 512, tag, auth.sector_size())
-            .map_err(|e| bad(e.to_string()))?;
+        let mut sb = Geometry::format_with(
+            sectors,
+            start / 512,
+            tag,
+            auth.sector_size(),
+            journal_mac.is_some(),
+        )
+        .map_err(|e| bad(e.to_string()))?;
         if let Some(salt) = salt {
             // fix_hmac: the salt goes into every tag (`auth` was built with it).
             sb.flags |= flags::FIXED_HMAC;
             sb.salt = salt;
-            sb.version = Superblock::version_for(sb.flags, false);
         }
         let geo = Geometry::of(&sb, start / 512);
         let journal = Journal::of(&sb, &geo).map_err(|e| bad(e.to_string()))?;
-        let mut area = vec![0u8; 4096];
-        area[..64].copy_from_slice(&sb.to_bytes());
-        let mut empty = Vec::with_capacity(journal.bytes() as usize);
-        for i in 0..journal.sections {
-            empty.extend(journal.section(i, 0, &[]));
-        }
-        storage.write_at(&empty, journal.section_offset(0))?;
-        storage.write_at(&area, start)?;
         let me = Integrity {
             block: u64::from(auth.sector_size()),
             auth,
@@ -440,8 +536,11 @@ impl Integrity {
             mode: IntegrityMode::Direct,
             failures: AtomicU64::new(0),
             sb: Mutex::new(sb.clone()),
+            journal_mac,
             start,
         };
+        me.empty_journal(storage, 0)?;
+        me.write_superblock(storage, &sb)?;
         let total = geo.provided_data_sectors * 512;
         if wipe {
             let (bs, ts) = (me.block as usize, me.auth.tag_size());
@@ -629,7 +728,10 @@ impl Integrity {
             .open
             .iter()
             .map(|(b, p)| (b * spb, p.data(bs), p.tag(ts)));
-        let section = self.journal.section_of(st.next_section, st.seq, entries);
+        let section = self.sealed_section(
+            st.next_section,
+            self.journal.section_of(st.next_section, st.seq, entries),
+        );
         storage.write_at(&section, self.journal.section_offset(st.next_section))?;
         st.next_section += 1;
         let State {

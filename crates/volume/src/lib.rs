@@ -36,10 +36,10 @@ pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
     DEFAULT_INTEGRITY_ALGORITHM, Devices, FileIo, IntegrityOptions, LoopAesOptions, OpenOptions,
     Opened, Probe, Secret, Unlock, UnlockedBitlk, UnlockedFvault2, UnlockedLuks, UnlockedTcrypt,
-    VolumeInfo, VolumeType, bitlk_header, fvault2_header, integrity_volume_on, open, open_bitlk,
-    open_fvault2, open_integrity, open_loopaes, open_luks, open_plain, open_plain_on,
-    open_plain_with, open_tcrypt, probe, tcrypt_header, unlock_layout, unlock_luks,
-    volume_from_key,
+    VolumeInfo, VolumeType, bitlk_header, fvault2_header, integrity_volume_on,
+    integrity_volume_with, open, open_bitlk, open_fvault2, open_integrity, open_loopaes, open_luks,
+    open_plain, open_plain_on, open_plain_with, open_tcrypt, probe, tcrypt_header, unlock_layout,
+    unlock_luks, volume_from_key,
 };
 pub use storage::{FileStorage, IoEngine};
 pub use suspend::Suspended;

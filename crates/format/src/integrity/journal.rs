@@ -6,12 +6,19 @@
 //! [`Journal::replay`] finds what the kernel's `replay_journal` finds: the consistent run
 //! of sections from the oldest, whose entries are applied in order; [`Journal::section`]
 //! writes a section as the kernel's commit does, so that either side replays the other's.
-//! LUKS2 never uses the journal's encryption or MAC, and neither do we.
+//! With a journal MAC (`HAVE_JOURNAL_MAC`, integritysetup's `--journal-integrity`) the
+//! entry sectors keep 8 bytes each for the section's MAC ([`Journal::mac_input`],
+//! [`Journal::set_mac`]); the journal's encryption (`--journal-crypt`, which the superblock
+//! does not record) is not implemented. LUKS2 uses neither.
 
 use super::{Geometry, IntegrityError, SUPERBLOCK_SECTORS, Superblock, flags};
 
 /// Journal sectors hold entries or data in their first 504 bytes.
 const SECTOR_DATA: usize = 504;
+/// With a journal MAC, each entry sector's bytes 496..504 hold 8 bytes of it.
+const MAC_PER_SECTOR: usize = 8;
+/// The section MAC's bytes: 8 per entry sector.
+pub const SECTION_MAC_BYTES: usize = MAC_PER_SECTOR * ENTRY_SECTORS;
 /// The first 8 sectors of a section hold its entries.
 const ENTRY_SECTORS: usize = 8;
 /// Four ring passes tell sections apart.
@@ -46,6 +53,8 @@ pub struct Journal {
     /// Byte offset of section 0 on the device.
     offset: u64,
     provided_data_sectors: u64,
+    /// The entry sectors carry the section's MAC.
+    pub mac: bool,
 }
 
 /// What [`Journal::replay`] found.
@@ -58,6 +67,9 @@ pub struct Replay {
     /// Every sector carried a commit id of its place (else the kernel clears the journal
     /// without applying anything, and so do we).
     pub consistent: bool,
+    /// The sections whose entries were taken, in order (their MACs are checked, as the
+    /// kernel checks them when it replays).
+    pub sections: Vec<u32>,
 }
 
 impl Replay {
@@ -71,13 +83,11 @@ impl Replay {
 impl Journal {
     /// The journal of the device with superblock `sb` and layout `g`.
     pub fn of(sb: &Superblock, g: &Geometry) -> Result<Journal, IntegrityError> {
-        if sb.flags & flags::HAVE_JOURNAL_MAC != 0 {
-            return Err(IntegrityError::Unsupported("a journal with a MAC".into()));
-        }
+        let mac = sb.flags & flags::HAVE_JOURNAL_MAC != 0;
         let spb = 1usize << g.log2_sectors_per_block;
         let tag_size = g.tag_size as usize;
         let entry_size = (8 + 8 * spb + tag_size).div_ceil(8) * 8;
-        let per_sector = SECTOR_DATA / entry_size;
+        let per_sector = (SECTOR_DATA - if mac { MAC_PER_SECTOR } else { 0 }) / entry_size;
         if per_sector == 0 {
             return Err(IntegrityError::Invalid(format!("tag size {tag_size}")));
         }
@@ -90,7 +100,40 @@ impl Journal {
             tag_size,
             offset: (g.start + SUPERBLOCK_SECTORS) * 512,
             provided_data_sectors: g.provided_data_sectors,
+            mac,
         })
+    }
+
+    /// What the kernel's `section_mac` hashes for section `i` (`section`, its bytes):
+    /// with `FIXED_HMAC` the superblock's salt and le64(i), then every entry's sector field.
+    pub fn mac_input(&self, i: u32, salt: Option<&[u8; 16]>, section: &[u8]) -> Vec<u8> {
+        let mut input = Vec::with_capacity(24 + 8 * self.entries_per_section);
+        if let Some(salt) = salt {
+            input.extend_from_slice(salt);
+            input.extend_from_slice(&u64::from(i).to_le_bytes());
+        }
+        for e in 0..self.entries_per_section {
+            let (at, _) = self.entry_at(e);
+            input.extend_from_slice(&section[at..at + 8]);
+        }
+        input
+    }
+
+    /// The section's MAC as stored: 8 bytes from each entry sector.
+    pub fn stored_mac(&self, section: &[u8]) -> [u8; SECTION_MAC_BYTES] {
+        let mut mac = [0u8; SECTION_MAC_BYTES];
+        for (j, m) in mac.chunks_exact_mut(MAC_PER_SECTOR).enumerate() {
+            m.copy_from_slice(&section[j * 512 + SECTOR_DATA - MAC_PER_SECTOR..][..MAC_PER_SECTOR]);
+        }
+        mac
+    }
+
+    /// Stores `mac` (the digest cut or zero-padded to [`SECTION_MAC_BYTES`]) in the entry
+    /// sectors of `section`.
+    pub fn set_mac(&self, section: &mut [u8], mac: &[u8; SECTION_MAC_BYTES]) {
+        for (j, m) in mac.chunks_exact(MAC_PER_SECTOR).enumerate() {
+            section[j * 512 + SECTOR_DATA - MAC_PER_SECTOR..][..MAC_PER_SECTOR].copy_from_slice(m);
+        }
     }
 
     /// Byte offset of section `i` on the device.
@@ -134,6 +177,7 @@ impl Journal {
             entries: Vec::new(),
             last_used,
             consistent: false,
+            sections: Vec::new(),
         };
         for i in 0..n {
             for j in 0..self.section_sectors as usize {
@@ -189,15 +233,17 @@ impl Journal {
             }
         }
         let mut entries = Vec::new();
-        if !empty {
-            for &i in &order {
-                self.entries_of(section(i), &mut entries);
-            }
+        if empty {
+            order.clear();
+        }
+        for &i in &order {
+            self.entries_of(section(i), &mut entries);
         }
         Replay {
             entries,
             last_used,
             consistent: true,
+            sections: order.iter().map(|&i| i as u32).collect(),
         }
     }
 

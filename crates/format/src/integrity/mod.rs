@@ -9,7 +9,7 @@
 
 mod journal;
 
-pub use journal::{Journal, JournalEntry, Replay};
+pub use journal::{Journal, JournalEntry, Replay, SECTION_MAC_BYTES};
 
 use std::fmt;
 
@@ -141,6 +141,12 @@ impl Superblock {
         b[32..40].copy_from_slice(&self.recalc_sector.to_le_bytes());
         b[48..64].copy_from_slice(&self.salt);
         b
+    }
+
+    /// Where the superblock's MAC goes in its first 512-byte sector (`sb_mac`: a journal
+    /// MAC of `mac_size` bytes, with `FIXED_HMAC`): the MAC covers the bytes before it.
+    pub fn mac_at(mac_size: usize) -> usize {
+        512 - mac_size
     }
 
     /// What `integritysetup dump` prints for the device `shown`, line for line.
@@ -314,22 +320,39 @@ impl Geometry {
         tag_size: u16,
         block_size: u32,
     ) -> Result<Superblock, IntegrityError> {
+        Geometry::format_with(device_sectors, start, tag_size, block_size, false)
+    }
+
+    /// [`Geometry::format`], with a journal MAC (`HAVE_JOURNAL_MAC`: 8 bytes of each of a
+    /// section's entry sectors hold it) when `journal_mac`.
+    pub fn format_with(
+        device_sectors: u64,
+        start: u64,
+        tag_size: u16,
+        block_size: u32,
+        journal_mac: bool,
+    ) -> Result<Superblock, IntegrityError> {
         if !(block_size.is_power_of_two() && (512..=4096).contains(&block_size)) {
             return Err(IntegrityError::Invalid(format!("block size {block_size}")));
         }
         let log2_spb = (block_size / 512).trailing_zeros() as u8;
-        let section = journal_section_sectors(u64::from(tag_size), log2_spb, false);
+        let section = journal_section_sectors(u64::from(tag_size), log2_spb, journal_mac);
+        let mac_flag = if journal_mac {
+            flags::HAVE_JOURNAL_MAC
+        } else {
+            0
+        };
         let journal_sectors =
             (device_sectors >> DEFAULT_JOURNAL_SIZE_FACTOR).min(DEFAULT_MAX_JOURNAL_SECTORS);
         let journal_sections = (journal_sectors / section).max(1);
         let mut sb = Superblock {
-            version: Superblock::version_for(flags::FIXED_PADDING, false),
+            version: Superblock::version_for(flags::FIXED_PADDING | mac_flag, false),
             log2_interleave_sectors: DEFAULT_LOG2_INTERLEAVE_SECTORS,
             tag_size,
             journal_sections: u32::try_from(journal_sections)
                 .map_err(|_| IntegrityError::Invalid("journal too large".into()))?,
             provided_data_sectors: 0,
-            flags: flags::FIXED_PADDING,
+            flags: flags::FIXED_PADDING | mac_flag,
             log2_sectors_per_block: log2_spb,
             log2_blocks_per_bitmap_bit: LOG2_DEFAULT_SECTORS_PER_BITMAP_BIT - log2_spb,
             recalc_sector: 0,

@@ -4,7 +4,7 @@
 //! the checksum: as with `integritysetup open`, the caller does (`--integrity`), and a wrong
 //! one reads as failed blocks.
 
-use super::{OpenOptions, integrity_volume_on};
+use super::{OpenOptions, integrity_volume_with};
 use crate::{Error, Result, Volume};
 use cryptblk_crypto::IntegrityHash;
 use cryptblk_device::Storage;
@@ -19,6 +19,22 @@ pub const DEFAULT_INTEGRITY_ALGORITHM: &str = "crc32c";
 pub struct IntegrityOptions {
     /// The checksum (`--integrity`): [`DEFAULT_INTEGRITY_ALGORITHM`] when `None`.
     pub algorithm: Option<String>,
+    /// The journal's MAC (`--journal-integrity`) and its key, for a volume formatted with
+    /// one.
+    pub journal_mac: Option<(String, Option<cryptblk_crypto::SecretBytes>)>,
+}
+
+impl IntegrityOptions {
+    /// The journal MAC these options name, keyed.
+    pub fn journal_mac(&self) -> Result<Option<IntegrityHash>> {
+        self.journal_mac
+            .as_ref()
+            .map(|(name, key)| {
+                let size = IntegrityHash::digest_size_of(name)?;
+                Ok(IntegrityHash::new(name, key.as_deref(), size, 512, None)?)
+            })
+            .transpose()
+    }
 }
 
 impl IntegrityOptions {
@@ -62,10 +78,11 @@ pub fn open_integrity(device: &Path, opts: &OpenOptions, key: Option<&[u8]>) -> 
     )?;
     let data = opts.devices.open(device, opts.read_only)?;
     let storage = opts.io.storage(data, block)?;
-    integrity_volume_on(
+    integrity_volume_with(
         storage,
         0,
         Box::new(hash),
+        opts.integrity.journal_mac()?,
         opts.read_only,
         opts.integrity_mode(),
     )
