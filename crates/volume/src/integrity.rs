@@ -103,6 +103,9 @@ impl Bitmap {
     /// Sets the bits of blocks `[first, first + n)`; returns the byte range of the 4 KiB
     /// bitmap blocks that changed (to be written), if any did.
     fn mark(&mut self, first: u64, n: u64) -> Option<std::ops::Range<usize>> {
+        if n == 0 {
+            return None;
+        }
         let (lo, hi) = (
             first >> self.log2_blocks,
             (first + n - 1) >> self.log2_blocks,

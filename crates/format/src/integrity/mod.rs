@@ -231,6 +231,14 @@ impl Superblock {
         if self.log2_interleave_sectors < self.log2_sectors_per_block {
             return bad("interleave smaller than a block");
         }
+        if u32::from(self.log2_sectors_per_block) + u32::from(self.log2_blocks_per_bitmap_bit) > 40
+        {
+            // A bitmap bit over more than 2^40 sectors (512 TiB): no kernel writes that.
+            return bad(&format!(
+                "log2 blocks per bitmap bit {}",
+                self.log2_blocks_per_bitmap_bit
+            ));
+        }
         if self.tag_size == 0 || self.tag_size > 424 {
             return bad(&format!("tag size {}", self.tag_size));
         }
@@ -506,6 +514,7 @@ mod tests {
             (10, 0),
             (12, 0),
             (24, 0x40),
+            (29, 60),
         ] {
             let mut b = good;
             b[off] = val;
