@@ -9,8 +9,11 @@ pub(crate) struct Ctx {
     pub batch: bool,
     /// `-v` (or cryptsetup's `--debug`).
     pub verbose: bool,
-    /// Run under the name `cryptsetup`: its drop-in (`open` detaches once serving).
+    /// Run under the name `cryptsetup` or `integritysetup`: its drop-in (`open` detaches
+    /// once serving).
     pub dropin: bool,
+    /// The name it runs under (`cryptblk`, `cryptsetup`, `integritysetup`), for messages.
+    pub program: &'static str,
     /// Opens every DEVICE and `--header` argument.
     pub devices: Devices,
     /// `-T`: how many times a passphrase typed at a terminal is asked for (cryptsetup's

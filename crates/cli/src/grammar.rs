@@ -18,14 +18,16 @@ pub(crate) fn command(cmd: Command, name: &'static str) -> Command {
     let cmd = cmd.name(name).bin_name(name);
     // As `cryptsetup`, `--version` says which cryptsetup it stands in for (scripts compare
     // versions and look for flags: BLKID, the foreign-signature check it makes).
-    let cmd = if name == "cryptsetup" {
-        cmd.version(concat!(
+    let cmd = match name {
+        "cryptsetup" => cmd.version(concat!(
             "2.6.1 flags: BLKID (cryptblk ",
             env!("CARGO_PKG_VERSION"),
             ")"
-        ))
-    } else {
-        cmd
+        )),
+        "integritysetup" => {
+            cmd.version(concat!("2.6.1 (cryptblk ", env!("CARGO_PKG_VERSION"), ")"))
+        }
+        _ => cmd,
     };
     override_self(cmd)
 }
@@ -103,6 +105,52 @@ impl OptionTable {
         }
         Some(1)
     }
+}
+
+/// integritysetup's command line as cryptblk's, before [`normalize`]: its `-s` is the
+/// sector size and `-t` the tag size (cryptblk's `--key-size` and `--timeout`), and
+/// `--no-wipe` is `--integrity-no-wipe`. Arguments after `--` are left alone.
+pub(crate) fn integritysetup_spelling(argv: Vec<OsString>) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut rest = false;
+    for (i, a) in argv.into_iter().enumerate() {
+        if i == 0 || rest {
+            out.push(a);
+            continue;
+        }
+        let s = a.to_string_lossy();
+        let mapped = match s.as_ref() {
+            "--" => {
+                rest = true;
+                None
+            }
+            "-s" => Some("--sector-size".to_string()),
+            "-t" => Some("--tag-size".to_string()),
+            _ if s.starts_with("-s") && s.len() > 2 && !s.starts_with("--") => {
+                Some(format!("--sector-size={}", &s[2..]))
+            }
+            _ if s.starts_with("-t") && s.len() > 2 && !s.starts_with("--") => {
+                Some(format!("--tag-size={}", &s[2..]))
+            }
+            _ => None,
+        };
+        out.push(mapped.map_or(a, OsString::from));
+    }
+    out
+}
+
+/// integritysetup's actions on cryptblk's: `format`, `open` and `dump` of a standalone
+/// integrity volume (`--type integrity`); `close` and `status` as they are. `argv` is
+/// [`normalize`]d (the action is `argv[1]`).
+pub(crate) fn integritysetup_action(mut argv: Vec<OsString>) -> Vec<OsString> {
+    if argv
+        .get(1)
+        .is_some_and(|a| a == "format" || a == "open" || a == "dump")
+    {
+        argv.insert(2, "--type".into());
+        argv.insert(3, "integrity".into());
+    }
+    argv
 }
 
 /// `argv` with every option given before the action moved after it (the program name
@@ -225,6 +273,35 @@ mod tests {
         assert_eq!(
             norm("cryptsetup -c luksFormat luksFormat DEV"),
             "cryptsetup luksFormat -c luksFormat DEV"
+        );
+    }
+
+    #[test]
+    fn integritysetups_spelling_becomes_cryptblks() {
+        let line = |l: &str| -> String {
+            let argv: Vec<OsString> = l.split(' ').map(OsString::from).collect();
+            let cmd = command(crate::Cli::command(), "integritysetup");
+            let out = integritysetup_action(normalize(&cmd, integritysetup_spelling(argv)));
+            out.iter()
+                .map(|s| s.to_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(
+            line("integritysetup -q format -s 4096 -t 8 -I sha1 --no-wipe DEV"),
+            "integritysetup format --type integrity -q --sector-size 4096 --tag-size 8 -I sha1 --no-wipe DEV"
+        );
+        assert_eq!(
+            line("integritysetup open -B -s512 DEV NAME"),
+            "integritysetup open --type integrity -B --sector-size=512 DEV NAME"
+        );
+        assert_eq!(
+            line("integritysetup close NAME"),
+            "integritysetup close NAME"
+        );
+        assert_eq!(
+            line("integritysetup dump -- -s"),
+            "integritysetup dump --type integrity -- -s"
         );
     }
 

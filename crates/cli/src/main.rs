@@ -152,21 +152,33 @@ fn main() {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Run as `cryptsetup` (a link of that name), cryptblk is its drop-in: messages name
     // it so, and `open` returns once the volume is served, as cryptsetup returns once the
-    // mapping exists.
-    let dropin = argv
+    // mapping exists. Run as `integritysetup`, the same for standalone integrity volumes.
+    let name = match argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
-        .is_some_and(|n| n == "cryptsetup");
-    let cmd = grammar::command(
-        Cli::command(),
-        if dropin { "cryptsetup" } else { "cryptblk" },
-    );
-    let matches = cmd.clone().get_matches_from(grammar::normalize(&cmd, argv));
+        .and_then(|n| n.to_str())
+    {
+        Some("cryptsetup") => "cryptsetup",
+        Some("integritysetup") => "integritysetup",
+        _ => "cryptblk",
+    };
+    let dropin = name != "cryptblk";
+    let cmd = grammar::command(Cli::command(), name);
+    let argv = if name == "integritysetup" {
+        grammar::integritysetup_action(grammar::normalize(
+            &cmd,
+            grammar::integritysetup_spelling(argv),
+        ))
+    } else {
+        grammar::normalize(&cmd, argv)
+    };
+    let matches = cmd.clone().get_matches_from(argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let ctx = ctx::Ctx {
         batch: cli.batch_mode,
         verbose: cli.verbose || cli.compat.debug,
         dropin,
+        program: name,
         devices: cryptblk_storage::Devices {
             rbd: cryptblk_storage::RbdOptions {
                 conf: cli.ceph_conf.clone(),

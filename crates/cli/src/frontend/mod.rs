@@ -271,6 +271,7 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
             batch: ctx.batch,
             verbose: ctx.verbose,
             dropin: ctx.dropin,
+            program: ctx.program,
             devices: cryptblk_storage::Devices {
                 shared_local: true,
                 ..ctx.devices.clone()
@@ -940,7 +941,12 @@ fn spawn_daemon_once(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
         args.push("--nbd".into());
         args.push(spec.into());
     }
-    let mut child = Command::new(exe)
+    let mut child = Command::new(exe);
+    if ctx.program == "integritysetup" {
+        // The child reads integritysetup's spelling of these arguments too.
+        child.arg0(ctx.program);
+    }
+    let mut child = child
         .args(&args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -974,8 +980,8 @@ fn spawn_daemon_once(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
                 (None, true) => "FUSE".to_string(),
             };
             eprintln!(
-                "{}: served by cryptblk at {at} (no /dev/mapper/{} is made: no device-mapper); `cryptsetup close {}` stops it",
-                a.name, a.name, a.name
+                "{}: served by cryptblk at {at} (no /dev/mapper/{} is made: no device-mapper); `{} close {}` stops it",
+                a.name, a.name, ctx.program, a.name
             );
         } else {
             outln!("{}", if rest.is_empty() { &a.name } else { rest });

@@ -357,3 +357,41 @@ fn bitmap_mode_imports_and_closes_clean() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("bitmap mode"), "{err}");
 }
+
+/// Run as `integritysetup` (a link of that name), cryptblk takes integritysetup's command
+/// line: its `format` (`-t` the tag size, `-s` the sector size, `--no-wipe`) writes what the
+/// kernel's integritysetup wrote, `dump` prints what it printed, `open` returns once the
+/// volume is served, `status` and `close` name it.
+#[test]
+fn run_as_integritysetup_it_takes_integritysetups_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("integritysetup");
+    std::os::unix::fs::symlink(bin(), &link).unwrap();
+    let is = link.to_str().unwrap();
+    let img = dir.path().join("v.img");
+    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let i = img.to_str().unwrap();
+    let run_dir = dir.path().join("run");
+    let r = run_dir.to_str().unwrap();
+    ok(&run_in(
+        is,
+        &["-q", "format", "-t", "8", "-I", "sha1", "--no-wipe", i],
+        b"",
+    ));
+    let want = std::fs::read_to_string(format!("{DATA}/sha1-t8-512.dump"))
+        .unwrap()
+        .replace("/tmp/sha1-t8-512.img", i);
+    assert_eq!(ok(&run_in(is, &["dump", i], b"")), want);
+    let o = run_in(is, &["open", "-I", "sha1", i, "iv", "--run-dir", r], b"");
+    ok(&o);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("`integritysetup close iv` stops it"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let st = ok(&run_in(is, &["status", "iv", "--run-dir", r], b""));
+    assert!(st.contains("INTEGRITY") && st.contains("sha1"), "{st}");
+    ok(&run_in(is, &["close", "iv", "--run-dir", r], b""));
+    let v = ok(&run_in(is, &["--version"], b""));
+    assert!(v.starts_with("integritysetup 2.6.1"), "{v}");
+}
