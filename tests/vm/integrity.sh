@@ -172,12 +172,16 @@ if [[ $PARTS == *" standalone "* ]]; then
   head -c 32 /dev/urandom > hkey
   standalone integritysetup 512
   head -c 32 /dev/urandom > jkey
-  # With a journal MAC (--journal-integrity) both ways: each side checks the other's
-  # superblock MAC and section MACs when it replays the other's journal.
+  # With a journal MAC (--journal-integrity) and an encrypted journal (--journal-crypt)
+  # both ways: each side checks the other's superblock MAC and section MACs, and decrypts
+  # the other's journal, when it replays it.
+  # The journal encrypted too (--journal-crypt, a stream cipher), each way.
   standalone cryptblk 4096 -I hmac-sha256 --integrity-key-file hkey --integrity-key-size 32 \
-    --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32
+    --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32 \
+    --journal-crypt chacha20 --journal-crypt-key-file jkey --journal-crypt-key-size 32
   standalone integritysetup 4096 -I sha256 \
-    --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32
+    --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32 \
+    --journal-crypt ctr-aes --journal-crypt-key-file jkey --journal-crypt-key-size 32
   bitmap
 fi
 [[ $PARTS == *" luks2 "* ]] || { echo "integrity: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; }

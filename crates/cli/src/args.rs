@@ -27,6 +27,17 @@ pub(crate) struct IntegrityArgs {
     /// --type integrity: bytes of journal MAC key to read (default: the whole file).
     #[arg(long = "journal-integrity-key-size", value_name = "BYTES")]
     pub journal_integrity_key_size: Option<usize>,
+    /// --type integrity: the journal's encryption, a stream cipher (chacha20, ctr-aes), as
+    /// integritysetup's option; the superblock does not record it: format and open both
+    /// need it.
+    #[arg(long = "journal-crypt", value_name = "ALG")]
+    pub journal_crypt: Option<String>,
+    /// --type integrity: the journal encryption's key.
+    #[arg(long = "journal-crypt-key-file", value_name = "FILE")]
+    pub journal_crypt_key_file: Option<PathBuf>,
+    /// --type integrity: bytes of journal encryption key to read (default: the whole file).
+    #[arg(long = "journal-crypt-key-size", value_name = "BYTES")]
+    pub journal_crypt_key_size: Option<usize>,
 }
 
 impl IntegrityArgs {
@@ -39,6 +50,25 @@ impl IntegrityArgs {
             self.integrity_key_size,
             "--integrity-key-file",
         )
+    }
+
+    /// The journal's encryption (--journal-crypt) and its key, when given.
+    pub(crate) fn journal_crypt(
+        &self,
+    ) -> CliResult<Option<(String, cryptblk_crypto::SecretBytes)>> {
+        match (&self.journal_crypt, &self.journal_crypt_key_file) {
+            (Some(alg), Some(f)) => Ok(Some((
+                alg.clone(),
+                read_key_file(f, 0, self.journal_crypt_key_size)?,
+            ))),
+            (Some(_), None) => Err(CliError::usage(
+                "--journal-crypt needs --journal-crypt-key-file.",
+            )),
+            (None, Some(_)) => Err(CliError::usage(
+                "--journal-crypt-key-file needs --journal-crypt.",
+            )),
+            (None, None) => Ok(None),
+        }
     }
 
     /// The journal's MAC (--journal-integrity) and its key, when given.

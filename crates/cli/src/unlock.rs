@@ -170,6 +170,7 @@ impl VolumeArgs {
             integrity: cryptblk_volume::IntegrityOptions {
                 algorithm: self.integrity.clone(),
                 journal_mac: self.integrity_key.journal_mac()?,
+                journal_crypt: self.integrity_key.journal_crypt()?,
             },
             key_slot: None,
             io: self.file_io(),

@@ -246,6 +246,45 @@ impl crate::SectorTags for IntegrityHash {
     }
 }
 
+/// The keystream a stream-cipher journal encryption XORs over dm-integrity's journal
+/// (integritysetup's `--journal-crypt`; the kernel's `create_journal` with a cipher of
+/// block size 1): `name` (`chacha20`, or `ctr-aes`/`ctr(aes)`) under `key` with an IV of
+/// zeros over `len` zero bytes. The kernel takes the journal's pages and then the 32 bytes
+/// of commit id bases this way.
+pub fn integrity_journal_keystream(name: &str, key: &[u8], len: usize) -> Result<SecretBytes> {
+    let mut ks = SecretBytes::zeroed(len);
+    match name.to_ascii_lowercase().as_str() {
+        "chacha20" => {
+            use chacha20::cipher::{KeyIvInit, StreamCipher};
+            let key: &[u8; 32] = key.try_into().map_err(|_| Error::InvalidKeyLength {
+                cipher: name.into(),
+                len: key.len(),
+            })?;
+            // The kernel's 16-byte IV of zeros: block counter 0, nonce 0 (RFC 7539's).
+            let mut c = chacha20::ChaCha20::new(key.into(), &[0u8; 12].into());
+            c.apply_keystream(&mut ks);
+        }
+        "ctr-aes" | "ctr(aes)" => {
+            let aes = crate::block::BlockKey::aes_scrubbed(key)?;
+            // Big-endian 128-bit counter blocks from zero, encrypted.
+            for (n, block) in ks.chunks_mut(16).enumerate() {
+                let mut b = [0u8; 16];
+                b[8..].copy_from_slice(&(n as u64).to_be_bytes());
+                aes.encrypt_blocks(&mut b);
+                block.copy_from_slice(&b[..block.len()]);
+                zeroize::Zeroize::zeroize(&mut b);
+            }
+        }
+        _ => {
+            return Err(Error::UnsupportedCipher(format!(
+                "journal encryption '{name}' (cryptblk computes the stream ciphers chacha20 \
+                 and ctr-aes)"
+            )));
+        }
+    }
+    Ok(ks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@
 //! A block whose tag does not verify is never handed out: the read fails with EIO and the
 //! failure is counted (`status`: `integrity_errors`).
 
-use cryptblk_crypto::{IntegrityHash, SectorTags};
+use cryptblk_crypto::{IntegrityHash, SecretBytes, SectorTags};
 use cryptblk_device::Storage;
 use cryptblk_format::integrity::{Geometry, Journal, SECTION_MAC_BYTES, Superblock, flags};
 use std::collections::BTreeMap;
@@ -33,6 +33,40 @@ const HOME_RUN_BYTES: usize = 1 << 20;
 /// clears the bitmap (the kernel's `bitmap_flush_interval`, 10 s by default): clearing at
 /// every flush would cost every next write a bitmap write and a sync first.
 const BITMAP_CLEAR_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The journal's own protection, besides the blocks' tags (integritysetup's options; the
+/// superblock records a MAC, never an encryption).
+#[derive(Debug, Default)]
+pub struct JournalKeys {
+    /// `--journal-integrity`: each section's MAC, and the superblock's with `fix_hmac`.
+    pub mac: Option<IntegrityHash>,
+    /// `--journal-crypt`: a stream cipher's name and key; the journal is XORed with its
+    /// keystream (block ciphers are not supported).
+    pub crypt: Option<(String, SecretBytes)>,
+}
+
+/// The journal of `sb`/`geo` under `crypt`: its layout (with the commit id bases the
+/// encryption changes) and the keystream it is XORed with.
+fn journal_under(
+    sb: &Superblock,
+    geo: &Geometry,
+    crypt: Option<&(String, SecretBytes)>,
+) -> crate::Result<(Journal, Option<SecretBytes>)> {
+    let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
+    let journal = Journal::of(sb, geo).map_err(|e| bad(e.to_string()))?;
+    let Some((name, key)) = crypt else {
+        return Ok((journal, None));
+    };
+    // The kernel encrypts zeros over the journal's pages, then the four commit id bases.
+    let pages = journal.bytes().next_multiple_of(4096) as usize;
+    let ks = cryptblk_crypto::integrity_journal_keystream(name, key, pages + 32)?;
+    let mut bases = journal.commit_bases();
+    for (b, k) in bases.iter_mut().zip(&ks[pages..]) {
+        *b ^= k;
+    }
+    let xor = SecretBytes::from_slice(&ks[..journal.bytes() as usize]);
+    Ok((journal.with_commit_bases(&bases), Some(xor)))
+}
 
 /// How writes reach their place, as dm-integrity's modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -147,6 +181,9 @@ pub struct Integrity {
     /// The journal's MAC (`HAVE_JOURNAL_MAC`, integritysetup's `--journal-integrity`):
     /// each section's, and the superblock's with `FIXED_HMAC`.
     journal_mac: Option<IntegrityHash>,
+    /// The keystream the journal is XORed with on the device (`--journal-crypt`), from its
+    /// first byte.
+    journal_xor: Option<SecretBytes>,
     /// Where it is, in bytes.
     start: u64,
 }
@@ -214,19 +251,31 @@ impl Integrity {
         read_only: bool,
         mode: IntegrityMode,
     ) -> crate::Result<(Integrity, u64)> {
-        Integrity::open_with(storage, start, auth, None, read_only, mode)
+        Integrity::open_with(
+            storage,
+            start,
+            auth,
+            JournalKeys::default(),
+            read_only,
+            mode,
+        )
     }
 
     /// [`Integrity::open`] with the journal's MAC (a device formatted with one needs it;
-    /// the superblock's MAC and every replayed section's are checked with it).
+    /// the superblock's MAC and every replayed section's are checked with it) and its
+    /// encryption.
     pub fn open_with(
         storage: &dyn Storage,
         start: u64,
         auth: Box<dyn SectorTags>,
-        journal_mac: Option<IntegrityHash>,
+        keys: JournalKeys,
         read_only: bool,
         mode: IntegrityMode,
     ) -> crate::Result<(Integrity, u64)> {
+        let JournalKeys {
+            mac: journal_mac,
+            crypt,
+        } = keys;
         let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
         let mut sb_bytes = [0u8; 512];
         storage.read_at(&mut sb_bytes, start)?;
@@ -296,7 +345,12 @@ impl Integrity {
             )));
         }
         let geo = Geometry::of(&sb, start / 512);
-        let journal = Journal::of(&sb, &geo).map_err(|e| bad(e.to_string()))?;
+        if crypt.is_some() && (dirty || mode == IntegrityMode::Bitmap) {
+            return Err(bad(
+                "bitmap mode with an encrypted journal is not supported".into(),
+            ));
+        }
+        let (journal, journal_xor) = journal_under(&sb, &geo, crypt.as_ref())?;
         let provided = geo.provided_data_sectors;
         let dev_sectors = storage.size()? / 512;
         if provided == 0 || geo.data_sector(provided - 1) >= dev_sectors {
@@ -323,10 +377,12 @@ impl Integrity {
             failures: AtomicU64::new(0),
             sb: Mutex::new(sb.clone()),
             journal_mac,
+            journal_xor,
             start,
         };
         let mut jbytes = vec![0u8; me.journal.bytes() as usize];
         storage.read_at(&mut jbytes, me.journal.section_offset(0))?;
+        me.crypt_journal(0, &mut jbytes);
         let mut state = State::default();
         if dirty {
             // The journal area holds the bitmap, not a journal. The regions it marks may
@@ -420,6 +476,16 @@ impl Integrity {
         mac
     }
 
+    /// XORs `bytes`, at byte `at` of the journal, with the journal's keystream (encrypts
+    /// and decrypts alike), where it is encrypted.
+    fn crypt_journal(&self, at: usize, bytes: &mut [u8]) {
+        if let Some(ks) = &self.journal_xor {
+            for (b, k) in bytes.iter_mut().zip(&ks[at..]) {
+                *b ^= k;
+            }
+        }
+    }
+
     /// Section `i` (its bytes) with its MAC, where the journal has one.
     fn sealed_section(&self, i: u32, mut section: Vec<u8>) -> Vec<u8> {
         if self.journal.mac {
@@ -435,6 +501,7 @@ impl Integrity {
         for i in 0..self.journal.sections {
             empty.extend(self.sealed_section(i, self.journal.section(i, seq, &[])));
         }
+        self.crypt_journal(0, &mut empty);
         storage.write_at(&empty, self.journal.section_offset(0))?;
         storage.sync()
     }
@@ -497,7 +564,15 @@ impl Integrity {
         wipe: bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> crate::Result<u64> {
-        Integrity::format_with(storage, start, auth, None, salt, wipe, progress)
+        Integrity::format_with(
+            storage,
+            start,
+            auth,
+            JournalKeys::default(),
+            salt,
+            wipe,
+            progress,
+        )
     }
 
     /// [`Integrity::format`] with a journal MAC (`HAVE_JOURNAL_MAC`; with `salt`, the
@@ -506,7 +581,7 @@ impl Integrity {
         storage: &dyn Storage,
         start: u64,
         auth: Box<dyn SectorTags>,
-        journal_mac: Option<IntegrityHash>,
+        keys: JournalKeys,
         salt: Option<[u8; 16]>,
         wipe: bool,
         progress: &mut dyn FnMut(u64, u64),
@@ -519,7 +594,7 @@ impl Integrity {
             start / 512,
             tag,
             auth.sector_size(),
-            journal_mac.is_some(),
+            keys.mac.is_some(),
         )
         .map_err(|e| bad(e.to_string()))?;
         if let Some(salt) = salt {
@@ -528,7 +603,7 @@ impl Integrity {
             sb.salt = salt;
         }
         let geo = Geometry::of(&sb, start / 512);
-        let journal = Journal::of(&sb, &geo).map_err(|e| bad(e.to_string()))?;
+        let (journal, journal_xor) = journal_under(&sb, &geo, keys.crypt.as_ref())?;
         let me = Integrity {
             block: u64::from(auth.sector_size()),
             auth,
@@ -539,7 +614,8 @@ impl Integrity {
             mode: IntegrityMode::Direct,
             failures: AtomicU64::new(0),
             sb: Mutex::new(sb.clone()),
-            journal_mac,
+            journal_mac: keys.mac,
+            journal_xor,
             start,
         };
         me.empty_journal(storage, 0)?;
@@ -731,9 +807,13 @@ impl Integrity {
             .open
             .iter()
             .map(|(b, p)| (b * spb, p.data(bs), p.tag(ts)));
-        let section = self.sealed_section(
+        let mut section = self.sealed_section(
             st.next_section,
             self.journal.section_of(st.next_section, st.seq, entries),
+        );
+        self.crypt_journal(
+            st.next_section as usize * self.journal.section_bytes(),
+            &mut section,
         );
         storage.write_at(&section, self.journal.section_offset(st.next_section))?;
         st.next_section += 1;

@@ -31,7 +31,7 @@ pub use cryptblk_device::{
     DataDevice, DeviceOpener, LocalDevices, MemStorage, Partition, Storage, partition_of,
 };
 pub use error::{Error, Result};
-pub use integrity::{Integrity, IntegrityMode};
+pub use integrity::{Integrity, IntegrityMode, JournalKeys};
 pub use online::{ONLINE_HOTZONE, reencrypt_online};
 pub use open::{
     DEFAULT_INTEGRITY_ALGORITHM, Devices, FileIo, IntegrityOptions, LoopAesOptions, OpenOptions,

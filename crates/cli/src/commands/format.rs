@@ -272,7 +272,15 @@ fn format_integrity(
     sector_size: u32,
 ) -> CliResult<()> {
     let cipher = AeadSectorCipher::new(&i.encryption, &i.kind, volume_key, sector_size, 0)?;
-    write_integrity(ctx, a, data, offset, Box::new(cipher), None, None)
+    write_integrity(
+        ctx,
+        a,
+        data,
+        offset,
+        Box::new(cipher),
+        cryptblk_volume::JournalKeys::default(),
+        None,
+    )
 }
 
 /// A dm-integrity device at byte `offset` of `data` with `auth`'s tags (and `salt`, for
@@ -283,7 +291,7 @@ fn write_integrity(
     data: &DataDevice,
     offset: u64,
     auth: Box<dyn cryptblk_crypto::SectorTags>,
-    journal_mac: Option<cryptblk_crypto::IntegrityHash>,
+    journal: cryptblk_volume::JournalKeys,
     salt: Option<[u8; 16]>,
 ) -> CliResult<()> {
     let wipe = !a.integrity_no_wipe;
@@ -294,16 +302,8 @@ fn write_integrity(
             eprintln!("Wiping: {} of {} MiB", done >> 20, total >> 20);
         }
     };
-    cryptblk_volume::Integrity::format_with(
-        data,
-        offset,
-        auth,
-        journal_mac,
-        salt,
-        wipe,
-        &mut progress,
-    )
-    .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
+    cryptblk_volume::Integrity::format_with(data, offset, auth, journal, salt, wipe, &mut progress)
+        .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
     if !wipe {
         eprintln!(
             "Device {} was not wiped: a sector never written fails to read until it is.",
@@ -345,13 +345,14 @@ fn format_standalone_integrity(ctx: &Ctx, a: &FormatArgs) -> CliResult<()> {
             a.device.display()
         ),
     )?;
-    let journal_mac = cryptblk_volume::IntegrityOptions {
+    let journal = cryptblk_volume::IntegrityOptions {
         algorithm: None,
         journal_mac: a.integrity_key.journal_mac()?,
+        journal_crypt: a.integrity_key.journal_crypt()?,
     }
-    .journal_mac()
+    .journal_keys()
     .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
-    write_integrity(ctx, a, &data, 0, Box::new(hash), journal_mac, salt)?;
+    write_integrity(ctx, a, &data, 0, Box::new(hash), journal, salt)?;
     if ctx.verbose {
         eprintln!(
             "Formatted {} as a dm-integrity volume ({alg}, {tag_size}-byte tags, {block}-byte sectors)",

@@ -268,6 +268,20 @@ fn keys_checksums_and_devices_are_checked_before_anything_is_written() {
             vec!["export", "--type", "integrity", i, "/dev/null"],
             "no dm-integrity superblock",
         ),
+        (
+            vec![
+                "format",
+                "-q",
+                "--type",
+                "integrity",
+                "--journal-crypt",
+                "cbc-aes",
+                "--journal-crypt-key-file",
+                k,
+                i,
+            ],
+            "journal encryption 'cbc-aes'",
+        ),
     ] {
         let o = run_in(bin(), &args, b"");
         let err = String::from_utf8_lossy(&o.stderr);

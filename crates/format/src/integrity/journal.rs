@@ -55,6 +55,10 @@ pub struct Journal {
     provided_data_sectors: u64,
     /// The entry sectors carry the section's MAC.
     pub mac: bool,
+    /// The four ring passes' commit id bases (the kernel's `commit_ids`: 0x1111...,
+    /// 0x2222..., unless the journal is encrypted with a stream cipher, which encrypts
+    /// them too: [`Journal::with_commit_bases`]).
+    bases: [u64; N_COMMIT_IDS as usize],
 }
 
 /// What [`Journal::replay`] found.
@@ -101,7 +105,26 @@ impl Journal {
             offset: (g.start + SUPERBLOCK_SECTORS) * 512,
             provided_data_sectors: g.provided_data_sectors,
             mac,
+            bases: std::array::from_fn(|k| 0x1111_1111_1111_1111u64 * (k as u64 + 1)),
         })
+    }
+
+    /// The commit id bases, as 32 little-endian bytes (what a stream-cipher journal
+    /// encryption encrypts after the journal: `create_journal`).
+    pub fn commit_bases(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        for (k, v) in self.bases.iter().enumerate() {
+            b[k * 8..][..8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// This journal with other commit id bases (32 little-endian bytes).
+    pub fn with_commit_bases(mut self, b: &[u8; 32]) -> Journal {
+        for (k, v) in self.bases.iter_mut().enumerate() {
+            *v = u64::from_le_bytes(b[k * 8..][..8].try_into().expect("8 bytes"));
+        }
+        self
     }
 
     /// What the kernel's `section_mac` hashes for section `i` (`section`, its bytes):
@@ -151,10 +174,9 @@ impl Journal {
         u64::from(self.sections) * self.section_sectors * 512
     }
 
-    /// The commit id of sector `j` of section `i` in pass `seq`
-    /// (`dm_integrity_commit_id`, with the journal unencrypted).
-    pub fn commit_id(i: u32, j: u64, seq: u8) -> [u8; 8] {
-        let base = 0x1111_1111_1111_1111u64 * (u64::from(seq) + 1);
+    /// The commit id of sector `j` of section `i` in pass `seq` (`dm_integrity_commit_id`).
+    pub fn commit_id(&self, i: u32, j: u64, seq: u8) -> [u8; 8] {
+        let base = self.bases[usize::from(seq)];
         (base ^ ((u64::from(i) << 32) ^ j)).to_le_bytes()
     }
 
@@ -182,7 +204,7 @@ impl Journal {
         for i in 0..n {
             for j in 0..self.section_sectors as usize {
                 let Some(k) = (0..N_COMMIT_IDS)
-                    .find(|&k| id_at(i, j) == Self::commit_id(i as u32, j as u64, k))
+                    .find(|&k| id_at(i, j) == self.commit_id(i as u32, j as u64, k))
                 else {
                     return cleared(0);
                 };
@@ -221,7 +243,7 @@ impl Journal {
         let mut i = start;
         'scan: for _ in 0..n {
             for j in 0..self.section_sectors as usize {
-                if id_at(i, j) != Self::commit_id(i as u32, j as u64, want) {
+                if id_at(i, j) != self.commit_id(i as u32, j as u64, want) {
                     break 'scan;
                 }
             }
@@ -312,7 +334,7 @@ impl Journal {
             s[at + 8 + 8 * self.spb..][..self.tag_size].copy_from_slice(tag);
         }
         for j in 0..self.section_sectors {
-            s[j as usize * 512 + SECTOR_DATA..][..8].copy_from_slice(&Self::commit_id(i, j, seq));
+            s[j as usize * 512 + SECTOR_DATA..][..8].copy_from_slice(&self.commit_id(i, j, seq));
         }
         s
     }
@@ -397,7 +419,7 @@ mod tests {
         let mut bytes = ring(&j, &secs);
         // Section 1 half written: one of its data sectors still carries pass 0's id.
         let at = j.section_bytes() + 50 * 512 + SECTOR_DATA;
-        bytes[at..at + 8].copy_from_slice(&Journal::commit_id(1, 50, 0));
+        bytes[at..at + 8].copy_from_slice(&j.commit_id(1, 50, 0));
         let r = j.replay(&bytes);
         assert_eq!(r.entries.iter().map(|e| e.sector).collect::<Vec<_>>(), [8]);
         // A sector with no commit id of its place: nothing is applied.

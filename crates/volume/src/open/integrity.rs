@@ -22,9 +22,19 @@ pub struct IntegrityOptions {
     /// The journal's MAC (`--journal-integrity`) and its key, for a volume formatted with
     /// one.
     pub journal_mac: Option<(String, Option<cryptblk_crypto::SecretBytes>)>,
+    /// The journal's encryption (`--journal-crypt`: a stream cipher) and its key.
+    pub journal_crypt: Option<(String, cryptblk_crypto::SecretBytes)>,
 }
 
 impl IntegrityOptions {
+    /// The journal's MAC and encryption these options name, keyed.
+    pub fn journal_keys(&self) -> Result<crate::JournalKeys> {
+        Ok(crate::JournalKeys {
+            mac: self.journal_mac()?,
+            crypt: self.journal_crypt.clone(),
+        })
+    }
+
     /// The journal MAC these options name, keyed.
     pub fn journal_mac(&self) -> Result<Option<IntegrityHash>> {
         self.journal_mac
@@ -82,7 +92,7 @@ pub fn open_integrity(device: &Path, opts: &OpenOptions, key: Option<&[u8]>) -> 
         storage,
         0,
         Box::new(hash),
-        opts.integrity.journal_mac()?,
+        opts.integrity.journal_keys()?,
         opts.read_only,
         opts.integrity_mode(),
     )

@@ -171,22 +171,29 @@ pub fn integrity_volume_on(
     read_only: bool,
     mode: crate::IntegrityMode,
 ) -> Result<Volume> {
-    integrity_volume_with(storage, start, auth, None, read_only, mode)
+    integrity_volume_with(
+        storage,
+        start,
+        auth,
+        crate::JournalKeys::default(),
+        read_only,
+        mode,
+    )
 }
 
-/// [`integrity_volume_on`] with the journal's MAC (standalone volumes formatted with
-/// integritysetup's `--journal-integrity`).
+/// [`integrity_volume_on`] with the journal's MAC and encryption (standalone volumes
+/// formatted with integritysetup's `--journal-integrity`, `--journal-crypt`).
 pub fn integrity_volume_with(
     storage: Box<dyn Storage>,
     start: u64,
     auth: Box<dyn cryptblk_crypto::SectorTags>,
-    journal_mac: Option<cryptblk_crypto::IntegrityHash>,
+    journal: crate::JournalKeys,
     read_only: bool,
     mode: crate::IntegrityMode,
 ) -> Result<Volume> {
     let sector_size = auth.sector_size();
     let (integrity, size) =
-        crate::Integrity::open_with(&*storage, start, auth, journal_mac, read_only, mode)?;
+        crate::Integrity::open_with(&*storage, start, auth, journal, read_only, mode)?;
     let seg = DataSegment {
         start: 0,
         len: size,

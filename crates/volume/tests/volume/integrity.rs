@@ -6,11 +6,13 @@
 //! flushed write and leaves no sector that fails verification. (The kernel's side of the
 //! same volumes is checked in the test VM: tests/vm/integrity.sh.)
 
-use cryptblk_crypto::{AeadSectorCipher, IntegrityHash, SectorTags};
+use cryptblk_crypto::{AeadSectorCipher, IntegrityHash, SecretBytes, SectorTags};
 use cryptblk_device::BlockDevice;
 use cryptblk_format::integrity::{Geometry, Superblock, flags};
 use cryptblk_format::{CrashDevice, Tear};
-use cryptblk_volume::{Integrity, IntegrityMode, MemStorage, Storage, Volume, integrity_volume_on};
+use cryptblk_volume::{
+    Integrity, IntegrityMode, JournalKeys, MemStorage, Storage, Volume, integrity_volume_on,
+};
 use std::sync::Arc;
 
 /// Where the dm-integrity superblock goes (LUKS2's data offset would be 16 MiB).
@@ -518,12 +520,16 @@ fn a_journal_mac_is_checked_on_every_replay() {
     let m = MODES[5];
     let bs = m.3 as u64;
     let mac = |key: u8| IntegrityHash::new("hmac-sha256", Some(&[key; 32]), 32, 512, None).unwrap();
+    let keys = |key: u8| JournalKeys {
+        mac: Some(mac(key)),
+        crypt: None,
+    };
     let dev = MemStorage::new(DEV);
     Integrity::format_with(
         &dev,
         START,
         cipher(m),
-        Some(mac(1)),
+        keys(1),
         Some(SALT),
         true,
         &mut |_, _| {},
@@ -537,7 +543,7 @@ fn a_journal_mac_is_checked_on_every_replay() {
             Box::new(dev.clone()),
             START,
             cipher(m),
-            Some(mac(key)),
+            keys(key),
             false,
             IntegrityMode::Journal,
         )
@@ -580,4 +586,62 @@ fn a_journal_mac_is_checked_on_every_replay() {
         read(&vol, 0, 4 * bs as usize).unwrap(),
         pattern(4 * bs as usize, 3)
     );
+}
+
+/// An encrypted journal (integritysetup's `--journal-crypt`, a stream cipher): what a
+/// write leaves in the journal is not its plaintext, and it replays with the key.
+#[test]
+fn an_encrypted_journal_replays_with_its_key_and_hides_the_data() {
+    let m = MODES[4];
+    let bs = m.3 as u64;
+    for cipher_name in ["chacha20", "ctr-aes"] {
+        let keys = || JournalKeys {
+            mac: None,
+            crypt: Some((cipher_name.into(), SecretBytes::from_slice(&[7u8; 32]))),
+        };
+        let dev = MemStorage::new(DEV);
+        Integrity::format_with(
+            &dev,
+            START,
+            cipher(m),
+            keys(),
+            Some(SALT),
+            true,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let dev: Arc<dyn Storage> = Arc::new(dev);
+        let open = || {
+            cryptblk_volume::integrity_volume_with(
+                Box::new(dev.clone()),
+                START,
+                cipher(m),
+                keys(),
+                false,
+                IntegrityMode::Journal,
+            )
+            .unwrap()
+        };
+        let data = pattern(4 * bs as usize, 5);
+        let vol = open();
+        vol.write_at(&data, 0, false).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        // The home copies lost: only the journal has the blocks.
+        let g = geometry(&*dev);
+        dev.write_at(&vec![0u8; 4 * bs as usize], g.data_sector(0) * 512)
+            .unwrap();
+        let mut journal = vec![0u8; (g.initial_sectors - 8) as usize * 512];
+        dev.read_at(&mut journal, START + 4096).unwrap();
+        assert!(
+            !journal.windows(64).any(|w| w == &data[..64]),
+            "{cipher_name}: plaintext in the journal"
+        );
+        let vol = open();
+        assert_eq!(
+            read(&vol, 0, 4 * bs as usize).unwrap(),
+            data,
+            "{cipher_name}"
+        );
+    }
 }
