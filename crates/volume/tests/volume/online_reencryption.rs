@@ -45,7 +45,7 @@ fn volume(dir: &Path, data: u64) -> (PathBuf, PathBuf, Vec<u8>) {
         key.to_str().unwrap(),
         img.to_str().unwrap(),
     ]);
-    let u = unlock_luks(&img, &OpenOptions::default(), PASS).unwrap();
+    let u = unlock(&img, &OpenOptions::default());
     let mut x = 0x1234_5678u32;
     let plain: Vec<u8> = (0..u.volume.size())
         .map(|_| {
@@ -178,6 +178,22 @@ fn decrypt_with(img: &Path, key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `unlock_luks` with PASS, retried while the image is busy. Its lock is an flock on the
+/// open file: another test of this binary starting a tool (cryptsetup) forks, and until the
+/// child execs it holds a copy of every descriptor, our closed one included, so a lock just
+/// released can be seen held for that moment. Anything else fails at once.
+fn unlock(img: &Path, opts: &OpenOptions) -> cryptblk_volume::UnlockedLuks {
+    for _ in 0..100 {
+        match unlock_luks(img, opts, PASS) {
+            Err(cryptblk_volume::Error::Busy(_)) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
+    panic!("{} stayed busy for 2 s", img.display())
+}
+
 /// Runs the job on a served volume under client load; `stop_after` steps, or to the end.
 fn run_online(
     img: &Path,
@@ -185,7 +201,7 @@ fn run_online(
     resilience: ResilienceRequest,
     stop_after: Option<u32>,
 ) -> (ReencryptOutcome, Vec<u8>, u32, [u64; 2]) {
-    let u = unlock_luks(img, &OpenOptions::default(), PASS).unwrap();
+    let u = unlock(img, &OpenOptions::default());
     let mut hfile = u.header_file;
     let vol: Arc<cryptblk_volume::Volume> = Arc::new(u.volume);
     let mut hdr = Luks2Header::read(&mut hfile).unwrap();
@@ -295,7 +311,7 @@ fn a_job_stopped_while_serving_is_resumed_by_cryptsetup() {
     // Asked after the 3rd step's progress, the stop is seen at the end of the 4th.
     assert_eq!(steps, 4);
     // Half done: cryptblk reads the model through both keys, cryptsetup finishes the job.
-    let u = unlock_luks(&img, &OpenOptions::default(), PASS).unwrap();
+    let u = unlock(&img, &OpenOptions::default());
     assert_eq!(u.volume.segment_spans().len(), 2, "new key, then old key");
     let mut all = vec![0u8; u.volume.size() as usize];
     u.volume.read_at(&mut all, 0).unwrap();
@@ -323,7 +339,7 @@ fn a_read_only_volume_refuses_an_online_job_and_nothing_changes() {
         read_only: true,
         ..OpenOptions::default()
     };
-    let u = unlock_luks(&img, &opts, PASS).unwrap();
+    let u = unlock(&img, &opts);
     let mut rw = open_rw(&img);
     let mut hdr = Luks2Header::read(&mut rw).unwrap();
     assert!(!hdr.in_reencryption());
@@ -672,7 +688,7 @@ fn a_data_shift_under_client_load_reads_every_piece_from_where_it_is() {
         hdr.reencrypt_shift_init(&mut rw, size, PASS, None, &req, 4 * MIB)
             .unwrap();
     }
-    let u = unlock_luks(&img, &OpenOptions::default(), PASS).unwrap();
+    let u = unlock(&img, &OpenOptions::default());
     let mut hfile = u.header_file;
     let vol: Arc<cryptblk_volume::Volume> = Arc::new(u.volume);
     assert_eq!(vol.size(), 32 * MIB, "the shift gives up 4 MiB");
@@ -716,7 +732,7 @@ fn a_data_shift_under_client_load_reads_every_piece_from_where_it_is() {
         key.to_str().unwrap(),
         img.to_str().unwrap(),
     ]);
-    let u = unlock_luks(&img, &OpenOptions::default(), PASS).unwrap();
+    let u = unlock(&img, &OpenOptions::default());
     let mut again = vec![0u8; u.volume.size() as usize];
     u.volume.read_at(&mut again, 0).unwrap();
     assert!(again == model, "after a reopen");
