@@ -476,7 +476,22 @@ fn two_opens_racing_for_one_name_leave_one_server_and_no_stray_socket() {
         );
         let (winner, won) = servers.pop().unwrap();
         assert!(winner_serves(&p(&format!("{won}.sock"))), "round {round}");
-        ok(run(bin(), &["close", "vol", "--run-dir", &run_dir]));
+        // Its NBD socket listens a moment before its control socket is announced: `close`
+        // may find nothing to close until then.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let out = run(bin(), &["close", "vol", "--run-dir", &run_dir]);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("is not active")
+                    && std::time::Instant::now() < deadline,
+                "round {round}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let out = winner.wait_with_output().unwrap();
         assert!(
             out.status.success(),
