@@ -36,7 +36,7 @@ impl IntegrityOptions {
     }
 
     /// The journal MAC these options name, keyed.
-    pub fn journal_mac(&self) -> Result<Option<IntegrityHash>> {
+    fn journal_mac(&self) -> Result<Option<IntegrityHash>> {
         self.journal_mac
             .as_ref()
             .map(|(name, key)| {
