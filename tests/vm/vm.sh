@@ -191,19 +191,8 @@ run() {
     -virtfs "local,path=/,mount_tag=host,$share,readonly=on,multidevs=remap"
     -virtfs "local,path=$job,mount_tag=job,$share")
   [ -n "$results" ] && args+=(-virtfs "local,path=$results,mount_tag=results,$share")
-  local tpm_pid=
-  if [ -n "${CRYPTBLK_VM_TPM:-}" ]; then
-    command -v swtpm > /dev/null || die "CRYPTBLK_VM_TPM needs swtpm (apt-get install swtpm)"
-    mkdir "$job/tpm"
-    swtpm socket --tpm2 --tpmstate "dir=$job/tpm" --ctrl "type=unixio,path=$job/swtpm.sock" \
-      --terminate > "$job/swtpm.log" 2>&1 &
-    tpm_pid=$!
-    trap 'kill $tpm_pid 2>/dev/null || true; rm -rf "$job"' EXIT
-    for _ in $(seq 100); do [ -S "$job/swtpm.sock" ] && break; sleep 0.05; done
-    [ -S "$job/swtpm.sock" ] || die "swtpm did not start: $(cat "$job/swtpm.log")"
-    args+=(-chardev "socket,id=chrtpm,path=$job/swtpm.sock" -tpmdev emulator,id=tpm0,chardev=chrtpm
-      -device tpm-tis,tpmdev=tpm0)
-  fi
+  [ -n "${CRYPTBLK_VM_TPM:-}" ] && args+=(-chardev "socket,id=chrtpm,path=$job/swtpm.sock"
+    -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0)
   if [ -n "${CRYPTBLK_VM_VHOST_USER_BLK:-}" ]; then
     args+=(-object "memory-backend-memfd,id=mem,size=$MEM,share=on" -machine memory-backend=mem)
     local n=0 spec sock queues
@@ -215,10 +204,20 @@ run() {
       n=$((n + 1))
     done
   fi
-  set +e
-  timeout --foreground "$TIMEOUT" qemu-system-x86_64 "${args[@]}" < /dev/null
-  rc=$?
-  set -e
+  tpm_pid=
+  trap 'kill $tpm_pid 2>/dev/null || true; rm -rf "$job"' EXIT
+  # A second boot only when the guest died before its command began (stage2.sh marks the
+  # start in the job directory), never after: under TCG the guest kernel has been seen to
+  # oops once in its initcalls (a page fault in patched code, multi-threaded TCG). Said
+  # loudly, with the first boot's kernel log.
+  local boot
+  for boot in 1 2; do
+    boot_once "${args[@]}"
+    [ -f "$job/status" ] || [ -f "$job/started" ] || [ "$rc" -eq 124 ] || [ "$boot" -eq 2 ] && break
+    say "the guest died while booting, before its command began (qemu exit $rc); its kernel log:"
+    tail -n 40 "$job/kernel.log" >&2 || true
+    say "booting it a second time (once only)"
+  done
   [ -n "${CRYPTBLK_VM_DEBUG:-}" ] && { say "kernel log:"; cat "$job/kernel.log" >&2; }
   if [ -f "$job/status" ]; then
     exit "$(cat "$job/status")"
@@ -227,6 +226,31 @@ run() {
   say "the guest reported no exit status (qemu exit $rc); end of its kernel log:"
   tail -n 40 "$job/kernel.log" >&2 || true
   exit 125
+}
+
+# One boot of the guest with QEMU arguments "$@"; sets rc. A TPM is fresh for each boot.
+boot_once() {
+  rm -f "$job/kernel.log"
+  if [ -n "${CRYPTBLK_VM_TPM:-}" ]; then
+    command -v swtpm > /dev/null || die "CRYPTBLK_VM_TPM needs swtpm (apt-get install swtpm)"
+    rm -rf "$job/tpm" "$job/swtpm.sock"
+    mkdir "$job/tpm"
+    swtpm socket --tpm2 --tpmstate "dir=$job/tpm" --ctrl "type=unixio,path=$job/swtpm.sock" \
+      --terminate > "$job/swtpm.log" 2>&1 &
+    tpm_pid=$!
+    for _ in $(seq 100); do [ -S "$job/swtpm.sock" ] && break; sleep 0.05; done
+    [ -S "$job/swtpm.sock" ] || die "swtpm did not start: $(cat "$job/swtpm.log")"
+  fi
+  set +e
+  timeout --foreground "$TIMEOUT" qemu-system-x86_64 "$@" < /dev/null
+  rc=$?
+  set -e
+  if [ -n "$tpm_pid" ]; then
+    kill "$tpm_pid" 2> /dev/null || true
+    wait "$tpm_pid" 2> /dev/null || true
+    tpm_pid=
+  fi
+  return 0
 }
 
 case ${1:-} in

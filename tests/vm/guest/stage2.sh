@@ -1,7 +1,7 @@
 #!/bin/bash
 # Guest stage 2, PID 1 in the overlay of the host's root: the usual mounts, the cached
 # kernel's modules at /lib/modules/$(uname -r), then /job/command with its output on
-# /dev/hvc0 (the host's stdout). Its exit status goes to /job/status; then power off.
+# /dev/hvc0 (the host's stdout), /job/started marking its start. Its exit status goes to /job/status; then power off.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LC_ALL=C.UTF-8 TERM=dumb DM_DISABLE_UDEV=1
 set -a
@@ -18,6 +18,7 @@ for m in $VM_LOAD; do modprobe -q "$m" 2>/dev/null || true; done
 out=/dev/hvc0
 stty -F "$out" raw -echo 2>/dev/null
 cd "${VM_RESULTS:-/tmp}"
+: > /job/started # from here on a failure is the command's (vm.sh boots again only before)
 bash /job/command > "$out" 2>&1 < /dev/null
 echo $? > /job/status
 sync
