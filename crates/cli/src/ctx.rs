@@ -4,6 +4,7 @@
 
 use cryptblk_storage::Devices;
 
+#[derive(Clone)]
 pub(crate) struct Ctx {
     /// `-q`: no confirmation questions.
     pub batch: bool,

@@ -6,6 +6,7 @@ mod output;
 mod args;
 mod commands;
 mod control;
+mod crypttab;
 mod ctx;
 mod error;
 mod frontend;
@@ -118,6 +119,11 @@ enum Command {
     /// Unlock a volume and serve it as a block device (NBD, FUSE or ublk).
     #[command(alias = "luksOpen")]
     Open(Box<frontend::OpenArgs>),
+    /// Open every volume of a crypttab(5) file (default /etc/cryptblktab) but those
+    /// marked `noauto` or open already, each served by a server of its own.
+    AttachAll(commands::crypttab::CrypttabArgs),
+    /// Close every open volume of a crypttab(5) file (default /etc/cryptblktab).
+    DetachAll(commands::crypttab::CrypttabArgs),
     /// Stop serving a volume: drain in-flight requests, flush, exit.
     #[command(alias = "luksClose")]
     Close(commands::served::NameArgs),
@@ -228,6 +234,8 @@ fn main() {
         Command::Bench(a) => commands::bench::run(a),
         Command::Open(a) => frontend::open(&ctx, *a),
         Command::Close(a) => commands::served::close(&ctx, a),
+        Command::AttachAll(a) => commands::crypttab::attach_all(&ctx, a),
+        Command::DetachAll(a) => commands::crypttab::detach_all(&ctx, a),
         Command::Suspend(a) => commands::served::suspend(&ctx, a),
         Command::Resize(a) => commands::served::resize(&ctx, a),
         Command::Resume(a) => commands::served::resume(&ctx, a),

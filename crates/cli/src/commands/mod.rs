@@ -5,6 +5,7 @@
 pub(crate) mod bench;
 pub(crate) mod benchmark;
 pub(crate) mod convert;
+pub(crate) mod crypttab;
 pub(crate) mod dump;
 pub(crate) mod enroll;
 pub(crate) mod format;

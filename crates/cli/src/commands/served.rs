@@ -127,6 +127,13 @@ pub(crate) fn close(_ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     }
 }
 
+/// Whether a server for `name` answers on its control socket in the run directory.
+pub(crate) fn is_active(run_dir: &Option<PathBuf>, name: &str) -> bool {
+    check_name(name).is_ok()
+        && matches!(existing_run_dir(run_dir), Ok(Some(dir))
+            if matches!(ask(&dir, name, &Request::Status), Ok(Reply::Status(_))))
+}
+
 pub(crate) fn status(ctx: &Ctx, a: NameArgs) -> CliResult<()> {
     check_name(&a.name)?;
     let dir = existing_run_dir(&a.run_dir)?.ok_or_else(|| not_active(&a.name))?;

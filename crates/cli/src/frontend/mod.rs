@@ -38,8 +38,12 @@ pub(crate) struct OpenArgs {
     /// Image file, block device, or `mem:SIZE` (RAM, e.g. mem:1G; plain mode, for benchmarks).
     pub device: PathBuf,
     /// Name of the mapping (used by close/status).
-    #[arg(required_unless_present = "test_passphrase", default_value = "")]
+    #[arg(required_unless_present_any = ["test_passphrase", "crypttab"], default_value = "")]
     pub name: String,
+    /// Open the entry of this crypttab(5) file named by the one argument (`open --crypttab
+    /// FILE NAME`): its device, key file and options; options given here as well win.
+    #[arg(long, value_name = "FILE")]
+    pub crypttab: Option<PathBuf>,
     /// Only check the passphrase (cryptsetup's `open --test-passphrase`): nothing is served.
     #[arg(long = "test-passphrase")]
     pub test_passphrase: bool,
@@ -265,6 +269,13 @@ fn choose(a: &OpenArgs) -> CliResult<Box<dyn Frontend>> {
 /// detaches after it), [`unlock`], [`Serving::start`], [`Serving::announce`] (control
 /// socket, pid file, signals), [`Serving::say_ready`], [`Serving::run_and_close`].
 pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
+    let crypttab_ctx;
+    let ctx = if let Some(file) = a.crypttab.clone() {
+        crypttab_ctx = from_crypttab(ctx, &file, &mut a)?;
+        &crypttab_ctx
+    } else {
+        ctx
+    };
     let shared_ctx;
     let ctx = if a.shared {
         shared_ctx = Ctx {
@@ -294,7 +305,7 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         // the volume is served. With no frontend named, it is served over NBD on a
         // socket in the private run directory; the message says where.
         a.daemon = true;
-        if a.nbd.is_none() && a.fuse.is_none() && !a.ublk.ublk {
+        if a.nbd.is_none() && a.fuse.is_none() && !a.ublk.ublk && a.vhost_user_blk.is_none() {
             let dir = rundir::private_run_dir(&a.run_dir)?;
             rundir::check_name(&a.name)?;
             a.nbd = Some(format!(
@@ -315,6 +326,32 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
     serving.announce()?;
     serving.say_ready(ctx, &a);
     serving.run_and_close(&a)
+}
+
+/// `open --crypttab FILE NAME`: NAME's line applied to `a` (the one positional argument,
+/// parsed as DEVICE, is NAME). With no frontend in the line or on the command line, the
+/// volume is served over NBD on NAME.nbd in the private run directory, as the drop-in's.
+fn from_crypttab(ctx: &Ctx, file: &Path, a: &mut OpenArgs) -> CliResult<Ctx> {
+    if !a.name.is_empty() {
+        return Err(CliError::usage(
+            "with --crypttab FILE, give only the entry's NAME (its line names the device)",
+        ));
+    }
+    let name = a.device.to_string_lossy().into_owned();
+    let entry = crate::crypttab::find(file, &name)?;
+    let tries = crate::crypttab::apply(&entry, file, a)?;
+    rundir::check_name(&a.name)?;
+    if a.nbd.is_none() && a.fuse.is_none() && !a.ublk.ublk && a.vhost_user_blk.is_none() {
+        let dir = rundir::private_run_dir(&a.run_dir)?;
+        a.nbd = Some(format!(
+            "unix:{}",
+            dir.join(format!("{}.nbd", a.name)).display()
+        ));
+    }
+    Ok(Ctx {
+        tries: tries.unwrap_or(ctx.tries),
+        ..ctx.clone()
+    })
 }
 
 /// `open --test-passphrase`: `test-passphrase` with the same options.

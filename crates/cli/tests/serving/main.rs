@@ -1,4 +1,4 @@
-//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, vhost-user-blk, resize, suspend, durability
+//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, vhost-user-blk, resize, suspend, crypttab files, durability
 //! across kills, remote NBD and RBD storage, key hygiene and other local users, with the
 //! real clients.
 //! One test binary of modules (one link, `common` compiled once), as rustls groups its
@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod crypttab;
 mod durability;
 mod fuse;
 mod integrity;
