@@ -1,7 +1,7 @@
 # Convenience targets; scripts/ hold the real logic.
 FUZZ_SECONDS ?= 60
 
-.PHONY: test fuzz fuzz-seeds
+.PHONY: test fuzz fuzz-seeds man
 
 test:
 	bash scripts/test.sh
@@ -12,3 +12,8 @@ fuzz:
 
 fuzz-seeds:
 	bash fuzz/seed.sh fuzz/seeds
+
+# Man pages from the clap definitions: target/man/cryptblk.8, cryptblk-COMMAND.8.
+man:
+	cargo build --release -p cryptblk
+	target/release/cryptblk generate-man target/man

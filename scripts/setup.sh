@@ -34,6 +34,10 @@ have swtpm || need+=(swtpm)
 have tpm2_pcrextend || need+=(tpm2-tools)
 have clevis-encrypt-tpm2 || need+=(clevis-tpm2)
 have systemd-cryptenroll || need+=(systemd)
+# The packaging checks: man pages rendered by groff, completion asked of fish (bash is
+# there already).
+have groff || need+=(groff-base)
+have fish || need+=(fish)
 # PKCS#11 tokens: SoftHSM 2 as the token, pkcs11-tool (OpenSC) to load its key and
 # certificate; cryptblk finds modules through p11-kit, as systemd does.
 [ -e /usr/lib/softhsm/libsofthsm2.so ] || need+=(softhsm2)

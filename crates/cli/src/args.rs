@@ -131,6 +131,11 @@ pub(crate) struct KeyArgs {
     /// piped stdin is read once).
     #[arg(short = 'y', long = "verify-passphrase")]
     pub verify_passphrase: bool,
+    /// Ask for the passphrase through systemd's password agents (systemd-ask-password:
+    /// the console, Plymouth, `systemd-tty-ask-password-agent`), as systemd-cryptsetup
+    /// does; for services, whose stdin is no terminal (cryptblk@.service uses it).
+    #[arg(long = "ask-password")]
+    pub ask_password: bool,
 }
 
 /// Where the LUKS header is.
@@ -217,6 +222,7 @@ impl KeyArgs {
             keyfile_size: self.keyfile_size,
             keyfile_offset: self.keyfile_offset,
             verify: self.verify_passphrase,
+            ask_password: self.ask_password,
         }
     }
 }

@@ -5,12 +5,16 @@
 mod output;
 mod args;
 mod commands;
+mod completion;
 mod control;
 mod crypttab;
 mod ctx;
 mod error;
 mod frontend;
+mod generator;
 mod grammar;
+mod man;
+mod notify;
 mod passphrase;
 mod process;
 mod rundir;
@@ -21,10 +25,18 @@ mod unlock;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// `--version`: the release and the commit it is built from (see build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("CRYPTBLK_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "cryptblk",
-    version,
+    version = VERSION,
     about = "Userspace LUKS1/LUKS2/plain disk encryption, compatible with cryptsetup",
     // -h is cryptsetup's --hash; help is --help only (a global flag, so every subcommand
     // has it and none gets the automatic -h).
@@ -143,6 +155,9 @@ enum Command {
     Export(commands::transfer::TransferArgs),
     /// Encrypt a file or stdin into the volume at an offset.
     Import(commands::transfer::TransferArgs),
+    /// Write the man pages (cryptblk.8, cryptblk-COMMAND.8) into DIR (`make man`).
+    #[command(hide = true)]
+    GenerateMan { dir: PathBuf },
 }
 
 fn main() {
@@ -155,6 +170,8 @@ fn main() {
             std::env::set_var("TSS2_LOG", "all+none")
         };
     }
+    // Shell completion (COMPLETE=bash|zsh|fish): answered before anything else runs.
+    completion::complete_if_asked(|| grammar::command(Cli::command(), "cryptblk"));
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Run as `cryptsetup` (a link of that name), cryptblk is its drop-in: messages name
     // it so, and `open` returns once the volume is served, as cryptsetup returns once the
@@ -168,6 +185,14 @@ fn main() {
         Some("integritysetup") => "integritysetup",
         _ => "cryptblk",
     };
+    if argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "cryptblk-generator")
+    {
+        // systemd's generator for /etc/cryptblktab (see `generator`).
+        std::process::exit(generator::main(&argv));
+    }
     let dropin = name != "cryptblk";
     let cmd = grammar::command(Cli::command(), name);
     let argv = if name == "integritysetup" {
@@ -243,6 +268,10 @@ fn main() {
         Command::List(a) => commands::served::list(&ctx, a),
         Command::Export(a) => commands::transfer::export(&ctx, a),
         Command::Import(a) => commands::transfer::import(&ctx, a),
+        Command::GenerateMan { dir } => {
+            man::write_all(grammar::command(Cli::command(), "cryptblk"), &dir)
+                .map_err(|e| error::io_err(&dir, e))
+        }
     };
     match result {
         Ok(()) => {

@@ -22,6 +22,8 @@ pub(crate) struct KeySource {
     /// `-y`: a passphrase typed on the terminal is asked twice (ignored for key files and
     /// stdin that is not a terminal, as cryptsetup ignores it).
     pub verify: bool,
+    /// `--ask-password`: asked through systemd's password agents rather than stdin.
+    pub ask_password: bool,
 }
 
 /// Reads a key file (`-` = standard input): `size` bytes after `offset`, or all of it.
@@ -196,6 +198,48 @@ fn read_secret(r: &mut impl Read, limit: usize) -> std::io::Result<SecretBytes> 
     Ok(SecretBytes::from_slice(&buf[..n]))
 }
 
+/// A passphrase through systemd's password agents, as systemd-cryptsetup asks for one:
+/// `systemd-ask-password` (the console, Plymouth, a `systemd-tty-ask-password-agent` on
+/// a terminal, whichever agent answers) prints it on a pipe to us, never in argv.
+fn ask_agent(prompt: &str) -> CliResult<SecretBytes> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("systemd-ask-password")
+        .args([
+            "--timeout=0",
+            "--icon=drive-harddisk",
+            "--id=cryptblk",
+            "--",
+        ])
+        .arg(prompt.trim_end())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            CliError::usage(format!(
+                "--ask-password needs systemd-ask-password (systemd): {e}"
+            ))
+        })?;
+    let mut out = child.stdout.take().expect("piped");
+    let read = read_secret(&mut out, PASSPHRASE_MAX + 2);
+    drop(out);
+    let status = child
+        .wait()
+        .map_err(|e| CliError::usage(format!("systemd-ask-password: {e}")))?;
+    let pass = read.map_err(|e| CliError::usage(format!("systemd-ask-password: {e}")))?;
+    if !status.success() {
+        return Err(CliError::new(
+            EXIT_USAGE,
+            "systemd-ask-password gave no passphrase (cancelled, or timed out)",
+        ));
+    }
+    // One line: the passphrase and its newline.
+    let n = pass.iter().position(|&b| b == b'\n').unwrap_or(pass.len());
+    if n > PASSPHRASE_MAX {
+        return Err(CliError::usage("the passphrase is too long"));
+    }
+    Ok(SecretBytes::from_slice(&pass[..n]))
+}
+
 fn prompt_tty(prompt: &str) -> CliResult<SecretBytes> {
     let s = rpassword::prompt_password(prompt)
         .map_err(|e| CliError::usage(format!("cannot read passphrase from the terminal: {e}")))?;
@@ -227,6 +271,9 @@ pub(crate) fn read_passphrase(
     }
     if let Some(path) = &src.key_file {
         return read_key_file(path, src.keyfile_offset, src.keyfile_size);
+    }
+    if src.ask_password {
+        return ask_agent(prompt);
     }
     if !std::io::stdin().is_terminal() {
         return read_stdin_line(src.keyfile_size);

@@ -374,7 +374,7 @@ pub(crate) fn open_volume(ctx: &Ctx, device: &Path, a: &VolumeArgs) -> CliResult
         VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2
     ) && a.volume_key_file.is_none()
         && a.key.key_file().is_none()
-        && std::io::IsTerminal::is_terminal(&std::io::stdin());
+        && (a.key.ask_password || std::io::IsTerminal::is_terminal(&std::io::stdin()));
     let tries = ctx.tries_for(interactive);
     let mut attempt = 1;
     loop {

@@ -131,6 +131,7 @@ fn new_passphrase_source(a: &AddKeyArgs) -> KeySource {
         keyfile_size: a.new_keyfile_size,
         keyfile_offset: a.new_keyfile_offset,
         verify: a.key.verify_passphrase,
+        ask_password: false,
     }
 }
 
@@ -356,6 +357,7 @@ pub(crate) fn remove_key(ctx: &Ctx, a: RemoveKeyArgs) -> CliResult<()> {
             keyfile_size: a.key.keyfile_size,
             keyfile_offset: a.key.keyfile_offset,
             verify: false,
+            ask_password: false,
         },
         None => a.key.source(),
     };

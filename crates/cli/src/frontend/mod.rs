@@ -321,6 +321,10 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         drop(claimed.name);
         return spawn_daemon(ctx, &a, &claimed.dir);
     }
+    crate::notify::notify(&format!(
+        "STATUS={}",
+        crate::notify::status_line(&format!("Unlocking {} ({})", a.name, a.device.display()))
+    ));
     let unlocked = unlock(ctx, &a)?;
     let serving = Serving::start(&a, claimed, unlocked)?;
     serving.announce()?;
@@ -531,6 +535,7 @@ impl Serving {
             self.suspension.clone(),
         );
         let (deadline, stopping) = (self.deadline.clone(), self.stopping.clone());
+        let name = self.name.clone();
         move || {
             // Armed before any lock: a `suspend` stuck on storage that hangs (holding
             // them) cannot keep this stop unbounded. Taken back if the stop is refused.
@@ -550,6 +555,12 @@ impl Serving {
                 Ok(()) => {
                     deadline.commit();
                     *accepted = true;
+                    crate::notify::notify(&format!(
+                        "STOPPING=1\nSTATUS={}",
+                        crate::notify::status_line(&format!(
+                            "Closing {name}: draining the clients, flushing"
+                        ))
+                    ));
                     Ok(())
                 }
                 Err(e) => {
@@ -619,6 +630,14 @@ impl Serving {
             );
         }
         let node = self.started.device_node.clone().unwrap_or_default();
+        // systemd (Type=notify): the frontend accepts clients from here on.
+        crate::notify::notify(&format!(
+            "READY=1\nSTATUS={}",
+            crate::notify::status_line(&format!(
+                "Serving {} at {}",
+                self.name, self.started.summary
+            ))
+        ));
         if a.daemon_child {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "READY {node}").and_then(|_| out.flush());
@@ -632,6 +651,8 @@ impl Serving {
     /// that asked told how it went.
     fn run_and_close(self, a: &OpenArgs) -> CliResult<()> {
         let result = (self.started.run)();
+        // Also when the frontend ended on its own (a second STOPPING=1 is harmless).
+        crate::notify::notify("STOPPING=1");
         // An end of the frontend's own is bounded all the same, and counts as an
         // accepted stop.
         self.deadline.commit();
@@ -917,7 +938,7 @@ fn spawn_daemon(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
     // cryptsetup asks: the child says so by its exit code.
     let typed = a.vol.key.key_file().is_none()
         && a.vol.volume_key_file.is_none()
-        && std::io::IsTerminal::is_terminal(&std::io::stdin());
+        && (a.vol.key.ask_password || std::io::IsTerminal::is_terminal(&std::io::stdin()));
     let tries = ctx.tries_for(typed);
     let mut attempt = 1;
     loop {

@@ -93,6 +93,32 @@ pub(crate) fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A LUKS2 image of `mib` MiB at `img`, formatted by cryptblk with the passphrase in the
+/// file `key` (PBKDF2 at 1,000 iterations: fast, for tests that unlock it often).
+pub(crate) fn quick_luks2(img: &str, key: &str, mib: u64) {
+    std::fs::File::create(img)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    ok(&run_in(
+        bin(),
+        &[
+            "format",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            key,
+            img,
+        ],
+        b"",
+    ));
+}
+
 /// A LUKS2 image for the token tests: 32 MiB, formatted by cryptsetup (PBKDF2, 1,000
 /// iterations) with the passphrase in the file `pw` (keyslot 0), 1 MiB of data imported.
 pub(crate) struct TokenVolume {

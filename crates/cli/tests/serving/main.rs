@@ -1,4 +1,4 @@
-//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, vhost-user-blk, resize, suspend, crypttab files, durability
+//! Serving volumes end to end: NBD (with TLS), FUSE, ublk, vhost-user-blk, resize, suspend, crypttab files, systemd notification, durability
 //! across kills, remote NBD and RBD storage, key hygiene and other local users, with the
 //! real clients.
 //! One test binary of modules (one link, `common` compiled once), as rustls groups its
@@ -13,11 +13,13 @@ mod fuse;
 mod integrity;
 mod key_hygiene;
 mod local_users;
+mod man_and_completion;
 mod nbd_stress;
 mod rbd;
 mod remote;
 mod resize;
 mod serve;
 mod suspend;
+mod systemd;
 mod ublk;
 mod vhost_user_blk;
