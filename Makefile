@@ -1,7 +1,7 @@
 # Convenience targets; scripts/ hold the real logic.
 FUZZ_SECONDS ?= 60
 
-.PHONY: test fuzz fuzz-seeds man
+.PHONY: test fuzz fuzz-seeds man deb
 
 test:
 	bash scripts/test.sh
@@ -17,3 +17,8 @@ fuzz-seeds:
 man:
 	cargo build --release -p cryptblk
 	target/release/cryptblk generate-man target/man
+
+# The Debian package: target/debian/cryptblk_VERSION_ARCH.deb (scripts/build-deb.sh).
+deb:
+	cargo build --release -p cryptblk
+	bash scripts/build-deb.sh target/release/cryptblk target/debian

@@ -38,6 +38,9 @@ have systemd-cryptenroll || need+=(systemd)
 # there already).
 have groff || need+=(groff-base)
 have fish || need+=(fish)
+# The Debian package (scripts/build-deb.sh: dpkg-shlibdeps), checked with man in the VM.
+have dpkg-shlibdeps || need+=(dpkg-dev)
+have man || need+=(man-db)
 # PKCS#11 tokens: SoftHSM 2 as the token, pkcs11-tool (OpenSC) to load its key and
 # certificate; cryptblk finds modules through p11-kit, as systemd does.
 [ -e /usr/lib/softhsm/libsofthsm2.so ] || need+=(softhsm2)

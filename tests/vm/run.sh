@@ -33,7 +33,10 @@ fi
 xfer=$(mktemp -d /var/tmp/cryptblk-vm.XXXXXX)
 trap 'stop_vhost_servers 2> /dev/null; rm -rf "$xfer"' EXIT
 cp tests/vm/dmcrypt-interop.sh tests/vm/frontends.sh tests/vm/ublk.sh tests/vm/tokens.sh tests/vm/dm-lines.sh \
-  tests/vm/vhost-user-blk.sh tests/vm/integrity.sh "$BIN" "$xfer/"
+  tests/vm/vhost-user-blk.sh tests/vm/integrity.sh tests/vm/package.sh "$BIN" "$xfer/"
+# The Debian package of this binary, installed and purged in the interop guest.
+deb=$(bash scripts/build-deb.sh "$BIN" "$xfer/deb")
+mv "$deb" "$xfer/cryptblk.deb"
 # The software FIDO2 key the token tests plug in (a test tool with its own lock file,
 # never linked into cryptblk: tests/tools/fido2-authenticator). Built here; tokens.sh says
 # FAIL if it is missing.
@@ -70,8 +73,8 @@ guest() {
 vub_started=
 stop_vhost_servers() { [ -z "$vub_started" ] || bash tests/vm/vhost-user-blk.sh host-stop "$xfer" "$xfer/cryptblk"; vub_started=; }
 if [[ " $SUITES " == *" dmcrypt "* ]]; then
-  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; LUKS2 with integrity both ways with dm-integrity (tests/vm/integrity.sh)" \
-    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/integrity.sh /results/cryptblk luks2 && exit \$u" 1
+  guest interop "kernel dm-crypt interop (LUKS with AES, a TrueCrypt system partition), then NBD (nbd-client) and FUSE (loop) against dm-crypt; LUKS2 with integrity both ways with dm-integrity (tests/vm/integrity.sh); the Debian package installed, used and purged (tests/vm/package.sh)" \
+    "bash /results/dmcrypt-interop.sh /results/cryptblk luks tcrypt-system && bash /results/frontends.sh /results/cryptblk; u=\$?; bash /results/integrity.sh /results/cryptblk luks2 || u=1; bash /results/package.sh /results/cryptblk.deb && exit \$u" 1
   # cryptsetup's test lines that need a mapping run over ublk here: the ublk guest is the
   # longest already.
   guest families "kernel dm-crypt interop: the other cipher families, plain, loop-AES, TrueCrypt volumes; standalone integritysetup volumes both ways with dm-integrity (tests/vm/integrity.sh); cryptsetup's test lines that need a mapping (over ublk)" \

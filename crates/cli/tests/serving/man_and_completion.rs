@@ -196,7 +196,7 @@ fn bash_completes_commands_options_served_volumes_and_devices() {
 }
 
 #[test]
-fn fish_completes_commands_and_served_volumes() {
+fn fish_completes_commands() {
     let Ok(fish) = which_fish() else {
         eprintln!("NOT RUN: fish is not installed (apt-get install fish); CI installs it");
         return;
