@@ -22,6 +22,7 @@ mod integrity;
 mod mmap;
 mod online;
 mod open;
+mod request_metrics;
 mod storage;
 mod suspend;
 mod uring;
@@ -41,6 +42,7 @@ pub use open::{
     open_plain, open_plain_on, open_plain_with, open_tcrypt, probe, tcrypt_header, unlock_layout,
     unlock_luks, volume_from_key,
 };
+pub use request_metrics::{LATENCY_BOUNDS, Op, OpMetrics, RequestMetrics};
 pub use storage::{FileStorage, IoEngine};
 pub use suspend::Suspended;
 pub use volume::{CipherSummary, DataSegment, Volume, VolumeParams, VolumeStats};

@@ -56,6 +56,10 @@ pub struct VolumeStats {
     /// Sectors whose integrity tag did not verify (LUKS2 with integrity): each read of
     /// one failed with EIO.
     pub integrity_errors: AtomicU64,
+    /// Bytes of the discards accepted.
+    pub discarded_bytes: AtomicU64,
+    /// Errors, requests in flight and latency per operation (`open --metrics`).
+    pub requests: crate::RequestMetrics,
 }
 
 /// One stretch of a volume with its own key, cipher and place on the storage. A volume
@@ -895,8 +899,40 @@ impl Volume {
         offset.is_multiple_of(self.sector) && len.is_multiple_of(self.sector)
     }
 
+    /// A discard (see `BlockDevice::discard`), timed by the caller.
+    fn discard_timed(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.can_discard() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "discards are not allowed on this volume",
+            ));
+        }
+        self.check(offset, len)?;
+        self.stats.discards.fetch_add(1, Relaxed);
+        self.stats.discarded_bytes.fetch_add(len, Relaxed);
+        // Only whole sectors can be released; partial ones are left as they are (a discard
+        // is advisory).
+        let start = offset.div_ceil(self.sector) * self.sector;
+        let end = (offset + len) / self.sector * self.sector;
+        let l = self.layout_for_write(offset, len, false)?;
+        for s in &l.segments {
+            let (lo, hi) = (start.max(s.start), end.min(s.start + s.len));
+            if hi > lo && !s.zero {
+                self.storage
+                    .punch_hole(s.storage_offset + (lo - s.start), hi - lo)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Byte-granular read: aligned requests decrypt straight into `buf`.
     fn read_bytes(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.stats
+            .requests
+            .measure(crate::Op::Read, || self.read_bytes_timed(buf, offset))
+    }
+
+    fn read_bytes_timed(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.read_bytes.fetch_add(buf.len() as u64, Relaxed);
@@ -1020,6 +1056,12 @@ impl Volume {
     /// Byte-granular write. Aligned: one copy into scratch (or none, in place) and one
     /// cipher call. Unaligned: read-modify-write of the boundary sectors, exclusively.
     fn write_bytes(&self, data: WriteData<'_>, offset: u64, fua: bool) -> io::Result<()> {
+        self.stats.requests.measure(crate::Op::Write, || {
+            self.write_bytes_timed(data, offset, fua)
+        })
+    }
+
+    fn write_bytes_timed(&self, data: WriteData<'_>, offset: u64, fua: bool) -> io::Result<()> {
         let len = data.len() as u64;
         self.check_writable()?;
         self.check(offset, len)?;
@@ -1161,33 +1203,17 @@ impl BlockDevice for Volume {
     }
     fn flush(&self) -> io::Result<()> {
         self.stats.flushes.fetch_add(1, Relaxed);
-        match &self.integrity {
-            Some(i) => i.flush(&*self.storage),
-            None => self.storage.sync(),
-        }
+        self.stats
+            .requests
+            .measure(crate::Op::Flush, || match &self.integrity {
+                Some(i) => i.flush(&*self.storage),
+                None => self.storage.sync(),
+            })
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        if !self.can_discard() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "discards are not allowed on this volume",
-            ));
-        }
-        self.check(offset, len)?;
-        self.stats.discards.fetch_add(1, Relaxed);
-        // Only whole sectors can be released; partial ones are left as they are (a discard
-        // is advisory).
-        let start = offset.div_ceil(self.sector) * self.sector;
-        let end = (offset + len) / self.sector * self.sector;
-        let l = self.layout_for_write(offset, len, false)?;
-        for s in &l.segments {
-            let (lo, hi) = (start.max(s.start), end.min(s.start + s.len));
-            if hi > lo && !s.zero {
-                self.storage
-                    .punch_hole(s.storage_offset + (lo - s.start), hi - lo)?;
-            }
-        }
-        Ok(())
+        self.stats
+            .requests
+            .measure(crate::Op::Discard, || self.discard_timed(offset, len))
     }
     /// Readahead of the ciphertext under the range (decrypted when it is read).
     fn cache(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -295,15 +295,17 @@ fn write_integrity(
     salt: Option<[u8; 16]>,
 ) -> CliResult<()> {
     let wipe = !a.integrity_no_wipe;
-    let mut last = std::time::Instant::now();
+    let mut shown: Option<crate::progress::Progress> = None;
     let mut progress = |done: u64, total: u64| {
-        if ctx.verbose && last.elapsed().as_secs() >= 1 {
-            last = std::time::Instant::now();
-            eprintln!("Wiping: {} of {} MiB", done >> 20, total >> 20);
-        }
+        shown
+            .get_or_insert_with(|| crate::progress::Progress::new(ctx, "wipe", Some(total)))
+            .set(done);
     };
     cryptblk_volume::Integrity::format_with(data, offset, auth, journal, salt, wipe, &mut progress)
         .map_err(|e| crate::unlock::volume_error(&a.device, e))?;
+    if let Some(p) = shown {
+        p.finish();
+    }
     if !wipe {
         eprintln!(
             "Device {} was not wiped: a sector never written fails to read until it is.",

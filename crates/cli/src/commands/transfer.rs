@@ -92,14 +92,19 @@ pub(crate) fn export(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
     } else {
         Box::new(std::fs::File::create(&a.file).map_err(|e| io_err(&a.file, e))?)
     };
+    let mut progress = crate::progress::Progress::new(ctx, "export", Some(end - a.at));
     read_in_order(&vol, a.at, end, a.request_size, |bytes| {
-        out.write_all(bytes).map_err(|e| io_err(&a.file, e))
+        out.write_all(bytes).map_err(|e| io_err(&a.file, e))?;
+        progress.add(bytes.len() as u64);
+        Ok(())
     })
     .map_err(|e| match e {
         Failure::Device(e) => io_err(&a.device, e),
         Failure::Sink(e) => e,
     })?;
-    out.flush().map_err(|e| io_err(&a.file, e))
+    out.flush().map_err(|e| io_err(&a.file, e))?;
+    progress.finish();
+    Ok(())
 }
 
 /// Why a transfer stopped: the volume failed, or the other side (file, pipe) did.
@@ -194,11 +199,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
     let vol = open(ctx, &a, false)?;
     let chunk = a.request_size;
-    let mut input: Box<dyn Read> = if a.file.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
+    let (mut input, size): (Box<dyn Read>, Option<u64>) = if a.file.as_os_str() == "-" {
+        (Box::new(std::io::stdin().lock()), None)
     } else {
-        Box::new(std::fs::File::open(&a.file).map_err(|e| io_err(&a.file, e))?)
+        let f = std::fs::File::open(&a.file).map_err(|e| io_err(&a.file, e))?;
+        let size = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+        (Box::new(f), size)
     };
+    let mut progress = crate::progress::Progress::new(ctx, "import", size);
     // Filled buffers to the workers; empty ones (or the write's error) back.
     let (work_tx, work_rx) = mpsc::sync_channel::<(u64, Vec<u8>, usize)>(DEPTH);
     let (free_tx, free_rx) = mpsc::channel::<std::io::Result<Vec<u8>>>();
@@ -258,6 +266,7 @@ pub(crate) fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
                 .send((pos, buf, n))
                 .expect("workers run until the work channel closes");
             pos += n as u64;
+            progress.add(n as u64);
         }
         // Every write done (the workers stop once the channel is closed and drained).
         drop(work_tx);
@@ -267,5 +276,7 @@ pub(crate) fn import(ctx: &Ctx, a: TransferArgs) -> CliResult<()> {
         Ok(())
     })?;
     // Flushed and closed: a dm-integrity device in bitmap mode is left clean.
-    vol.close().map_err(|e| io_err(&a.device, e))
+    vol.close().map_err(|e| io_err(&a.device, e))?;
+    progress.finish();
+    Ok(())
 }

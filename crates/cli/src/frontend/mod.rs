@@ -102,6 +102,11 @@ pub(crate) struct OpenArgs {
     /// Detach and run in the background once ready.
     #[arg(long)]
     pub daemon: bool,
+    /// Serve Prometheus metrics at GET /metrics: `unix:PATH` (0600) or
+    /// `tcp:127.0.0.1:PORT` (loopback only): requests, bytes, errors and latency per
+    /// operation, requests in flight, clients, integrity failures, reencryption progress.
+    #[arg(long, value_name = "unix:PATH|tcp:127.0.0.1:PORT")]
+    pub metrics: Option<String>,
     /// cryptsetup's --shared: serve another range (--offset, --size) of a device that
     /// another volume already holds, without the lock or exclusive open that otherwise
     /// keeps a device to one server; keeping the ranges apart is the user's part.
@@ -325,11 +330,25 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         "STATUS={}",
         crate::notify::status_line(&format!("Unlocking {} ({})", a.name, a.device.display()))
     ));
+    // Bound before the unlock: a taken port fails the open before anything is served.
+    let metrics = a
+        .metrics
+        .as_deref()
+        .map(crate::metrics::Listener::bind)
+        .transpose()?;
     let unlocked = unlock(ctx, &a)?;
     let serving = Serving::start(&a, claimed, unlocked)?;
     serving.announce()?;
+    let metrics_path = metrics.as_ref().and_then(crate::metrics::Listener::path);
+    if let Some(m) = metrics {
+        serving.serve_metrics(m, ctx, &a);
+    }
     serving.say_ready(ctx, &a);
-    serving.run_and_close(&a)
+    let r = serving.run_and_close(&a);
+    if let Some(p) = metrics_path {
+        let _ = std::fs::remove_file(p);
+    }
+    r
 }
 
 /// `open --crypttab FILE NAME`: NAME's line applied to `a` (the one positional argument,
@@ -589,9 +608,9 @@ impl Serving {
             force,
         )?;
         self.files.bound();
-        let (c, served, vol, jobs, suspension, limit, closer, stopping) = (
+        let status = self.status_fn();
+        let (c, vol, jobs, suspension, limit, closer, stopping) = (
             self.started.control.clone(),
-            self.served.clone(),
             self.vol.clone(),
             self.jobs.clone(),
             self.suspension.clone(),
@@ -600,11 +619,6 @@ impl Serving {
             self.stopping.clone(),
         );
         std::thread::spawn(move || {
-            let status = || {
-                let mut v = status_json(&served, &vol, &jobs, c.status());
-                v["suspended"] = json!(suspension.is_suspended());
-                v
-            };
             let resize = |new: Option<u64>| resize(&vol, &*c, &jobs, &suspension, new);
             let ends = ControlEnds {
                 close: stop,
@@ -615,6 +629,34 @@ impl Serving {
             control_loop(ctl, status, resize, &jobs, &suspension, ends)
         });
         Ok(())
+    }
+
+    /// What `status` answers, as a function the control and metrics threads call.
+    fn status_fn(&self) -> impl Fn() -> Value + Send + Sync + 'static {
+        let (c, served, vol, jobs, suspension) = (
+            self.started.control.clone(),
+            self.served.clone(),
+            self.vol.clone(),
+            self.jobs.clone(),
+            self.suspension.clone(),
+        );
+        move || {
+            let mut v = status_json(&served, &vol, &jobs, c.status());
+            v["suspended"] = json!(suspension.is_suspended());
+            v
+        }
+    }
+
+    /// Serves `--metrics` (latency timed from now on).
+    fn serve_metrics(&self, m: crate::metrics::Listener, ctx: &Ctx, a: &OpenArgs) {
+        self.vol.stats().requests.enable();
+        if ctx.verbose || !a.daemon_child {
+            eprintln!("{}: metrics at {}/metrics", self.name, m.describe());
+        }
+        let vol = self.vol.clone();
+        m.serve(self.status_fn(), move || {
+            vol.clone() as Arc<dyn crate::metrics::StatsSource>
+        });
     }
 
     /// Says where the volume is served; a `--daemon` child tells its parent it is ready

@@ -1080,3 +1080,73 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
         o.status
     );
 }
+
+/// Runs `args` on a pseudo-terminal (util-linux's `script`): what a user at a terminal
+/// sees, stdout and stderr together.
+fn on_a_terminal(args: &[&str]) -> String {
+    let cmd = std::iter::once(bin())
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let o = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .expect("script (util-linux)");
+    assert!(
+        o.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+#[test]
+fn export_and_import_show_progress_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    std::fs::write(p("key"), b"progress passphrase").unwrap();
+    crate::common::quick_luks2(&p("v.img"), &p("key"), 32);
+    std::fs::write(p("in.raw"), vec![0x5a; 4 << 20]).unwrap();
+    let shown = on_a_terminal(&["import", &p("v.img"), &p("in.raw"), "--key-file", &p("key")]);
+    assert!(shown.contains("import:   0.0% of 4.0 MiB"), "{shown:?}");
+    assert!(
+        shown.contains("import: 4.0 MiB in "),
+        "the last line says what was done: {shown:?}"
+    );
+    let shown = on_a_terminal(&[
+        "export",
+        &p("v.img"),
+        &p("out.raw"),
+        "--key-file",
+        &p("key"),
+    ]);
+    assert!(shown.contains("% of 16.0 MiB"), "{shown:?}");
+    assert!(shown.contains("export: 16.0 MiB in "), "{shown:?}");
+    // Not a terminal, or --batch-mode: nothing.
+    let o = run(
+        bin(),
+        &[
+            "export",
+            &p("v.img"),
+            &p("out.raw"),
+            "--key-file",
+            &p("key"),
+        ],
+        b"",
+    );
+    assert!(o.status.success() && o.stderr.is_empty(), "{o:?}");
+    let quiet = on_a_terminal(&[
+        "export",
+        "-q",
+        &p("v.img"),
+        &p("out.raw"),
+        "--key-file",
+        &p("key"),
+    ]);
+    assert!(!quiet.contains("export:"), "{quiet:?}");
+    assert_eq!(
+        std::fs::read(p("out.raw")).unwrap()[..4 << 20],
+        vec![0x5a; 4 << 20][..]
+    );
+}
