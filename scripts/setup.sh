@@ -34,10 +34,11 @@ have swtpm || need+=(swtpm)
 have tpm2_pcrextend || need+=(tpm2-tools)
 have clevis-encrypt-tpm2 || need+=(clevis-tpm2)
 have systemd-cryptenroll || need+=(systemd)
-# The packaging checks: man pages rendered by groff, completion asked of fish (bash is
-# there already).
+# The packaging checks: man pages rendered by groff, completion asked of fish and
+# registered in zsh (bash is there already).
 have groff || need+=(groff-base)
 have fish || need+=(fish)
+have zsh || need+=(zsh)
 # The Debian package (scripts/build-deb.sh: dpkg-shlibdeps), checked with man in the VM.
 have dpkg-shlibdeps || need+=(dpkg-dev)
 have man || need+=(man-db)

@@ -531,6 +531,88 @@ mod tests {
         }
     }
 
+    /// `open`'s arguments as the command line `args` (after `open`) gives them.
+    fn open_args(args: &[&str]) -> OpenArgs {
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(flatten)]
+            a: OpenArgs,
+        }
+        let argv = std::iter::once("open").chain(args.iter().copied());
+        <T as clap::Parser>::try_parse_from(argv).unwrap().a
+    }
+
+    #[test]
+    fn every_option_lands_in_open_arguments_and_the_command_line_wins() {
+        let tab = "a /srv/a.img /k luks,header=/h,keyfile-offset=4,keyfile-size=32,key-slot=2,discard,readonly,tries=5,token-timeout=30s,tpm2-device=auto,nbd=unix:/run/a.sock,sector-size=4096\n\
+                   b /srv/b.img none plain,cipher=aes-cbc-essiv:sha256,size=256,hash=sha512,offset=8,skip=16,fuse=/mnt/b\n\
+                   c /srv/c.img - tcrypt-veracrypt,tcrypt-hidden,tcrypt-system,veracrypt-pim=7,vhost-user-blk=/run/c.sock\n\
+                   d /srv/d.img none bitlk,ublk,tries=0,noauto,nofail,_netdev,x-systemd.device-timeout=10,same-cpu-crypt\n\
+                   e /srv/e.img none luks,nbd=unix:/x,ublk\n";
+        let e = parse(tab).unwrap();
+        let file = Path::new("/etc/cryptblktab");
+        let mut a = open_args(&["--crypttab", "f", "a"]);
+        let tries = apply(&e[0], file, &mut a).unwrap();
+        assert_eq!(
+            (a.name.as_str(), a.device.as_path()),
+            ("a", Path::new("/srv/a.img"))
+        );
+        assert_eq!(a.vol.kind, VolumeType::Luks);
+        assert_eq!(a.vol.header.header.as_deref(), Some(Path::new("/h")));
+        assert_eq!(a.vol.key.key_files, [PathBuf::from("/k")]);
+        assert_eq!(a.vol.key.keyfile_offset, 4);
+        assert_eq!(a.vol.key.keyfile_size, Some(32));
+        assert_eq!(a.vol.key_slot, Some(2));
+        assert!(a.vol.allow_discards && a.vol.read_only);
+        assert_eq!(tries, Some(5));
+        assert_eq!(a.vol.tokens.token_timeout, 30);
+        assert_eq!(a.vol.tokens.tpm2_device.as_deref(), Some("auto"));
+        assert_eq!(a.nbd.as_deref(), Some("unix:/run/a.sock"));
+        assert_eq!(a.vol.sector_size, Some(4096));
+
+        // The command line's own settings stay.
+        let mut a = open_args(&["--crypttab", "f", "b", "--cipher", "serpent-xts-plain64"]);
+        apply(&e[1], file, &mut a).unwrap();
+        assert_eq!(a.vol.kind, VolumeType::Plain);
+        assert_eq!(a.vol.cipher.as_deref(), Some("serpent-xts-plain64"));
+        assert!(
+            a.vol.key.key_files.is_empty(),
+            "none: a passphrase is asked for"
+        );
+        assert_eq!(
+            (a.vol.key_size, a.vol.hash.as_deref()),
+            (Some(256), Some("sha512"))
+        );
+        assert_eq!((a.vol.offset, a.vol.skip), (Some(8), Some(16)));
+        assert_eq!(a.fuse.as_deref(), Some(Path::new("/mnt/b")));
+
+        let mut a = open_args(&["--crypttab", "f", "c"]);
+        apply(&e[2], file, &mut a).unwrap();
+        assert_eq!(a.vol.kind, VolumeType::Tcrypt);
+        assert!(a.vol.tcrypt.hidden && a.vol.tcrypt.system);
+        assert_eq!(a.vol.tcrypt.pim, Some(7));
+        assert_eq!(a.vhost_user_blk.as_deref(), Some(Path::new("/run/c.sock")));
+
+        let mut a = open_args(&["--crypttab", "f", "d"]);
+        assert_eq!(
+            apply(&e[3], file, &mut a).unwrap(),
+            Some(u32::MAX),
+            "tries=0: no end"
+        );
+        assert_eq!(a.vol.kind, VolumeType::Bitlk);
+        assert!(a.ublk.ublk);
+        assert!(e[3].noauto() && e[3].nofail());
+
+        let mut a = open_args(&["--crypttab", "f", "e"]);
+        let err = apply(&e[4], file, &mut a).unwrap_err();
+        assert!(
+            err.message
+                .starts_with("/etc/cryptblktab:5: more than one frontend"),
+            "{}",
+            err.message
+        );
+    }
+
     #[test]
     fn uuid_label_and_luks_header_resolution() {
         let dir = tempfile::tempdir().unwrap();

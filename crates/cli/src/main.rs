@@ -257,7 +257,7 @@ fn main() {
         Command::Enroll(a) => commands::enroll::enroll(&ctx, a),
         Command::HeaderBackup(a) => commands::header::header_backup(&ctx, a),
         Command::HeaderRestore(a) => commands::header::header_restore(&ctx, a),
-        Command::Benchmark(a) => commands::benchmark::run(a),
+        Command::Benchmark(a) => commands::benchmark::run(&ctx, a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Open(a) => frontend::open(&ctx, *a),
         Command::Close(a) => commands::served::close(&ctx, a),

@@ -92,15 +92,14 @@ impl Listener {
         let busy = Arc::new(AtomicUsize::new(0));
         std::thread::spawn(move || {
             loop {
-                let conn: Box<dyn Conn> = match &self {
-                    Listener::Unix(l, _) => match l.accept() {
-                        Ok((s, _)) => Box::new(s),
-                        Err(_) => continue,
-                    },
-                    Listener::Tcp(l) => match l.accept() {
-                        Ok((s, _)) => Box::new(s),
-                        Err(_) => continue,
-                    },
+                let accepted: std::io::Result<Box<dyn Conn>> = match &self {
+                    Listener::Unix(l, _) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Conn>),
+                    Listener::Tcp(l) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Conn>),
+                };
+                let Ok(conn) = accepted else {
+                    // Out of descriptors, say: wait rather than spin.
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
                 };
                 if busy.fetch_add(1, Relaxed) >= MAX_CONNECTIONS {
                     busy.fetch_sub(1, Relaxed);

@@ -1,6 +1,6 @@
-//! Progress of a long command (`export`, `import`, `format`'s wipe) on the terminal: one
-//! line redrawn at most four times a second with the share done, the rate and the time
-//! left, then one line with what was done. Only where stderr is a terminal and without
+//! Progress of a long command (`export`, `import`, `format`'s wipe, `benchmark`) on the
+//! terminal: one line redrawn at most four times a second with the share done, the rate
+//! (of bytes; steps for `benchmark`) and the time left, then one line with what was done. Only where stderr is a terminal and without
 //! `--batch-mode`; otherwise nothing at all, so scripts and logs see no carriage returns.
 //! (`reencrypt` keeps cryptsetup's own progress line, which scripts parse.)
 
@@ -11,6 +11,8 @@ const REDRAW: Duration = Duration::from_millis(250);
 
 pub(crate) struct Progress {
     what: &'static str,
+    /// Counting steps (a benchmark's measurements), not bytes.
+    steps: bool,
     total: Option<u64>,
     done: u64,
     start: Instant,
@@ -21,9 +23,19 @@ pub(crate) struct Progress {
 impl Progress {
     /// `what` is the verb shown ("export"); `total` the bytes to do, where known.
     pub(crate) fn new(ctx: &crate::ctx::Ctx, what: &'static str, total: Option<u64>) -> Self {
+        Self::start(ctx, what, total, false)
+    }
+
+    /// Counting `total` steps rather than bytes.
+    pub(crate) fn steps(ctx: &crate::ctx::Ctx, what: &'static str, total: u64) -> Self {
+        Self::start(ctx, what, Some(total), true)
+    }
+
+    fn start(ctx: &crate::ctx::Ctx, what: &'static str, total: Option<u64>, steps: bool) -> Self {
         let on = !ctx.batch && std::io::stderr().is_terminal();
         let mut p = Progress {
             what,
+            steps,
             total,
             done: 0,
             start: Instant::now(),
@@ -32,6 +44,15 @@ impl Progress {
         };
         p.draw();
         p
+    }
+
+    /// Erases the line, for other output on the terminal (it comes back at the next
+    /// [`Progress::add`]).
+    pub(crate) fn clear(&mut self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+            self.drawn = None;
+        }
     }
 
     /// `n` more bytes done.
@@ -59,6 +80,14 @@ impl Progress {
             0.0
         };
         let line = match self.total {
+            Some(t) if t > 0 && self.steps => {
+                let left = if self.done > 0 {
+                    clock((secs / self.done as f64 * (t - self.done.min(t)) as f64) as u64)
+                } else {
+                    "--:--".into()
+                };
+                format!("{}: {} of {t} done, {left} left", self.what, self.done)
+            }
             Some(t) if t > 0 => {
                 let left = if rate > 0.0 && self.done > 0 {
                     clock(((t - self.done.min(t)) as f64 / rate) as u64)
@@ -91,6 +120,10 @@ impl Progress {
             return;
         }
         let secs = self.start.elapsed().as_secs_f64();
+        if self.steps {
+            eprintln!("\r\x1b[K{}: {} done in {secs:.1} s", self.what, self.done);
+            return;
+        }
         let rate = if secs > 0.0 {
             self.done as f64 / secs
         } else {

@@ -64,7 +64,7 @@ fn chart_base(a: &BenchmarkArgs) -> CliResult<Option<std::path::PathBuf>> {
         .map_err(CliError::usage)
 }
 
-pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
+pub(crate) fn run(ctx: &crate::ctx::Ctx, a: BenchmarkArgs) -> CliResult<()> {
     if let Some(mode) = &a.integrity {
         return run_integrity(&a, mode);
     }
@@ -87,7 +87,9 @@ pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
         );
     }
     let mut rows = Vec::new();
-    for case in cipher_cases(&a)? {
+    let cases = cipher_cases(&a)?;
+    let mut progress = crate::progress::Progress::steps(ctx, "benchmark", cases.len() as u64);
+    for case in cases {
         let s = cipher_speed(
             case.spec,
             case.key_len,
@@ -96,9 +98,12 @@ pub(crate) fn run(a: BenchmarkArgs) -> CliResult<()> {
             backend,
             dur,
         )?;
+        progress.clear();
         print_cipher_speed(&s, a.json);
+        progress.add(1);
         rows.push(chart_row(&s));
     }
+    progress.finish();
     if let Some(base) = &chart_base {
         draw_chart(&rows, backend.name(), base)?;
     }

@@ -1150,3 +1150,25 @@ fn export_and_import_show_progress_on_a_terminal_only() {
         vec![0x5a; 4 << 20][..]
     );
 }
+
+#[test]
+fn benchmark_counts_its_measurements_on_a_terminal_only() {
+    let args = [
+        "benchmark",
+        "--cipher",
+        "aes-xts-plain64",
+        "--seconds",
+        "0.02",
+        "--no-kdf",
+    ];
+    let shown = on_a_terminal(&args);
+    assert!(shown.contains("benchmark: 0 of 6 done"), "{shown:?}");
+    assert!(shown.contains("benchmark: 6 done in "), "{shown:?}");
+    // Each result is on a line of its own, the progress line erased before it.
+    assert!(
+        shown.contains("\r\x1b[K       aes-xts-plain64"),
+        "{shown:?}"
+    );
+    let o = cb(&args);
+    assert!(o.status.success() && o.stderr.is_empty(), "{o:?}");
+}

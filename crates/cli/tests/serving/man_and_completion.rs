@@ -197,7 +197,7 @@ fn bash_completes_commands_options_served_volumes_and_devices() {
 
 #[test]
 fn fish_completes_commands() {
-    let Ok(fish) = which_fish() else {
+    let Some(fish) = which("fish") else {
         eprintln!("NOT RUN: fish is not installed (apt-get install fish); CI installs it");
         return;
     };
@@ -222,11 +222,38 @@ fn fish_completes_commands() {
     );
 }
 
-fn which_fish() -> Result<String, ()> {
+/// `name` on PATH.
+fn which(name: &str) -> Option<String> {
     std::env::var("PATH")
         .unwrap_or_default()
         .split(':')
-        .map(|d| format!("{d}/fish"))
+        .map(|d| format!("{d}/{name}"))
         .find(|p| Path::new(p).exists())
-        .ok_or(())
+}
+
+#[test]
+fn zsh_registers_the_completion() {
+    let Some(zsh) = which("zsh") else {
+        eprintln!("NOT RUN: zsh is not installed (apt-get install zsh); CI installs it");
+        return;
+    };
+    let dir = Path::new(bin()).parent().unwrap();
+    let o = Command::new(zsh)
+        .args([
+            "-f",
+            "-c",
+            "autoload -U compinit && compinit -u -D && source <(COMPLETE=zsh cryptblk) && print -r -- ${_comps[cryptblk]}",
+        ])
+        .env(
+            "PATH",
+            format!("{}:{}", dir.display(), std::env::var("PATH").unwrap()),
+        )
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.trim().contains("cryptblk"),
+        "zsh: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

@@ -47,21 +47,24 @@ fn parse(text: &str) -> HashMap<String, f64> {
     samples
 }
 
-fn fio(uri: &str, rw: &str) -> serde_json::Value {
-    let out = ok(&run_in(
-        &tool("fio", "fio"),
-        &[
-            "--name=m",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            &format!("--rw={rw}"),
-            "--bs=64k",
-            "--iodepth=4",
-            "--size=8M",
-            "--output-format=json",
-        ],
-        b"",
-    ));
+/// fio's nbd engine, 64 KiB requests over 8 MiB (`seconds`: for that long, round and
+/// round).
+fn fio(uri: &str, rw: &str, seconds: Option<u32>) -> serde_json::Value {
+    let mut args = vec![
+        "--name=m".to_string(),
+        "--ioengine=nbd".into(),
+        format!("--uri={uri}"),
+        format!("--rw={rw}"),
+        "--bs=64k".into(),
+        "--iodepth=4".into(),
+        "--size=8M".into(),
+        "--output-format=json".into(),
+    ];
+    if let Some(s) = seconds {
+        args.extend(["--time_based".into(), format!("--runtime={s}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = ok(&run_in(&tool("fio", "fio"), &args, b""));
     serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap()
 }
 
@@ -102,9 +105,24 @@ fn counters_grow_by_what_fio_did_and_the_histograms_hold_together() {
     let before = scrape();
     let k = |name: &str, op: &str| format!("{name}{{volume=\"mvol\",op=\"{op}\"}}");
     let uri = format!("nbd+unix:///mvol?socket={sock}");
-    let w = fio(&uri, "write");
-    let r = fio(&uri, "read");
+    // Scraped during the writes too: the counters move while fio runs.
+    let writer = {
+        let uri = uri.clone();
+        std::thread::spawn(move || fio(&uri, "write", Some(2)))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let during = scrape();
+    let w = writer.join().unwrap();
+    let r = fio(&uri, "read", None);
     let after = scrape();
+    let wb = k("cryptblk_request_bytes_total", "write");
+    assert!(
+        before[&wb] < during[&wb] && during[&wb] < after[&wb],
+        "during fio: {} < {} < {}",
+        before[&wb],
+        during[&wb],
+        after[&wb]
+    );
     let delta = |key: &str| after[key] - before.get(key).copied().unwrap_or(0.0);
     let (wj, rj) = (&w["jobs"][0]["write"], &r["jobs"][0]["read"]);
     assert_eq!(

@@ -299,6 +299,14 @@ pub(crate) fn wrong_passphrase(e: cryptblk_format::Error) -> CliError {
     }
 }
 
+/// Whether the progress line is printed: with -v always; else not with --batch-mode, and as
+/// cryptblk only where stderr is a terminal (as the other commands' progress); as the
+/// cryptsetup drop-in wherever cryptsetup prints it, for the scripts that read it.
+pub(crate) fn progress_shown(ctx: &Ctx) -> bool {
+    use std::io::IsTerminal;
+    ctx.verbose || (!ctx.batch && (ctx.dropin || std::io::stderr().is_terminal()))
+}
+
 /// cryptsetup's progress line: percent, ETA, bytes written, speed.
 pub(crate) fn show_progress(start: Instant, first: u64, done: u64, total: u64) {
     let secs = start.elapsed().as_secs_f64().max(1e-3);
@@ -436,13 +444,13 @@ pub(crate) fn reencrypt(ctx: &Ctx, a: ReencryptArgs) -> CliResult<()> {
             &|| stop.load(Ordering::Relaxed),
             &mut |done, total| {
                 let f = *first.get_or_insert(0);
-                if !ctx.batch || ctx.verbose {
+                if progress_shown(ctx) {
                     show_progress(start, f, done, total);
                 }
             },
         )
         .map_err(wrong_passphrase)?;
-    if !ctx.batch || ctx.verbose {
+    if progress_shown(ctx) {
         eprintln!();
     }
     finished(ctx, outcome, &hdr)

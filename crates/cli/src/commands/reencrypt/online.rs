@@ -102,7 +102,7 @@ fn follow(ctx: &Ctx, dir: &Path, name: &str) -> CliResult<()> {
             .map_err(|e| CliError::usage(format!("signals: {e}")))?;
     }
     let (start, mut first, mut asked) = (Instant::now(), None, false);
-    let show = !ctx.batch || ctx.verbose;
+    let show = crate::commands::reencrypt::progress_shown(ctx);
     loop {
         std::thread::sleep(Duration::from_millis(200));
         if interrupted.load(Ordering::Relaxed) && !asked {
