@@ -22,12 +22,13 @@ fn main() {
         .ok()
         .filter(|c| !c.is_empty())
         .or_else(|| {
-            // Built again when HEAD moves (a commit, a checkout).
-            if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-                println!("cargo:rerun-if-changed={dir}/HEAD");
-                println!("cargo:rerun-if-changed={dir}/packed-refs");
-                if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-                    println!("cargo:rerun-if-changed={dir}/{r}");
+            // Built again when HEAD moves (a commit, a checkout); `--git-path` finds the
+            // files where a worktree keeps them (its HEAD, the common refs).
+            let mut watch = vec!["HEAD".to_string(), "packed-refs".to_string()];
+            watch.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+            for f in watch {
+                if let Some(p) = git(&["rev-parse", "--path-format=absolute", "--git-path", &f]) {
+                    println!("cargo:rerun-if-changed={p}");
                 }
             }
             git(&["rev-parse", "--short=12", "HEAD"])

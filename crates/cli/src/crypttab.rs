@@ -7,7 +7,8 @@
 //! blanks; OPTIONS apart by commas (`\,` keeps one). DEVICE is a path or `UUID=`,
 //! `LABEL=`, `PARTUUID=`, `PARTLABEL=`; KEY-FILE `none`, `-` or absent asks for a
 //! passphrase. An entry is applied to `open`'s arguments: what the command line sets
-//! itself stays, the line fills in the rest. An option this file does not know is an
+//! itself stays (`-T` over `tries=` too), the line fills in the rest; `token-timeout=`
+//! is the exception, as its option has a default that cannot be told from a value given. An option this file does not know is an
 //! error naming its line, never ignored.
 
 use crate::error::{CliError, CliResult};
@@ -87,6 +88,9 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Entry>, String> {
             .map(|(i, f)| if i < 3 { f.replace("\\,", ",") } else { f })
             .collect();
         let name = fields[0].clone();
+        if name.starts_with('-') {
+            return Err(format!("{line}: a name may not start with '-' ({name})"));
+        }
         if entries.iter().any(|e| e.name == name) {
             return Err(format!("{line}: a second entry named {name}"));
         }
@@ -115,7 +119,9 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Entry>, String> {
             .iter()
             .filter(|(k, _)| TYPES.contains(&k.as_str()))
             .count();
-        if kinds > 1 {
+        let veracrypt = options.iter().any(|(k, _)| k == "tcrypt-veracrypt");
+        let tcrypt = options.iter().any(|(k, _)| k == "tcrypt");
+        if kinds > 1 || (veracrypt && kinds == 1 && !tcrypt) {
             return Err(format!(
                 "{line}: more than one volume type (luks, plain, tcrypt, bitlk)"
             ));
@@ -212,7 +218,7 @@ fn split_options(field: &str) -> Vec<String> {
     out
 }
 
-const TYPES: &[&str] = &["luks", "plain", "tcrypt", "tcrypt-veracrypt", "bitlk"];
+const TYPES: &[&str] = &["luks", "plain", "tcrypt", "bitlk"];
 /// Options that take no value.
 const FLAGS: &[&str] = &[
     "luks",
@@ -228,10 +234,10 @@ const FLAGS: &[&str] = &[
     "nofail",
     "noauto",
     "ublk",
-    // systemd's unit ordering and dm-crypt's kernel work queues: nothing to do here
-    // (cryptblk encrypts on the thread that received the I/O).
+    // Ordered after the network by cryptblk-generator.
     "_netdev",
-    "x-initrd.attach",
+    // dm-crypt's kernel work queues: nothing to do here (cryptblk encrypts on the thread
+    // that received the I/O).
     "same-cpu-crypt",
     "submit-from-crypt-cpus",
     "no-read-workqueue",
@@ -256,6 +262,11 @@ const VALUED: &[&str] = &[
     "nbd",
     "fuse",
     "vhost-user-blk",
+    // Unit dependencies cryptblk-generator writes into the instance's drop-in.
+    "x-systemd.after",
+    "x-systemd.before",
+    "x-systemd.requires",
+    "x-systemd.wants",
 ];
 
 /// `key[=value]`, checked against the options this file knows.
@@ -264,9 +275,6 @@ fn check_option(o: &str) -> Result<(String, Option<String>), String> {
         Some((k, v)) => (k, Some(v.to_string())),
         None => (o, None),
     };
-    if k.starts_with("x-systemd.") {
-        return Ok((k.to_string(), v));
-    }
     if FLAGS.contains(&k) {
         if v.is_some() {
             return Err(format!("option {k} takes no value"));
@@ -277,9 +285,16 @@ fn check_option(o: &str) -> Result<(String, Option<String>), String> {
             Some(v) if v.is_empty() => return Err(format!("option {k} needs a value ({k}=...)")),
             Some(_) => {}
         }
-    } else if ["swap", "tmp", "verify", "keyfile-erase", "headless"]
-        .iter()
-        .any(|x| *x == k || k.starts_with(&format!("{x}=")))
+    } else if [
+        "swap",
+        "tmp",
+        "verify",
+        "keyfile-erase",
+        "headless",
+        "x-initrd.attach",
+    ]
+    .iter()
+    .any(|x| *x == k || k.starts_with(&format!("{x}=")))
     {
         return Err(format!("option {k} is not supported by cryptblk"));
     } else {
@@ -320,9 +335,26 @@ pub(crate) fn resolve_device(spec: &str, dev: &Path, candidates: &[PathBuf]) -> 
     }
     if prefix == "UUID=" {
         let want = value.to_ascii_lowercase();
-        for c in candidates {
-            if luks_uuid(c).is_some_and(|u| u.to_ascii_lowercase() == want) {
-                return Ok(c.clone());
+        let found: Vec<&PathBuf> = candidates
+            .iter()
+            .filter(|c| luks_uuid(c).is_some_and(|u| u.to_ascii_lowercase() == want))
+            .collect();
+        match found.as_slice() {
+            [one] => return Ok((*one).clone()),
+            [] => {}
+            // RAID1 members or multipath paths carry the same header: never pick one.
+            many => {
+                return Err(CliError::new(
+                    crate::error::EXIT_NO_DEVICE,
+                    format!(
+                        "{spec}: {} block devices have a LUKS header with that UUID ({}); name the device",
+                        many.len(),
+                        many.iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
             }
         }
     }
@@ -385,6 +417,9 @@ pub(crate) fn apply(entry: &Entry, file: &Path, a: &mut OpenArgs) -> CliResult<O
         v.parse::<u64>()
             .map_err(|_| at(format!("option {k}={v}: not a number")))
     };
+    let num32 = |k: &str, v: &str| -> CliResult<u32> {
+        u32::try_from(num(k, v)?).map_err(|_| at(format!("option {k}={v}: too large")))
+    };
     let mut tries = None;
     let mut frontends = 0;
     for (k, v) in &entry.options {
@@ -398,7 +433,7 @@ pub(crate) fn apply(entry: &Entry, file: &Path, a: &mut OpenArgs) -> CliResult<O
             "tcrypt-hidden" => a.vol.tcrypt.hidden = true,
             "tcrypt-system" => a.vol.tcrypt.system = true,
             "veracrypt-pim" => {
-                a.vol.tcrypt.pim.get_or_insert(num(k, v)? as u32);
+                a.vol.tcrypt.pim.get_or_insert(num32(k, v)?);
             }
             "header" => {
                 a.vol.header.header.get_or_insert_with(|| PathBuf::from(v));
@@ -425,10 +460,10 @@ pub(crate) fn apply(entry: &Entry, file: &Path, a: &mut OpenArgs) -> CliResult<O
                 a.vol.skip.get_or_insert(num(k, v)?);
             }
             "sector-size" => {
-                a.vol.sector_size.get_or_insert(num(k, v)? as u32);
+                a.vol.sector_size.get_or_insert(num32(k, v)?);
             }
             "key-slot" => {
-                a.vol.key_slot.get_or_insert(num(k, v)? as u32);
+                a.vol.key_slot.get_or_insert(num32(k, v)?);
             }
             "discard" => a.vol.allow_discards = true,
             "readonly" | "read-only" => a.vol.read_only = true,
@@ -525,6 +560,19 @@ mod tests {
                 "1: a key file on another device",
             ),
             ("a /dev/x\n\na /dev/y\n", "3: a second entry named a"),
+            ("-a /dev/x\n", "1: a name may not start with '-'"),
+            (
+                "a /dev/x none luks,tcrypt-veracrypt\n",
+                "1: more than one volume type",
+            ),
+            (
+                "a /dev/x none x-systemd.device-timeout=3\n",
+                "1: unknown option",
+            ),
+            (
+                "a /dev/x none x-initrd.attach\n",
+                "1: option x-initrd.attach is not supported",
+            ),
         ] {
             let err = parse(text).unwrap_err();
             assert!(err.starts_with(want), "{text:?}: {err}");
@@ -547,7 +595,7 @@ mod tests {
         let tab = "a /srv/a.img /k luks,header=/h,keyfile-offset=4,keyfile-size=32,key-slot=2,discard,readonly,tries=5,token-timeout=30s,tpm2-device=auto,nbd=unix:/run/a.sock,sector-size=4096\n\
                    b /srv/b.img none plain,cipher=aes-cbc-essiv:sha256,size=256,hash=sha512,offset=8,skip=16,fuse=/mnt/b\n\
                    c /srv/c.img - tcrypt-veracrypt,tcrypt-hidden,tcrypt-system,veracrypt-pim=7,vhost-user-blk=/run/c.sock\n\
-                   d /srv/d.img none bitlk,ublk,tries=0,noauto,nofail,_netdev,x-systemd.device-timeout=10,same-cpu-crypt\n\
+                   d /srv/d.img none bitlk,ublk,tries=0,noauto,nofail,_netdev,x-systemd.after=network.target,same-cpu-crypt\n\
                    e /srv/e.img none luks,nbd=unix:/x,ublk\n";
         let e = parse(tab).unwrap();
         let file = Path::new("/etc/cryptblktab");
@@ -603,6 +651,18 @@ mod tests {
         assert!(a.ublk.ublk);
         assert!(e[3].noauto() && e[3].nofail());
 
+        // tcrypt with tcrypt-veracrypt (systemd's pairing) is one type; a slot past u32 is
+        // refused, not cut.
+        assert!(parse("v /srv/v.img none tcrypt,tcrypt-veracrypt\n").is_ok());
+        let big = parse("k /srv/k.img none luks,key-slot=4294967296\n").unwrap();
+        let mut a = open_args(&["--crypttab", "f", "k"]);
+        assert!(
+            apply(&big[0], file, &mut a)
+                .unwrap_err()
+                .message
+                .contains("too large")
+        );
+
         let mut a = open_args(&["--crypttab", "f", "e"]);
         let err = apply(&e[4], file, &mut a).unwrap_err();
         assert!(
@@ -647,6 +707,11 @@ mod tests {
             resolve_device(&format!("UUID={}", uuid.to_uppercase()), dev, &cands).unwrap(),
             luks
         );
+        // The same header on two devices (RAID1 members, multipath): neither is picked.
+        let twin = dev.join("loop8");
+        std::fs::write(&twin, &hdr).unwrap();
+        let e = resolve_device(&format!("UUID={uuid}"), dev, &[luks.clone(), twin]).unwrap_err();
+        assert!(e.message.contains("2 block devices"), "{}", e.message);
         let e = resolve_device("UUID=ffff", dev, &cands).unwrap_err();
         assert!(e.message.contains("no such device"), "{}", e.message);
         assert!(resolve_device("LABEL=Other", dev, &cands).is_err());

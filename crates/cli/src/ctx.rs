@@ -20,6 +20,8 @@ pub(crate) struct Ctx {
     /// `-T`: how many times a passphrase typed at a terminal is asked for (cryptsetup's
     /// default 3); a passphrase from anywhere else is read once.
     pub tries: u32,
+    /// Whether `-T` was given (a crypttab line's `tries=` does not override it).
+    pub tries_given: bool,
 }
 
 impl Ctx {

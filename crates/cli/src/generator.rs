@@ -43,11 +43,31 @@ pub(crate) fn main(args: &[std::ffi::OsString]) -> i32 {
 
 /// Writes the links and drop-ins for `tab` into `dir`.
 pub(crate) fn generate(tab: &Path, dir: &Path) -> Result<(), String> {
-    let entries = crypttab::read(tab).map_err(|e| e.message)?;
+    let text = std::fs::read_to_string(tab).map_err(|e| format!("{}: {e}", tab.display()))?;
+    // As systemd's own generator: a bad line is reported and skipped, the others are
+    // still pulled in.
+    let mut entries = Vec::new();
+    let mut bad = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        match crypttab::parse(line) {
+            Ok(found) => entries.extend(found.into_iter().map(|mut e| {
+                e.line = i + 1;
+                e
+            })),
+            Err(why) => bad.push(format!(
+                "{}:{}{}",
+                tab.display(),
+                i + 1,
+                why.strip_prefix('1').unwrap_or(&why)
+            )),
+        }
+    }
     let mut any = false;
     for e in &entries {
-        crate::rundir::check_name(&e.name)
-            .map_err(|err| format!("{}:{}: {}", tab.display(), e.line, err.message))?;
+        if let Err(err) = crate::rundir::check_name(&e.name) {
+            bad.push(format!("{}:{}: {}", tab.display(), e.line, err.message));
+            continue;
+        }
         let unit = format!("cryptblk@{}.service", e.name);
         let dropin = dir.join(format!("{unit}.d"));
         std::fs::create_dir_all(&dropin).map_err(|err| format!("{}: {err}", dropin.display()))?;
@@ -70,7 +90,11 @@ pub(crate) fn generate(tab: &Path, dir: &Path) -> Result<(), String> {
             &dir.join("multi-user.target.wants").join("cryptblk.target"),
         )?;
     }
-    Ok(())
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("skipped: {}", bad.join("; ")))
+    }
 }
 
 fn link(target: &str, at: &Path) -> Result<(), String> {
@@ -91,7 +115,24 @@ fn dropin_text(tab: &Path, e: &Entry) -> String {
     };
     let has = |k: &str| e.options.iter().any(|(key, _)| key == k);
     let mut unit = String::new();
-    let mut service = String::new();
+    let mut service = format!(
+        "Environment={}\n",
+        quote(&format!("CRYPTBLK_CRYPTTAB={}", tab.display()))
+    );
+    if !e.nofail() {
+        // cryptblk.target (and the boot) waits for it; a nofail one is only wanted.
+        unit.push_str("Before=cryptblk.target\n");
+    }
+    for (opt, setting) in [
+        ("x-systemd.after", "After"),
+        ("x-systemd.before", "Before"),
+        ("x-systemd.requires", "Requires"),
+        ("x-systemd.wants", "Wants"),
+    ] {
+        for (_, v) in e.options.iter().filter(|(k, _)| k == opt) {
+            let _ = writeln!(unit, "{setting}={}", quote(v.as_deref().unwrap_or("")));
+        }
+    }
     let mut writable: Vec<String> = Vec::new();
     let mut mounts: Vec<String> = Vec::new();
     let mut network = false;
@@ -138,9 +179,11 @@ fn dropin_text(tab: &Path, e: &Entry) -> String {
     if let Some(s) = socket
         && let Some(parent) = Path::new(&s).parent()
     {
-        writable.push(parent.display().to_string());
+        // `-`: a directory that does not exist yet fails the bind with cryptblk's own
+        // message, not the unit's namespace set-up.
+        writable.push(format!("-{}", parent.display()));
     }
-    if opt("nbd").is_some_and(|n| n.starts_with("tcp:")) {
+    if opt("nbd").is_some_and(|n| n.starts_with("tcp:")) || has("_netdev") {
         network = true;
     }
     if has("ublk") || opt("fuse").is_some() {
@@ -150,7 +193,8 @@ fn dropin_text(tab: &Path, e: &Entry) -> String {
         // The mount is made in the service's mount namespace: none, so that it is seen.
         service.push_str(
             "ProtectSystem=no\nProtectHome=no\nPrivateTmp=no\nReadWritePaths=\n\
-             ProtectKernelTunables=no\nProtectControlGroups=no\n",
+             ProtectKernelTunables=no\nProtectControlGroups=no\nProtectKernelLogs=no\n\
+             MountFlags=shared\n",
         );
         writable.clear();
     }
@@ -171,14 +215,16 @@ fn dropin_text(tab: &Path, e: &Entry) -> String {
     )
 }
 
-/// A path as a unit setting takes it: quoted where it holds blanks or quotes.
+/// A value as a unit setting takes it: `%` doubled (no specifier expansion), quoted
+/// where it holds blanks, quotes or backslashes.
 fn quote(p: &str) -> String {
+    let p = p.replace('%', "%%");
     if p.chars()
         .any(|c| c.is_whitespace() || c == '"' || c == '\\')
     {
         format!("\"{}\"", p.replace('\\', "\\\\").replace('"', "\\\""))
     } else {
-        p.to_string()
+        p
     }
 }
 

@@ -221,6 +221,7 @@ fn main() {
             shared_local: false,
         },
         tries: cli.compat.tries.unwrap_or(3),
+        tries_given: cli.compat.tries.is_some(),
     };
     // Every command that can hold a passphrase or a volume key (all but the benchmark
     // harness, which must be able to trace its peers) is neither dumpable nor ptraceable

@@ -5,9 +5,10 @@
 //! requests in flight and a latency histogram per operation (timed from the moment
 //! metrics are asked for; `cryptblk_volume::RequestMetrics`).
 //!
-//! The server answers one request a connection, with a bounded head (8 KiB, 5 s) and at
-//! most [`MAX_CONNECTIONS`] at once: a slow or hostile client costs a thread for 5 s at
-//! most and never the volume.
+//! The server answers one request a connection, with a bounded head (8 KiB, 5 s in all)
+//! and at most [`MAX_CONNECTIONS`] at once: a slow or hostile client costs a thread for
+//! 5 s at most and never the volume. A `Host` other than a loopback name is refused (a
+//! web page could otherwise reach the port through DNS rebinding).
 
 use crate::error::{CliError, CliResult};
 use cryptblk_volume::{LATENCY_BOUNDS, Op, VolumeStats};
@@ -115,6 +116,17 @@ impl Listener {
     }
 }
 
+/// `localhost`, or a loopback address, with or without a port.
+fn loopback_host(h: &str) -> bool {
+    let name = match h.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => h
+            .rsplit_once(':')
+            .map_or(h, |(n, p)| if p.parse::<u16>().is_ok() { n } else { h }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(is_loopback)
+}
+
 fn is_loopback(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_loopback(),
@@ -143,10 +155,17 @@ impl Conn for std::net::TcpStream {
 
 /// Reads one request head and answers it.
 fn answer(mut conn: Box<dyn Conn>, body: impl FnOnce() -> String) -> std::io::Result<()> {
-    conn.set_timeouts(Duration::from_secs(5))?;
+    // 5 s for the whole head, not for each read: a client trickling a byte at a time
+    // holds its slot no longer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        conn.set_timeouts(left)?;
         let n = conn.read(&mut buf)?;
         if n == 0 {
             break;
@@ -162,6 +181,23 @@ fn answer(mut conn: Box<dyn Conn>, body: impl FnOnce() -> String) -> std::io::Re
         }
     }
     let line = String::from_utf8_lossy(&head);
+    // A web page the user visits can reach a loopback port by a name of its own that
+    // resolves there (DNS rebinding): only loopback names are answered.
+    let host = line.lines().skip(1).find_map(|l| {
+        l.split_once(':')
+            .filter(|(k, _)| k.trim().eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.trim().to_string())
+    });
+    if let Some(h) = host
+        && !loopback_host(&h)
+    {
+        return respond(
+            &mut *conn,
+            "403 Forbidden",
+            "text/plain",
+            "loopback names only\n",
+        );
+    }
     let mut words = line.lines().next().unwrap_or("").split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");

@@ -294,8 +294,14 @@ pub(crate) fn read_passphrase(
 
 /// A TrueCrypt/VeraCrypt passphrase: a line of stdin when stdin is not a terminal, else
 /// the terminal; empty is allowed when keyfiles carry the secret (`may_be_empty`).
-pub(crate) fn get_tcrypt_passphrase(prompt: &str, may_be_empty: bool) -> CliResult<SecretBytes> {
-    let pass = if !std::io::stdin().is_terminal() {
+pub(crate) fn get_tcrypt_passphrase(
+    prompt: &str,
+    may_be_empty: bool,
+    ask_agent_for_it: bool,
+) -> CliResult<SecretBytes> {
+    let pass = if ask_agent_for_it {
+        ask_agent(prompt)?
+    } else if !std::io::stdin().is_terminal() {
         read_stdin_line(None)?
     } else {
         prompt_tty(prompt)?

@@ -252,6 +252,7 @@ fn read_secret(
         VolumeType::Tcrypt => Secret::Passphrase(get_tcrypt_passphrase(
             &prompt,
             !opts.tcrypt.keyfiles.is_empty(),
+            a.key.ask_password,
         )?),
         VolumeType::Bitlk | VolumeType::Fvault2 => match volume_key_file(a, key_len)? {
             Some(k) => Secret::VolumeKey(k),
@@ -439,6 +440,7 @@ pub(crate) fn tcrypt_header(
     let pass = get_tcrypt_passphrase(
         &format!("Enter passphrase for {}: ", device.display()),
         !opts.tcrypt.keyfiles.is_empty(),
+        a.key.ask_password,
     )?;
     let h = cryptblk_volume::tcrypt_header(
         &data,

@@ -145,7 +145,7 @@ fn new_pin() -> CliResult<SecretBytes> {
         }
         a
     } else {
-        crate::passphrase::get_tcrypt_passphrase("", false)?
+        crate::passphrase::get_tcrypt_passphrase("", false, false)?
     };
     if pin.is_empty() {
         return Err(bad("an empty PIN"));

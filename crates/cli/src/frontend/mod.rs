@@ -293,6 +293,7 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
                 ..ctx.devices.clone()
             },
             tries: ctx.tries,
+            tries_given: ctx.tries_given,
         };
         &shared_ctx
     } else {
@@ -330,13 +331,14 @@ pub(crate) fn open(ctx: &Ctx, mut a: OpenArgs) -> CliResult<()> {
         "STATUS={}",
         crate::notify::status_line(&format!("Unlocking {} ({})", a.name, a.device.display()))
     ));
-    // Bound before the unlock: a taken port fails the open before anything is served.
+    let unlocked = unlock(ctx, &a)?;
+    // Bound before the frontend starts: a taken port fails the open before anything is
+    // served (and after the unlock: a wrong passphrase leaves no socket behind).
     let metrics = a
         .metrics
         .as_deref()
         .map(crate::metrics::Listener::bind)
         .transpose()?;
-    let unlocked = unlock(ctx, &a)?;
     let serving = Serving::start(&a, claimed, unlocked)?;
     serving.announce()?;
     let metrics_path = metrics.as_ref().and_then(crate::metrics::Listener::path);
@@ -372,7 +374,10 @@ fn from_crypttab(ctx: &Ctx, file: &Path, a: &mut OpenArgs) -> CliResult<Ctx> {
         ));
     }
     Ok(Ctx {
-        tries: tries.unwrap_or(ctx.tries),
+        tries: match tries {
+            Some(t) if !ctx.tries_given => t,
+            _ => ctx.tries,
+        },
         ..ctx.clone()
     })
 }
@@ -1030,7 +1035,8 @@ fn spawn_daemon_once(ctx: &Ctx, a: &OpenArgs, dir: &Path) -> CliResult<()> {
     };
     let exe = std::env::current_exe().map_err(|e| CliError::usage(e.to_string()))?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    args.retain(|x| x != "--daemon");
+    // The passphrase goes over the pipe: the child asks no agent again.
+    args.retain(|x| x != "--daemon" && x != "--ask-password");
     args.push("--daemon-child".into());
     if let Some(spec) = &a.nbd
         && !args

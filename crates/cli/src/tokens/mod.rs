@@ -79,7 +79,7 @@ pub(crate) fn token_pin(kind: &str, stdin: bool) -> CliResult<SecretBytes> {
              --token-type) to give the PIN on stdin"
         )));
     }
-    crate::passphrase::get_tcrypt_passphrase(&format!("Enter {kind} token PIN: "), false)
+    crate::passphrase::get_tcrypt_passphrase(&format!("Enter {kind} token PIN: "), false, false)
 }
 
 /// The passphrase a token gives, by its type's handler; `None` for a type without one.

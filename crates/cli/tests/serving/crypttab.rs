@@ -78,8 +78,17 @@ fn attach_all_serves_the_auto_entries_and_detach_all_closes_them() {
         assert_eq!(c.read(4096, data.len()).unwrap().unwrap(), data);
         c.disconnect();
     }
-    // b's offset=8: its first sector is image sector 8, and nothing is in the clear.
+    // b's offset=8: its byte 4096 is the image's 8192 (the image's first 8 KiB are never
+    // written), and nothing is in the clear.
     let raw = std::fs::read(p(d, "b.img")).unwrap();
+    assert!(
+        raw[..8192].iter().all(|&b| b == 0),
+        "written below offset=8"
+    );
+    assert!(
+        raw[8192..8192 + 8192].iter().any(|&b| b != 0),
+        "not written at offset=8"
+    );
     assert!(!raw.windows(64).any(|w| w == &data[..64]));
 
     // Again: what is open stays open, nothing fails.

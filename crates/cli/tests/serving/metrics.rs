@@ -110,12 +110,22 @@ fn counters_grow_by_what_fio_did_and_the_histograms_hold_together() {
         let uri = uri.clone();
         std::thread::spawn(move || fio(&uri, "write", Some(2)))
     };
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    let during = scrape();
+    // Until the writes show (fio connects first), while fio still runs.
+    let wb = k("cryptblk_request_bytes_total", "write");
+    let during = loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let m = scrape();
+        if m[&wb] > before[&wb] || writer.is_finished() {
+            break m;
+        }
+    };
+    assert!(
+        !writer.is_finished(),
+        "fio ended before a scrape saw its writes"
+    );
     let w = writer.join().unwrap();
     let r = fio(&uri, "read", None);
     let after = scrape();
-    let wb = k("cryptblk_request_bytes_total", "write");
     assert!(
         before[&wb] < during[&wb] && during[&wb] < after[&wb],
         "during fio: {} < {} < {}",
@@ -202,6 +212,16 @@ fn counters_grow_by_what_fio_did_and_the_histograms_hold_together() {
         "/",
     );
     assert!(status.contains("404"), "{status}");
+    // A name that is not loopback's (DNS rebinding) is refused.
+    let mut s = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: rebound.example:{port}\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
     let mut s = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
     write!(s, "POST /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut resp = String::new();

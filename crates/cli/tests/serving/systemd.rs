@@ -160,6 +160,33 @@ fn the_generator_pulls_in_one_instance_per_entry_and_systemd_analyze_accepts_the
         link("multi-user.target.wants/cryptblk.target"),
         Some("/usr/lib/systemd/system/cryptblk.target".into())
     );
+    // A bad line is reported and skipped; the others are still pulled in.
+    let bad_tab = p("badtab");
+    std::fs::write(
+        &bad_tab,
+        "good /srv/g.img none luks\nbad /srv/b.img none luks,frobnicate\n",
+    )
+    .unwrap();
+    let out2 = p("gen2");
+    std::fs::create_dir(&out2).unwrap();
+    let o = Command::new(&generator)
+        .arg(&out2)
+        .env("CRYPTBLK_CRYPTTAB", &bad_tab)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("badtab:2: unknown option"),
+        "{o:?}"
+    );
+    assert!(
+        std::fs::symlink_metadata(
+            Path::new(&out2).join("cryptblk.target.requires/cryptblk@good.service")
+        )
+        .is_ok(),
+        "the good line is pulled in"
+    );
+    assert!(!Path::new(&out2).join("cryptblk@bad.service.d").exists());
     let conf = |n: &str| {
         std::fs::read_to_string(
             Path::new(&out).join(format!("cryptblk@{n}.service.d/50-cryptblktab.conf")),
@@ -174,7 +201,12 @@ fn the_generator_pulls_in_one_instance_per_entry_and_systemd_analyze_accepts_the
         "{home}"
     );
     assert!(home.contains("RequiresMountsFor=/etc/keys/home"), "{home}");
-    assert!(home.contains("ReadWritePaths=/run/vols\n"), "{home}");
+    assert!(home.contains("ReadWritePaths=-/run/vols\n"), "{home}");
+    assert!(home.contains("Before=cryptblk.target\n"), "{home}");
+    assert!(
+        home.contains(&format!("Environment=CRYPTBLK_CRYPTTAB={tab}\n")),
+        "{home}"
+    );
     let vm1 = conf("vm1");
     assert!(
         vm1.contains("RequiresMountsFor=\"/srv/vm images/vm1.img\""),
@@ -184,7 +216,11 @@ fn the_generator_pulls_in_one_instance_per_entry_and_systemd_analyze_accepts_the
         vm1.contains("ReadWritePaths=\"/srv/vm images/vm1.img\""),
         "{vm1}"
     );
-    assert!(vm1.contains("ReadWritePaths=/run/vm\n"), "{vm1}");
+    assert!(vm1.contains("ReadWritePaths=-/run/vm\n"), "{vm1}");
+    assert!(
+        !vm1.contains("Before=cryptblk.target"),
+        "nofail holds no boot: {vm1}"
+    );
     assert!(!vm1.contains("CAP_SYS_ADMIN"), "{vm1}");
     let scratch = conf("scratch");
     assert!(scratch.contains("BindsTo=dev-sdb2.device"), "{scratch}");
@@ -269,9 +305,11 @@ fn answer_agent(marker: &str, seen: &mut Vec<std::path::PathBuf>, answer: &str) 
 #[test]
 fn ask_password_asks_the_password_agents_again_when_wrong() {
     if !crate::common::is_root() {
-        eprintln!(
-            "NOT RUN: systemd-ask-password takes answers from root only (CI runs the tests as root)"
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs the tests as root: systemd-ask-password takes answers from root only"
         );
+        eprintln!("NOT RUN: systemd-ask-password takes answers from root only");
         return;
     }
     std::fs::create_dir_all("/run/systemd/ask-password").unwrap();
@@ -325,4 +363,41 @@ fn ask_password_asks_the_password_agents_again_when_wrong() {
         err.contains("No key available with this passphrase"),
         "{err}"
     );
+
+    // --daemon: the parent asks the agents once and hands the passphrase over; the child
+    // asks nothing.
+    let opener = Command::new(bin())
+        .args([
+            "open",
+            &p("v.img"),
+            "vol",
+            "--nbd",
+            &format!("unix:{nbd}"),
+            "--run-dir",
+            &p("run"),
+            "--ask-password",
+            "--daemon",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    answer_agent(&marker, &mut seen, pass);
+    let out = opener.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let asked_again = std::fs::read_dir("/run/systemd/ask-password")
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&marker)));
+    ok(&run_in(
+        bin(),
+        &["close", "vol", "--run-dir", &p("run")],
+        b"",
+    ));
+    assert!(!asked_again, "the daemon child asked the agents again");
 }
