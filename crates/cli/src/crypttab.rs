@@ -307,29 +307,11 @@ fn check_option(o: &str) -> Result<(String, Option<String>), String> {
 /// for `UUID=` where udev made no link, the block devices (`candidates`) whose LUKS
 /// header has that UUID, as blkid finds them.
 pub(crate) fn resolve_device(spec: &str, dev: &Path, candidates: &[PathBuf]) -> CliResult<PathBuf> {
-    let by = [
-        ("UUID=", "by-uuid"),
-        ("LABEL=", "by-label"),
-        ("PARTUUID=", "by-partuuid"),
-        ("PARTLABEL=", "by-partlabel"),
-    ];
-    let Some((prefix, dir, value)) = by
-        .iter()
-        .find_map(|(p, d)| spec.strip_prefix(p).map(|v| (*p, *d, v)))
-    else {
+    let Some((prefix, link)) = udev_link(spec, dev) else {
         return Ok(PathBuf::from(spec));
     };
-    let value = value.trim_matches('"');
-    if value.is_empty() || value.contains('/') {
-        return Err(CliError::usage(format!("{spec}: not a device name")));
-    }
-    // udev's links: lower case for UUIDs.
-    let link_name = if prefix == "UUID=" || prefix == "PARTUUID=" {
-        value.to_ascii_lowercase()
-    } else {
-        value.to_string()
-    };
-    let link = dev.join("disk").join(dir).join(&link_name);
+    let link = link?;
+    let value = spec[prefix.len()..].trim_matches('"');
     if link.exists() {
         return Ok(link);
     }
@@ -370,6 +352,34 @@ pub(crate) fn resolve_device(spec: &str, dev: &Path, candidates: &[PathBuf]) -> 
             }
         ),
     ))
+}
+
+/// For `UUID=`, `LABEL=`, `PARTUUID=`, `PARTLABEL=`: the prefix and udev's link under
+/// `dev` (`dev/disk/by-uuid/...`, UUIDs in lower case, as udev writes them); `None` for
+/// a path.
+pub(crate) fn udev_link(spec: &str, dev: &Path) -> Option<(&'static str, CliResult<PathBuf>)> {
+    const BY: [(&str, &str); 4] = [
+        ("UUID=", "by-uuid"),
+        ("LABEL=", "by-label"),
+        ("PARTUUID=", "by-partuuid"),
+        ("PARTLABEL=", "by-partlabel"),
+    ];
+    let (prefix, dir, value) = BY
+        .iter()
+        .find_map(|(p, d)| spec.strip_prefix(p).map(|v| (*p, *d, v)))?;
+    let value = value.trim_matches('"');
+    if value.is_empty() || value.contains('/') {
+        return Some((
+            prefix,
+            Err(CliError::usage(format!("{spec}: not a device name"))),
+        ));
+    }
+    let name = if prefix.ends_with("UUID=") {
+        value.to_ascii_lowercase()
+    } else {
+        value.to_string()
+    };
+    Some((prefix, Ok(dev.join("disk").join(dir).join(name))))
 }
 
 /// The block devices of this machine (`/dev/NAME` for each of /sys/class/block).

@@ -138,15 +138,8 @@ fn dropin_text(tab: &Path, e: &Entry) -> String {
     let mut network = false;
     // The device: a device unit to wait for and stop with, a file on a mount, or storage
     // on the network.
-    let device = match e.device.split_once('=') {
-        Some((k, v)) if ["UUID", "LABEL", "PARTUUID", "PARTLABEL"].contains(&k) => {
-            let v = if k.ends_with("UUID") {
-                v.to_ascii_lowercase()
-            } else {
-                v.to_string()
-            };
-            format!("/dev/disk/by-{}/{v}", k.to_ascii_lowercase())
-        }
+    let device = match crypttab::udev_link(&e.device, Path::new("/dev")) {
+        Some((_, Ok(link))) => link.display().to_string(),
         _ => e.device.clone(),
     };
     let remote = ["nbd://", "nbds://", "nbd+tcp://", "nbds+tcp://", "rbd:"];

@@ -99,7 +99,6 @@ fn version_names_the_release_and_the_commit() {
 /// Asks bash's completion for `words` (the last one being completed), with the script
 /// `COMPLETE=bash cryptblk` prints registered, as the package registers it.
 fn bash_complete(run_dir_parent: &Path, words: &[&str]) -> Vec<String> {
-    let dir = Path::new(bin()).parent().unwrap();
     let line = words.join(" ");
     let script = format!(
         "source <(COMPLETE=bash cryptblk) || exit 1\n\
@@ -123,10 +122,7 @@ fn bash_complete(run_dir_parent: &Path, words: &[&str]) -> Vec<String> {
     let o = Command::new("bash")
         .arg("-c")
         .arg(&script)
-        .env(
-            "PATH",
-            format!("{}:{}", dir.display(), std::env::var("PATH").unwrap()),
-        )
+        .env("PATH", path_with_bin())
         .env("XDG_RUNTIME_DIR", run_dir_parent)
         .output()
         .unwrap();
@@ -209,25 +205,16 @@ fn bash_completes_commands_options_served_volumes_and_devices() {
 
 #[test]
 fn fish_completes_commands() {
-    let Some(fish) = which("fish") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "fish is not installed: scripts/setup.sh installs it for CI"
-        );
-        eprintln!("NOT RUN: fish is not installed (apt-get install fish)");
+    let Some(fish) = shell("fish") else {
         return;
     };
-    let dir = Path::new(bin()).parent().unwrap();
     let o = Command::new(fish)
         .args([
             "--no-config",
             "-c",
             "COMPLETE=fish cryptblk | source; complete -C 'cryptblk clo'",
         ])
-        .env(
-            "PATH",
-            format!("{}:{}", dir.display(), std::env::var("PATH").unwrap()),
-        )
+        .env("PATH", path_with_bin())
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
@@ -238,36 +225,42 @@ fn fish_completes_commands() {
     );
 }
 
-/// `name` on PATH.
-fn which(name: &str) -> Option<String> {
-    std::env::var("PATH")
+/// PATH with the binary under test first, as an installed `cryptblk` would be found.
+fn path_with_bin() -> String {
+    let dir = Path::new(bin()).parent().unwrap();
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap())
+}
+
+/// The shell `name` on PATH. Missing, it fails the test under CI (scripts/setup.sh
+/// installs it) and says loudly elsewhere that the test did not run.
+fn shell(name: &str) -> Option<String> {
+    let found = std::env::var("PATH")
         .unwrap_or_default()
         .split(':')
         .map(|d| format!("{d}/{name}"))
-        .find(|p| Path::new(p).exists())
+        .find(|p| Path::new(p).exists());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{name} is not installed: scripts/setup.sh installs it for CI"
+        );
+        eprintln!("NOT RUN: {name} is not installed (apt-get install {name})");
+    }
+    found
 }
 
 #[test]
 fn zsh_registers_the_completion() {
-    let Some(zsh) = which("zsh") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "zsh is not installed: scripts/setup.sh installs it for CI"
-        );
-        eprintln!("NOT RUN: zsh is not installed (apt-get install zsh)");
+    let Some(zsh) = shell("zsh") else {
         return;
     };
-    let dir = Path::new(bin()).parent().unwrap();
     let o = Command::new(zsh)
         .args([
             "-f",
             "-c",
             "autoload -U compinit && compinit -u -D && source <(COMPLETE=zsh cryptblk) && print -r -- ${_comps[cryptblk]}",
         ])
-        .env(
-            "PATH",
-            format!("{}:{}", dir.display(), std::env::var("PATH").unwrap()),
-        )
+        .env("PATH", path_with_bin())
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
