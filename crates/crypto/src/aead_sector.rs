@@ -266,13 +266,8 @@ impl AeadSectorCipher {
         let ts = self.tag_size();
         let per = u64::from(self.sector_size / 512);
         if self.iv == AeadIv::Random {
-            let mut ivs = vec![0u8; n * self.iv_size];
-            crate::iv_stream::fill(&mut ivs)?;
-            for (m, iv) in meta
-                .chunks_exact_mut(ts)
-                .zip(ivs.chunks_exact(self.iv_size))
-            {
-                m[self.auth_size..][..self.iv_size].copy_from_slice(iv);
+            for m in meta.chunks_exact_mut(ts) {
+                crate::iv_stream::fill(&mut m[self.auth_size..][..self.iv_size])?;
             }
         }
         let ss = self.sector_size as usize;
@@ -472,11 +467,7 @@ impl Gcm {
     fn seal(&self, iv: &[u8], aad: &[u8], data: &mut [u8], tag: &mut [u8]) -> Result<()> {
         let nonce: &[u8; 12] = iv.try_into().expect("GCM IVs are 12 bytes");
         let t = match self {
-            Gcm::Own(g) => {
-                let mut m = g.begin(nonce, aad);
-                m.encrypt_in_place(data);
-                m.tag()
-            }
+            Gcm::Own(g) => g.seal_in_place(nonce, aad, data),
             Gcm::Aes128(g) => g
                 .encrypt_inout_detached(nonce.into(), aad, data.into())
                 .map_err(|_| Error::Gcm("seal".into()))?
@@ -495,11 +486,7 @@ impl Gcm {
         let nonce: &[u8; 12] = iv.try_into().expect("GCM IVs are 12 bytes");
         let tag16: &[u8; 16] = tag.try_into().expect("GCM tags are 16 bytes");
         match self {
-            Gcm::Own(g) => {
-                let mut m = g.begin(nonce, aad);
-                m.decrypt_in_place(data);
-                m.verify(tag).is_ok()
-            }
+            Gcm::Own(g) => g.open_in_place(nonce, aad, data, tag).is_ok(),
             Gcm::Aes128(g) => g
                 .decrypt_inout_detached(nonce.into(), aad, data.into(), tag16.into())
                 .is_ok(),

@@ -3,7 +3,8 @@
 //!
 //! One module per AES backend (`backend/generic.rs`, `backend/x86/`), chosen at run time
 //! (`CRYPTBLK_CRYPTO_BACKEND` overrides); the generic modes in `modes/`.
-//! `unsafe` is confined to `backend/x86` (CPU intrinsics, assembly) and `secret` (mlock).
+//! `unsafe` is confined to `backend/x86` (CPU intrinsics, assembly) and `secret` (mlock,
+//! fork detection).
 
 mod aead_sector;
 mod aegis128;

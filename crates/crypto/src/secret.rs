@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use zeroize::Zeroize;
 
 /// One page, page-aligned: a secret of up to a page gets pages of its own, so that
@@ -368,6 +370,59 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Bumped in a child after a fork, the first time [`fork_generation`] sees the wiped mark.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// One byte on a page the kernel zeroes in a forked child (`MADV_WIPEONFORK`, Linux 4.14);
+/// `None` where the advice is refused.
+fn fork_mark() -> Option<&'static AtomicU8> {
+    static MARK: OnceLock<Option<usize>> = OnceLock::new();
+    let addr = *MARK.get_or_init(|| {
+        // SAFETY: an anonymous private mapping of one page, checked for failure; it is
+        // never unmapped, so the address stays valid for the process's life.
+        unsafe {
+            let page = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if page == libc::MAP_FAILED {
+                return None;
+            }
+            if libc::madvise(page, 4096, libc::MADV_WIPEONFORK) != 0 {
+                libc::munmap(page, 4096);
+                return None;
+            }
+            (*page.cast::<AtomicU8>()).store(1, Ordering::Release);
+            Some(page as usize)
+        }
+    });
+    // SAFETY: the page above, mapped for good, holds an AtomicU8 at its start.
+    addr.map(|a| unsafe { &*(a as *const AtomicU8) })
+}
+
+/// Changes in a forked child (before its first draw of anything keyed by it goes on), so
+/// per-process state such as the IV stream can tell it must start afresh: a fork count
+/// that a child moves the first time it looks, one load when nothing forked; the process
+/// id (a system call) where the kernel has no `MADV_WIPEONFORK`.
+pub(crate) fn fork_generation() -> u64 {
+    match fork_mark() {
+        Some(mark) => {
+            if mark.load(Ordering::Acquire) == 0 {
+                // A forked child. Bumped before the mark is set again, so a thread that
+                // sees the mark set sees the new count too (two bumps are harmless).
+                FORKS.fetch_add(1, Ordering::SeqCst);
+                mark.store(1, Ordering::Release);
+            }
+            FORKS.load(Ordering::Acquire)
+        }
+        None => u64::from(std::process::id()) | 1 << 63,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,5 +511,43 @@ mod tests {
         let b = SecretBytes::random(32).unwrap();
         assert_ne!(a, b);
         assert!(constant_time_eq(&a, &a.clone()));
+    }
+
+    #[test]
+    fn a_forked_child_draws_ivs_its_parent_does_not() {
+        assert!(
+            fork_mark().is_some(),
+            "MADV_WIPEONFORK refused by this kernel"
+        );
+        let mut before = [0u8; 16];
+        crate::iv_stream::fill(&mut before).unwrap();
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is two writable ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [rd, wr] = fds;
+        // SAFETY: the child only draws, writes to the pipe and exits without unwinding.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut iv = [0u8; 16];
+            let ok = crate::iv_stream::fill(&mut iv).is_ok();
+            // SAFETY: `iv` is 16 readable bytes; the child leaves at once.
+            unsafe {
+                libc::write(wr, iv.as_ptr().cast(), if ok { 16 } else { 0 });
+                libc::_exit(0);
+            }
+        }
+        let mut parent = [0u8; 16];
+        crate::iv_stream::fill(&mut parent).unwrap();
+        let mut child = [0u8; 16];
+        // SAFETY: `child` is 16 writable bytes; `pid` is our child.
+        unsafe {
+            assert_eq!(libc::read(rd, child.as_mut_ptr().cast(), 16), 16);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(rd);
+            libc::close(wr);
+        }
+        // Without the rekey the child's draw would be the parent's next one.
+        assert_ne!(child, parent, "the child continued its parent's stream");
     }
 }

@@ -23,17 +23,28 @@ use super::vaes512::xor3;
 /// Blocks a step: four registers of four.
 const STEP: usize = 16;
 
+/// Blocks of the main loop: two steps, eight registers in flight through the AES rounds
+/// (four leave the AES units idle while each round's latency passes, as in the XTS code).
+const WIDE: usize = 2 * STEP;
+
 /// Expanded AES key and the hash key powers H^16 .. H^1 (each times x^-1, reflected),
 /// followed by zero rows: a step of fewer than sixteen blocks reads its powers from row
 /// `16 - blocks` on, and the rows its empty lanes meet multiply by zero.
 pub(crate) struct GcmKeys {
     pub(crate) aes: RoundKeys,
     pub(crate) powers: [[u8; 16]; 2 * STEP],
+    /// H^32 .. H^1 (as `powers`), for the main loop's 32 blocks.
+    pub(crate) wide: [[u8; 16]; WIDE],
+    /// For Karatsuba's middle product: each `wide` row with its two 64-bit halves XORed
+    /// together, in both halves.
+    pub(crate) folded: [[u8; 16]; WIDE],
 }
 
 impl Drop for GcmKeys {
     fn drop(&mut self) {
         crate::secret::wipe_blocks(&mut self.powers);
+        crate::secret::wipe_blocks(&mut self.wide);
+        crate::secret::wipe_blocks(&mut self.folded);
     }
 }
 
@@ -62,6 +73,31 @@ fn products(a: __m512i, b: __m512i) -> [__m512i; 3] {
     );
     let hi = _mm512_clmulepi64_epi128::<0x11>(a, b);
     [lo, mi, hi]
+}
+
+/// The products of `a` and `b` as Karatsuba forms them, three multiplications where
+/// [`products`] takes four: low, high, and (a.lo + a.hi)(b.lo + b.hi), `bf` holding the
+/// latter sum of `b` (a `folded` row). Summed over blocks, the middle of the 256-bit
+/// product is then that third sum plus the low and high ones ([`karatsuba_middle`]).
+/// VPCLMULQDQ on 512-bit registers is the scarcest unit in a step (on AMD's Zen 5 a
+/// step's GHASH alone took longer than its AES rounds), so the extra XORs cost less than
+/// the multiplication they save.
+#[inline]
+#[target_feature(enable = "avx512f,vpclmulqdq")]
+fn karatsuba(a: __m512i, b: __m512i, bf: __m512i) -> [__m512i; 3] {
+    let af = _mm512_xor_si512(a, _mm512_shuffle_epi32::<0x4e>(a));
+    [
+        _mm512_clmulepi64_epi128::<0x00>(a, b),
+        _mm512_clmulepi64_epi128::<0x00>(af, bf),
+        _mm512_clmulepi64_epi128::<0x11>(a, b),
+    ]
+}
+
+/// Karatsuba's sums (low, a+b's, high) turned into the schoolbook's (low, middle, high).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn karatsuba_middle([lo, mid, hi]: [__m512i; 3]) -> [__m512i; 3] {
+    [lo, xor3(mid, lo, hi), hi]
 }
 
 /// Each lane's 256-bit product (low, middle, high) reduced to 128 bits: the low half folded
@@ -119,6 +155,24 @@ fn aes4<const NR: usize>(rk: &[__m512i; 15], mut b: [__m512i; 4]) -> [__m512i; 4
     b
 }
 
+/// AES-encrypts the eight registers' blocks (a main-loop step with nothing to hash).
+#[inline]
+#[target_feature(enable = "avx512f,vaes")]
+fn aes8_only<const NR: usize>(rk: &[__m512i; 15], mut b: [__m512i; 8]) -> [__m512i; 8] {
+    for x in b.iter_mut() {
+        *x = _mm512_xor_si512(*x, rk[0]);
+    }
+    for k in &rk[1..NR] {
+        for x in b.iter_mut() {
+            *x = _mm512_aesenc_epi128(*x, *k);
+        }
+    }
+    for x in b.iter_mut() {
+        *x = _mm512_aesenclast_epi128(*x, rk[NR]);
+    }
+    b
+}
+
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn round_keys(k: &RoundKeys) -> [__m512i; 15] {
@@ -161,14 +215,20 @@ pub(super) fn init(k: &mut GcmKeys) {
     let h1 = _mm_set_epi64x((p >> 64) as u64 as i64, p as u64 as i64);
     // H^(i+1) x^-1 = (H^i x^-1) * H: the product of a row and H x^-1 as `mul1` forms it.
     // Row 15 - i holds H^(i+1).
+    // Row 31 - i of `wide` holds H^(i+1); `powers` has the last sixteen.
     let mut cur = h1;
-    super::keys::store128(&mut k.powers[STEP - 1], cur);
-    for i in 1..STEP {
+    super::keys::store128(&mut k.wide[WIDE - 1], cur);
+    for i in 1..WIDE {
         cur = mul1(cur, h1);
-        super::keys::store128(&mut k.powers[STEP - 1 - i], cur);
+        super::keys::store128(&mut k.wide[WIDE - 1 - i], cur);
     }
+    k.powers[..STEP].copy_from_slice(&k.wide[STEP..]);
     for row in &mut k.powers[STEP..] {
         *row = [0; 16];
+    }
+    for (f, p) in k.folded.iter_mut().zip(&k.wide) {
+        let v = load128(p);
+        super::keys::store128(f, _mm_xor_si128(v, _mm_shuffle_epi32::<0x4e>(v)));
     }
     crate::secret::wipe_blocks(std::slice::from_mut(&mut h));
 }
@@ -270,18 +330,98 @@ fn lane_add(n: i32) -> __m512i {
     _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, 0, n))
 }
 
+/// The main loop's work on 32 blocks: AES rounds on the eight counter registers `b`
+/// (when `AES`), with GHASH of the 32 reflected blocks `text` (the state `s` folded into
+/// the first) spread between the rounds, as the kernel's assembly spreads its
+/// hash: one register's products after each of rounds 1-8, one reduction and lane fold
+/// for all of them. Returns the key stream and the new state.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq")]
+fn aes8_ghash32<const NR: usize, const AES: bool>(
+    rk: &[__m512i; 15],
+    k: &GcmKeys,
+    mut b: [__m512i; 8],
+    text: [__m512i; 8],
+    s: __m128i,
+) -> ([__m512i; 8], __m128i) {
+    let poly = gf_poly();
+    // SAFETY: rows 4 i .. 4 i + 4 (i <= 7) lie within the 32 rows of each table.
+    let (h, hf) = unsafe {
+        (
+            |i: usize| _mm512_loadu_si512(k.wide.as_ptr().add(4 * i).cast()),
+            |i: usize| _mm512_loadu_si512(k.folded.as_ptr().add(4 * i).cast()),
+        )
+    };
+    macro_rules! round {
+        ($r:expr) => {
+            if AES {
+                for x in b.iter_mut() {
+                    *x = _mm512_aesenc_epi128(*x, rk[$r]);
+                }
+            }
+        };
+    }
+    if AES {
+        for x in b.iter_mut() {
+            *x = _mm512_xor_si512(*x, rk[0]);
+        }
+    }
+    round!(1);
+    let mut sums = karatsuba(
+        _mm512_xor_si512(text[0], _mm512_zextsi128_si512(s)),
+        h(0),
+        hf(0),
+    );
+    for i in 1..8 {
+        round!(i + 1);
+        for (a, p) in sums.iter_mut().zip(karatsuba(text[i], h(i), hf(i))) {
+            *a = _mm512_xor_si512(*a, p);
+        }
+    }
+    let [lo, mut mi, hi] = karatsuba_middle(sums);
+    round!(9);
+    mi = xor3(
+        mi,
+        _mm512_clmulepi64_epi128::<0x10>(lo, poly),
+        _mm512_shuffle_epi32::<0x4e>(lo),
+    );
+    if AES {
+        for key in &rk[10..NR] {
+            for x in b.iter_mut() {
+                *x = _mm512_aesenc_epi128(*x, *key);
+            }
+        }
+    }
+    let out = fold_lanes(xor3(
+        hi,
+        _mm512_clmulepi64_epi128::<0x10>(mi, poly),
+        _mm512_shuffle_epi32::<0x4e>(mi),
+    ));
+    if AES {
+        for x in b.iter_mut() {
+            *x = _mm512_aesenclast_epi128(*x, rk[NR]);
+        }
+    }
+    (b, out)
+}
+
 /// Counter mode and GHASH over `len` bytes from `src` to `dst` (which may be the same
 /// address): encrypting (`ENC`: the output is hashed) or decrypting (the input is). `ctr`
 /// is the next counter block (big-endian, as in the message) and moves on by the blocks
 /// used; `y` is the hash state (reflected). Only the last call of a message may end inside
 /// a block.
 ///
-/// Encrypting, each step hashes the ciphertext of the step before while its own counter
-/// blocks go through AES, so the hash never waits for the cipher.
+/// The main loop takes 32 blocks at a time ([`aes8_ghash32`]): encrypting, it hashes the
+/// previous 32 blocks' ciphertext (reloaded from where it was stored, long enough before
+/// that the store has left the core's buffers) beside its own AES rounds, so the hash
+/// never waits for the cipher; decrypting, it hashes its own input. The last fewer than
+/// 32 blocks take a step of sixteen and then masked loads and stores, and are hashed
+/// after (encrypting) or before (decrypting, whose input may be overwritten) their AES.
 ///
 /// # Safety
 /// `src` readable and `dst` writable for `len` bytes (equal or not overlapping); the CPU
 /// has AVX-512F/BW/VL, VAES and VPCLMULQDQ.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq")]
 pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
     k: &GcmKeys,
@@ -291,6 +431,7 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
     dst: *mut u8,
     len: usize,
 ) {
+    const BYTES: usize = WIDE * 16;
     let rk = round_keys(&k.aes);
     let reflect = reflect_mask();
     let mut c = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(load128(ctr)), reflect);
@@ -298,73 +439,167 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
         c,
         _mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
     );
-    let mut s = load128(y);
-    // Encrypting: where the previous step's ciphertext went, its length and block count
-    // (reloaded from there rather than kept: four fewer registers live across the AES
-    // rounds, which otherwise spill).
-    let mut pending: Option<(*const u8, usize, usize)> = None;
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(STEP * 16);
-        let blocks = n.div_ceil(16);
-        let mut b = [_mm512_setzero_si512(); 4];
+    let counters = |c: __m512i| {
+        let mut b = [_mm512_setzero_si512(); 8];
         for (i, x) in b.iter_mut().enumerate() {
             *x = _mm512_shuffle_epi8(_mm512_add_epi32(c, lane_add(4 * i as i32)), reflect);
         }
-        let ks = aes4::<NR>(&rk, b);
-        if let Some((at, pn, pb)) = pending.take() {
-            // SAFETY: `at` is where the previous step stored its `pn` bytes of ciphertext
-            // (within `dst`, writable hence readable); the masked load reads no byte past them.
-            let text = unsafe { load_reflected(at, pn, reflect) };
-            s = ghash_step(k, s, text, pb);
+        b
+    };
+    // SAFETY (both): the caller vouches for `len` bytes at `src` and `dst`; called only
+    // for 32 whole blocks below `len`.
+    let load = |at: *const u8| {
+        let mut v = [_mm512_setzero_si512(); 8];
+        for (i, x) in v.iter_mut().enumerate() {
+            // SAFETY: 512 bytes below `len` at `at` (see above).
+            *x = unsafe { _mm512_loadu_si512(at.add(64 * i).cast()) };
         }
-        let mut text = [_mm512_setzero_si512(); 4];
+        v
+    };
+    // Stores the text at `at` XORed with the key stream; returns what it stored,
+    // reflected (encrypting, the next step hashes it from these registers: reloaded from
+    // memory so soon after its store, which may straddle cache lines, it waited).
+    let xor_store = |at: usize, ks: [__m512i; 8]| {
+        let mut out = [_mm512_setzero_si512(); 8];
+        for (i, (k, o)) in ks.into_iter().zip(out.iter_mut()).enumerate() {
+            // SAFETY: bytes `at .. at + 512` lie below `len` (see above).
+            let input = unsafe { _mm512_loadu_si512(src.add(at + 64 * i).cast()) };
+            *o = _mm512_xor_si512(input, k);
+            // SAFETY: as for the load, in `dst`.
+            unsafe { _mm512_storeu_si512(dst.add(at + 64 * i).cast(), *o) };
+            *o = _mm512_shuffle_epi8(*o, reflect);
+        }
+        out
+    };
+    let mut s = load128(y);
+    let mut done = 0;
+    // Bytes of the text hashed so far.
+    let mut hashed = 0;
+    // Encrypting: the last 32 blocks' ciphertext, reflected, not hashed yet.
+    let mut last = None;
+    while len - done >= BYTES {
+        // Encrypting, the previous 32 blocks' ciphertext (none before the first);
+        // decrypting, this input.
+        let text = if ENC {
+            last
+        } else {
+            Some(load(src.wrapping_add(done)).map(|x| _mm512_shuffle_epi8(x, reflect)))
+        };
+        let ks = match text {
+            Some(text) => {
+                let (ks, next) = aes8_ghash32::<NR, true>(&rk, k, counters(c), text, s);
+                s = next;
+                hashed += BYTES;
+                ks
+            }
+            None => aes8_only::<NR>(&rk, counters(c)),
+        };
+        last = Some(xor_store(done, ks));
+        c = _mm512_add_epi32(c, lane_add(WIDE as i32));
+        done += BYTES;
+    }
+    if let (true, Some(text)) = (ENC, last) {
+        s = aes8_ghash32::<NR, false>(&rk, k, [c; 8], text, s).1;
+        hashed += BYTES;
+    }
+    // The hash of what is left from `hashed` on, at `from` (the ciphertext: `dst` when
+    // encrypting, `src` when decrypting).
+    let hash_rest = |s: &mut __m128i, from: *const u8, mut h: usize| {
+        while h < len {
+            let n = (len - h).min(STEP * 16);
+            // SAFETY: the masked load reads only the `n` bytes below `len`.
+            let text = unsafe { load_reflected(from.wrapping_add(h), n, reflect) };
+            *s = ghash_step(k, *s, text, n.div_ceil(16));
+            h += n;
+        }
+    };
+    if !ENC {
+        hash_rest(&mut s, src, hashed);
+    }
+    while done < len {
+        let n = (len - done).min(STEP * 16);
+        let ks = aes4::<NR>(&rk, counters(c)[..4].try_into().expect("four registers"));
+        let m = masks(n);
         // The pointers may pass the buffers' ends where the masks are zero: computed with
         // wrapping arithmetic, never dereferenced there.
         let (from, to) = (src.wrapping_add(done), dst.wrapping_add(done));
-        if n == STEP * 16 {
-            for i in 0..4 {
-                // SAFETY: bytes `done .. done + 256` lie below `len` (n == 256).
-                let input = unsafe { _mm512_loadu_si512(from.add(64 * i).cast()) };
-                let out = _mm512_xor_si512(input, ks[i]);
-                // SAFETY: as above.
-                unsafe { _mm512_storeu_si512(to.add(64 * i).cast(), out) };
-                text[i] = if ENC { out } else { input };
-            }
-        } else {
-            let m = masks(n);
-            for i in 0..4 {
-                // SAFETY: the masked load and store touch only the bytes below `len` (the
-                // mask is zero past it), which the caller vouches for.
-                let input =
-                    unsafe { _mm512_maskz_loadu_epi8(m[i], from.wrapping_add(64 * i).cast()) };
-                let out = _mm512_xor_si512(input, ks[i]);
-                // SAFETY: as above.
-                unsafe { _mm512_mask_storeu_epi8(to.wrapping_add(64 * i).cast(), m[i], out) };
-                // The hash takes the last block zero-padded.
-                text[i] = if ENC {
-                    _mm512_maskz_mov_epi8(m[i], out)
-                } else {
-                    input
-                };
-            }
+        for i in 0..4 {
+            // SAFETY: the masked load and store touch only the bytes below `len` (the mask
+            // is zero past it), which the caller vouches for.
+            let input = unsafe { _mm512_maskz_loadu_epi8(m[i], from.wrapping_add(64 * i).cast()) };
+            // SAFETY: as above.
+            unsafe {
+                _mm512_mask_storeu_epi8(
+                    to.wrapping_add(64 * i).cast(),
+                    m[i],
+                    _mm512_xor_si512(input, ks[i]),
+                )
+            };
         }
-        if ENC {
-            pending = Some((to.cast_const(), n, blocks));
-        } else {
-            for t in text.iter_mut() {
-                *t = _mm512_shuffle_epi8(*t, reflect);
-            }
-            s = ghash_step(k, s, text, blocks);
-        }
-        c = _mm512_add_epi32(c, lane_add(blocks as i32));
+        c = _mm512_add_epi32(c, lane_add(n.div_ceil(16) as i32));
         done += n;
     }
-    if let Some((at, pn, pb)) = pending {
-        // SAFETY: as in the loop.
-        let text = unsafe { load_reflected(at, pn, reflect) };
-        s = ghash_step(k, s, text, pb);
+    if ENC {
+        hash_rest(&mut s, dst.cast_const(), hashed);
     }
     super::keys::store128(y, s);
     super::keys::store128(ctr, _mm512_castsi512_si128(_mm512_shuffle_epi8(c, reflect)));
+}
+
+/// A whole message in place in one call, as dm-crypt makes one per sector: E(K, J0), the
+/// associated data's hash (at most a step of it), the text, the length block, and the tag
+/// (returned: the one to store when encrypting, the one to compare with when decrypting).
+/// One function, so the set-up's short dependency chains (E(K, J0), the associated data's
+/// multiplication) overlap the counter mode instead of each waiting behind a call: through
+/// [`crate::gcm::GcmMessage`] they cost ~50 ns a message, a fifth of a 4 KiB sector.
+///
+/// # Safety
+/// `data` readable and writable for `len` bytes; `aad` at most 256 bytes; the CPU has
+/// AVX-512F/BW/VL, VAES and VPCLMULQDQ.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq")]
+pub(super) unsafe fn message<const NR: usize, const ENC: bool>(
+    k: &GcmKeys,
+    nonce: &[u8; 12],
+    aad: &[u8],
+    data: *mut u8,
+    len: usize,
+) -> [u8; 16] {
+    debug_assert!(aad.len() <= STEP * 16);
+    let mut j0 = [0u8; 16];
+    j0[..12].copy_from_slice(nonce);
+    j0[15] = 1;
+    let mut ctr = j0;
+    ctr[15] = 2;
+    // E(K, J0), on the 128-bit instructions: an independent chain of NR rounds.
+    let mut e = _mm_xor_si128(load128(&j0), load128(&k.aes.enc[0]));
+    for key in &k.aes.enc[1..NR] {
+        e = _mm_aesenc_si128(e, load128(key));
+    }
+    e = _mm_aesenclast_si128(e, load128(&k.aes.enc[NR]));
+    let reflect = reflect_mask();
+    let mut y = [0u8; 16];
+    if !aad.is_empty() {
+        // SAFETY: `aad` is readable for its length (at most a step).
+        let text = unsafe { load_reflected(aad.as_ptr(), aad.len(), reflect) };
+        let blocks = aad.len().div_ceil(16);
+        let s = if blocks <= 4 {
+            // dm-crypt's 20 or 24 bytes: one register's four products, not a step's
+            // sixteen. Block j is multiplied by H^(blocks - j): row 16 - blocks + j.
+            // SAFETY: rows 12 .. 19 lie within the 32 (blocks >= 1).
+            let h = unsafe { _mm512_loadu_si512(k.powers.as_ptr().add(STEP - blocks).cast()) };
+            fold_lanes(reduce(products(text[0], h)))
+        } else {
+            ghash_step(k, _mm_setzero_si128(), text, blocks)
+        };
+        super::keys::store128(&mut y, s);
+    }
+    // SAFETY: the caller's `data` and `len`, in place.
+    unsafe { crypt::<NR, ENC>(k, &mut ctr, &mut y, data, data, len) };
+    let h1 = load128(&k.powers[STEP - 1]);
+    let lens = _mm_set_epi64x((aad.len() as u64 * 8) as i64, (len as u64 * 8) as i64);
+    let s = mul1(_mm_xor_si128(load128(&y), lens), h1);
+    let tag = _mm_xor_si128(_mm_shuffle_epi8(s, _mm512_castsi512_si128(reflect)), e);
+    let mut out = [0u8; 16];
+    super::keys::store128(&mut out, tag);
+    out
 }

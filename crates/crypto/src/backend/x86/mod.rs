@@ -371,6 +371,8 @@ impl GcmKeys {
         let blank = GcmKeys {
             aes: RoundKeys::blank(),
             powers: [[0; 16]; 32],
+            wide: [[0; 16]; 32],
+            folded: [[0; 16]; 32],
         };
         LockedBox::new_with(blank, |k| {
             k.aes.expand(key)?;
@@ -397,6 +399,28 @@ impl GcmKeys {
     pub(crate) fn ghash_finish(&self, y: &[u8; 16], aad_bits: u64, text_bits: u64) -> [u8; 16] {
         // SAFETY: as in `encrypt_block`.
         unsafe { gcm512::ghash_finish(self, y, aad_bits, text_bits) }
+    }
+
+    /// A whole message in place (`aad` at most 256 bytes): encrypts or decrypts `buf` and
+    /// returns the tag (to store, or to compare with).
+    pub(crate) fn message(
+        &self,
+        enc: bool,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        buf: &mut [u8],
+    ) -> [u8; 16] {
+        assert!(
+            aad.len() <= 256,
+            "GCM: more than 256 bytes of additional data in one call"
+        );
+        let (at, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: `buf` is readable and writable for `len` bytes, `aad` short enough; the
+        // CPU has the vaes512 features (`new`).
+        unsafe {
+            use gcm512::message;
+            by_rounds_and_direction!(self.aes, enc, message(self, nonce, aad, at, len))
+        }
     }
 
     /// Counter mode from `src` to `dst` (same length, or `src` = None: in place), hashing
@@ -452,6 +476,9 @@ impl GcmKeys {
         _: Option<&[u8]>,
         _: &mut [u8],
     ) {
+        unreachable!("never constructed off x86_64")
+    }
+    pub(crate) fn message(&self, _: bool, _: &[u8; 12], _: &[u8], _: &mut [u8]) -> [u8; 16] {
         unreachable!("never constructed off x86_64")
     }
 }
