@@ -138,28 +138,48 @@ pub(crate) fn aegis128_ni(
     Some(unsafe { aegis::aegis128(key, nonce, aad, data, encrypt) })
 }
 
-/// Four AEGIS-128 sectors at once on VAES-512 (see `aegis::aegis128_x4`): their tags, or
-/// `None` where the CPU lacks AVX-512F or VAES.
+/// `N` (four or eight) AEGIS-128 sectors at once on VAES-512 (see
+/// `aegis::aegis128_lanes`): their tags, or `None` where the CPU lacks AVX-512F or VAES or
+/// the sectors are not whole 64-byte pieces.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn aegis128_x4(
+pub(crate) fn aegis128_lanes<const N: usize>(
     key: &[u8; 16],
-    nonces: &[[u8; 16]; 4],
-    aad: &[&[u8]; 4],
+    nonces: &[[u8; 16]; N],
+    aad: &[&[u8]; N],
     data: &mut [u8],
     encrypt: bool,
-) -> Option<[[u8; 16]; 4]> {
-    let len = data.len() / 4;
+) -> Option<[[u8; 16]; N]> {
+    let len = data.len() / N;
     let cpu = std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("vaes")
         && std::arch::is_x86_feature_detected!("aes");
-    let shapes = len.is_multiple_of(16)
-        && data.len() == 4 * len
+    let shapes = len.is_multiple_of(64)
+        && data.len() == N * len
         && aad.iter().all(|a| a.len() == aad[0].len());
     if !(cpu && shapes) {
         return None;
     }
-    // SAFETY: the CPU has the features; the sizes are as the function requires.
-    Some(unsafe { aegis::aegis128_x4(key, nonces, aad, data, len, encrypt) })
+    macro_rules! lanes {
+        ($g:literal, $n:literal) => {{
+            let n: &[[u8; 16]; $n] = nonces.as_slice().try_into().ok()?;
+            let a: &[&[u8]; $n] = aad.as_slice().try_into().ok()?;
+            // SAFETY: the CPU has the features; the sizes are as the function requires
+            // (N = 4 G).
+            let tags = unsafe {
+                if encrypt {
+                    aegis::aegis128_lanes::<$g, $n, true>(key, n, a, data, len)
+                } else {
+                    aegis::aegis128_lanes::<$g, $n, false>(key, n, a, data, len)
+                }
+            };
+            tags.as_slice().try_into().ok()
+        }};
+    }
+    match N {
+        4 => lanes!(1, 4),
+        8 => lanes!(2, 8),
+        _ => None,
+    }
 }
 #[cfg(target_arch = "x86_64")]
 mod gcm512;
