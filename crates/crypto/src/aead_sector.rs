@@ -266,9 +266,7 @@ impl AeadSectorCipher {
         let ts = self.tag_size();
         let per = u64::from(self.sector_size / 512);
         if self.iv == AeadIv::Random {
-            for m in meta.chunks_exact_mut(ts) {
-                crate::iv_stream::fill(&mut m[self.auth_size..][..self.iv_size])?;
-            }
+            crate::iv_stream::fill_slots(meta, ts, self.auth_size, self.iv_size)?;
         }
         let ss = self.sector_size as usize;
         if let Engine::Aegis(a) = &self.engine {
@@ -281,6 +279,17 @@ impl AeadSectorCipher {
                 if self.iv == AeadIv::Plain64 {
                     m[16..].fill(0);
                 }
+            }
+            return Ok(());
+        }
+        if let (Engine::Gcm(Gcm::Own(g)), AeadIv::Random) = (&self.engine, self.iv) {
+            for (i, (d, m)) in data
+                .chunks_exact_mut(ss)
+                .zip(meta.chunks_exact_mut(ts))
+                .enumerate()
+            {
+                let (nonce, aad) = gcm_random_nonce((sector + i as u64) * per, m);
+                m[..16].copy_from_slice(&g.seal_in_place(&nonce, &aad, d));
             }
             return Ok(());
         }
@@ -350,6 +359,20 @@ impl AeadSectorCipher {
             for (i, (m, t)) in meta.chunks_exact(ts).zip(&tags).enumerate() {
                 if !crate::constant_time_eq(&m[..16], t) {
                     data[i * ss..][..ss].fill(0);
+                    bad.push(i);
+                }
+            }
+            return Ok(());
+        }
+        if let (Engine::Gcm(Gcm::Own(g)), AeadIv::Random) = (&self.engine, self.iv) {
+            for (i, (d, m)) in data
+                .chunks_exact_mut(ss)
+                .zip(meta.chunks_exact(ts))
+                .enumerate()
+            {
+                let (nonce, aad) = gcm_random_nonce((sector + i as u64) * per, m);
+                if g.open_in_place(&nonce, &aad, d, &m[..16]).is_err() {
+                    d.fill(0);
                     bad.push(i);
                 }
             }
@@ -431,6 +454,17 @@ impl AeadSectorCipher {
 }
 
 /// le64(sector) || IV, in a buffer long enough for every engine's IV.
+/// `aes-gcm-random`'s nonce (the IV stored after the 16-byte tag) and associated data
+/// (sector number LE64, then the nonce) for sector `dm_sector`: the hot path's fixed-size
+/// copies, where [`AeadSectorCipher::iv_of`] and [`aad`] take any IV size.
+fn gcm_random_nonce(dm_sector: u64, meta: &[u8]) -> ([u8; 12], [u8; 20]) {
+    let nonce: [u8; 12] = meta[16..28].try_into().expect("tag then a 12-byte IV");
+    let mut aad = [0u8; 20];
+    aad[..8].copy_from_slice(&dm_sector.to_le_bytes());
+    aad[8..].copy_from_slice(&nonce);
+    (nonce, aad)
+}
+
 fn aad(sector: u64, iv: &[u8]) -> [u8; 24] {
     let mut a = [0u8; 24];
     a[..8].copy_from_slice(&sector.to_le_bytes());

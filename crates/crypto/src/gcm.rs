@@ -62,8 +62,8 @@ impl AesGcm {
         self.keys.message(true, nonce, aad, buf)
     }
 
-    /// Decrypts `buf` in place and checks `tag` (in constant time); on a mismatch `buf`
-    /// holds unauthenticated plaintext the caller must not use (it wipes it).
+    /// Decrypts `buf` in place and checks `tag` (in constant time); on a mismatch `buf` is
+    /// zeroed (no unauthenticated plaintext is left) and the error says why.
     pub fn open_in_place(
         &self,
         nonce: &[u8; 12],
@@ -82,6 +82,7 @@ impl AesGcm {
         if ok {
             Ok(())
         } else {
+            buf.fill(0);
             Err(Error::Gcm(
                 "the authentication tag does not match (wrong key or damaged data)".into(),
             ))
@@ -297,6 +298,7 @@ mod tests {
         assert_eq!(buf, text, "open_in_place, {} bytes", text.len());
         buf.copy_from_slice(&want_c);
         assert!(gcm.open_in_place(nonce, aad, &mut buf, &bad).is_err());
+        assert!(buf.iter().all(|&b| b == 0), "a failed open left plaintext");
         if !buf.is_empty() {
             buf.copy_from_slice(&want_c);
             buf[0] ^= 0x80;

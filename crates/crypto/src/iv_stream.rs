@@ -47,11 +47,26 @@ pub(crate) fn fill(buf: &mut [u8]) -> Result<()> {
     if buf.len() > REKEY_AFTER {
         return crate::random_bytes(buf);
     }
+    let len = buf.len();
+    fill_slots(buf, len.max(1), 0, len)
+}
+
+/// Fills the `len` bytes at `at` of every `stride`-byte record of `buf` (a request's
+/// sector tags, each with its IV at the same place), in one visit to this thread's stream.
+pub(crate) fn fill_slots(buf: &mut [u8], stride: usize, at: usize, len: usize) -> Result<()> {
+    debug_assert!(at + len <= stride);
+    let total = buf.len() / stride * len;
+    if total > REKEY_AFTER {
+        for record in buf.chunks_exact_mut(stride) {
+            fill(&mut record[at..][..len])?;
+        }
+        return Ok(());
+    }
     STREAM.with(|cell| {
         let mut slot = cell.borrow_mut();
         let generation = crate::secret::fork_generation();
         let fresh = match &*slot {
-            Some(s) => s.generation != generation || s.left < buf.len(),
+            Some(s) => s.generation != generation || s.left < total,
             None => true,
         };
         if fresh {
@@ -66,20 +81,22 @@ pub(crate) fn fill(buf: &mut [u8]) -> Result<()> {
             });
         }
         let s = slot.as_mut().expect("set above");
-        s.left -= buf.len();
-        let mut out = &mut buf[..];
-        while !out.is_empty() {
-            if s.at == BUFFERED {
-                s.buf = [0; BUFFERED];
-                s.cipher.apply_keystream(&mut s.buf);
-                s.at = 0;
+        s.left -= total;
+        for record in buf.chunks_exact_mut(stride) {
+            let mut out = &mut record[at..][..len];
+            while !out.is_empty() {
+                if s.at == BUFFERED {
+                    s.buf = [0; BUFFERED];
+                    s.cipher.apply_keystream(&mut s.buf);
+                    s.at = 0;
+                }
+                let n = out.len().min(BUFFERED - s.at);
+                out[..n].copy_from_slice(&s.buf[s.at..][..n]);
+                // Handed out once only.
+                s.buf[s.at..][..n].fill(0);
+                s.at += n;
+                out = &mut out[n..];
             }
-            let n = out.len().min(BUFFERED - s.at);
-            out[..n].copy_from_slice(&s.buf[s.at..][..n]);
-            // Handed out once only.
-            s.buf[s.at..][..n].fill(0);
-            s.at += n;
-            out = &mut out[n..];
         }
         Ok(())
     })
@@ -113,5 +130,19 @@ mod tests {
         let a = std::thread::spawn(draw).join().unwrap();
         let b = std::thread::spawn(draw).join().unwrap();
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn slots_get_fresh_bytes_and_the_rest_is_left_alone() {
+        let mut tags = vec![0xeeu8; 28 * 40];
+        fill_slots(&mut tags, 28, 16, 12).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for record in tags.chunks_exact(28) {
+            assert!(
+                record[..16].iter().all(|&b| b == 0xee),
+                "a tag byte was touched"
+            );
+            assert!(seen.insert(record[16..].to_vec()), "an IV repeated");
+        }
     }
 }
