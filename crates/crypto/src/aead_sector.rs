@@ -270,14 +270,22 @@ impl AeadSectorCipher {
         }
         let ss = self.sector_size as usize;
         if let Engine::Aegis(a) = &self.engine {
-            // Sectors side by side (four at a time on VAES-512).
-            let (ivs, aads) = self.ivs_and_aads(sector, meta, n);
-            let aad_refs: Vec<&[u8]> = aads.iter().map(|a| &a[..]).collect();
-            let tags = a.crypt_sectors(&ivs, &aad_refs, data, ss, true);
-            for (m, t) in meta.chunks_exact_mut(ts).zip(&tags) {
-                m[..16].copy_from_slice(t);
-                if self.iv == AeadIv::Plain64 {
-                    m[16..].fill(0);
+            // Sectors side by side (eight, then four, at a time on VAES-512).
+            for (g, (d, m)) in data
+                .chunks_mut(AEGIS_GROUP * ss)
+                .zip(meta.chunks_mut(AEGIS_GROUP * ts))
+                .enumerate()
+            {
+                let k = d.len() / ss;
+                let (ivs, aads) = self.ivs_and_aads(sector + (g * AEGIS_GROUP) as u64, m, k);
+                let aad_refs: [&[u8]; AEGIS_GROUP] = std::array::from_fn(|i| &aads[i][..]);
+                let mut tags = [[0u8; 16]; AEGIS_GROUP];
+                a.crypt_sectors(&ivs[..k], &aad_refs[..k], d, ss, true, &mut tags[..k]);
+                for (m, t) in m.chunks_exact_mut(ts).zip(&tags) {
+                    m[..16].copy_from_slice(t);
+                    if self.iv == AeadIv::Plain64 {
+                        m[16..].fill(0);
+                    }
                 }
             }
             return Ok(());
@@ -353,13 +361,21 @@ impl AeadSectorCipher {
         let per = u64::from(self.sector_size / 512);
         let first_bad = bad.len();
         if let Engine::Aegis(a) = &self.engine {
-            let (ivs, aads) = self.ivs_and_aads(sector, meta, n);
-            let aad_refs: Vec<&[u8]> = aads.iter().map(|a| &a[..]).collect();
-            let tags = a.crypt_sectors(&ivs, &aad_refs, data, ss, false);
-            for (i, (m, t)) in meta.chunks_exact(ts).zip(&tags).enumerate() {
-                if !crate::constant_time_eq(&m[..16], t) {
-                    data[i * ss..][..ss].fill(0);
-                    bad.push(i);
+            for (g, (d, m)) in data
+                .chunks_mut(AEGIS_GROUP * ss)
+                .zip(meta.chunks(AEGIS_GROUP * ts))
+                .enumerate()
+            {
+                let k = d.len() / ss;
+                let (ivs, aads) = self.ivs_and_aads(sector + (g * AEGIS_GROUP) as u64, m, k);
+                let aad_refs: [&[u8]; AEGIS_GROUP] = std::array::from_fn(|i| &aads[i][..]);
+                let mut tags = [[0u8; 16]; AEGIS_GROUP];
+                a.crypt_sectors(&ivs[..k], &aad_refs[..k], d, ss, false, &mut tags[..k]);
+                for (i, (m, t)) in m.chunks_exact(ts).zip(&tags).enumerate() {
+                    if !crate::constant_time_eq(&m[..16], t) {
+                        d[i * ss..][..ss].fill(0);
+                        bad.push(g * AEGIS_GROUP + i);
+                    }
                 }
             }
             return Ok(());
@@ -425,18 +441,24 @@ impl AeadSectorCipher {
         Ok(())
     }
 
-    /// Each of `n` sectors' 16-byte IV and its associated data (le64 sector || IV).
-    fn ivs_and_aads(&self, sector: u64, meta: &[u8], n: usize) -> (Vec<[u8; 16]>, Vec<[u8; 24]>) {
+    /// Each of `n` (at most [`AEGIS_GROUP`]) sectors' 16-byte IV and its associated data
+    /// (le64 sector || IV), on the stack.
+    fn ivs_and_aads(
+        &self,
+        sector: u64,
+        meta: &[u8],
+        n: usize,
+    ) -> ([[u8; 16]; AEGIS_GROUP], [[u8; 24]; AEGIS_GROUP]) {
         let per = u64::from(self.sector_size / 512);
         let ts = self.tag_size();
-        (0..n)
-            .map(|i| {
-                let s = (sector + i as u64) * per;
-                let mut iv = [0u8; 16];
-                self.iv_of(s, &meta[i * ts..][..ts], &mut iv);
-                (iv, aad(s, &iv))
-            })
-            .unzip()
+        let mut ivs = [[0u8; 16]; AEGIS_GROUP];
+        let mut aads = [[0u8; 24]; AEGIS_GROUP];
+        for (i, (iv, a)) in ivs.iter_mut().zip(aads.iter_mut()).take(n).enumerate() {
+            let s = (sector + i as u64) * per;
+            self.iv_of(s, &meta[i * ts..][..ts], iv);
+            *a = aad(s, iv);
+        }
+        (ivs, aads)
     }
 
     /// The XTS tweak of each of `n` sectors from `sector` on.
@@ -454,6 +476,9 @@ impl AeadSectorCipher {
 }
 
 /// le64(sector) || IV, in a buffer long enough for every engine's IV.
+/// AEGIS sectors handed to the engine at once: what it runs side by side at most.
+const AEGIS_GROUP: usize = 8;
+
 /// `aes-gcm-random`'s nonce (the IV stored after the 16-byte tag) and associated data
 /// (sector number LE64, then the nonce) for sector `dm_sector`: the hot path's fixed-size
 /// copies, where [`AeadSectorCipher::iv_of`] and [`aad`] take any IV size.

@@ -128,8 +128,9 @@ impl Aegis128 {
     }
 
     /// Encrypts (or decrypts) the `ss`-byte sectors of `data` in place, sector `i` under
-    /// `nonces[i]` with associated data `aads[i]`; returns each sector's tag (decrypting:
-    /// the one its stored tag must equal). Eight, then four, at a time on VAES-512.
+    /// `nonces[i]` with associated data `aads[i]`; writes each sector's tag into `tags`
+    /// (decrypting: the one its stored tag must equal). Eight, then four, at a time on
+    /// VAES-512.
     pub(crate) fn crypt_sectors(
         &self,
         nonces: &[B],
@@ -137,8 +138,8 @@ impl Aegis128 {
         data: &mut [u8],
         ss: usize,
         encrypt: bool,
-    ) -> Vec<B> {
-        let mut tags = Vec::with_capacity(nonces.len());
+        tags: &mut [B],
+    ) {
         let mut i = 0;
         #[cfg(target_arch = "x86_64")]
         if !matches!(crate::Backend::current(), Ok(crate::Backend::Generic)) {
@@ -147,7 +148,7 @@ impl Aegis128 {
                 let a: &[&[u8]; 8] = aads[i..i + 8].try_into().expect("eight");
                 let part = &mut data[i * ss..(i + 8) * ss];
                 match crate::backend::x86::aegis128_lanes(&self.key, n, a, part, encrypt) {
-                    Some(t) => tags.extend(t),
+                    Some(t) => tags[i..i + 8].copy_from_slice(&t),
                     None => break,
                 }
                 i += 8;
@@ -157,7 +158,7 @@ impl Aegis128 {
                 let a: &[&[u8]; 4] = aads[i..i + 4].try_into().expect("four");
                 let part = &mut data[i * ss..(i + 4) * ss];
                 match crate::backend::x86::aegis128_lanes(&self.key, n, a, part, encrypt) {
-                    Some(t) => tags.extend(t),
+                    Some(t) => tags[i..i + 4].copy_from_slice(&t),
                     None => break,
                 }
                 i += 4;
@@ -165,7 +166,7 @@ impl Aegis128 {
         }
         for j in i..nonces.len() {
             let d = &mut data[j * ss..][..ss];
-            tags.push(if encrypt {
+            tags[j] = if encrypt {
                 self.seal(&nonces[j], aads[j], d)
             } else {
                 match self.fast(&nonces[j], aads[j], d, false) {
@@ -185,9 +186,8 @@ impl Aegis128 {
                         st.tag(aads[j].len(), ss)
                     }
                 }
-            });
+            };
         }
-        tags
     }
 
     fn seal_portable(&self, nonce: &B, aad: &[u8], data: &mut [u8]) -> B {
@@ -268,14 +268,16 @@ mod tests {
             let aad_refs: Vec<&[u8]> = aads.iter().map(|a| &a[..]).collect();
             let pt: Vec<u8> = (0..n * ss).map(|i| (i * 7 + i / 512) as u8).collect();
             let mut many = pt.clone();
-            let tags = k.crypt_sectors(&nonces, &aad_refs, &mut many, ss, true);
+            let mut tags = vec![[0u8; 16]; n];
+            k.crypt_sectors(&nonces, &aad_refs, &mut many, ss, true, &mut tags);
             for i in 0..n {
                 let mut one = pt[i * ss..][..ss].to_vec();
                 let t = k.seal_portable(&nonces[i], &aads[i], &mut one);
                 assert_eq!(many[i * ss..][..ss], one[..], "sector {i} of {ss}");
                 assert_eq!(tags[i], t, "tag {i} of {ss}");
             }
-            let back = k.crypt_sectors(&nonces, &aad_refs, &mut many, ss, false);
+            let mut back = vec![[0u8; 16]; n];
+            k.crypt_sectors(&nonces, &aad_refs, &mut many, ss, false, &mut back);
             assert_eq!(back, tags);
             assert_eq!(many, pt);
         }
