@@ -290,14 +290,28 @@ impl AeadSectorCipher {
             }
             return Ok(());
         }
+        if let (Engine::Gcm(Gcm::Own(g)), AeadIv::Random, 1) = (&self.engine, self.iv, n) {
+            // One sector: one call, nothing to gather.
+            let (nonce, aad) = gcm_random_nonce(sector * per, meta);
+            meta[..16].copy_from_slice(&g.seal_in_place(&nonce, &aad, data));
+            return Ok(());
+        }
         if let (Engine::Gcm(Gcm::Own(g)), AeadIv::Random) = (&self.engine, self.iv) {
-            for (i, (d, m)) in data
-                .chunks_exact_mut(ss)
-                .zip(meta.chunks_exact_mut(ts))
+            // A request's sectors as one stream, up to GCM_GROUP at a time.
+            for (c, (d, m)) in data
+                .chunks_mut(GCM_GROUP * ss)
+                .zip(meta.chunks_mut(GCM_GROUP * ts))
                 .enumerate()
             {
-                let (nonce, aad) = gcm_random_nonce((sector + i as u64) * per, m);
-                m[..16].copy_from_slice(&g.seal_in_place(&nonce, &aad, d));
+                let k = d.len() / ss;
+                let (nonces, aads) =
+                    gcm_random_nonces(sector + (c * GCM_GROUP) as u64, per, m, k, ts);
+                let aad_refs: [&[u8]; GCM_GROUP] = std::array::from_fn(|i| &aads[i][..]);
+                let mut tags = [[0u8; 16]; GCM_GROUP];
+                g.seal_sectors(&nonces[..k], &aad_refs[..k], d, &mut tags[..k]);
+                for (m, t) in m.chunks_exact_mut(ts).zip(&tags) {
+                    m[..16].copy_from_slice(t);
+                }
             }
             return Ok(());
         }
@@ -380,16 +394,31 @@ impl AeadSectorCipher {
             }
             return Ok(());
         }
+        if let (Engine::Gcm(Gcm::Own(g)), AeadIv::Random, 1) = (&self.engine, self.iv, n) {
+            let (nonce, aad) = gcm_random_nonce(sector * per, meta);
+            if g.open_in_place(&nonce, &aad, data, &meta[..16]).is_err() {
+                bad.push(0);
+            }
+            return Ok(());
+        }
         if let (Engine::Gcm(Gcm::Own(g)), AeadIv::Random) = (&self.engine, self.iv) {
-            for (i, (d, m)) in data
-                .chunks_exact_mut(ss)
-                .zip(meta.chunks_exact(ts))
+            for (c, (d, m)) in data
+                .chunks_mut(GCM_GROUP * ss)
+                .zip(meta.chunks(GCM_GROUP * ts))
                 .enumerate()
             {
-                let (nonce, aad) = gcm_random_nonce((sector + i as u64) * per, m);
-                if g.open_in_place(&nonce, &aad, d, &m[..16]).is_err() {
-                    d.fill(0);
-                    bad.push(i);
+                let k = d.len() / ss;
+                let first = sector + (c * GCM_GROUP) as u64;
+                let (nonces, aads) = gcm_random_nonces(first, per, m, k, ts);
+                let aad_refs: [&[u8]; GCM_GROUP] = std::array::from_fn(|i| &aads[i][..]);
+                let tags: [[u8; 16]; GCM_GROUP] = std::array::from_fn(|i| {
+                    m.get(i * ts..i * ts + 16)
+                        .map_or([0; 16], |t| t.try_into().expect("16 bytes"))
+                });
+                let before = bad.len();
+                g.open_sectors(&nonces[..k], &aad_refs[..k], d, &tags[..k], bad);
+                for b in &mut bad[before..] {
+                    *b += c * GCM_GROUP;
                 }
             }
             return Ok(());
@@ -480,14 +509,39 @@ impl AeadSectorCipher {
 const AEGIS_GROUP: usize = 8;
 
 /// `aes-gcm-random`'s nonce (the IV stored after the 16-byte tag) and associated data
-/// (sector number LE64, then the nonce) for sector `dm_sector`: the hot path's fixed-size
-/// copies, where [`AeadSectorCipher::iv_of`] and [`aad`] take any IV size.
+/// (sector number LE64, then the nonce) for the one sector `dm_sector`.
 fn gcm_random_nonce(dm_sector: u64, meta: &[u8]) -> ([u8; 12], [u8; 20]) {
     let nonce: [u8; 12] = meta[16..28].try_into().expect("tag then a 12-byte IV");
     let mut aad = [0u8; 20];
     aad[..8].copy_from_slice(&dm_sector.to_le_bytes());
     aad[8..].copy_from_slice(&nonce);
     (nonce, aad)
+}
+
+/// Sectors of an `aes-gcm-random` request handed to the engine at once.
+const GCM_GROUP: usize = 16;
+
+/// `aes-gcm-random`'s nonces (each the IV stored after the 16-byte tag) and associated
+/// data (sector number LE64, then the nonce) for `n` (at most [`GCM_GROUP`]) sectors from
+/// `sector` on (`per` dm-crypt sectors each): the hot path's fixed-size copies, on the
+/// stack, where [`AeadSectorCipher::iv_of`] and [`aad`] take any IV size.
+fn gcm_random_nonces(
+    sector: u64,
+    per: u64,
+    meta: &[u8],
+    n: usize,
+    ts: usize,
+) -> ([[u8; 12]; GCM_GROUP], [[u8; 20]; GCM_GROUP]) {
+    let mut nonces = [[0u8; 12]; GCM_GROUP];
+    let mut aads = [[0u8; 20]; GCM_GROUP];
+    for (i, (nonce, aad)) in nonces.iter_mut().zip(aads.iter_mut()).take(n).enumerate() {
+        *nonce = meta[i * ts + 16..][..12]
+            .try_into()
+            .expect("tag then a 12-byte IV");
+        aad[..8].copy_from_slice(&((sector + i as u64) * per).to_le_bytes());
+        aad[8..].copy_from_slice(nonce);
+    }
+    (nonces, aads)
 }
 
 fn aad(sector: u64, iv: &[u8]) -> [u8; 24] {

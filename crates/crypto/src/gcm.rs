@@ -89,6 +89,61 @@ impl AesGcm {
         }
     }
 
+    /// Encrypts `buf` in place as `nonces.len()` messages of equal length (a multiple of 512
+    /// bytes: a request's sectors), message `i` under `nonces[i]` with the additional data
+    /// `aads[i]` (at most 256 bytes), its tag into `tags[i]`: what [`AesGcm::seal_in_place`]
+    /// does to each, as one stream (each message's last hash overlaps the next one's
+    /// first AES rounds).
+    pub fn seal_sectors(
+        &self,
+        nonces: &[[u8; 12]],
+        aads: &[&[u8]],
+        buf: &mut [u8],
+        tags: &mut [[u8; 16]],
+    ) {
+        crate::secret::guard_stack();
+        self.keys.sectors(true, nonces, aads, buf, tags);
+    }
+
+    /// Decrypts what [`AesGcm::seal_sectors`] sealed and checks each message's tag (in
+    /// constant time); a message whose tag does not match is zeroed and its index pushed
+    /// to `bad`.
+    pub fn open_sectors(
+        &self,
+        nonces: &[[u8; 12]],
+        aads: &[&[u8]],
+        buf: &mut [u8],
+        tags: &[[u8; 16]],
+        bad: &mut Vec<usize>,
+    ) {
+        crate::secret::guard_stack();
+        const AT_ONCE: usize = 16;
+        let n = nonces.len();
+        assert!(n > 0 && tags.len() == n, "GCM: one tag a message");
+        let len = buf.len() / n;
+        let mut want = [[0u8; 16]; AT_ONCE];
+        for (c, part) in buf.chunks_mut(AT_ONCE * len).enumerate() {
+            let first = c * AT_ONCE;
+            let k = part.len() / len;
+            let want = &mut want[..k];
+            let range = first..first + k;
+            self.keys.sectors(
+                false,
+                &nonces[range.clone()],
+                &aads[range.clone()],
+                part,
+                want,
+            );
+            for (i, (w, t)) in want.iter().zip(&tags[range]).enumerate() {
+                if !constant_time_eq(w, t) {
+                    part[i * len..][..len].fill(0);
+                    bad.push(first + i);
+                }
+            }
+        }
+        wipe_blocks(&mut want);
+    }
+
     /// Starts a message under `nonce` with the additional data `aad`. The caller never
     /// uses a nonce twice with one key.
     pub fn begin(&self, nonce: &[u8; 12], aad: &[u8]) -> GcmMessage<'_> {
@@ -338,6 +393,48 @@ mod tests {
                 let nonce = [len as u8; 12];
                 let aad = &text[..len % 20];
                 check(&key, &nonce, aad, &text[..len], &[], false);
+            }
+        }
+    }
+
+    #[test]
+    fn sectors_as_one_stream_match_ring_message_by_message() {
+        if !available() {
+            return;
+        }
+        for key_len in [16, 32] {
+            let key = vec![0x3cu8; key_len];
+            let gcm = AesGcm::new(&key).unwrap();
+            for (n, len) in [
+                (1, 512),
+                (3, 512),
+                (21, 512),
+                (2, 1024),
+                (5, 4096),
+                (18, 1536),
+            ] {
+                let text: Vec<u8> = (0..n * len).map(|i| (i * 13 + i / 700) as u8).collect();
+                let nonces: Vec<[u8; 12]> = (0..n).map(|i| [i as u8 + 1; 12]).collect();
+                let aads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 20 + i % 5]).collect();
+                let aad_refs: Vec<&[u8]> = aads.iter().map(|a| &a[..]).collect();
+                let mut buf = text.clone();
+                let mut tags = vec![[0u8; 16]; n];
+                gcm.seal_sectors(&nonces, &aad_refs, &mut buf, &mut tags);
+                for i in 0..n {
+                    let (c, t) = reference(&key, &nonces[i], &aads[i], &text[i * len..][..len]);
+                    assert_eq!(buf[i * len..][..len], c[..], "{n} x {len}: message {i}");
+                    assert_eq!(tags[i].to_vec(), t, "{n} x {len}: tag {i}");
+                }
+                let mut bad = Vec::new();
+                let mut opened = buf.clone();
+                gcm.open_sectors(&nonces, &aad_refs, &mut opened, &tags, &mut bad);
+                assert!(bad.is_empty(), "{n} x {len}: {bad:?}");
+                assert_eq!(opened, text);
+                tags[n - 1][0] ^= 1;
+                gcm.open_sectors(&nonces, &aad_refs, &mut buf, &tags, &mut bad);
+                assert_eq!(bad, [n - 1], "{n} x {len}");
+                assert!(buf[(n - 1) * len..].iter().all(|&b| b == 0));
+                assert_eq!(buf[..(n - 1) * len], text[..(n - 1) * len]);
             }
         }
     }

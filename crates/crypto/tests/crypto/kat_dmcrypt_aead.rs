@@ -145,11 +145,11 @@ fn aead_sector_cipher_known_answers() {
     }
 }
 
-/// A request of thirteen sectors in every mode the probe made (AEGIS then takes a group of
-/// eight side by side, then four, then one alone; AES-GCM its one-call-a-sector path):
-/// opened, it reads back what was sealed; with one ciphertext byte flipped in sectors 2
-/// and 10 and the tag of sector 12 changed, exactly those three are refused and zeroed
-/// and every other sector reads back intact.
+/// A request of 21 sectors in every mode the probe made (AEGIS then takes two groups of
+/// eight side by side, then four, then one alone; AES-GCM a stream of sixteen, then one
+/// of five), and one of a single sector: opened, it reads back what was sealed; with one
+/// ciphertext byte flipped in sectors 2, 10 and 18 and the tag of sector 20 changed,
+/// exactly those four are refused and zeroed and every other sector reads back intact.
 #[test]
 fn a_request_of_many_sectors_refuses_exactly_the_damaged_ones() {
     let recs = load("dmcrypt-aead.txt");
@@ -159,7 +159,8 @@ fn a_request_of_many_sectors_refuses_exactly_the_damaged_ones() {
         let ss = r.u32("sector_size");
         let c = AeadSectorCipher::new(spec, integrity, &key, ss, 0)
             .unwrap_or_else(|e| panic!("{}: {e}", r.label()));
-        let (n, ss, ts) = (13usize, ss as usize, c.tag_size());
+        let (ss, ts) = (ss as usize, c.tag_size());
+        let n = 21;
         let pt: Vec<u8> = (0..n * ss).map(|i| (i * 31 + i / 4096) as u8).collect();
         let (mut data, mut meta) = (pt.clone(), vec![0u8; n * ts]);
         c.seal(40, &mut data, &mut meta).unwrap();
@@ -169,10 +170,11 @@ fn a_request_of_many_sectors_refuses_exactly_the_damaged_ones() {
         assert_bytes_eq(&back, &pt, &r.label());
         data[2 * ss + 7] ^= 0x10;
         data[10 * ss + ss - 1] ^= 0x01;
-        meta[12 * ts] ^= 0x04;
+        data[18 * ss] ^= 0x80;
+        meta[20 * ts] ^= 0x04;
         let mut bad = Vec::new();
         c.open(40, &mut data, &meta, &mut bad).unwrap();
-        assert_eq!(bad, [2, 10, 12], "{}: the sectors refused", r.label());
+        assert_eq!(bad, [2, 10, 18, 20], "{}: the sectors refused", r.label());
         for i in 0..n {
             let got = &data[i * ss..][..ss];
             if bad.contains(&i) {
@@ -189,5 +191,20 @@ fn a_request_of_many_sectors_refuses_exactly_the_damaged_ones() {
                 );
             }
         }
+        // One sector alone (AES-GCM's one-call path): sealed, opened, then refused damaged.
+        let (mut one, mut m1) = (pt[..ss].to_vec(), vec![0u8; ts]);
+        c.seal(7, &mut one, &mut m1).unwrap();
+        let (mut back, mut bad) = (one.clone(), Vec::new());
+        c.open(7, &mut back, &m1, &mut bad).unwrap();
+        assert!(bad.is_empty(), "{}: one sector refused", r.label());
+        assert_bytes_eq(&back, &pt[..ss], &r.label());
+        one[0] ^= 1;
+        c.open(7, &mut one, &m1, &mut bad).unwrap();
+        assert_eq!(bad, [0], "{}: one damaged sector", r.label());
+        assert!(
+            one.iter().all(|&b| b == 0),
+            "{}: one sector handed out",
+            r.label()
+        );
     }
 }

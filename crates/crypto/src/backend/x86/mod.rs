@@ -443,6 +443,40 @@ impl GcmKeys {
         }
     }
 
+    /// Messages of `buf.len() / nonces.len()` bytes each (a multiple of 512) in place, one
+    /// after another, message `i` under `nonces[i]` with `aads[i]` (at most 256 bytes);
+    /// their tags into `tags`.
+    pub(crate) fn sectors(
+        &self,
+        enc: bool,
+        nonces: &[[u8; 12]],
+        aads: &[&[u8]],
+        buf: &mut [u8],
+        tags: &mut [[u8; 16]],
+    ) {
+        let n = nonces.len();
+        assert!(
+            n > 0 && aads.len() == n && tags.len() == n,
+            "GCM: one nonce, AAD and tag a message"
+        );
+        assert!(
+            aads.iter().all(|a| a.len() <= 256),
+            "GCM: more than 256 bytes of additional data"
+        );
+        let len = buf.len() / n;
+        assert!(
+            len > 0 && len.is_multiple_of(512) && len * n == buf.len(),
+            "GCM: messages of whole 512-byte pieces"
+        );
+        let at = buf.as_mut_ptr();
+        // SAFETY: `buf` is readable and writable for n * len bytes, the slices as long as
+        // the function requires; the CPU has the vaes512 features (`new`).
+        unsafe {
+            use gcm512::sectors;
+            by_rounds_and_direction!(self.aes, enc, sectors(self, nonces, aads, at, len, tags))
+        }
+    }
+
     /// Counter mode from `src` to `dst` (same length, or `src` = None: in place), hashing
     /// the ciphertext: the output when encrypting, the input when decrypting.
     pub(crate) fn crypt(
@@ -499,6 +533,16 @@ impl GcmKeys {
         unreachable!("never constructed off x86_64")
     }
     pub(crate) fn message(&self, _: bool, _: &[u8; 12], _: &[u8], _: &mut [u8]) -> [u8; 16] {
+        unreachable!("never constructed off x86_64")
+    }
+    pub(crate) fn sectors(
+        &self,
+        _: bool,
+        _: &[[u8; 12]],
+        _: &[&[u8]],
+        _: &mut [u8],
+        _: &mut [[u8; 16]],
+    ) {
         unreachable!("never constructed off x86_64")
     }
 }
