@@ -262,6 +262,12 @@ impl AeadSectorCipher {
     /// units within the segment) in place and writes each sector's metadata into `meta`
     /// (`tag_size()` bytes per sector). Random IVs are fresh for every call.
     pub fn seal(&self, sector: u64, data: &mut [u8], meta: &mut [u8]) -> Result<()> {
+        let r = self.seal_sectors(sector, data, meta);
+        crate::secret::scrub_sector_frames();
+        r
+    }
+
+    fn seal_sectors(&self, sector: u64, data: &mut [u8], meta: &mut [u8]) -> Result<()> {
         let n = self.check(data, meta)?;
         let ts = self.tag_size();
         let per = u64::from(self.sector_size / 512);
@@ -364,6 +370,18 @@ impl AeadSectorCipher {
     /// (its bytes are never handed out) and its index in `data` pushed onto `bad`; the
     /// others are decrypted.
     pub fn open(
+        &self,
+        sector: u64,
+        data: &mut [u8],
+        meta: &[u8],
+        bad: &mut Vec<usize>,
+    ) -> Result<()> {
+        let r = self.open_sectors(sector, data, meta, bad);
+        crate::secret::scrub_sector_frames();
+        r
+    }
+
+    fn open_sectors(
         &self,
         sector: u64,
         data: &mut [u8],

@@ -649,6 +649,18 @@ impl Integrity {
         self.failures.load(Relaxed)
     }
 
+    /// Where the device starts, whether it was opened read-only, and how writes reach
+    /// their place: what opening it again (a resume) takes besides the keys.
+    pub(crate) fn reopen_params(&self) -> (u64, bool, IntegrityMode) {
+        (self.start, self.read_only, self.mode)
+    }
+
+    /// Counts on from `n` failed sectors (the device opened again after a suspend keeps
+    /// the count `status` showed).
+    pub(crate) fn carry_failures(&self, n: u64) {
+        self.failures.store(n, Relaxed);
+    }
+
     /// `encryption + integrity`, for `status`.
     pub fn description(&self) -> &str {
         self.auth.description()

@@ -39,8 +39,8 @@ pub use open::{
     Opened, Probe, Secret, Unlock, UnlockedBitlk, UnlockedFvault2, UnlockedLuks, UnlockedTcrypt,
     VolumeInfo, VolumeType, bitlk_header, fvault2_header, integrity_volume_on,
     integrity_volume_with, open, open_bitlk, open_fvault2, open_integrity, open_loopaes, open_luks,
-    open_plain, open_plain_on, open_plain_with, open_tcrypt, probe, tcrypt_header, unlock_layout,
-    unlock_luks, volume_from_key,
+    open_plain, open_plain_on, open_plain_with, open_tcrypt, probe, tcrypt_header, unlock_keys,
+    unlock_layout, unlock_luks, volume_from_key,
 };
 pub use request_metrics::{LATENCY_BOUNDS, Op, OpMetrics, RequestMetrics};
 pub use storage::{FileStorage, IoEngine};

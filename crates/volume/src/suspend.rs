@@ -3,9 +3,16 @@
 //! leaves kernel memory and I/O queues up). A thread of its own holds the layout lock
 //! alone for the whole suspension, so requests wait on the lock they already take and
 //! the data path pays nothing for the feature.
+//!
+//! A LUKS2 volume with integrity has its dm-integrity device closed at suspend as the
+//! kernel's `dm_integrity_postsuspend` leaves it (flushed; in bitmap mode the journal area
+//! emptied and the bitmap clean) and dropped with its keys; a resume opens it again on the
+//! same storage, in the same mode, with the key the header gives.
 
 use crate::volume::Layout;
-use crate::{DataSegment, Error, Result, Volume};
+use crate::{DataSegment, Error, IntegrityMode, Result, Volume};
+use cryptblk_format::SegmentKey;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
@@ -14,6 +21,10 @@ pub struct Suspended {
     segments: mpsc::Sender<Vec<DataSegment>>,
     result: mpsc::Receiver<Result<()>>,
     thread: Option<JoinHandle<()>>,
+    vol: Arc<Volume>,
+    /// A volume with integrity: where its dm-integrity device starts, whether it was
+    /// read-only, its mode (what opening it again takes besides the key).
+    integrity: Option<(u64, bool, IntegrityMode)>,
 }
 
 impl Volume {
@@ -23,6 +34,7 @@ impl Volume {
     pub fn suspend(self: &Arc<Self>) -> Result<Suspended> {
         let (seg_tx, seg_rx) = mpsc::channel::<Vec<DataSegment>>();
         let (res_tx, res_rx) = mpsc::channel::<Result<()>>();
+        let integrity = self.integrity().map(|i| i.reopen_params());
         let vol = self.clone();
         let thread = std::thread::spawn(move || {
             let mut l = vol.layout_alone();
@@ -32,14 +44,18 @@ impl Volume {
                 )));
                 return;
             }
-            if l.segments.iter().any(|s| s.integrity.is_some()) {
-                // Its journal state lives with the segment; resuming would have to reopen
-                // the dm-integrity device.
-                let _ = res_tx.send(Err(Error::Invalid(
-                    "suspend is not supported on volumes with integrity protection".into(),
-                )));
-                return;
+            for i in l.segments.iter().filter_map(|s| s.integrity.as_ref()) {
+                // Written out and left as the kernel leaves a suspended device; a failure
+                // keeps the volume serving, unsuspended.
+                if let Err(e) = i.close(vol.storage()) {
+                    let _ = res_tx.send(Err(Error::Invalid(format!(
+                        "suspend: the dm-integrity device could not be flushed: {e}"
+                    ))));
+                    return;
+                }
+                vol.stats().integrity_errors.store(i.failures(), Relaxed);
             }
+            vol.set_integrity(None);
             l.segments.clear();
             let _ = res_tx.send(Ok(()));
             hold(&vol, &mut l, &seg_rx, &res_tx);
@@ -49,6 +65,8 @@ impl Volume {
                 segments: seg_tx,
                 result: res_rx,
                 thread: Some(thread),
+                vol: self.clone(),
+                integrity,
             }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Invalid("the suspending thread died".into())),
@@ -82,6 +100,33 @@ fn hold(
 }
 
 impl Suspended {
+    /// [`Suspended::resume`] from the header's unlocked segments (`keys`): a segment with
+    /// integrity has its dm-integrity device opened again on the volume's storage, in the
+    /// mode it had, counting its failed sectors on from where they were.
+    pub fn resume_keys(&mut self, keys: Vec<SegmentKey>) -> Result<()> {
+        let segments = keys
+            .into_iter()
+            .map(|k| match (&k.integrity, self.integrity) {
+                (Some(_), Some(params)) => {
+                    let seg = crate::open::integrity_segment_again(self.vol.storage(), &k, params)?;
+                    if let Some(i) = &seg.integrity {
+                        i.carry_failures(self.vol.stats().integrity_errors.load(Relaxed));
+                    }
+                    Ok(seg)
+                }
+                (Some(_), None) => Err(Error::Invalid(
+                    "the header gives integrity protection the suspended volume did not have"
+                        .into(),
+                )),
+                (None, Some(_)) => Err(Error::Invalid(
+                    "the header gives no integrity protection; the suspended volume had it".into(),
+                )),
+                (None, None) => crate::open::data_segment(k),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.resume(segments)
+    }
+
     /// Gives the volume its keys back (`segments`: the header unlocked again, as the
     /// volume was opened) and lets the held requests go on. A layout that does not fit
     /// the volume is refused and the volume stays suspended.

@@ -117,8 +117,11 @@ pub struct Volume {
     split_handed_out: AtomicBool,
     summary: Mutex<CipherSummary>,
     /// The dm-integrity device of a LUKS2 volume with integrity (its one segment's): what
-    /// a flush commits, without the layout lock (such a volume is never suspended).
-    integrity: Option<Arc<crate::Integrity>>,
+    /// a flush commits, without the layout lock. None while suspended (its keys dropped,
+    /// its journal emptied); a resume installs the device opened again.
+    integrity: RwLock<Option<Arc<crate::Integrity>>>,
+    /// Whether the volume has integrity protection (suspended or not).
+    integrity_protected: bool,
 }
 
 /// The volume's segments and, while a reencryption step runs, its hot zone.
@@ -299,7 +302,7 @@ impl Volume {
     /// about to exit). The first error is returned. On storage that holds something
     /// elsewhere (an RBD image, an NBD export), requests after it fail.
     pub fn close(&self) -> io::Result<()> {
-        let flushed = match &self.integrity {
+        let flushed = match self.integrity() {
             Some(i) => {
                 self.stats.flushes.fetch_add(1, Relaxed);
                 i.close(&*self.storage)
@@ -365,7 +368,8 @@ impl Volume {
             allow_discards: params.allow_discards,
             stats: VolumeStats::default(),
             split_handed_out: AtomicBool::new(false),
-            integrity: None,
+            integrity: RwLock::new(None),
+            integrity_protected: false,
         })
     }
 
@@ -393,7 +397,8 @@ impl Volume {
             allow_discards,
             stats: VolumeStats::default(),
             split_handed_out: AtomicBool::new(false),
-            integrity,
+            integrity_protected: integrity.is_some(),
+            integrity: RwLock::new(integrity),
         })
     }
 
@@ -557,6 +562,7 @@ impl Volume {
         *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = CipherSummary::of(&segments)
             .into_inner()
             .unwrap_or_else(|e| e.into_inner());
+        self.set_integrity(segments.iter().find_map(|s| s.integrity.clone()));
         l.segments = segments;
     }
 
@@ -653,7 +659,20 @@ impl Volume {
 
     /// Whether the volume is LUKS2 with integrity (authenticated sectors over dm-integrity).
     pub fn integrity_protected(&self) -> bool {
-        self.integrity.is_some()
+        self.integrity_protected
+    }
+
+    /// The dm-integrity device now serving (none while suspended).
+    pub(crate) fn integrity(&self) -> Option<Arc<crate::Integrity>> {
+        self.integrity
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Installs (a resume) or drops (a suspend) the dm-integrity device flushes commit.
+    pub(crate) fn set_integrity(&self, i: Option<Arc<crate::Integrity>>) {
+        *self.integrity.write().unwrap_or_else(|e| e.into_inner()) = i;
     }
 
     /// Live counters of the data path.
@@ -1205,7 +1224,7 @@ impl BlockDevice for Volume {
         self.stats.flushes.fetch_add(1, Relaxed);
         self.stats
             .requests
-            .measure(crate::Op::Flush, || match &self.integrity {
+            .measure(crate::Op::Flush, || match self.integrity() {
                 Some(i) => i.flush(&*self.storage),
                 None => self.storage.sync(),
             })

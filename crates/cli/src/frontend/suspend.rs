@@ -85,7 +85,7 @@ impl SuspendControl {
                 .vol
                 .storage_size()
                 .map_err(|e| CliError::usage(e.to_string()))?;
-            let layout = cryptblk_volume::unlock_layout(&*hdr, &mut f, pass, slot, size).map_err(
+            let layout = cryptblk_volume::unlock_keys(&*hdr, &mut f, pass, slot, size).map_err(
                 |e| match e {
                     cryptblk_volume::Error::Format(cryptblk_format::Error::WrongPassphrase) => {
                         CliError::new(
@@ -106,7 +106,7 @@ impl SuspendControl {
             {
                 only.len = size;
             }
-            s.resume(layout)
+            s.resume_keys(layout)
                 .map_err(|e| CliError::usage(e.to_string()))?;
             *st = None;
             Ok(Reply::Resumed)

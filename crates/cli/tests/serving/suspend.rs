@@ -2,7 +2,7 @@
 //! read is held (it completes, with the right data, once resumed), a wrong passphrase
 //! leaves it suspended, `close` is refused, and the volume key is gone from the server's
 //! memory (scanned through /proc/PID/mem as root: present before, absent while suspended,
-//! present again after resume).
+//! present again after resume). A LUKS2 volume with integrity suspends and resumes too.
 
 use crate::common::*;
 use std::process::{Command, Stdio};
@@ -223,4 +223,127 @@ fn suspend_holds_io_and_wipes_the_key_until_resume() {
     let out = lab.cb(&["luksSuspend", "m"]);
     assert!(!out.status.success());
     ok(&lab.cb(&["close", "m"]));
+}
+
+/// LUKS2 with integrity (AES-GCM over dm-integrity's journal): a write left in the journal
+/// (not flushed) survives a suspend, which closes the dm-integrity device as the kernel's
+/// postsuspend does and drops its key (gone from the server's memory as root sees it); a
+/// read is held until resume, which opens the device again with the header's key; the
+/// volume then serves, writes, and after a close and a fresh open reads back everything.
+#[test]
+fn suspend_and_resume_a_volume_with_integrity() {
+    use crate::common::nbd::NbdClient;
+    let lab = Lab {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let pw = lab.p("pw");
+    std::fs::write(&pw, b"authenticated and held").unwrap();
+    let img = lab.p("v.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(24 << 20)
+        .unwrap();
+    ok(&run_in(
+        bin(),
+        &[
+            "format",
+            "-q",
+            "--type",
+            "luks2",
+            "--cipher",
+            "aes-gcm-random",
+            "--integrity",
+            "aead",
+            "--key-size",
+            "256",
+            "--sector-size",
+            "4096",
+            "--integrity-no-wipe",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            &pw,
+            &img,
+        ],
+        b"",
+    ));
+    let key = dumped_volume_key(&ok(&run_in(
+        bin(),
+        &["dump", "--dump-volume-key", "--key-file", &pw, &img],
+        b"",
+    )));
+    assert_eq!(key.len(), 32);
+    let sock = lab.p("s.sock");
+    ok(&lab.cb(&[
+        "open",
+        &img,
+        "vol",
+        "--nbd",
+        &format!("unix:{sock}"),
+        "--daemon",
+        "--key-file",
+        &pw,
+    ]));
+    let data: Vec<u8> = (0..64 * 4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
+        .collect();
+    let mut c = NbdClient::connect(&sock, "vol").unwrap();
+    c.write(0, &data).unwrap().unwrap();
+    let pid = serde_json::from_str::<serde_json::Value>(&ok(&lab.cb(&["list", "--json"]))).unwrap()
+        [0]["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    // AES-256's first round key is the key's first 16 bytes.
+    let root = is_root();
+    if root {
+        assert!(in_memory(pid, &key[..16]), "the scan cannot see the key");
+    } else {
+        eprintln!("NOT RUN: the memory scan of the server needs root (/proc/PID/mem)");
+    }
+    ok(&lab.cb(&["suspend", "vol"]));
+    if root {
+        assert!(
+            !in_memory(pid, &key[..16]),
+            "key bytes still in the server's memory while suspended"
+        );
+    }
+    // A read on the open connection is held.
+    let reader = std::thread::spawn(move || {
+        let got = c.read(0, 64 * 4096).unwrap();
+        (c, got)
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(
+        !reader.is_finished(),
+        "a read went through a suspended volume"
+    );
+    std::fs::write(lab.p("bad"), b"not it").unwrap();
+    let out = lab.cb(&["resume", "vol", "--key-file", &lab.p("bad")]);
+    assert_eq!(out.status.code(), Some(2), "a wrong passphrase: {out:?}");
+    assert!(!reader.is_finished());
+    ok(&lab.cb(&["resume", "vol", "--key-file", &pw]));
+    let (mut c, got) = reader.join().unwrap();
+    assert!(got.unwrap() == data, "the held read after resume");
+    c.write(64 * 4096, &data[..8 * 4096]).unwrap().unwrap();
+    c.flush().unwrap().unwrap();
+    c.disconnect();
+    ok(&lab.cb(&["close", "vol"]));
+    // A fresh server (the journal replayed from the disk) reads both writes.
+    ok(&lab.cb(&[
+        "open",
+        &img,
+        "vol",
+        "--nbd",
+        &format!("unix:{sock}"),
+        "--daemon",
+        "--key-file",
+        &pw,
+    ]));
+    let mut c = NbdClient::connect(&sock, "vol").unwrap();
+    assert!(c.read(0, 64 * 4096).unwrap().unwrap() == data);
+    assert!(c.read(64 * 4096, 8 * 4096).unwrap().unwrap() == data[..8 * 4096]);
+    c.disconnect();
+    ok(&lab.cb(&["close", "vol"]));
 }

@@ -132,7 +132,6 @@ pub fn unlock_luks(device: &Path, opts: &OpenOptions, passphrase: &[u8]) -> Resu
 /// sectors. Discards are refused as cryptsetup refuses them (a discarded block would read
 /// as a failed tag), and O_DIRECT (tags are not sector-aligned).
 fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> Result<Volume> {
-    let i = one.integrity.as_ref().expect("a segment with integrity");
     if opts.allow_discards {
         return Err(Error::Invalid(
             "discards are not supported on volumes with integrity protection".into(),
@@ -143,13 +142,7 @@ fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> R
             "--direct is not supported on volumes with integrity protection".into(),
         ));
     }
-    let cipher = cryptblk_crypto::AeadSectorCipher::new(
-        &i.encryption,
-        &i.kind,
-        &one.key,
-        one.sector_size,
-        one.iv.offset,
-    )?;
+    let cipher = aead_cipher(one)?;
     let storage = opts.io.storage(data, one.sector_size)?;
     integrity_volume_on(
         storage,
@@ -158,6 +151,43 @@ fn integrity_volume(data: DataDevice, one: &SegmentKey, opts: &OpenOptions) -> R
         opts.read_only,
         opts.integrity_mode(),
     )
+}
+
+/// The authenticated sector cipher of a LUKS2 segment with integrity, keyed.
+fn aead_cipher(one: &SegmentKey) -> Result<cryptblk_crypto::AeadSectorCipher> {
+    let i = one.integrity.as_ref().expect("a segment with integrity");
+    Ok(cryptblk_crypto::AeadSectorCipher::new(
+        &i.encryption,
+        &i.kind,
+        &one.key,
+        one.sector_size,
+        one.iv.offset,
+    )?)
+}
+
+/// A LUKS2 segment with integrity as the data segment of a volume already served on
+/// `storage` (a resume): its dm-integrity device opened again at `start` (the journal a
+/// suspend emptied, or replayed), keyed from `one`.
+pub(crate) fn integrity_segment_again(
+    storage: &dyn Storage,
+    one: &SegmentKey,
+    (start, read_only, mode): (u64, bool, crate::IntegrityMode),
+) -> Result<DataSegment> {
+    if start != one.storage_offset {
+        return Err(Error::Invalid(format!(
+            "the header's segment starts at {}, the volume's dm-integrity device at {start}",
+            one.storage_offset
+        )));
+    }
+    integrity_segment(
+        storage,
+        start,
+        Box::new(aead_cipher(one)?),
+        crate::JournalKeys::default(),
+        read_only,
+        mode,
+    )
+    .map(|(seg, _)| seg)
 }
 
 /// The volume over the dm-integrity device at byte `start` of `storage` (its journal
@@ -191,9 +221,23 @@ pub fn integrity_volume_with(
     read_only: bool,
     mode: crate::IntegrityMode,
 ) -> Result<Volume> {
+    let (seg, _) = integrity_segment(&*storage, start, auth, journal, read_only, mode)?;
+    Volume::with_segments(storage, vec![seg], read_only, false)
+}
+
+/// The one data segment over the dm-integrity device at `start` of `storage` (opened:
+/// its journal replayed), and the bytes it serves.
+fn integrity_segment(
+    storage: &dyn Storage,
+    start: u64,
+    auth: Box<dyn cryptblk_crypto::SectorTags>,
+    journal: crate::JournalKeys,
+    read_only: bool,
+    mode: crate::IntegrityMode,
+) -> Result<(DataSegment, u64)> {
     let sector_size = auth.sector_size();
     let (integrity, size) =
-        crate::Integrity::open_with(&*storage, start, auth, journal, read_only, mode)?;
+        crate::Integrity::open_with(storage, start, auth, journal, read_only, mode)?;
     let seg = DataSegment {
         start: 0,
         len: size,
@@ -207,7 +251,7 @@ pub fn integrity_volume_with(
         zero: false,
         integrity: Some(std::sync::Arc::new(integrity)),
     };
-    Volume::with_segments(storage, vec![seg], read_only, false)
+    Ok((seg, size))
 }
 
 /// Opens a LUKS volume with its volume key (`open --volume-key-file`): no keyslot is
@@ -267,4 +311,16 @@ pub fn unlock_layout(
 ) -> Result<Vec<DataSegment>> {
     let (_, segments) = header.unlock_segments(dev, passphrase, slot, data_size)?;
     segments.into_iter().map(data_segment).collect()
+}
+
+/// The segments' keys as `passphrase` unlocks them from the header (`luksResume` of a
+/// volume whose segments the volume builds itself: [`crate::Suspended::resume_keys`]).
+pub fn unlock_keys(
+    header: &dyn LuksHeader,
+    dev: &mut dyn cryptblk_format::Storage,
+    passphrase: &[u8],
+    slot: Option<u32>,
+    data_size: u64,
+) -> Result<Vec<SegmentKey>> {
+    Ok(header.unlock_segments(dev, passphrase, slot, data_size)?.1)
 }
