@@ -143,26 +143,23 @@ impl Aegis128 {
         let mut i = 0;
         #[cfg(target_arch = "x86_64")]
         if !matches!(crate::Backend::current(), Ok(crate::Backend::Generic)) {
-            while i + 8 <= nonces.len() {
-                let n: &[B; 8] = nonces[i..i + 8].try_into().expect("eight");
-                let a: &[&[u8]; 8] = aads[i..i + 8].try_into().expect("eight");
-                let part = &mut data[i * ss..(i + 8) * ss];
-                match crate::backend::x86::aegis128_lanes(&self.key, n, a, part, encrypt) {
-                    Some(t) => tags[i..i + 8].copy_from_slice(&t),
-                    None => break,
-                }
-                i += 8;
+            // Eight side by side, then four.
+            macro_rules! lanes {
+                ($n:literal) => {
+                    while i + $n <= nonces.len() {
+                        let n: &[B; $n] = nonces[i..i + $n].try_into().expect("a group");
+                        let a: &[&[u8]; $n] = aads[i..i + $n].try_into().expect("a group");
+                        let part = &mut data[i * ss..(i + $n) * ss];
+                        match crate::backend::x86::aegis128_lanes(&self.key, n, a, part, encrypt) {
+                            Some(t) => tags[i..i + $n].copy_from_slice(&t),
+                            None => break,
+                        }
+                        i += $n;
+                    }
+                };
             }
-            while i + 4 <= nonces.len() {
-                let n: &[B; 4] = nonces[i..i + 4].try_into().expect("four");
-                let a: &[&[u8]; 4] = aads[i..i + 4].try_into().expect("four");
-                let part = &mut data[i * ss..(i + 4) * ss];
-                match crate::backend::x86::aegis128_lanes(&self.key, n, a, part, encrypt) {
-                    Some(t) => tags[i..i + 4].copy_from_slice(&t),
-                    None => break,
-                }
-                i += 4;
-            }
+            lanes!(8);
+            lanes!(4);
         }
         for j in i..nonces.len() {
             let d = &mut data[j * ss..][..ss];

@@ -137,28 +137,15 @@ fn mul1(x: __m128i, h: __m128i) -> __m128i {
     _mm512_castsi512_si128(p)
 }
 
-/// AES-encrypts the four blocks of each register with the round keys `rk`.
+/// AES-encrypts the four blocks of each of the `N` registers with the round keys `rk`
+/// (four: a last step of up to sixteen blocks; eight: a main-loop step with nothing to
+/// hash).
 #[inline]
 #[target_feature(enable = "avx512f,vaes")]
-fn aes4<const NR: usize>(rk: &[__m512i; 15], mut b: [__m512i; 4]) -> [__m512i; 4] {
-    for x in b.iter_mut() {
-        *x = _mm512_xor_si512(*x, rk[0]);
-    }
-    for k in &rk[1..NR] {
-        for x in b.iter_mut() {
-            *x = _mm512_aesenc_epi128(*x, *k);
-        }
-    }
-    for x in b.iter_mut() {
-        *x = _mm512_aesenclast_epi128(*x, rk[NR]);
-    }
-    b
-}
-
-/// AES-encrypts the eight registers' blocks (a main-loop step with nothing to hash).
-#[inline]
-#[target_feature(enable = "avx512f,vaes")]
-fn aes8_only<const NR: usize>(rk: &[__m512i; 15], mut b: [__m512i; 8]) -> [__m512i; 8] {
+fn aes_regs<const NR: usize, const N: usize>(
+    rk: &[__m512i; 15],
+    mut b: [__m512i; N],
+) -> [__m512i; N] {
     for x in b.iter_mut() {
         *x = _mm512_xor_si512(*x, rk[0]);
     }
@@ -492,7 +479,7 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
                 hashed += BYTES;
                 ks
             }
-            None => aes8_only::<NR>(&rk, counters(c)),
+            None => aes_regs::<NR, 8>(&rk, counters(c)),
         };
         last = Some(xor_store(done, ks));
         c = _mm512_add_epi32(c, lane_add(WIDE as i32));
@@ -518,7 +505,7 @@ pub(super) unsafe fn crypt<const NR: usize, const ENC: bool>(
     }
     while done < len {
         let n = (len - done).min(STEP * 16);
-        let ks = aes4::<NR>(&rk, counters(c)[..4].try_into().expect("four registers"));
+        let ks = aes_regs::<NR, 4>(&rk, counters(c)[..4].try_into().expect("four registers"));
         let m = masks(n);
         // The pointers may pass the buffers' ends where the masks are zero: computed with
         // wrapping arithmetic, never dereferenced there.
@@ -729,7 +716,7 @@ pub(super) unsafe fn sectors<const NR: usize, const ENC: bool>(
                 }
                 ks
             }
-            None => aes8_only::<NR>(&rk, b),
+            None => aes_regs::<NR, 8>(&rk, b),
         };
         last = Some(xor_store(step, ks));
         if w == per - 1 {
