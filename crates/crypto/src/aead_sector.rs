@@ -522,7 +522,6 @@ impl AeadSectorCipher {
     }
 }
 
-/// le64(sector) || IV, in a buffer long enough for every engine's IV.
 /// AEGIS sectors handed to the engine at once: what it runs side by side at most.
 const AEGIS_GROUP: usize = 8;
 
@@ -562,6 +561,7 @@ fn gcm_random_nonces(
     (nonces, aads)
 }
 
+/// le64(sector) || IV, in a buffer long enough for every engine's IV.
 fn aad(sector: u64, iv: &[u8]) -> [u8; 24] {
     let mut a = [0u8; 24];
     a[..8].copy_from_slice(&sector.to_le_bytes());

@@ -102,6 +102,7 @@ impl AesGcm {
         tags: &mut [[u8; 16]],
     ) {
         crate::secret::guard_stack();
+        check_sectors(nonces.len(), aads.len(), tags.len(), buf.len());
         self.keys.sectors(true, nonces, aads, buf, tags);
     }
 
@@ -119,7 +120,7 @@ impl AesGcm {
         crate::secret::guard_stack();
         const AT_ONCE: usize = 16;
         let n = nonces.len();
-        assert!(n > 0 && tags.len() == n, "GCM: one tag a message");
+        check_sectors(n, aads.len(), tags.len(), buf.len());
         let len = buf.len() / n;
         let mut want = [[0u8; 16]; AT_ONCE];
         for (c, part) in buf.chunks_mut(AT_ONCE * len).enumerate() {
@@ -166,6 +167,21 @@ impl AesGcm {
             ended_mid_block: false,
         }
     }
+}
+
+/// The shapes `seal_sectors` and `open_sectors` take: at least one message, a nonce, an
+/// AAD and a tag each, all of one length (whole 512-byte pieces, at most what one nonce may
+/// protect).
+fn check_sectors(nonces: usize, aads: usize, tags: usize, bytes: usize) {
+    assert!(
+        nonces > 0 && aads == nonces && tags == nonces,
+        "GCM: one nonce, AAD and tag a message"
+    );
+    let len = bytes / nonces;
+    assert!(
+        len > 0 && len.is_multiple_of(512) && len * nonces == bytes && len as u64 <= MAX_TEXT,
+        "GCM: messages of one length, whole 512-byte pieces"
+    );
 }
 
 /// One message being encrypted or decrypted, in pieces: every piece but the last a whole
@@ -415,7 +431,10 @@ mod tests {
             ] {
                 let text: Vec<u8> = (0..n * len).map(|i| (i * 13 + i / 700) as u8).collect();
                 let nonces: Vec<[u8; 12]> = (0..n).map(|i| [i as u8 + 1; 12]).collect();
-                let aads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 20 + i % 5]).collect();
+                // None, dm-crypt's 20 and 24 bytes, one block short, five blocks.
+                let aads: Vec<Vec<u8>> = (0..n)
+                    .map(|i| vec![i as u8; [20, 0, 24, 13, 70][i % 5]])
+                    .collect();
                 let aad_refs: Vec<&[u8]> = aads.iter().map(|a| &a[..]).collect();
                 let mut buf = text.clone();
                 let mut tags = vec![[0u8; 16]; n];
@@ -431,10 +450,22 @@ mod tests {
                 assert!(bad.is_empty(), "{n} x {len}: {bad:?}");
                 assert_eq!(opened, text);
                 tags[n - 1][0] ^= 1;
+                let mut want_bad = vec![n - 1];
+                if n > 2 {
+                    // A damaged ciphertext in the middle of the first group too.
+                    buf[len + 5] ^= 0x20;
+                    want_bad.insert(0, 1);
+                }
                 gcm.open_sectors(&nonces, &aad_refs, &mut buf, &tags, &mut bad);
-                assert_eq!(bad, [n - 1], "{n} x {len}");
-                assert!(buf[(n - 1) * len..].iter().all(|&b| b == 0));
-                assert_eq!(buf[..(n - 1) * len], text[..(n - 1) * len]);
+                assert_eq!(bad, want_bad, "{n} x {len}");
+                for i in 0..n {
+                    let got = &buf[i * len..][..len];
+                    if want_bad.contains(&i) {
+                        assert!(got.iter().all(|&b| b == 0), "{n} x {len}: message {i}");
+                    } else {
+                        assert_eq!(got, &text[i * len..][..len], "{n} x {len}: message {i}");
+                    }
+                }
             }
         }
     }

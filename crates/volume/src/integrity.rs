@@ -873,11 +873,13 @@ impl Integrity {
     pub fn close(&self, storage: &dyn Storage) -> io::Result<()> {
         self.flush(storage)?;
         let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
-        if st.bitmap.take().is_some() {
+        if st.bitmap.is_some() {
             self.empty_journal(storage, 0)?;
             let mut sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());
             sb.flags &= !flags::DIRTY_BITMAP;
             self.write_superblock(storage, &sb)?;
+            // Only now: a device whose close failed keeps marking regions before it writes.
+            st.bitmap = None;
         }
         Ok(())
     }

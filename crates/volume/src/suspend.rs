@@ -30,7 +30,9 @@ pub struct Suspended {
 impl Volume {
     /// Suspends the volume: waits for the requests in flight, drops every key (zeroized)
     /// and holds every new request until [`Suspended::resume`]. Refused while an online
-    /// reencryption step runs (the job holds keys of its own).
+    /// reencryption step runs (the job holds keys of its own). A volume with integrity
+    /// resumes through [`Suspended::resume_keys`], from a LUKS2 header's keys: a standalone
+    /// integritysetup volume has none (the CLI suspends only volumes with a header).
     pub fn suspend(self: &Arc<Self>) -> Result<Suspended> {
         let (seg_tx, seg_rx) = mpsc::channel::<Vec<DataSegment>>();
         let (res_tx, res_rx) = mpsc::channel::<Result<()>>();

@@ -1115,7 +1115,19 @@ impl Volume {
                 self.write_aligned(&l, a, middle)?;
             }
         }
-        if fua { self.storage.sync() } else { Ok(()) }
+        if fua { self.commit() } else { Ok(()) }
+    }
+
+    /// Makes every completed write durable: the dm-integrity device's journal committed
+    /// (its open section held the writes in memory, which a bare sync left there), or the
+    /// storage synced. Holds the device's guard, so a suspend's drop of its keys waits for
+    /// a commit already running.
+    fn commit(&self) -> io::Result<()> {
+        let i = self.integrity.read().unwrap_or_else(|e| e.into_inner());
+        match i.as_ref() {
+            Some(i) => i.flush(&*self.storage),
+            None => self.storage.sync(),
+        }
     }
 }
 
@@ -1224,10 +1236,7 @@ impl BlockDevice for Volume {
         self.stats.flushes.fetch_add(1, Relaxed);
         self.stats
             .requests
-            .measure(crate::Op::Flush, || match self.integrity() {
-                Some(i) => i.flush(&*self.storage),
-                None => self.storage.sync(),
-            })
+            .measure(crate::Op::Flush, || self.commit())
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.stats

@@ -1,5 +1,5 @@
 //! AES-GCM (NIST SP 800-38D) on 512-bit registers: VAES for the counter mode, VPCLMULQDQ
-//! for GHASH, sixteen blocks a step.
+//! for GHASH, 32 blocks (eight registers) a step in the main loop, sixteen elsewhere.
 //!
 //! GHASH works in the byte-reflected form: each block is byte-reversed in its lane, so the
 //! coefficient of x^0 is the top bit of the 128-bit integer. Carry-less products of two
@@ -7,8 +7,8 @@
 //! therefore kept multiplied by x^-1, which makes a product reflected exactly, and the
 //! 256-bit product is reduced modulo x^128 + x^7 + x^2 + x + 1 in two folds of 64 bits by
 //! the constant 0xc2000000000000000000000000000001 (x^-1 mod G, reflected; the
-//! two-step reduction of Gueron and Kounavis). The sixteen blocks of a step are each
-//! multiplied by the power of H they need (H^16 for the first ... H^1 for the last), the
+//! two-step reduction of Gueron and Kounavis). The blocks of a step are each multiplied
+//! by the power of H they need (H^32 or H^16 for the first ... H^1 for the last), the
 //! products summed unreduced and reduced once.
 //!
 //! Counter blocks are kept byte-reflected too: the 32-bit big-endian counter is then the
@@ -332,13 +332,13 @@ fn aes8_ghash32<const NR: usize, const AES: bool>(
     s: __m128i,
 ) -> ([__m512i; 8], __m128i) {
     let poly = gf_poly();
-    // SAFETY: rows 4 i .. 4 i + 4 (i <= 7) lie within the 32 rows of each table.
-    let (h, hf) = unsafe {
-        (
-            |i: usize| _mm512_loadu_si512(k.wide.as_ptr().add(4 * i).cast()),
-            |i: usize| _mm512_loadu_si512(k.folded.as_ptr().add(4 * i).cast()),
-        )
+    // Four rows a register, bounds-checked: the load reads the 64 bytes of the slice.
+    let rows = |t: &[[u8; 16]; WIDE], i: usize| {
+        let r: &[[u8; 16]] = &t[4 * i..4 * i + 4];
+        // SAFETY: `r` is four rows, 64 readable bytes; unaligned load.
+        unsafe { _mm512_loadu_si512(r.as_ptr().cast()) }
     };
+    let (h, hf) = (|i| rows(&k.wide, i), |i| rows(&k.folded, i));
     macro_rules! round {
         ($r:expr) => {
             if AES {
@@ -399,9 +399,9 @@ fn aes8_ghash32<const NR: usize, const AES: bool>(
 /// a block.
 ///
 /// The main loop takes 32 blocks at a time ([`aes8_ghash32`]): encrypting, it hashes the
-/// previous 32 blocks' ciphertext (reloaded from where it was stored, long enough before
-/// that the store has left the core's buffers) beside its own AES rounds, so the hash
-/// never waits for the cipher; decrypting, it hashes its own input. The last fewer than
+/// previous 32 blocks' ciphertext (kept in registers from its store: reloaded from memory
+/// so soon after, it waited) beside its own AES rounds, so the hash never waits for the
+/// cipher; decrypting, it hashes its own input. The last fewer than
 /// 32 blocks take a step of sixteen and then masked loads and stores, and are hashed
 /// after (encrypting) or before (decrypting, whose input may be overwritten) their AES.
 ///
