@@ -552,11 +552,7 @@ fn gcm_random_nonces(
     let mut nonces = [[0u8; 12]; GCM_GROUP];
     let mut aads = [[0u8; 20]; GCM_GROUP];
     for (i, (nonce, aad)) in nonces.iter_mut().zip(aads.iter_mut()).take(n).enumerate() {
-        *nonce = meta[i * ts + 16..][..12]
-            .try_into()
-            .expect("tag then a 12-byte IV");
-        aad[..8].copy_from_slice(&((sector + i as u64) * per).to_le_bytes());
-        aad[8..].copy_from_slice(nonce);
+        (*nonce, *aad) = gcm_random_nonce((sector + i as u64) * per, &meta[i * ts..]);
     }
     (nonces, aads)
 }

@@ -276,16 +276,20 @@ fn suspend_and_resume_a_volume_with_integrity() {
     )));
     assert_eq!(key.len(), 32);
     let sock = lab.p("s.sock");
-    ok(&lab.cb(&[
-        "open",
-        &img,
-        "vol",
-        "--nbd",
-        &format!("unix:{sock}"),
-        "--daemon",
-        "--key-file",
-        &pw,
-    ]));
+    let nbd = format!("unix:{sock}");
+    let serve = || {
+        ok(&lab.cb(&[
+            "open",
+            &img,
+            "vol",
+            "--nbd",
+            &nbd,
+            "--daemon",
+            "--key-file",
+            &pw,
+        ]))
+    };
+    serve();
     let data: Vec<u8> = (0..64 * 4096u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
         .collect();
@@ -331,16 +335,7 @@ fn suspend_and_resume_a_volume_with_integrity() {
     c.disconnect();
     ok(&lab.cb(&["close", "vol"]));
     // A fresh server (the journal replayed from the disk) reads both writes.
-    ok(&lab.cb(&[
-        "open",
-        &img,
-        "vol",
-        "--nbd",
-        &format!("unix:{sock}"),
-        "--daemon",
-        "--key-file",
-        &pw,
-    ]));
+    serve();
     let mut c = NbdClient::connect(&sock, "vol").unwrap();
     assert!(c.read(0, 64 * 4096).unwrap().unwrap() == data);
     assert!(c.read(64 * 4096, 8 * 4096).unwrap().unwrap() == data[..8 * 4096]);
