@@ -26,6 +26,7 @@ mod modes;
 mod secret;
 mod sector;
 mod sector_tags;
+mod sha256_lanes;
 mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -188,6 +188,8 @@ mod keys;
 #[cfg(target_arch = "x86_64")]
 mod ni;
 #[cfg(target_arch = "x86_64")]
+mod sha256x16;
+#[cfg(target_arch = "x86_64")]
 mod vaes256;
 #[cfg(target_arch = "x86_64")]
 mod vaes512;
@@ -196,6 +198,35 @@ mod vaes512;
 pub(crate) use gcm512::GcmKeys;
 #[cfg(target_arch = "x86_64")]
 use keys::RoundKeys;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use sha256x16::{
+    IV as SHA256_IV, LANES as SHA256_LANES, MAX_PREFIX as SHA256_MAX_PREFIX,
+};
+
+/// Whether this CPU has what [`sha256_lanes`] needs (AVX-512F and BW).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_sha256_lanes() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// SHA-256 of up to sixteen messages of one shape at once (see `sha256x16::digests`:
+/// `start` having absorbed `done` bytes, HMAC's outer hash with `outer`). Panics where the
+/// CPU lacks AVX-512F or BW ([`has_sha256_lanes`]) or the shapes are not as it says.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn sha256_lanes(
+    start: &[u32; 8],
+    done: u64,
+    outer: Option<&[u32; 8]>,
+    prefixes: &[&[u8]],
+    bodies: &[&[u8]],
+    out: &mut [[u8; 32]],
+) {
+    assert!(has_sha256_lanes(), "SHA-256 lanes need AVX-512F and BW");
+    // SAFETY: the CPU has AVX-512F and AVX-512BW (checked just above); the function checks
+    // the shapes itself.
+    unsafe { sha256x16::digests(start, done, outer, prefixes, bodies, out) }
+}
 
 /// The CPU vendor string of CPUID leaf 0 ("GenuineIntel", "AuthenticAMD"...): where the
 /// same instructions cost differently by vendor, the vector paths pick their schedule by it.
