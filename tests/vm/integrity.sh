@@ -168,6 +168,48 @@ bitmap() {
   check "$name: after the kernel's recalculation every block verifies" dd if=/dev/mapper/b of=/dev/null bs=1M iflag=direct status=none
   integritysetup close b; losetup -d "$L"
 }
+# Growth (cryptsetup and integritysetup refuse to resize these; cryptblk grows them): a
+# volume the kernel's tools made, its image grown, resized while cryptblk serves it; the
+# kernel then opens it at the new size, every sector verifies (the new ones read as
+# zeros), the data written before is intact, and what the kernel writes past the old end
+# cryptblk reads.
+grow() { # luks2|standalone
+  local kind=$1 name="grow: $1 volume made by the kernel's tools, grown by cryptblk"
+  local o=() k=() dev=g
+  rm -rf gimg cbrun; truncate -s 20M gimg
+  head -c $SZ /dev/urandom > a.bin; head -c 65536 /dev/urandom > c.bin
+  if [ "$kind" = luks2 ]; then
+    cryptsetup luksFormat -q --type luks2 --cipher aes-gcm-random --integrity aead --sector-size 4096 \
+      --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pw gimg > /dev/null || { fail=$((fail+1)); echo "FAIL $name: format"; return; }
+    k=(--key-file pw)
+  else
+    integritysetup format -q --batch-mode -s 4096 gimg > /dev/null || { fail=$((fail+1)); echo "FAIL $name: format"; return; }
+    o=(--type integrity)
+  fi
+  "$CB" import "${o[@]}" "${k[@]}" gimg a.bin || { fail=$((fail+1)); echo "FAIL $name: import"; return; }
+  local L old new
+  L=$(losetup -f --show gimg)
+  if [ "$kind" = luks2 ]; then cryptsetup open "${k[@]}" "$L" $dev; else integritysetup open "$L" $dev; fi
+  old=$(blockdev --getsize64 /dev/mapper/$dev)
+  if [ "$kind" = luks2 ]; then cryptsetup close $dev; else integritysetup close $dev; fi
+  losetup -d "$L"
+  truncate -s 36M gimg
+  "$CB" open "${o[@]}" "${k[@]}" gimg vol --daemon --run-dir cbrun --nbd unix:/tmp/cbrun.sock || { fail=$((fail+1)); echo "FAIL $name: open"; return; }
+  check "$name: cryptblk resizes it" "$CB" resize vol --run-dir cbrun
+  "$CB" close vol --run-dir cbrun
+  L=$(losetup -f --show gimg)
+  if [ "$kind" = luks2 ]; then cryptsetup open "${k[@]}" "$L" $dev; else integritysetup open "$L" $dev; fi
+  new=$(blockdev --getsize64 /dev/mapper/$dev)
+  check "$name: the kernel opens it at the new size ($old -> $new bytes)" test "$new" -gt $((old + 15 * 1048576))
+  check "$name: every sector verifies in the kernel" dd if=/dev/mapper/$dev of=/dev/null bs=1M iflag=direct status=none
+  check "$name: the new sectors read as zeros in the kernel" cmp -n $((new - old)) -i "$old:0" /dev/mapper/$dev /dev/zero
+  check "$name: the data written before is intact" cmp -n $SZ /dev/mapper/$dev a.bin
+  dd if=c.bin of=/dev/mapper/$dev bs=65536 seek=$((old / 65536)) oflag=direct conv=fsync status=none
+  if [ "$kind" = luks2 ]; then cryptsetup close $dev; else integritysetup close $dev; fi
+  losetup -d "$L"
+  "$CB" export "${o[@]}" "${k[@]}" --at $((old / 65536 * 65536)) --length 65536 gimg out.bin
+  check "$name: what the kernel wrote past the old end, cryptblk reads" cmp out.bin c.bin
+}
 if [[ $PARTS == *" standalone "* ]]; then
   head -c 32 /dev/urandom > hkey
   standalone integritysetup 512
@@ -183,6 +225,7 @@ if [[ $PARTS == *" standalone "* ]]; then
     --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32 \
     --journal-crypt ctr-aes --journal-crypt-key-file jkey --journal-crypt-key-size 32
   bitmap
+  grow standalone
 fi
 [[ $PARTS == *" luks2 "* ]] || { echo "integrity: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; }
 one cryptsetup aes-gcm-random aead 4096
@@ -190,6 +233,7 @@ one cryptblk chacha20-random poly1305 512
 one cryptsetup aes-xts-plain64 hmac-sha256 512
 one cryptblk aes-xts-random hmac-sha256 4096
 one cryptsetup aegis128-random aead 512 128
+grow luks2
 # Tampering: one flipped ciphertext byte fails that sector, in both, and no other.
 if [ -f img ]; then
   off=$(home img 16)

@@ -109,7 +109,8 @@ impl OptionTable {
 
 /// integritysetup's command line as cryptblk's, before [`normalize`]: its `-s` is the
 /// sector size and `-t` the tag size (cryptblk's `--key-size` and `--timeout`), and
-/// `--no-wipe` is `--integrity-no-wipe`. Arguments after `--` are left alone.
+/// `--no-wipe` is `--integrity-no-wipe`; resize's `--wipe` is what cryptblk's growth
+/// always does, so it is dropped. Arguments after `--` are left alone.
 pub(crate) fn integritysetup_spelling(argv: Vec<OsString>) -> Vec<OsString> {
     let mut out = Vec::with_capacity(argv.len());
     let mut rest = false;
@@ -124,6 +125,7 @@ pub(crate) fn integritysetup_spelling(argv: Vec<OsString>) -> Vec<OsString> {
                 rest = true;
                 None
             }
+            "--wipe" => continue,
             "-s" => Some("--sector-size".to_string()),
             "-t" => Some("--tag-size".to_string()),
             _ if s.starts_with("-s") && s.len() > 2 && !s.starts_with("--") => {
@@ -298,6 +300,10 @@ mod tests {
         assert_eq!(
             line("integritysetup close NAME"),
             "integritysetup close NAME"
+        );
+        assert_eq!(
+            line("integritysetup resize -q --wipe NAME --device-size 1MiB"),
+            "integritysetup resize -q NAME --device-size 1MiB"
         );
         assert_eq!(
             line("integritysetup dump -- -s"),

@@ -455,9 +455,88 @@ impl Integrity {
         Ok((me, provided * 512))
     }
 
-    /// Blocks the device provides.
+    /// Blocks the device provides (the superblock's count: [`Integrity::grow`] raises it).
     fn blocks(&self) -> u64 {
-        self.geo.provided_data_sectors * 512 / self.block
+        let sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());
+        sb.provided_data_sectors * 512 / self.block
+    }
+
+    /// Bytes the device provides.
+    pub fn provided_bytes(&self) -> u64 {
+        self.blocks() * self.block
+    }
+
+    /// Grows the device to what `storage` holds now (a file or device that grew), as the
+    /// kernel's resume does: the blocks past the old end are sealed as zeros with their
+    /// tags and written home (integritysetup's `resize --wipe`; the kernel would leave them
+    /// failing verification until written), synced, and only then does the superblock say
+    /// the new size, so a crash before that leaves the old size and nothing else changed.
+    /// Existing blocks do not move (areas keep their places; the last one fills up, new
+    /// ones follow). Returns the bytes provided. The caller holds off I/O meanwhile.
+    ///
+    /// Refused read-only and in bitmap mode (the bitmap's granularity follows the size).
+    pub fn grow(&self, storage: &dyn Storage) -> crate::Result<u64> {
+        let bad =
+            |s: &str| crate::Error::Invalid(format!("cannot grow the dm-integrity device: {s}"));
+        if self.read_only {
+            return Err(bad("it is open read-only"));
+        }
+        if self.mode == IntegrityMode::Bitmap {
+            return Err(bad(
+                "it is open in bitmap mode, whose bitmap is sized for the old size: close \
+                 it and open it in journal mode to resize",
+            ));
+        }
+        // Home writes (a flush's) hold the state: the new blocks' tags may share a metadata
+        // sector with theirs.
+        let _home = self.state.write().unwrap_or_else(|e| e.into_inner());
+        let old = self.blocks();
+        let sectors = storage.refresh_size()? / 512;
+        let new = self
+            .geo
+            .largest_provided(sectors)
+            .map_err(|e| bad(&e.to_string()))?
+            * 512
+            / self.block;
+        if new <= old {
+            return Ok(old * self.block);
+        }
+        self.wipe(storage, old, new - old, &mut |_, _| {})?;
+        storage.sync()?;
+        let mut sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());
+        sb.provided_data_sectors = new * self.block / 512;
+        self.write_superblock(storage, &sb)?;
+        Ok(new * self.block)
+    }
+
+    /// Seals zeros into blocks `[first, first + n)` and writes them and their tags home
+    /// (not through the journal: nothing else is in flight), a MiB at a time;
+    /// `progress(done, n)` in bytes after each.
+    fn wipe(
+        &self,
+        storage: &dyn Storage,
+        first: u64,
+        n: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> crate::Result<()> {
+        let (bs, ts) = (self.block as usize, self.auth.tag_size());
+        let chunk = (1 << 20) / self.block;
+        let mut b = first;
+        while b < first + n {
+            let k = chunk.min(first + n - b);
+            for (b0, len) in self.runs(b, k) {
+                let mut data = vec![0u8; len as usize * bs];
+                let mut tags = vec![0u8; len as usize * ts];
+                self.auth
+                    .seal(b0, &mut data, &mut tags)
+                    .map_err(|e| crate::Error::Invalid(format!("dm-integrity: {e}")))?;
+                storage.write_at(&data, self.data_at(b0))?;
+                storage.write_at(&tags, self.tag_at(b0))?;
+            }
+            b += k;
+            progress((b - first) * self.block, n * self.block);
+        }
+        Ok(())
     }
 
     /// Section `i`'s MAC (the kernel's `section_mac`), of its bytes `section`.
@@ -622,23 +701,7 @@ impl Integrity {
         me.write_superblock(storage, &sb)?;
         let total = geo.provided_data_sectors * 512;
         if wipe {
-            let (bs, ts) = (me.block as usize, me.auth.tag_size());
-            let chunk = (1 << 20) / bs as u64;
-            let blocks = total / me.block;
-            let mut b = 0;
-            while b < blocks {
-                for (b0, k) in me.runs(b, chunk.min(blocks - b)) {
-                    let mut data = vec![0u8; k as usize * bs];
-                    let mut tags = vec![0u8; k as usize * ts];
-                    me.auth
-                        .seal(b0, &mut data, &mut tags)
-                        .map_err(|e| bad(e.to_string()))?;
-                    storage.write_at(&data, me.data_at(b0))?;
-                    storage.write_at(&tags, me.tag_at(b0))?;
-                }
-                b += chunk.min(blocks - b);
-                progress(b * me.block, total);
-            }
+            me.wipe(storage, 0, total / me.block, progress)?;
         }
         storage.sync()?;
         Ok(total)

@@ -616,6 +616,12 @@ impl Volume {
     /// (a file or device that grew). The one data segment is changed under the layout
     /// lock taken alone, so no request is in flight. Refused mid-reencryption, while
     /// suspended, and once a frontend moves ciphertext itself (the split path).
+    ///
+    /// Over dm-integrity (LUKS2 with integrity, standalone volumes), where cryptsetup
+    /// refuses: shrinking only lowers the size served, as the kernel's shorter table does
+    /// (the superblock keeps what it provides); growing past what it provides grows the
+    /// dm-integrity device first ([`crate::Integrity::grow`]: the new blocks sealed as
+    /// zeros, then the superblock), so the kernel opens it at the new size too.
     pub fn resize(&self, new: Option<u64>) -> Result<u64> {
         if self.split_handed_out.load(Relaxed) {
             return Err(Error::Invalid(
@@ -634,16 +640,17 @@ impl Volume {
                 "a reencryption is in progress: resize after it".into(),
             ));
         }
-        if l.segments[0].integrity.is_some() {
-            return Err(Error::Invalid(
-                "a volume with integrity protection has the size its dm-integrity \
-                 superblock gives"
-                    .into(),
-            ));
-        }
         let seg = &mut l.segments[0];
-        let max = have.saturating_sub(seg.storage_offset);
-        let max = max - max % self.sector;
+        let max = match &seg.integrity {
+            // Over dm-integrity, what its superblock provides: grown first (the new blocks
+            // sealed as zeros) where more is asked for, or all the storage can hold.
+            Some(i) if new.is_none_or(|n| n > i.provided_bytes()) => i.grow(&*self.storage)?,
+            Some(i) => i.provided_bytes(),
+            None => {
+                let max = have.saturating_sub(seg.storage_offset);
+                max - max % self.sector
+            }
+        };
         let new = new.unwrap_or(max);
         if new == 0 || new > max || !new.is_multiple_of(self.sector) {
             return Err(Error::Invalid(format!(

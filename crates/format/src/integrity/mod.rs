@@ -374,7 +374,7 @@ impl Geometry {
 
     /// The kernel's `get_provided_data_sectors`: the largest multiple of 8 sectors whose
     /// last sector, with the metadata before it, still fits on the device.
-    fn largest_provided(&self, device_sectors: u64) -> Result<u64, IntegrityError> {
+    pub fn largest_provided(&self, device_sectors: u64) -> Result<u64, IntegrityError> {
         if self.start + self.initial_sectors + 8 >= device_sectors {
             return Err(IntegrityError::TooSmall {
                 sectors: device_sectors,

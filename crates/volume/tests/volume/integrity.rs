@@ -681,3 +681,175 @@ fn an_encrypted_journal_replays_with_its_key_and_hides_the_data() {
         );
     }
 }
+
+/// `base` with `more` zero bytes appended (a file or device that grew).
+fn grown(mut base: MemStorage, more: u64) -> MemStorage {
+    base.edit(|v| v.resize(v.len() + more as usize, 0));
+    base
+}
+
+/// Resize over dm-integrity (cryptsetup refuses it): shrinking serves less and touches
+/// nothing; growing into a larger device seals the new blocks as zeros, so they read as
+/// zeros (not EIO), and the superblock then provides them, so the next open serves the
+/// new size; existing data stays where it was; more than the device holds is refused.
+#[test]
+fn a_volume_grows_into_a_larger_device_and_shrinks_back() {
+    for (m, mode) in MODES
+        .iter()
+        .map(|&m| (m, IntegrityMode::Journal))
+        .chain([(MODES[0], IntegrityMode::Direct)])
+    {
+        let what = format!("{m:?} {mode:?}");
+        let bs = m.3 as u64;
+        let base = formatted(m, true);
+        let old = geometry(&base).provided_data_sectors * 512;
+        let dev: Arc<dyn Storage> = Arc::new(grown(base, (9 << 20) + 4096));
+        let vol = open_in(&dev, m, false, mode).unwrap();
+        assert_eq!(vol.size(), old, "{what}: opens at the superblock's size");
+        let tail = pattern(64 << 10, 3);
+        vol.write_at(&tail, old - (64 << 10), false).unwrap();
+
+        let less = old - (1 << 20);
+        assert_eq!(vol.resize(Some(less)).unwrap(), less, "{what}");
+        assert!(
+            read(&vol, less, 4096).is_err(),
+            "{what}: read past the new end"
+        );
+        assert_eq!(superblock(&*dev).provided_data_sectors * 512, old, "{what}");
+
+        let new = vol.resize(None).unwrap();
+        assert!(new > old + (8 << 20), "{what}: grew to {new} from {old}");
+        assert_eq!(new % bs, 0, "{what}");
+        assert_eq!(superblock(&*dev).provided_data_sectors * 512, new, "{what}");
+        let fresh = read(&vol, old, (new - old) as usize)
+            .unwrap_or_else(|e| panic!("{what}: the new blocks: {e}"));
+        assert!(
+            fresh.iter().all(|&b| b == 0),
+            "{what}: the new blocks read zeros"
+        );
+        assert!(
+            read(&vol, old - (64 << 10), 64 << 10).unwrap() == tail,
+            "{what}"
+        );
+        assert!(
+            vol.resize(Some(new + bs)).is_err(),
+            "{what}: past the device"
+        );
+
+        // Writes across the old end and at the new one survive a close and an open.
+        let across = pattern(16 << 10, 4);
+        vol.write_at(&across, old - (8 << 10), false).unwrap();
+        let end = pattern(bs as usize, 5);
+        vol.write_at(&end, new - bs, false).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        let vol = open(&dev, m, false);
+        assert_eq!(vol.size(), new, "{what}: reopened");
+        assert!(
+            read(&vol, old - (8 << 10), 16 << 10).unwrap() == across,
+            "{what}"
+        );
+        assert!(read(&vol, new - bs, bs as usize).unwrap() == end, "{what}");
+        assert!(
+            read(&vol, old - (64 << 10), 56 << 10).unwrap() == tail[..56 << 10],
+            "{what}"
+        );
+        // What is already provided grows back without another wipe.
+        vol.resize(Some(less)).unwrap();
+        assert_eq!(vol.resize(None).unwrap(), new, "{what}");
+        assert!(read(&vol, new - bs, bs as usize).unwrap() == end, "{what}");
+    }
+}
+
+/// Bitmap mode's bitmap is sized for the device it was opened with: growing it is
+/// refused (shrinking still works); and so is any growth read-only.
+#[test]
+fn growth_is_refused_in_bitmap_mode_and_read_only() {
+    let m = MODES[4];
+    let base = formatted(m, true);
+    let old = geometry(&base).provided_data_sectors * 512;
+    let dev: Arc<dyn Storage> = Arc::new(grown(base, 4 << 20));
+    let vol = open_in(&dev, m, true, IntegrityMode::Journal).unwrap();
+    assert!(vol.resize(None).is_err());
+    drop(vol);
+    let vol = open_in(&dev, m, false, IntegrityMode::Bitmap).unwrap();
+    let e = vol.resize(None).unwrap_err().to_string();
+    assert!(e.contains("bitmap mode"), "{e}");
+    assert_eq!(vol.resize(Some(old - 4096)).unwrap(), old - 4096);
+    assert_eq!(superblock(&*dev).provided_data_sectors * 512, old);
+}
+
+/// A power cut at every write of a growth (the new blocks' data and tags, the
+/// superblock), torn three ways: the device opens at the old size or the new, every block
+/// of it verifies, and the data written before is intact.
+#[test]
+fn a_power_cut_while_growing_leaves_the_old_size_or_the_new() {
+    for m in [MODES[0], MODES[5]] {
+        let base = formatted(m, true);
+        let old = geometry(&base).provided_data_sectors * 512;
+        let base = grown(base, 5 << 20);
+        let before = pattern(256 << 10, 9);
+        let prepared: Arc<dyn Storage> = Arc::new(base.clone());
+        let vol = open(&prepared, m, false);
+        vol.write_at(&before, old - (256 << 10), false).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        let base = MemStorage::from_vec({
+            let mut v = vec![0u8; prepared.size().unwrap() as usize];
+            prepared.read_at(&mut v, 0).unwrap();
+            v
+        });
+        let grow = |dev: Arc<CrashDevice>| {
+            if let Ok(vol) = integrity_volume_on(
+                Box::new(dev),
+                START,
+                cipher(m),
+                false,
+                IntegrityMode::Journal,
+            ) {
+                let _ = vol.resize(None);
+            }
+        };
+        let dry = Arc::new(CrashDevice::new(base.clone(), None, Tear::Lost, false));
+        grow(dry.clone());
+        let writes = dry.writes();
+        assert!(writes > 8, "{m:?}: growing writes {writes} times");
+        let mut sizes = std::collections::BTreeSet::new();
+        for (i, tear) in [Tear::Lost, Tear::Prefix, Tear::Suffix]
+            .iter()
+            .cycle()
+            .take(writes)
+            .enumerate()
+        {
+            let what = format!("{m:?}: cut at write {}/{writes} {tear:?}", i + 1);
+            let dev = Arc::new(CrashDevice::new(
+                base.clone(),
+                Some(i + 1),
+                *tear,
+                i % 2 == 1,
+            ));
+            grow(dev.clone());
+            let img: Arc<dyn Storage> = Arc::new(
+                Arc::try_unwrap(dev)
+                    .expect("every user is gone")
+                    .after_power_loss(),
+            );
+            let vol = open(&img, m, false);
+            let size = vol.size();
+            sizes.insert(size);
+            let all = read(&vol, 0, size as usize).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                all[(old - (256 << 10)) as usize..old as usize] == before,
+                "{what}"
+            );
+            assert!(
+                all[old as usize..].iter().all(|&b| b == 0),
+                "{what}: the new blocks"
+            );
+        }
+        assert!(
+            sizes.contains(&old) && sizes.len() == 2,
+            "{m:?}: sizes after cuts {sizes:?}"
+        );
+    }
+}
