@@ -224,6 +224,9 @@ if [[ $PARTS == *" standalone "* ]]; then
   standalone integritysetup 4096 -I sha256 \
     --journal-integrity hmac-sha256 --journal-integrity-key-file jkey --journal-integrity-key-size 32 \
     --journal-crypt ctr-aes --journal-crypt-key-file jkey --journal-crypt-key-size 32
+  # A block cipher's journal encryption (each section in CBC on its own), each way.
+  standalone cryptblk 512 --journal-crypt cbc-aes --journal-crypt-key-file jkey --journal-crypt-key-size 32
+  standalone integritysetup 4096 --journal-crypt cbc-aes --journal-crypt-key-file jkey --journal-crypt-key-size 16
   bitmap
   grow standalone
 fi

@@ -27,9 +27,9 @@ pub(crate) struct IntegrityArgs {
     /// --type integrity: bytes of journal MAC key to read (default: the whole file).
     #[arg(long = "journal-integrity-key-size", value_name = "BYTES")]
     pub journal_integrity_key_size: Option<usize>,
-    /// --type integrity: the journal's encryption, a stream cipher (chacha20, ctr-aes), as
-    /// integritysetup's option; the superblock does not record it: format and open both
-    /// need it.
+    /// --type integrity: the journal's encryption, a stream cipher (chacha20, ctr-aes) or a
+    /// block cipher (cbc-aes), as integritysetup's option; the superblock does not record
+    /// it: format and open both need it.
     #[arg(long = "journal-crypt", value_name = "ALG")]
     pub journal_crypt: Option<String>,
     /// --type integrity: the journal encryption's key.

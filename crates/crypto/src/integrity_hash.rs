@@ -326,11 +326,56 @@ pub fn integrity_journal_keystream(name: &str, key: &[u8], len: usize) -> Result
         _ => {
             return Err(Error::UnsupportedCipher(format!(
                 "journal encryption '{name}' (cryptblk computes the stream ciphers chacha20 \
-                 and ctr-aes)"
+                 and ctr-aes, and the block cipher cbc-aes)"
             )));
         }
     }
     Ok(ks)
+}
+
+/// A block cipher's journal encryption (integritysetup's `--journal-crypt cbc-aes`, the
+/// kernel's `cbc(aes)`; its `create_journal` for a cipher whose block size is not 1): each
+/// journal section is encrypted on its own in CBC mode, under an IV that is the cipher's
+/// encryption of the section's number (le32, zero-padded to a block, CBC from a zero IV:
+/// one block). The commit ids stay as they are (a stream cipher encrypts those too).
+pub struct JournalSectionCipher {
+    aes: crate::block::BlockKey,
+}
+
+impl std::fmt::Debug for JournalSectionCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JournalSectionCipher(cbc(aes))")
+    }
+}
+
+impl JournalSectionCipher {
+    /// The cipher `name` under `key` where it is a block cipher cryptblk computes
+    /// (`cbc-aes`, `cbc(aes)`; AES-128/192/256 by the key's length); `None` for a stream
+    /// cipher ([`integrity_journal_keystream`] takes those).
+    pub fn new(name: &str, key: &[u8]) -> Result<Option<JournalSectionCipher>> {
+        match name.to_ascii_lowercase().as_str() {
+            "cbc-aes" | "cbc(aes)" => Ok(Some(JournalSectionCipher {
+                aes: crate::block::BlockKey::aes_scrubbed(key)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    fn iv(&self, section: u32) -> [u8; 16] {
+        let mut iv = [0u8; 16];
+        iv[..4].copy_from_slice(&section.to_le_bytes());
+        self.aes.encrypt_blocks(&mut iv);
+        iv
+    }
+
+    /// Encrypts (`encrypt`) or decrypts `bytes`: whole sections from section `first` on,
+    /// each `section_bytes` long (a multiple of 16).
+    pub fn crypt(&self, first: u32, section_bytes: usize, bytes: &mut [u8], encrypt: bool) {
+        assert!(section_bytes.is_multiple_of(16) && bytes.len().is_multiple_of(section_bytes));
+        let n = (bytes.len() / section_bytes) as u32;
+        let ivs: Vec<[u8; 16]> = (first..first + n).map(|i| self.iv(i)).collect();
+        crate::modes::cbc_generic(&self.aes, &ivs, bytes, section_bytes, encrypt);
+    }
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub use crc::{crc32, crc32_update, crc32c_update};
 pub use error::{Error, Result};
 pub use gcm::{AesGcm, GcmMessage};
 pub use hash::HashAlg;
-pub use integrity_hash::{IntegrityHash, integrity_journal_keystream};
+pub use integrity_hash::{IntegrityHash, JournalSectionCipher, integrity_journal_keystream};
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
 pub use keywrap::{aes_key_unwrap, aes_key_wrap};
 pub use secret::{SecretBytes, constant_time_eq};

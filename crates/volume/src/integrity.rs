@@ -17,7 +17,7 @@
 //! A block whose tag does not verify is never handed out: the read fails with EIO and the
 //! failure is counted (`status`: `integrity_errors`).
 
-use cryptblk_crypto::{IntegrityHash, SecretBytes, SectorTags};
+use cryptblk_crypto::{IntegrityHash, JournalSectionCipher, SecretBytes, SectorTags};
 use cryptblk_device::Storage;
 use cryptblk_format::integrity::{Geometry, Journal, SECTION_MAC_BYTES, Superblock, flags};
 use std::collections::BTreeMap;
@@ -40,23 +40,34 @@ const BITMAP_CLEAR_INTERVAL: Duration = Duration::from_secs(10);
 pub struct JournalKeys {
     /// `--journal-integrity`: each section's MAC, and the superblock's with `fix_hmac`.
     pub mac: Option<IntegrityHash>,
-    /// `--journal-crypt`: a stream cipher's name and key; the journal is XORed with its
-    /// keystream (block ciphers are not supported).
+    /// `--journal-crypt`: a cipher's name and key: a stream cipher's keystream XORed over
+    /// the journal, or a block cipher (`cbc-aes`) encrypting each section on its own.
     pub crypt: Option<(String, SecretBytes)>,
 }
 
-/// The journal of `sb`/`geo` under `crypt`: its layout (with the commit id bases the
-/// encryption changes) and the keystream it is XORed with.
+/// How the journal is encrypted on the device (integritysetup's `--journal-crypt`).
+enum JournalCrypt {
+    /// A stream cipher: its keystream from the journal's first byte, XORed.
+    Xor(SecretBytes),
+    /// A block cipher: each section on its own.
+    Sections(JournalSectionCipher),
+}
+
+/// The journal of `sb`/`geo` under `crypt`: its layout (with the commit id bases a stream
+/// cipher changes) and its encryption.
 fn journal_under(
     sb: &Superblock,
     geo: &Geometry,
     crypt: Option<&(String, SecretBytes)>,
-) -> crate::Result<(Journal, Option<SecretBytes>)> {
+) -> crate::Result<(Journal, Option<JournalCrypt>)> {
     let bad = |s: String| crate::Error::Invalid(format!("dm-integrity metadata: {s}"));
     let journal = Journal::of(sb, geo).map_err(|e| bad(e.to_string()))?;
     let Some((name, key)) = crypt else {
         return Ok((journal, None));
     };
+    if let Some(c) = JournalSectionCipher::new(name, key)? {
+        return Ok((journal, Some(JournalCrypt::Sections(c))));
+    }
     // The kernel encrypts zeros over the journal's pages, then the four commit id bases.
     let pages = journal.bytes().next_multiple_of(4096) as usize;
     let ks = cryptblk_crypto::integrity_journal_keystream(name, key, pages + 32)?;
@@ -65,7 +76,10 @@ fn journal_under(
         *b ^= k;
     }
     let xor = SecretBytes::from_slice(&ks[..journal.bytes() as usize]);
-    Ok((journal.with_commit_bases(&bases), Some(xor)))
+    Ok((
+        journal.with_commit_bases(&bases),
+        Some(JournalCrypt::Xor(xor)),
+    ))
 }
 
 /// How writes reach their place, as dm-integrity's modes.
@@ -181,9 +195,8 @@ pub struct Integrity {
     /// The journal's MAC (`HAVE_JOURNAL_MAC`, integritysetup's `--journal-integrity`):
     /// each section's, and the superblock's with `FIXED_HMAC`.
     journal_mac: Option<IntegrityHash>,
-    /// The keystream the journal is XORed with on the device (`--journal-crypt`), from its
-    /// first byte.
-    journal_xor: Option<SecretBytes>,
+    /// How the journal is encrypted on the device (`--journal-crypt`).
+    journal_crypt: Option<JournalCrypt>,
     /// Where it is, in bytes.
     start: u64,
 }
@@ -350,7 +363,7 @@ impl Integrity {
                 "bitmap mode with an encrypted journal is not supported".into(),
             ));
         }
-        let (journal, journal_xor) = journal_under(&sb, &geo, crypt.as_ref())?;
+        let (journal, journal_crypt) = journal_under(&sb, &geo, crypt.as_ref())?;
         let provided = geo.provided_data_sectors;
         let dev_sectors = storage.size()? / 512;
         if provided == 0 || geo.data_sector(provided - 1) >= dev_sectors {
@@ -377,12 +390,12 @@ impl Integrity {
             failures: AtomicU64::new(0),
             sb: Mutex::new(sb.clone()),
             journal_mac,
-            journal_xor,
+            journal_crypt,
             start,
         };
         let mut jbytes = vec![0u8; me.journal.bytes() as usize];
         storage.read_at(&mut jbytes, me.journal.section_offset(0))?;
-        me.crypt_journal(0, &mut jbytes);
+        me.crypt_journal(0, &mut jbytes, false);
         let mut state = State::default();
         if dirty {
             // The journal area holds the bitmap, not a journal. The regions it marks may
@@ -555,12 +568,19 @@ impl Integrity {
         mac
     }
 
-    /// XORs `bytes`, at byte `at` of the journal, with the journal's keystream (encrypts
-    /// and decrypts alike), where it is encrypted.
-    fn crypt_journal(&self, at: usize, bytes: &mut [u8]) {
-        if let Some(ks) = &self.journal_xor {
-            for (b, k) in bytes.iter_mut().zip(&ks[at..]) {
-                *b ^= k;
+    /// Encrypts (`encrypt`) or decrypts `bytes`, whole sections at byte `at` of the
+    /// journal, where the journal is encrypted.
+    fn crypt_journal(&self, at: usize, bytes: &mut [u8], encrypt: bool) {
+        match &self.journal_crypt {
+            None => {}
+            Some(JournalCrypt::Xor(ks)) => {
+                for (b, k) in bytes.iter_mut().zip(&ks[at..]) {
+                    *b ^= k;
+                }
+            }
+            Some(JournalCrypt::Sections(c)) => {
+                let ss = self.journal.section_bytes();
+                c.crypt((at / ss) as u32, ss, bytes, encrypt);
             }
         }
     }
@@ -580,7 +600,7 @@ impl Integrity {
         for i in 0..self.journal.sections {
             empty.extend(self.sealed_section(i, self.journal.section(i, seq, &[])));
         }
-        self.crypt_journal(0, &mut empty);
+        self.crypt_journal(0, &mut empty, true);
         storage.write_at(&empty, self.journal.section_offset(0))?;
         storage.sync()
     }
@@ -682,7 +702,7 @@ impl Integrity {
             sb.salt = salt;
         }
         let geo = Geometry::of(&sb, start / 512);
-        let (journal, journal_xor) = journal_under(&sb, &geo, keys.crypt.as_ref())?;
+        let (journal, journal_crypt) = journal_under(&sb, &geo, keys.crypt.as_ref())?;
         let me = Integrity {
             block: u64::from(auth.sector_size()),
             auth,
@@ -694,7 +714,7 @@ impl Integrity {
             failures: AtomicU64::new(0),
             sb: Mutex::new(sb.clone()),
             journal_mac: keys.mac,
-            journal_xor,
+            journal_crypt,
             start,
         };
         me.empty_journal(storage, 0)?;
@@ -889,6 +909,7 @@ impl Integrity {
         self.crypt_journal(
             st.next_section as usize * self.journal.section_bytes(),
             &mut section,
+            true,
         );
         storage.write_at(&section, self.journal.section_offset(st.next_section))?;
         st.next_section += 1;
