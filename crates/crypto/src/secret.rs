@@ -328,13 +328,14 @@ pub(crate) fn scrub_stack() {
     std::hint::black_box(&mut z);
 }
 
-/// Overwrites the 6 KiB of stack below the caller with zeros: the authenticated sector
-/// engines (intrinsics, RustCrypto) spill round keys and hash key powers into their
-/// frames, which a suspended volume must not keep (the suspend test scans for them). The
-/// frames of a sector call reach about 3.5 KiB below its caller.
+/// Overwrites the `N` bytes of stack below the caller with zeros: the authenticated
+/// sector engines (intrinsics, RustCrypto) spill round keys, hash key powers and HMAC key
+/// blocks into their frames, which a suspended volume must not keep (the suspend test
+/// scans for them). How deep each engine's frames reach is measured by
+/// `aead_sector::tests::every_engine_stays_within_its_wipe`.
 #[inline(never)]
-pub(crate) fn scrub_sector_frames() {
-    let mut z = [0u8; 6 << 10];
+pub(crate) fn scrub_frames<const N: usize>() {
+    let mut z = [0u8; N];
     std::hint::black_box(&mut z);
 }
 

@@ -114,9 +114,6 @@ impl HmacSha256Lanes {
     pub(crate) fn tags(&self, prefixes: &[&[u8]], bodies: &[&[u8]], out: &mut [[u8; 32]]) {
         let p = &*self.pads;
         sha256_lanes(&p.inner, 64, Some(&p.outer), prefixes, bodies, out);
-        // The lanes keep the key blocks' states in their frames (a few KiB below this
-        // one): wiped here, whoever the caller is.
-        crate::secret::scrub_sector_frames();
     }
 }
 
