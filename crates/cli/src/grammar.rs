@@ -109,8 +109,7 @@ impl OptionTable {
 
 /// integritysetup's command line as cryptblk's, before [`normalize`]: its `-s` is the
 /// sector size and `-t` the tag size (cryptblk's `--key-size` and `--timeout`), and
-/// `--no-wipe` is `--integrity-no-wipe`; resize's `--wipe` is what cryptblk's growth
-/// always does, so it is dropped. Arguments after `--` are left alone.
+/// `--no-wipe` is `--integrity-no-wipe`. Arguments after `--` are left alone.
 pub(crate) fn integritysetup_spelling(argv: Vec<OsString>) -> Vec<OsString> {
     let mut out = Vec::with_capacity(argv.len());
     let mut rest = false;
@@ -125,7 +124,6 @@ pub(crate) fn integritysetup_spelling(argv: Vec<OsString>) -> Vec<OsString> {
                 rest = true;
                 None
             }
-            "--wipe" => continue,
             "-s" => Some("--sector-size".to_string()),
             "-t" => Some("--tag-size".to_string()),
             _ if s.starts_with("-s") && s.len() > 2 && !s.starts_with("--") => {
@@ -142,9 +140,16 @@ pub(crate) fn integritysetup_spelling(argv: Vec<OsString>) -> Vec<OsString> {
 }
 
 /// integritysetup's actions on cryptblk's: `format`, `open` and `dump` of a standalone
-/// integrity volume (`--type integrity`); `close` and `status` as they are. `argv` is
-/// [`normalize`]d (the action is `argv[1]`).
+/// integrity volume (`--type integrity`); `close`, `status` and `resize` as they are,
+/// resize's `--wipe` dropped (cryptblk's growth always seals the new blocks as zeros).
+/// `argv` is [`normalize`]d (the action is `argv[1]`).
 pub(crate) fn integritysetup_action(mut argv: Vec<OsString>) -> Vec<OsString> {
+    if argv.get(1).is_some_and(|a| a == "resize") {
+        let end = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+        let rest = argv.split_off(end);
+        argv.retain(|a| a != "--wipe");
+        argv.extend(rest);
+    }
     if argv
         .get(1)
         .is_some_and(|a| a == "format" || a == "open" || a == "dump")
@@ -304,6 +309,10 @@ mod tests {
         assert_eq!(
             line("integritysetup resize -q --wipe NAME --device-size 1MiB"),
             "integritysetup resize -q NAME --device-size 1MiB"
+        );
+        assert_eq!(
+            line("integritysetup open --wipe DEV NAME"),
+            "integritysetup open --type integrity --wipe DEV NAME"
         );
         assert_eq!(
             line("integritysetup dump -- -s"),

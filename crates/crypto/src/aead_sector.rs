@@ -14,7 +14,7 @@
 use crate::backend::x86::XtsKeys;
 use crate::block::BlockKey;
 use crate::secret::{LockedBox, SecretBytes};
-use crate::sha256_lanes::HmacSha256Lanes;
+use crate::sha256_lanes::Sha256Lanes;
 use crate::{AesGcm, Backend, Error, HashAlg, Result};
 use aead::{AeadInOut, KeyInit};
 use zeroize::Zeroize;
@@ -42,7 +42,7 @@ enum Engine {
         mac_key: SecretBytes,
         hash: HashAlg,
         /// The key for sixteen sectors at once (`hmac(sha256)` where the CPU has AVX-512).
-        lanes: Option<HmacSha256Lanes>,
+        lanes: Option<Sha256Lanes>,
     },
 }
 
@@ -196,7 +196,7 @@ impl AeadSectorCipher {
                     mac_key: SecretBytes::from_slice(mac),
                     lanes: match hash {
                         HashAlg::Sha256 if crate::sha256_lanes::fits(24, sector_size as usize) => {
-                            HmacSha256Lanes::new(mac)
+                            Sha256Lanes::new(Some(mac))
                         }
                         _ => None,
                     },
@@ -258,7 +258,6 @@ impl AeadSectorCipher {
 
     /// Bytes of stack below `seal`/`open` that the engine's frames may have written key
     /// material into, wiped after each call.
-    #[cfg(test)]
     fn wipe_bytes(&self) -> usize {
         match self.engine {
             Engine::Gcm(Gcm::Own(_)) | Engine::Aegis(_) => WIPE_OURS,
@@ -272,11 +271,11 @@ impl AeadSectorCipher {
     /// material into (see [`WIPE_OURS`]).
     fn scrub(&self) {
         use crate::secret::scrub_frames;
-        match self.engine {
-            Engine::Gcm(Gcm::Own(_)) | Engine::Aegis(_) => scrub_frames::<WIPE_OURS>(),
-            Engine::Gcm(_) => scrub_frames::<WIPE_RUSTCRYPTO_GCM>(),
-            Engine::ChaCha(_) => scrub_frames::<WIPE_CHACHA>(),
-            Engine::XtsHmac { .. } => scrub_frames::<WIPE_HMAC>(),
+        match self.wipe_bytes() {
+            WIPE_OURS => scrub_frames::<WIPE_OURS>(),
+            WIPE_CHACHA => scrub_frames::<WIPE_CHACHA>(),
+            WIPE_HMAC => scrub_frames::<WIPE_HMAC>(),
+            _ => scrub_frames::<WIPE_RUSTCRYPTO_GCM>(),
         }
     }
 
@@ -585,11 +584,7 @@ impl AeadSectorCipher {
         match lanes {
             Some(l) if k >= crate::sha256_lanes::WORTH_FROM => {
                 let pre: [&[u8]; HMAC_GROUP] = std::array::from_fn(|i| &aads[i][..]);
-                let bodies: [&[u8]; HMAC_GROUP] =
-                    std::array::from_fn(|i| d.get(i * ss..(i + 1) * ss).unwrap_or_default());
-                let mut out = [[0u8; 32]; HMAC_GROUP];
-                l.tags(&pre[..k], &bodies[..k], &mut out[..k]);
-                for (t, o) in tags.iter_mut().zip(&out) {
+                for (t, o) in tags.iter_mut().zip(&l.blocks(&pre, d, ss)) {
                     t[..32].copy_from_slice(o);
                 }
             }
@@ -645,7 +640,7 @@ const GCM_GROUP: usize = 16;
 const WIPE_OURS: usize = 7 << 10;
 const WIPE_RUSTCRYPTO_GCM: usize = 15 << 10;
 const WIPE_CHACHA: usize = 8 << 10;
-const WIPE_HMAC: usize = 13 << 10;
+pub(crate) const WIPE_HMAC: usize = 13 << 10;
 
 /// Sectors whose HMACs are computed together: the SHA-256 lanes' count.
 const HMAC_GROUP: usize = crate::sha256_lanes::LANES;

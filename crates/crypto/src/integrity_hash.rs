@@ -80,8 +80,9 @@ pub struct IntegrityHash {
     tag_size: usize,
     block: u32,
     name: String,
-    /// `sha256` and `hmac-sha256` sixteen blocks at a time, where the CPU has AVX-512.
-    lanes: Option<Sha256Lanes>,
+    /// `sha256` and `hmac-sha256` sixteen blocks at a time, where the CPU has AVX-512:
+    /// set up at the first request (a journal MAC never needs them).
+    lanes: std::sync::OnceLock<Option<Sha256Lanes>>,
 }
 
 impl std::fmt::Debug for IntegrityHash {
@@ -129,18 +130,10 @@ impl IntegrityHash {
         if tag_size == 0 || tag_size > 424 {
             return Err(Error::UnsupportedCipher(format!("tag size {tag_size}")));
         }
-        let lanes = match alg {
-            Alg::Hash(HashAlg::Sha256) | Alg::Hmac(HashAlg::Sha256)
-                if crate::sha256_lanes::fits(8, block as usize) =>
-            {
-                Sha256Lanes::new(key.as_deref())
-            }
-            _ => None,
-        };
         Ok(IntegrityHash {
             alg,
             key,
-            lanes,
+            lanes: std::sync::OnceLock::new(),
             salt,
             tag_size,
             block,
@@ -159,16 +152,31 @@ impl IntegrityHash {
         self.digest(&parts, out);
     }
 
+    /// The lanes for this algorithm, where they run (built at the first call).
+    fn lanes(&self) -> Option<&Sha256Lanes> {
+        self.lanes
+            .get_or_init(|| match self.alg {
+                Alg::Hash(HashAlg::Sha256) | Alg::Hmac(HashAlg::Sha256)
+                    if crate::sha256_lanes::fits(24, self.block as usize) =>
+                {
+                    Sha256Lanes::new(self.key.as_deref())
+                }
+                _ => None,
+            })
+            .as_ref()
+    }
+
     /// Each block's tag (blocks of `data` from the one whose first 512-byte sector is
     /// `sector`), handed to `each` with the block's index: sixteen blocks side by side
-    /// where the lanes run and there are enough, else one by one.
+    /// where the lanes run and there are enough, else one by one. Keyed, the stack its
+    /// frames used is wiped after (as deep as the HMAC sector engines reach).
     fn each_tag(&self, sector: u64, data: &[u8], mut each: impl FnMut(usize, &[u8])) {
         let (bs, per) = (self.block as usize, u64::from(self.block / 512));
         let mut tag = vec![0u8; self.tag_size];
         for (g, group) in data.chunks(LANES * bs).enumerate() {
             let first = g * LANES;
             let k = group.len() / bs;
-            match &self.lanes {
+            match self.lanes() {
                 Some(l) if k >= crate::sha256_lanes::WORTH_FROM => {
                     // Each block's prefix: the salt (with FIXED_HMAC), le64(its sector).
                     let p = if self.salt.is_some() { 24 } else { 8 };
@@ -182,13 +190,8 @@ impl IntegrityHash {
                         x
                     });
                     let pre: [&[u8]; LANES] = std::array::from_fn(|i| &pre[i][..p]);
-                    let bodies: [&[u8]; LANES] = std::array::from_fn(|i| {
-                        group.get(i * bs..(i + 1) * bs).unwrap_or_default()
-                    });
-                    let mut out = [[0u8; 32]; LANES];
-                    l.digests(&pre[..k], &bodies[..k], &mut out[..k]);
                     let n = tag.len().min(32);
-                    for (i, d) in out[..k].iter().enumerate() {
+                    for (i, d) in l.blocks(&pre, group, bs)[..k].iter().enumerate() {
                         tag[..n].copy_from_slice(&d[..n]);
                         tag[n..].fill(0);
                         each(first + i, &tag);
@@ -201,6 +204,9 @@ impl IntegrityHash {
                     }
                 }
             }
+        }
+        if self.key.is_some() {
+            crate::secret::scrub_frames::<{ crate::aead_sector::WIPE_HMAC }>();
         }
     }
 

@@ -44,7 +44,7 @@ pub use hash::HashAlg;
 pub use integrity_hash::{IntegrityHash, JournalSectionCipher, integrity_journal_keystream};
 pub use kdf::{Argon2Variant, Kdf, KdfKind, KdfRequest};
 pub use keywrap::{aes_key_unwrap, aes_key_wrap};
-pub use secret::{SecretBytes, constant_time_eq};
+pub use secret::{SecretBytes, constant_time_eq, scrub_stack};
 pub use sector::{IvOptions, SectorCipher};
 pub use sector_tags::SectorTags;
 pub use spec::{BlockCipherAlg, ChainMode, CipherSpec, IvMode, KeyLayout};

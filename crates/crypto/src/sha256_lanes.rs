@@ -61,6 +61,17 @@ impl Sha256Lanes {
             Sha256Lanes::Keyed(k) => k.tags(prefixes, bodies, out),
         }
     }
+
+    /// The digests (or MACs) of the blocks of `group` (up to [`LANES`] of `bs` bytes),
+    /// each after its prefix in `prefixes` (one length).
+    pub(crate) fn blocks(&self, prefixes: &[&[u8]], group: &[u8], bs: usize) -> [[u8; 32]; LANES] {
+        let k = group.len() / bs;
+        let bodies: [&[u8]; LANES] =
+            std::array::from_fn(|i| group.get(i * bs..(i + 1) * bs).unwrap_or_default());
+        let mut out = [[0u8; 32]; LANES];
+        self.digests(&prefixes[..k], &bodies[..k], &mut out[..k]);
+        out
+    }
 }
 
 /// The states of HMAC-SHA256's two key blocks (key XOR ipad, key XOR opad) after one

@@ -82,6 +82,13 @@ fn journal_under(
     ))
 }
 
+/// What [`Integrity::reseal`] puts in blocks: sealed zeros, or new tags over their data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reseal {
+    Zeros,
+    Tags,
+}
+
 /// How writes reach their place, as dm-integrity's modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IntegrityMode {
@@ -403,7 +410,7 @@ impl Integrity {
             // the area becomes an empty journal again (the kernel's `init_journal`).
             let bitmap = Bitmap::of(&sb, jbytes[..bitmap_bytes as usize].to_vec());
             for (first, n) in bitmap.dirty_runs(me.blocks()) {
-                me.recalculate(storage, first, n)?;
+                me.reseal(storage, first, n, Reseal::Tags, &mut |_, _| {})?;
             }
             storage.sync()?;
             me.empty_journal(storage, 0)?;
@@ -446,7 +453,13 @@ impl Integrity {
         }
         if recalc {
             let from = sb.recalc_sector * 512 / block;
-            me.recalculate(storage, from, me.blocks() - from)?;
+            me.reseal(
+                storage,
+                from,
+                me.blocks() - from,
+                Reseal::Tags,
+                &mut |_, _| {},
+            )?;
             storage.sync()?;
             let mut sb = me.sb.lock().unwrap_or_else(|e| e.into_inner());
             // As the kernel ends a recalculation: the position at the end, the flag kept.
@@ -479,16 +492,37 @@ impl Integrity {
         self.blocks() * self.block
     }
 
-    /// Grows the device to what `storage` holds now (a file or device that grew), as the
+    /// Bytes the device can provide on `storage` as it is now (the kernel's
+    /// `get_provided_data_sectors`; a file or device that grew), at least what it provides.
+    pub fn growable_bytes(&self, storage: &dyn Storage) -> crate::Result<u64> {
+        let sectors = storage.refresh_size()? / 512;
+        let most = self
+            .geo
+            .largest_provided(sectors)
+            .map_err(|e| crate::Error::Invalid(format!("dm-integrity: {e}")))?;
+        Ok((most * 512 / self.block * self.block).max(self.provided_bytes()))
+    }
+
+    /// Grows the device to all `storage` holds now ([`Integrity::growable_bytes`]), as the
     /// kernel's resume does: the blocks past the old end are sealed as zeros with their
-    /// tags and written home (integritysetup's `resize --wipe`; the kernel would leave them
-    /// failing verification until written), synced, and only then does the superblock say
-    /// the new size, so a crash before that leaves the old size and nothing else changed.
-    /// Existing blocks do not move (areas keep their places; the last one fills up, new
-    /// ones follow). Returns the bytes provided. The caller holds off I/O meanwhile.
+    /// tags and written home (integritysetup's `resize --wipe`; without it the kernel
+    /// recalculates a checksum's tags over what the blocks hold, and under dm-crypt's
+    /// authenticated sectors leaves them failing verification until written), synced, and
+    /// only then does the superblock say the new size, so a crash before that leaves the
+    /// old size and nothing else changed. Existing blocks do not move (areas keep their
+    /// places; the last one fills up, new ones follow). I/O goes on meanwhile: nothing
+    /// reads or writes the new blocks yet, and those whose tags share the last area's
+    /// metadata with served blocks are written under the lock home writes take. Returns
+    /// the bytes provided.
     ///
-    /// Refused read-only and in bitmap mode (the bitmap's granularity follows the size).
+    /// Refused read-only and in bitmap mode (the bitmap's granularity follows the size),
+    /// unless there is nothing to grow.
     pub fn grow(&self, storage: &dyn Storage) -> crate::Result<u64> {
+        let old = self.blocks();
+        let most = self.growable_bytes(storage)? / self.block;
+        if most <= old {
+            return Ok(old * self.block);
+        }
         let bad =
             |s: &str| crate::Error::Invalid(format!("cannot grow the dm-integrity device: {s}"));
         if self.read_only {
@@ -500,50 +534,56 @@ impl Integrity {
                  it and open it in journal mode to resize",
             ));
         }
-        // Home writes (a flush's) hold the state: the new blocks' tags may share a metadata
-        // sector with theirs.
-        let _home = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let old = self.blocks();
-        let sectors = storage.refresh_size()? / 512;
-        let new = self
-            .geo
-            .largest_provided(sectors)
-            .map_err(|e| bad(&e.to_string()))?
-            * 512
-            / self.block;
-        if new <= old {
-            return Ok(old * self.block);
+        let shared = old.next_multiple_of(self.area_blocks()).min(most);
+        {
+            let _home_writes = self.state.write().unwrap_or_else(|e| e.into_inner());
+            self.reseal(storage, old, shared - old, Reseal::Zeros, &mut |_, _| {})?;
         }
-        self.wipe(storage, old, new - old, &mut |_, _| {})?;
+        self.reseal(
+            storage,
+            shared,
+            most - shared,
+            Reseal::Zeros,
+            &mut |_, _| {},
+        )?;
         storage.sync()?;
         let mut sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());
-        sb.provided_data_sectors = new * self.block / 512;
-        self.write_superblock(storage, &sb)?;
-        Ok(new * self.block)
+        let mut next = sb.clone();
+        next.provided_data_sectors = most * self.block / 512;
+        self.write_superblock(storage, &next)?;
+        *sb = next;
+        Ok(most * self.block)
     }
 
-    /// Seals zeros into blocks `[first, first + n)` and writes them and their tags home
-    /// (not through the journal: nothing else is in flight), a MiB at a time;
-    /// `progress(done, n)` in bytes after each.
-    fn wipe(
+    /// Seals blocks `[first, first + n)` home, a MiB at a time, `progress(done, n)` in
+    /// bytes after each: as zeros (data and tags written: a format's or a growth's wipe,
+    /// never through the journal, which holds none of them), or their data as it is
+    /// (tags only: a checksum's recalculation, the kernel's `integrity_recalc`).
+    fn reseal(
         &self,
         storage: &dyn Storage,
         first: u64,
         n: u64,
+        what: Reseal,
         progress: &mut dyn FnMut(u64, u64),
-    ) -> crate::Result<()> {
+    ) -> io::Result<()> {
         let (bs, ts) = (self.block as usize, self.auth.tag_size());
-        let chunk = (1 << 20) / self.block;
+        let chunk = ((1 << 20) / self.block).max(1);
         let mut b = first;
         while b < first + n {
             let k = chunk.min(first + n - b);
             for (b0, len) in self.runs(b, k) {
                 let mut data = vec![0u8; len as usize * bs];
                 let mut tags = vec![0u8; len as usize * ts];
+                if what == Reseal::Tags {
+                    storage.read_at(&mut data, self.data_at(b0))?;
+                }
                 self.auth
                     .seal(b0, &mut data, &mut tags)
-                    .map_err(|e| crate::Error::Invalid(format!("dm-integrity: {e}")))?;
-                storage.write_at(&data, self.data_at(b0))?;
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                if what == Reseal::Zeros {
+                    storage.write_at(&data, self.data_at(b0))?;
+                }
                 storage.write_at(&tags, self.tag_at(b0))?;
             }
             b += k;
@@ -626,28 +666,6 @@ impl Integrity {
         storage.sync()
     }
 
-    /// Computes and writes the tags of blocks `[first, first + n)` from their data as it
-    /// is on the device (a checksum's recalculation: the kernel's `integrity_recalc`).
-    fn recalculate(&self, storage: &dyn Storage, first: u64, n: u64) -> io::Result<()> {
-        let (bs, ts) = (self.block as usize, self.auth.tag_size());
-        let chunk = ((1 << 20) / bs as u64).max(1);
-        let mut b = first;
-        while b < first + n {
-            let k = chunk.min(first + n - b);
-            for (b0, len) in self.runs(b, k) {
-                let mut data = vec![0u8; len as usize * bs];
-                let mut tags = vec![0u8; len as usize * ts];
-                storage.read_at(&mut data, self.data_at(b0))?;
-                self.auth
-                    .seal(b0, &mut data, &mut tags)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-                storage.write_at(&tags, self.tag_at(b0))?;
-            }
-            b += k;
-        }
-        Ok(())
-    }
-
     /// Writes a new dm-integrity device at byte `start` of `storage`, as the kernel formats
     /// one for cryptsetup (`Geometry::format`: journal mode, default interleave and journal,
     /// fixed padding; with `salt`, `fix_hmac` and that salt, which `auth` must hash), its
@@ -721,7 +739,7 @@ impl Integrity {
         me.write_superblock(storage, &sb)?;
         let total = geo.provided_data_sectors * 512;
         if wipe {
-            me.wipe(storage, 0, total / me.block, progress)?;
+            me.reseal(storage, 0, total / me.block, Reseal::Zeros, progress)?;
         }
         storage.sync()?;
         Ok(total)

@@ -59,6 +59,10 @@ impl Volume {
             }
             vol.set_integrity(None);
             l.segments.clear();
+            // The keys' drop ran in frames below this one, where it may have moved key
+            // material before wiping it (codegen decides): wiped before this thread waits
+            // for the whole suspension.
+            cryptblk_crypto::scrub_stack();
             let _ = res_tx.send(Ok(()));
             hold(&vol, &mut l, &seg_rx, &res_tx);
         });

@@ -620,8 +620,9 @@ impl Volume {
     /// Over dm-integrity (LUKS2 with integrity, standalone volumes), where cryptsetup
     /// refuses: shrinking only lowers the size served, as the kernel's shorter table does
     /// (the superblock keeps what it provides); growing past what it provides grows the
-    /// dm-integrity device first ([`crate::Integrity::grow`]: the new blocks sealed as
-    /// zeros, then the superblock), so the kernel opens it at the new size too.
+    /// dm-integrity device first, to all the storage holds, as the kernel's resume does
+    /// ([`crate::Integrity::grow`]: the new blocks sealed as zeros while I/O goes on, then
+    /// the superblock), so the kernel opens it at that size too.
     pub fn resize(&self, new: Option<u64>) -> Result<u64> {
         if self.split_handed_out.load(Relaxed) {
             return Err(Error::Invalid(
@@ -629,6 +630,27 @@ impl Volume {
                  reopen to change the size"
                     .into(),
             ));
+        }
+        let refused = |new: u64, max: u64| {
+            Error::Invalid(format!(
+                "cannot resize to {new} bytes: a multiple of the {}-byte sector size, at most \
+                 the {max} bytes the device holds after the data offset",
+                self.sector
+            ))
+        };
+        let fits = |new: u64, max: u64| new > 0 && new <= max && new.is_multiple_of(self.sector);
+        // Over dm-integrity, the size its superblock provides: grown first, while I/O goes
+        // on (the new blocks sealed as zeros, then the superblock), where more is asked
+        // for, or all the storage now holds; a size it cannot reach changes nothing.
+        if let Some(i) = self.integrity() {
+            let most = i.growable_bytes(&*self.storage)?;
+            let want = new.unwrap_or(most);
+            if !fits(want, most) {
+                return Err(refused(want, most));
+            }
+            if want > i.provided_bytes() {
+                i.grow(&*self.storage)?;
+            }
         }
         let have = self.storage.refresh_size()?;
         let mut l = self.layout_alone();
@@ -642,9 +664,6 @@ impl Volume {
         }
         let seg = &mut l.segments[0];
         let max = match &seg.integrity {
-            // Over dm-integrity, what its superblock provides: grown first (the new blocks
-            // sealed as zeros) where more is asked for, or all the storage can hold.
-            Some(i) if new.is_none_or(|n| n > i.provided_bytes()) => i.grow(&*self.storage)?,
             Some(i) => i.provided_bytes(),
             None => {
                 let max = have.saturating_sub(seg.storage_offset);
@@ -652,12 +671,8 @@ impl Volume {
             }
         };
         let new = new.unwrap_or(max);
-        if new == 0 || new > max || !new.is_multiple_of(self.sector) {
-            return Err(Error::Invalid(format!(
-                "cannot resize to {new} bytes: a multiple of the {}-byte sector size, at most \
-                 the {max} bytes the device holds after the data offset",
-                self.sector
-            )));
+        if !fits(new, max) {
+            return Err(refused(new, max));
         }
         seg.len = new;
         self.size.store(new, Relaxed);

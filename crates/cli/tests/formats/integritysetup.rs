@@ -275,12 +275,12 @@ fn keys_checksums_and_devices_are_checked_before_anything_is_written() {
                 "--type",
                 "integrity",
                 "--journal-crypt",
-                "cbc-aes",
+                "cbc-twofish",
                 "--journal-crypt-key-file",
                 k,
                 i,
             ],
-            "journal encryption 'cbc-aes'",
+            "journal encryption 'cbc-twofish'",
         ),
     ] {
         let o = run_in(bin(), &args, b"");

@@ -536,6 +536,29 @@ impl GcmKeys {
     }
 }
 
+// The SHA-256 lanes off x86_64: never available, so never called.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const SHA256_LANES: usize = 16;
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const SHA256_MAX_PREFIX: usize = 52;
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const SHA256_IV: [u32; 8] = [0; 8];
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn has_sha256_lanes() -> bool {
+    false
+}
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn sha256_lanes(
+    _: &[u32; 8],
+    _: u64,
+    _: Option<&[u32; 8]>,
+    _: &[&[u8]],
+    _: &[&[u8]],
+    _: &mut [[u8; 32]],
+) {
+    unreachable!("never available off x86_64")
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) struct GcmKeys;
 
