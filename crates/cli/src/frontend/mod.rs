@@ -550,8 +550,8 @@ impl Serving {
 
     /// A clean stop, as `close` and signals ask for it: a reencryption in progress stops
     /// (after its step) before the volume closes, and no other starts; a suspended volume
-    /// is resumed first (its held I/O could not drain). The clock for the whole exit
-    /// starts here.
+    /// refuses (its held I/O could not drain: luksResume it first). The clock for the
+    /// whole exit starts here.
     fn stop_fn(&self) -> impl Fn() -> Result<(), String> + Send + Clone + 'static {
         let (c, jobs, suspension) = (
             self.started.control.clone(),
