@@ -71,6 +71,9 @@ impl Alg {
     }
 }
 
+/// The largest tag a block may have (a digest padded with zeros).
+const MAX_TAG: usize = 424;
+
 /// One volume's dm-integrity checksum over blocks of a fixed size.
 pub struct IntegrityHash {
     alg: Alg,
@@ -127,7 +130,7 @@ impl IntegrityHash {
             }
             (_, None) => None,
         };
-        if tag_size == 0 || tag_size > 424 {
+        if tag_size == 0 || tag_size > MAX_TAG {
             return Err(Error::UnsupportedCipher(format!("tag size {tag_size}")));
         }
         Ok(IntegrityHash {
@@ -172,7 +175,8 @@ impl IntegrityHash {
     /// frames used is wiped after (as deep as the HMAC sector engines reach).
     fn each_tag(&self, sector: u64, data: &[u8], mut each: impl FnMut(usize, &[u8])) {
         let (bs, per) = (self.block as usize, u64::from(self.block / 512));
-        let mut tag = vec![0u8; self.tag_size];
+        let mut buf = [0u8; MAX_TAG];
+        let tag = &mut buf[..self.tag_size];
         for (g, group) in data.chunks(LANES * bs).enumerate() {
             let first = g * LANES;
             let k = group.len() / bs;
@@ -194,13 +198,13 @@ impl IntegrityHash {
                     for (i, d) in l.blocks(&pre, group, bs)[..k].iter().enumerate() {
                         tag[..n].copy_from_slice(&d[..n]);
                         tag[n..].fill(0);
-                        each(first + i, &tag);
+                        each(first + i, tag);
                     }
                 }
                 _ => {
                     for (i, b) in group.chunks_exact(bs).enumerate() {
-                        self.tag((sector + (first + i) as u64) * per, b, &mut tag);
-                        each(first + i, &tag);
+                        self.tag((sector + (first + i) as u64) * per, b, tag);
+                        each(first + i, tag);
                     }
                 }
             }

@@ -96,27 +96,20 @@ pub(crate) fn ok(o: &Output) -> String {
 /// A LUKS2 image of `mib` MiB at `img`, formatted by cryptblk with the passphrase in the
 /// file `key` (PBKDF2 at 1,000 iterations: fast, for tests that unlock it often).
 pub(crate) fn quick_luks2(img: &str, key: &str, mib: u64) {
+    quick_luks2_with(img, key, mib, &[]);
+}
+
+/// [`quick_luks2`] with more options for `format` (a cipher, `--integrity`...).
+pub(crate) fn quick_luks2_with(img: &str, key: &str, mib: u64, extra: &[&str]) {
     std::fs::File::create(img)
         .unwrap()
         .set_len(mib << 20)
         .unwrap();
-    ok(&run_in(
-        bin(),
-        &[
-            "format",
-            "-q",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            key,
-            img,
-        ],
-        b"",
-    ));
+    let mut args = vec!["format", "-q", "--type", "luks2"];
+    args.extend(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]);
+    args.extend(extra);
+    args.extend(["--key-file", key, img]);
+    ok(&run_in(bin(), &args, b""));
 }
 
 /// A LUKS2 image for the token tests: 32 MiB, formatted by cryptsetup (PBKDF2, 1,000

@@ -23,15 +23,7 @@ impl Lab {
             dir: tempfile::tempdir().unwrap(),
         };
         std::fs::write(lab.p("pw"), b"grow me").unwrap();
-        std::fs::File::create(lab.p("v.img"))
-            .unwrap()
-            .set_len(40 * MIB)
-            .unwrap();
-        let (pw, img) = (lab.p("pw"), lab.p("v.img"));
-        let mut args = vec!["format", "-q", "--type", "luks2", "--key-file", &pw, &img];
-        args.extend(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]);
-        args.extend(extra);
-        ok(&run_in(bin(), &args, b""));
+        quick_luks2_with(&lab.p("v.img"), &lab.p("pw"), 40, extra);
         lab
     }
     fn p(&self, f: &str) -> String {

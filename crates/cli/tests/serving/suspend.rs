@@ -239,17 +239,11 @@ fn suspend_and_resume_a_volume_with_integrity() {
     let pw = lab.p("pw");
     std::fs::write(&pw, b"authenticated and held").unwrap();
     let img = lab.p("v.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(24 << 20)
-        .unwrap();
-    ok(&run_in(
-        bin(),
+    quick_luks2_with(
+        &img,
+        &pw,
+        24,
         &[
-            "format",
-            "-q",
-            "--type",
-            "luks2",
             "--cipher",
             "aes-gcm-random",
             "--integrity",
@@ -259,16 +253,8 @@ fn suspend_and_resume_a_volume_with_integrity() {
             "--sector-size",
             "4096",
             "--integrity-no-wipe",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            &pw,
-            &img,
         ],
-        b"",
-    ));
+    );
     let key = dumped_volume_key(&ok(&run_in(
         bin(),
         &["dump", "--dump-volume-key", "--key-file", &pw, &img],
