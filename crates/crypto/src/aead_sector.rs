@@ -770,6 +770,31 @@ mod tests {
         PAINT - b.iter().position(|&x| x != 0xa5).unwrap_or(PAINT)
     }
 
+    /// The wipe zeroes all the bytes it is sized for, right below its caller (its own
+    /// store loop on AVX-512 CPUs; a mutation storing half as many fails this). The calls
+    /// that read the stack back afterwards write over its top 2 KiB, which is not counted.
+    #[test]
+    fn the_wipe_zeroes_its_whole_size() {
+        #[inline(never)]
+        fn wipe() {
+            crate::secret::scrub_frames::<WIPE_OURS>();
+        }
+        let mut mem = std::fs::File::open("/proc/self/mem").unwrap();
+        let mut b = vec![0u8; PAINT];
+        let base = paint();
+        wipe();
+        mem.seek(std::io::SeekFrom::Start(base as u64)).unwrap();
+        mem.read_exact(&mut b).unwrap();
+        let (below, wiped) = b[..PAINT - 2048].split_at(PAINT - WIPE_OURS - 512);
+        let zeros = wiped.iter().filter(|&&x| x == 0).count();
+        assert!(
+            zeros >= WIPE_OURS - 2048 - 64,
+            "{zeros} bytes zeroed of the wipe's lower {}",
+            WIPE_OURS - 2048
+        );
+        assert!(below.iter().all(|&x| x == 0xa5), "the wipe went deeper");
+    }
+
     /// Every engine, sealing and opening one, sixteen and 21 sectors of 512 and 4096
     /// bytes, writes no deeper below the call than the wipe after it reaches, with 1 KiB to
     /// spare: key material an engine spills is never left out of the wipe's reach. Also

@@ -401,8 +401,38 @@ pub fn scrub_stack() {
 /// blocks into their frames, which a suspended volume must not keep (the suspend test
 /// scans for them). How deep each engine's frames reach is measured by
 /// `aead_sector::tests::every_engine_stays_within_its_wipe`.
+///
+/// With AVX-512 the zeros are stored 64 bytes at a time by our own loop: glibc's `memset`
+/// (`rep stosb` at these sizes) took ~60 ns for 7 KiB where the loop takes ~32, and a
+/// 4 KiB AES-GCM sector takes ~200 ns.
 #[inline(never)]
 pub(crate) fn scrub_frames<const N: usize>() {
+    const { assert!(N > 0 && N.is_multiple_of(64)) };
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let mut z = core::mem::MaybeUninit::<[u8; N]>::uninit();
+        let start = z.as_mut_ptr().cast::<u8>();
+        // SAFETY: stores zeros to the N bytes of `z` (a local array on this frame; the
+        // loop's last store ends at its last byte: N is a multiple of 64), with the
+        // AVX-512 the CPU was just found to have; zmm0 is declared clobbered (and left
+        // zero).
+        unsafe {
+            core::arch::asm!(
+                "vpxord xmm0, xmm0, xmm0",
+                "2:",
+                "vmovdqu64 zmmword ptr [{p}], zmm0",
+                "add {p}, 64",
+                "cmp {p}, {end}",
+                "jb 2b",
+                p = inout(reg) start => _,
+                end = in(reg) start.wrapping_add(N),
+                out("zmm0") _,
+                options(nostack),
+            );
+        }
+        std::hint::black_box(&mut z);
+        return;
+    }
     let mut z = [0u8; N];
     std::hint::black_box(&mut z);
 }
