@@ -12,6 +12,34 @@ struct Lab {
     dir: tempfile::TempDir,
 }
 
+/// A test that fails part way leaves no server behind: a suspended one refuses SIGTERM
+/// (it holds I/O until `luksResume`), so every server still listed is killed.
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let run = self.p("run");
+        let Ok(out) = Command::new(bin())
+            .args(["list", "--json", "--run-dir", &run])
+            .stdin(Stdio::null())
+            .output()
+        else {
+            return;
+        };
+        let Ok(list) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+            return;
+        };
+        for pid in list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["pid"].as_u64())
+        {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 impl Lab {
     fn p(&self, f: &str) -> String {
         self.dir.path().join(f).to_str().unwrap().to_string()
