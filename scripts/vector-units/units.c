@@ -1,7 +1,8 @@
 // Throughput and latency of the AVX-512 instructions cryptblk's sector engines are made
 // of, on this CPU: which execution units they share decides how fast AES-GCM and
 // AEGIS-128 can be beside AES-XTS. Cycles are counted against a chain of dependent
-// integer adds (one a cycle), so the figures hold at whatever clock the core runs.
+// integer adds (one a cycle) timed once at the start: a core that clocks differently
+// under AVX-512 work skews every figure alike, not their ratios.
 //   scripts/vector-units/run.sh
 #include <immintrin.h>
 #include <stdint.h>

@@ -325,13 +325,13 @@ pub(crate) fn clear_vector_registers() {
     {
         macro_rules! zero {
             ($($r:literal),*) => {
-                concat!($("vpxord xmm", $r, ", xmm", $r, ", xmm", $r, "\n"),*)
+                concat!($("vpxord zmm", $r, ", zmm", $r, ", zmm", $r, "\n"),*)
             };
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: only zeroes vector registers (a VEX/EVEX write to an xmm register
-            // zeroes the whole zmm register), all declared clobbered; the CPU has
-            // AVX-512F.
+            // SAFETY: only zeroes vector registers, all declared clobbered, with the
+            // 512-bit form, which needs only AVX-512F (the 128-bit form on xmm16-31 would
+            // need AVX-512VL); the CPU has AVX-512F.
             unsafe {
                 core::arch::asm!(
                     zero!(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
@@ -408,32 +408,39 @@ pub fn scrub_stack() {
 #[inline(never)]
 pub(crate) fn scrub_frames<const N: usize>() {
     const { assert!(N > 0 && N.is_multiple_of(64)) };
+    // One buffer for both ways of zeroing it, so that either reaches as deep.
+    let mut z = core::mem::MaybeUninit::<[u8; N]>::uninit();
+    let start = z.as_mut_ptr().cast::<u8>();
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        let mut z = core::mem::MaybeUninit::<[u8; N]>::uninit();
-        let start = z.as_mut_ptr().cast::<u8>();
         // SAFETY: stores zeros to the N bytes of `z` (a local array on this frame; the
         // loop's last store ends at its last byte: N is a multiple of 64), with the
-        // AVX-512 the CPU was just found to have; zmm0 is declared clobbered (and left
-        // zero).
+        // AVX-512F the CPU was just found to have (the VEX `vpxor` zeroes all of zmm0);
+        // `vzeroupper` leaves no dirty upper halves to slow SSE code after it on Intel;
+        // the registers it changes (zmm0-15's upper bits) are declared clobbered.
         unsafe {
             core::arch::asm!(
-                "vpxord xmm0, xmm0, xmm0",
+                "vpxor xmm0, xmm0, xmm0",
                 "2:",
                 "vmovdqu64 zmmword ptr [{p}], zmm0",
                 "add {p}, 64",
                 "cmp {p}, {end}",
                 "jb 2b",
+                "vzeroupper",
                 p = inout(reg) start => _,
                 end = in(reg) start.wrapping_add(N),
-                out("zmm0") _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
                 options(nostack),
             );
         }
         std::hint::black_box(&mut z);
         return;
     }
-    let mut z = [0u8; N];
+    // SAFETY: `start` is the N writable bytes of `z`.
+    unsafe { start.write_bytes(0, N) };
     std::hint::black_box(&mut z);
 }
 

@@ -17,8 +17,9 @@ struct Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         let run = self.p("run");
-        let Ok(out) = Command::new(bin())
-            .args(["list", "--json", "--run-dir", &run])
+        // Bounded: a server wedged in the failure must not hang the test run.
+        let Ok(out) = Command::new("timeout")
+            .args(["20", bin(), "list", "--json", "--run-dir", &run])
             .stdin(Stdio::null())
             .output()
         else {
