@@ -412,12 +412,16 @@ pub(crate) fn scrub_frames<const N: usize>() {
     let mut z = core::mem::MaybeUninit::<[u8; N]>::uninit();
     let start = z.as_mut_ptr().cast::<u8>();
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    let vector = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vector = false;
+    if vector {
         // SAFETY: stores zeros to the N bytes of `z` (a local array on this frame; the
         // loop's last store ends at its last byte: N is a multiple of 64), with the
         // AVX-512F the CPU was just found to have (the VEX `vpxor` zeroes all of zmm0);
         // `vzeroupper` leaves no dirty upper halves to slow SSE code after it on Intel;
         // the registers it changes (zmm0-15's upper bits) are declared clobbered.
+        #[cfg(target_arch = "x86_64")]
         unsafe {
             core::arch::asm!(
                 "vpxor xmm0, xmm0, xmm0",
@@ -436,11 +440,10 @@ pub(crate) fn scrub_frames<const N: usize>() {
                 options(nostack),
             );
         }
-        std::hint::black_box(&mut z);
-        return;
+    } else {
+        // SAFETY: `start` is the N writable bytes of `z`.
+        unsafe { start.write_bytes(0, N) };
     }
-    // SAFETY: `start` is the N writable bytes of `z`.
-    unsafe { start.write_bytes(0, N) };
     std::hint::black_box(&mut z);
 }
 

@@ -318,12 +318,13 @@ fn lane_add(n: i32) -> __m512i {
 }
 
 /// Keeps the compiler from moving the multiplications of `t` above the AES round that
-/// produced `b` (what it computes from `t` cannot start before this point in the code). Left to itself, LLVM gathered a step's 26 carry-less multiplications
-/// ahead of all its AES rounds, and on AMD's Zen 5 the step then took as long as its
-/// rounds and its hash each alone, one after the other (the multiplications waiting on
-/// the multiplier seemingly filled the scheduler the AES instructions must enter): with
-/// the two interleaved, AES-GCM went from 16-18 to 21-23 GB/s. No instruction is emitted:
-/// the values pass through an empty `asm!`.
+/// produced `b` (what it computes from `t` cannot start before this point in the code).
+/// Left to itself, LLVM gathered a step's 26 carry-less multiplications ahead of all its
+/// AES rounds, and on AMD's Zen 5 the step then took as long as its rounds and its hash
+/// each alone, one after the other (the multiplications waiting on the multiplier
+/// seemingly filled the scheduler the AES instructions must enter): with the two
+/// interleaved, AES-GCM went from 16-18 to 21-23 GB/s. No instruction is emitted: the
+/// values pass through an empty `asm!`.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn in_order(b: &mut [__m512i; 8], t: &mut __m512i) {
@@ -345,7 +346,8 @@ fn in_order(b: &mut [__m512i; 8], t: &mut __m512i) {
 /// the first) spread between the rounds, as the kernel's assembly spreads its
 /// hash: one register's products after each of rounds 1-8 (register `i`'s kept from
 /// moving above round `i` by [`in_order`]; a barrier after round `i + 1` instead ran at
-/// 16.5 GB/s against 21), one reduction and lane fold for all of them. Returns the key stream and the new state.
+/// 16.5 GB/s against 21), one reduction and lane fold for all of them. Returns the key
+/// stream and the new state.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq")]
 fn aes8_ghash32<const NR: usize, const AES: bool>(
