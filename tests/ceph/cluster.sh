@@ -73,6 +73,11 @@ mon data avail warn = 1
 # A client killed with its image's exclusive lock held keeps the next one out until its
 # watch expires (30 s by default); clients renew theirs every 5 s.
 osd client watch timeout = 10
+# The OSD places itself in the CRUSH map at start with two monitor commands of its own,
+# which now and then went out with a monitor map it did not yet have ("wrong fsid": the OSD
+# exits, five starts in a row in one CI run). This script places it instead (osd crush add).
+osd crush update on start = false
+osd class update on start = false
 ${CEPH_PLUGIN_DIR:+plugin dir = $CEPH_PLUGIN_DIR}
 ${CEPH_PLUGIN_DIR:+erasure code dir = $CEPH_PLUGIN_DIR/erasure-code}
 ${CEPH_CLASS_DIR:+osd class dir = $CEPH_CLASS_DIR}
@@ -97,6 +102,7 @@ mon() { python3 "$HERE/mon_command.py" "$conf" "$1"; }
 # ("osd create" without one) made the OSD's boot fail now and then with "wrong fsid".
 osd_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
 mon "{\"prefix\": \"osd create\", \"uuid\": \"$osd_uuid\", \"id\": 0}" >/dev/null
+mon '{"prefix": "osd crush add", "id": 0, "weight": 1.0, "args": ["host=localhost", "root=default"]}' >/dev/null
 ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>/dev/null
 # It daemonizes; its complaints are in DIR/log/osd.0.log. Now and then its first command
 # to the monitor goes out before it has the monitor map ("handle_command on fsid 0000...":
