@@ -104,9 +104,9 @@ osd_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
 mon "{\"prefix\": \"osd create\", \"uuid\": \"$osd_uuid\", \"id\": 0}" >/dev/null
 mon '{"prefix": "osd crush add", "id": 0, "weight": 1.0, "args": ["host=localhost", "root=default"]}' >/dev/null
 ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>/dev/null
-# It daemonizes; its complaints are in DIR/log/osd.0.log. Now and then its first command
-# to the monitor goes out before it has the monitor map ("handle_command on fsid 0000...":
-# "wrong fsid") and it exits: started again, it gets through.
+# It daemonizes; its complaints are in DIR/log/osd.0.log. A start that fails is tried
+# again: with its own CRUSH commands off (above), none has failed in 24 starts three at a
+# time on two loaded CPUs.
 started=
 for _ in 1 2 3 4 5; do
   if ceph-osd -c "$conf" -i 0 2>/dev/null; then started=1; break; fi
