@@ -41,7 +41,7 @@ enum Engine {
         xts: Xts,
         mac_key: SecretBytes,
         hash: HashAlg,
-        /// The key for sixteen sectors at once (`hmac(sha256)` where the CPU has AVX-512).
+        /// The key for up to 32 sectors at once (`hmac(sha256)` where the CPU has AVX-512).
         lanes: Option<Sha256Lanes>,
     },
 }
@@ -357,17 +357,7 @@ impl AeadSectorCipher {
         if let Engine::XtsHmac { xts, .. } = &self.engine {
             let mut tweaks = self.tweaks(sector, meta, n);
             xts.run(&mut tweaks, data, ss, true);
-            // Then each sector's MAC over its ciphertext, a group at a time.
-            for (c, (d, m)) in data
-                .chunks(HMAC_GROUP * ss)
-                .zip(meta.chunks_mut(HMAC_GROUP * ts))
-                .enumerate()
-            {
-                let tags = self.hmac_group(sector + (c * HMAC_GROUP) as u64, d, m);
-                for (m, t) in m.chunks_exact_mut(ts).zip(&tags) {
-                    m[..self.auth_size].copy_from_slice(&t[..self.auth_size]);
-                }
-            }
+            self.seal_hmacs(sector, data, meta);
             return Ok(());
         }
         let mut iv = [0u8; 16];
@@ -488,19 +478,7 @@ impl AeadSectorCipher {
         if let Engine::XtsHmac { xts, .. } = &self.engine {
             // Each sector's MAC over its ciphertext first, then decryption; a sector whose
             // MAC differs is zeroed.
-            for (c, (d, m)) in data
-                .chunks(HMAC_GROUP * ss)
-                .zip(meta.chunks(HMAC_GROUP * ts))
-                .enumerate()
-            {
-                let tags = self.hmac_group(sector + (c * HMAC_GROUP) as u64, d, m);
-                for (i, (m, t)) in m.chunks_exact(ts).zip(&tags).enumerate() {
-                    let auth = &m[..self.auth_size];
-                    if !crate::constant_time_eq(auth, &t[..self.auth_size]) {
-                        bad.push(c * HMAC_GROUP + i);
-                    }
-                }
-            }
+            self.check_hmacs(sector, data, meta, bad);
             let mut tweaks = self.tweaks(sector, meta, n);
             xts.run(&mut tweaks, data, ss, false);
             for &i in &bad[first_bad..] {
@@ -563,8 +541,47 @@ impl AeadSectorCipher {
         (ivs, aads)
     }
 
+    /// Each sector's MAC over its ciphertext (`data`, the first sector `sector`) into its
+    /// metadata, a group at a time. Not inlined, like [`Self::check_hmacs`]: the groups'
+    /// arrays (~5 KiB at 32 sectors) stay out of the other engines' frames, whose wipe
+    /// is smaller.
+    #[inline(never)]
+    fn seal_hmacs(&self, sector: u64, data: &[u8], meta: &mut [u8]) {
+        let (ss, ts) = (self.sector_size as usize, self.tag_size());
+        for (c, (d, m)) in data
+            .chunks(HMAC_GROUP * ss)
+            .zip(meta.chunks_mut(HMAC_GROUP * ts))
+            .enumerate()
+        {
+            let tags = self.hmac_group(sector + (c * HMAC_GROUP) as u64, d, m);
+            for (m, t) in m.chunks_exact_mut(ts).zip(&tags) {
+                m[..self.auth_size].copy_from_slice(&t[..self.auth_size]);
+            }
+        }
+    }
+
+    /// The index (in `data`) of each sector whose MAC in `meta` is not its ciphertext's,
+    /// pushed to `bad`.
+    #[inline(never)]
+    fn check_hmacs(&self, sector: u64, data: &[u8], meta: &[u8], bad: &mut Vec<usize>) {
+        let (ss, ts) = (self.sector_size as usize, self.tag_size());
+        for (c, (d, m)) in data
+            .chunks(HMAC_GROUP * ss)
+            .zip(meta.chunks(HMAC_GROUP * ts))
+            .enumerate()
+        {
+            let tags = self.hmac_group(sector + (c * HMAC_GROUP) as u64, d, m);
+            for (i, (m, t)) in m.chunks_exact(ts).zip(&tags).enumerate() {
+                let auth = &m[..self.auth_size];
+                if !crate::constant_time_eq(auth, &t[..self.auth_size]) {
+                    bad.push(c * HMAC_GROUP + i);
+                }
+            }
+        }
+    }
+
     /// The HMAC of each of the (at most [`HMAC_GROUP`]) sectors of `d` (ciphertext, the
-    /// first being `sector`; `m` their metadata, for random IVs): sixteen side by side
+    /// first being `sector`; `m` their metadata, for random IVs): side by side
     /// where the lanes run and there are enough of them, else one by one. The first
     /// `auth_size` bytes of each row are the tag.
     fn hmac_group(&self, sector: u64, d: &[u8], m: &[u8]) -> [[u8; 64]; HMAC_GROUP] {
@@ -635,15 +652,15 @@ const GCM_GROUP: usize = 16;
 /// How deep below `seal`/`open` each engine's frames reach, with a KiB to spare: the stack
 /// wiped after each call. As `every_engine_stays_within_its_wipe` measures them (Rust
 /// 1.95, every backend): our AES-GCM and AEGIS 5.5 KiB; RustCrypto's AES-GCM (CPUs without
-/// AVX-512) 12.3; ChaCha20-Poly1305 6.1; the HMAC modes 11.2 (with the portable XTS; 8.1
-/// with ours).
+/// AVX-512) 12.3; ChaCha20-Poly1305 6.1; the HMAC modes 20.4 (two sets of SHA-256
+/// lanes: their registers spilled, 32 sectors' tags and associated data).
 const WIPE_OURS: usize = 7 << 10;
 const WIPE_RUSTCRYPTO_GCM: usize = 15 << 10;
 const WIPE_CHACHA: usize = 8 << 10;
-pub(crate) const WIPE_HMAC: usize = 13 << 10;
+pub(crate) const WIPE_HMAC: usize = 22 << 10;
 
-/// Sectors whose HMACs are computed together: the SHA-256 lanes' count.
-const HMAC_GROUP: usize = crate::sha256_lanes::LANES;
+/// Sectors whose HMACs are computed together: what the SHA-256 lanes take at once.
+const HMAC_GROUP: usize = crate::sha256_lanes::MESSAGES;
 
 /// `aes-gcm-random`'s nonces (each the IV stored after the 16-byte tag) and associated
 /// data (sector number LE64, then the nonce) for `n` (at most [`GCM_GROUP`]) sectors from

@@ -10,7 +10,7 @@
 //! `hmac-sha256`, `hmac-sha512`.
 
 use crate::secret::SecretBytes;
-use crate::sha256_lanes::{LANES, Sha256Lanes};
+use crate::sha256_lanes::{MESSAGES, Sha256Lanes};
 use crate::{Error, HashAlg, Result};
 
 /// The hashes the kernel accepts for `hmac(...)` that cryptblk computes.
@@ -83,7 +83,7 @@ pub struct IntegrityHash {
     tag_size: usize,
     block: u32,
     name: String,
-    /// `sha256` and `hmac-sha256` sixteen blocks at a time, where the CPU has AVX-512:
+    /// `sha256` and `hmac-sha256` up to 32 blocks at a time, where the CPU has AVX-512:
     /// set up at the first request (a journal MAC never needs them).
     lanes: std::sync::OnceLock<Option<Sha256Lanes>>,
 }
@@ -170,21 +170,21 @@ impl IntegrityHash {
     }
 
     /// Each block's tag (blocks of `data` from the one whose first 512-byte sector is
-    /// `sector`), handed to `each` with the block's index: sixteen blocks side by side
+    /// `sector`), handed to `each` with the block's index: up to 32 blocks side by side
     /// where the lanes run and there are enough, else one by one. Keyed, the stack its
     /// frames used is wiped after (as deep as the HMAC sector engines reach).
     fn each_tag(&self, sector: u64, data: &[u8], mut each: impl FnMut(usize, &[u8])) {
         let (bs, per) = (self.block as usize, u64::from(self.block / 512));
         let mut buf = [0u8; MAX_TAG];
         let tag = &mut buf[..self.tag_size];
-        for (g, group) in data.chunks(LANES * bs).enumerate() {
-            let first = g * LANES;
+        for (g, group) in data.chunks(MESSAGES * bs).enumerate() {
+            let first = g * MESSAGES;
             let k = group.len() / bs;
             match self.lanes() {
                 Some(l) if k >= crate::sha256_lanes::WORTH_FROM => {
                     // Each block's prefix: the salt (with FIXED_HMAC), le64(its sector).
                     let p = if self.salt.is_some() { 24 } else { 8 };
-                    let pre: [[u8; 24]; LANES] = std::array::from_fn(|i| {
+                    let pre: [[u8; 24]; MESSAGES] = std::array::from_fn(|i| {
                         let mut x = [0u8; 24];
                         let s = (sector + (first + i) as u64) * per;
                         if let Some(salt) = &self.salt {
@@ -193,7 +193,7 @@ impl IntegrityHash {
                         x[p - 8..p].copy_from_slice(&s.to_le_bytes());
                         x
                     });
-                    let pre: [&[u8]; LANES] = std::array::from_fn(|i| &pre[i][..p]);
+                    let pre: [&[u8]; MESSAGES] = std::array::from_fn(|i| &pre[i][..p]);
                     let n = tag.len().min(32);
                     for (i, d) in l.blocks(&pre, group, bs)[..k].iter().enumerate() {
                         tag[..n].copy_from_slice(&d[..n]);
@@ -489,7 +489,7 @@ mod tests {
         assert!(IntegrityHash::is_keyed("hmac(sha256)").unwrap());
     }
 
-    /// A request of many blocks (sha256 and hmac-sha256 take sixteen at a time from six
+    /// A request of many blocks (sha256 and hmac-sha256 take up to 32 at a time from six
     /// on, where the CPU has AVX-512): every tag as one block alone gives it (the checked
     /// rule above), cut or padded to the tag size, and damaged blocks refused alone.
     #[test]

@@ -1,18 +1,18 @@
-//! SHA-256 and HMAC-SHA256 of a request's sectors sixteen at a time (AVX-512: one message
-//! a 32-bit lane, `backend::x86::sha256x16`), for the HMAC modes of LUKS2 with integrity
-//! and dm-integrity's own sha256 checksums. The SHA instructions hash one message after
+//! SHA-256 and HMAC-SHA256 of a request's sectors up to 32 at a time (AVX-512: one
+//! message a 32-bit lane, two sets of sixteen lanes, `backend::x86::sha256x16`), for the
+//! HMAC modes of LUKS2 with integrity and dm-integrity's own sha256 checksums. The SHA instructions hash one message after
 //! another at ~2 GB/s a core; the lanes several times that (docs/benchmarks.md).
 //!
 //! Where the CPU lacks AVX-512F/BW, or a backend other than vaes512 is forced with
 //! `CRYPTBLK_CRYPTO_BACKEND` (the tests of the portable paths), [`HmacSha256Lanes::new`]
 //! and [`sha256_lanes_available`] say so and callers hash sector by sector.
 
-use crate::backend::x86::{SHA256_IV, SHA256_LANES, SHA256_MAX_PREFIX, sha256_lanes};
+use crate::backend::x86::{SHA256_IV, SHA256_MAX_PREFIX, SHA256_MESSAGES, sha256_lanes};
 use crate::secret::LockedBox;
 use zeroize::Zeroize;
 
-/// Messages a call hashes at once.
-pub(crate) const LANES: usize = SHA256_LANES;
+/// Messages a call hashes at most.
+pub(crate) const MESSAGES: usize = SHA256_MESSAGES;
 
 /// The fewest messages worth a pass of the lanes (which costs as much as sixteen): below
 /// it the SHA instructions one message at a time are faster (on AMD Zen 5 they break even
@@ -32,7 +32,7 @@ pub(crate) fn fits(prefix: usize, body: usize) -> bool {
     prefix.is_multiple_of(4) && prefix <= SHA256_MAX_PREFIX && body >= 64 && body.is_multiple_of(64)
 }
 
-/// SHA-256 of up to [`LANES`] messages `prefixes[i] || bodies[i]`, each of one shape
+/// SHA-256 of up to [`MESSAGES`] messages `prefixes[i] || bodies[i]`, each of one shape
 /// ([`fits`]). Panics where [`sha256_lanes_available`] is false or the shapes differ.
 pub(crate) fn sha256_digests(prefixes: &[&[u8]], bodies: &[&[u8]], out: &mut [[u8; 32]]) {
     sha256_lanes(&SHA256_IV, 0, None, prefixes, bodies, out);
@@ -54,7 +54,7 @@ impl Sha256Lanes {
         }
     }
 
-    /// The digests (or MACs) of up to [`LANES`] messages; see [`sha256_digests`].
+    /// The digests (or MACs) of up to [`MESSAGES`] messages; see [`sha256_digests`].
     pub(crate) fn digests(&self, prefixes: &[&[u8]], bodies: &[&[u8]], out: &mut [[u8; 32]]) {
         match self {
             Sha256Lanes::Plain => sha256_digests(prefixes, bodies, out),
@@ -62,13 +62,18 @@ impl Sha256Lanes {
         }
     }
 
-    /// The digests (or MACs) of the blocks of `group` (up to [`LANES`] of `bs` bytes),
+    /// The digests (or MACs) of the blocks of `group` (up to [`MESSAGES`] of `bs` bytes),
     /// each after its prefix in `prefixes` (one length).
-    pub(crate) fn blocks(&self, prefixes: &[&[u8]], group: &[u8], bs: usize) -> [[u8; 32]; LANES] {
+    pub(crate) fn blocks(
+        &self,
+        prefixes: &[&[u8]],
+        group: &[u8],
+        bs: usize,
+    ) -> [[u8; 32]; MESSAGES] {
         let k = group.len() / bs;
-        let bodies: [&[u8]; LANES] =
+        let bodies: [&[u8]; MESSAGES] =
             std::array::from_fn(|i| group.get(i * bs..(i + 1) * bs).unwrap_or_default());
-        let mut out = [[0u8; 32]; LANES];
+        let mut out = [[0u8; 32]; MESSAGES];
         self.digests(&prefixes[..k], &bodies[..k], &mut out[..k]);
         out
     }
@@ -120,7 +125,7 @@ impl HmacSha256Lanes {
         Some(HmacSha256Lanes { pads })
     }
 
-    /// HMAC-SHA256 of up to [`LANES`] messages `prefixes[i] || bodies[i]`, each of one
+    /// HMAC-SHA256 of up to [`MESSAGES`] messages `prefixes[i] || bodies[i]`, each of one
     /// shape ([`fits`]), into `out[i]`. Panics if the shapes differ.
     pub(crate) fn tags(&self, prefixes: &[&[u8]], bodies: &[&[u8]], out: &mut [[u8; 32]]) {
         let p = &*self.pads;
@@ -154,8 +159,8 @@ mod tests {
     use super::*;
     use crate::HashAlg;
 
-    /// Every lane count, prefixes of 0-52 bytes, bodies of one to 65 blocks, against the
-    /// RustCrypto digests message by message.
+    /// Every lane count of one and of two sets, prefixes of 0-52 bytes, bodies of one to
+    /// 65 blocks, against the RustCrypto digests message by message.
     #[test]
     fn lanes_match_one_message_at_a_time() {
         if !sha256_lanes_available() {
@@ -180,6 +185,11 @@ mod tests {
             (3, 52, 2),
             (9, 4, 65),
             (16, 0, 3),
+            // Two register sets: full, one lane into the second, and in between.
+            (32, 24, 64),
+            (17, 8, 2),
+            (21, 0, 1),
+            (32, 52, 3),
         ] {
             let pre: Vec<Vec<u8>> = (0..n).map(|_| (0..p).map(|_| byte()).collect()).collect();
             let body: Vec<Vec<u8>> = (0..n)

@@ -200,7 +200,7 @@ pub(crate) use gcm512::GcmKeys;
 use keys::RoundKeys;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use sha256x16::{
-    IV as SHA256_IV, LANES as SHA256_LANES, MAX_PREFIX as SHA256_MAX_PREFIX,
+    IV as SHA256_IV, MAX_PREFIX as SHA256_MAX_PREFIX, MESSAGES as SHA256_MESSAGES,
 };
 
 /// Whether this CPU has what [`sha256_lanes`] needs (AVX-512F and BW).
@@ -210,7 +210,7 @@ pub(crate) fn has_sha256_lanes() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
-/// SHA-256 of up to sixteen messages of one shape at once (see `sha256x16::digests`:
+/// SHA-256 of up to 32 messages of one shape at once (see `sha256x16::digests`:
 /// `start` having absorbed `done` bytes, HMAC's outer hash with `outer`). Panics where the
 /// CPU lacks AVX-512F or BW ([`has_sha256_lanes`]) or the shapes are not as it says.
 #[cfg(target_arch = "x86_64")]
@@ -538,7 +538,7 @@ impl GcmKeys {
 
 // The SHA-256 lanes off x86_64: never available, so never called.
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) const SHA256_LANES: usize = 16;
+pub(crate) const SHA256_MESSAGES: usize = 32;
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) const SHA256_MAX_PREFIX: usize = 52;
 #[cfg(not(target_arch = "x86_64"))]

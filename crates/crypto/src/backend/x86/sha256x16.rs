@@ -1,11 +1,13 @@
-//! SHA-256 (FIPS 180-4) of sixteen messages side by side on 512-bit registers: lane `i` of
-//! every register belongs to message `i`, so each instruction does one step of sixteen
-//! hashes. A request's sectors all have one length, which is what this needs.
+//! SHA-256 (FIPS 180-4) of up to 32 messages side by side on 512-bit registers: lane `i`
+//! of every register of a set belongs to one message, so each instruction does one step of
+//! sixteen hashes, and a second set's rounds run interleaved with the first's. A request's
+//! sectors all have one length, which is what this needs.
 //!
 //! Why: the SHA instructions hash one message at a time, one round after another (about
 //! 2 GB/s a core on AMD Zen 5 and Intel alike), which left the HMAC modes of LUKS2 with
-//! integrity at a third of plain XTS over NBD. Sixteen lanes of plain integer vector code
-//! (rotates, three-input logic, adds) keep every vector unit busy instead.
+//! integrity at a third of plain XTS over NBD. Lanes of plain integer vector code
+//! (rotates, three-input logic, adds) keep the vector units busy instead: sixteen lanes'
+//! rounds are one chain of dependent steps, two sets of sixteen two chains.
 //!
 //! Messages are `prefix || body`: the prefix (associated data: the sector number and IV,
 //! or dm-integrity's salt and sector) a whole number of 32-bit words, at most 52 bytes,
@@ -17,8 +19,14 @@
 
 use core::arch::x86_64::*;
 
-/// Messages hashed at once.
+/// Messages a register set hashes at once (one a 32-bit lane).
 pub(crate) const LANES: usize = 16;
+
+/// Messages a call hashes at most: two register sets side by side. One set's rounds are a
+/// single chain of dependent steps (each round waits on the last), which left the vector
+/// units half idle; a second set's rounds interleaved with the first's fill them: on AMD
+/// Zen 5, 32 messages cost ~1.15x what 16 do (docs/benchmarks.md, session 39).
+pub(crate) const MESSAGES: usize = 2 * LANES;
 
 /// The longest prefix (bytes): with the 0x80 byte's word and the 64-bit length, it fills
 /// the last block.
@@ -94,51 +102,140 @@ fn small_sigma1(x: __m512i) -> __m512i {
     )
 }
 
-/// One compression of the sixteen states `s` by the block `w` (word `t` of every lane in
-/// `w[t]`), which then serves as the message schedule's ring. All 64 rounds written out:
-/// with a loop the ring stayed in memory, stored back every round. Not inlined: it is
-/// called per block from four places.
+/// One round on the working variables `$v` with `$wk` (the round's word plus its
+/// constant), `$j` (a constant) its place in eight: the variables rotate through `$v`
+/// instead of moving (at round j, `a` is v[(0 - j) mod 8] ... `h` v[(7 - j) mod 8]; the
+/// round writes the new `e` over `d` and the new `a` over `h`), so eight rounds leave
+/// them where they were.
+macro_rules! rotating_round {
+    ($v:ident, $wk:expr, $j:expr) => {
+        let at = |k: usize| (k + 8 - $j % 8) % 8;
+        let (a, b, c, d) = ($v[at(0)], $v[at(1)], $v[at(2)], $v[at(3)]);
+        let (e, f, g, h) = ($v[at(4)], $v[at(5)], $v[at(6)], $v[at(7)]);
+        // Ch = e ? f : g (0xca); Maj = majority of a, b, c (0xe8). Summed so that the new
+        // `e` is three steps from the old (Ch or Σ1's two, one add): the terms not from
+        // `e` are added first, off that chain.
+        let t1p = add(add(h, $wk), _mm512_ternarylogic_epi32::<0xca>(e, f, g));
+        let s1 = big_sigma1(e);
+        let t2 = add(big_sigma0(a), _mm512_ternarylogic_epi32::<0xe8>(a, b, c));
+        $v[at(3)] = add(add(d, t1p), s1);
+        $v[at(7)] = add(add(t1p, s1), t2);
+    };
+}
+
+/// Round `$i` of sixteen `$c` (0-3) of one register set: `$v` its working variables, `$w`
+/// its block, then its message schedule's ring (constant indices: in registers).
+macro_rules! round {
+    ($v:ident, $w:ident, $c:literal, $i:literal) => {
+        if $c > 0 {
+            $w[$i] = add(
+                add(small_sigma1($w[($i + 14) % 16]), $w[($i + 9) % 16]),
+                add(small_sigma0($w[($i + 1) % 16]), $w[$i]),
+            );
+        }
+        rotating_round!($v, add($w[$i], splat(K[$c * 16 + $i])), $i);
+    };
+}
+
+/// `$r!(c, i)` for all 64 rounds, in order: written out, so that the message schedule's
+/// ring stays in registers (with a loop it was stored back every round).
+macro_rules! all_rounds {
+    ($r:ident) => {
+        all_rounds!($r, 0 1 2 3)
+    };
+    ($r:ident, $($c:literal)*) => {$(
+        $r!($c, 0); $r!($c, 1); $r!($c, 2); $r!($c, 3);
+        $r!($c, 4); $r!($c, 5); $r!($c, 6); $r!($c, 7);
+        $r!($c, 8); $r!($c, 9); $r!($c, 10); $r!($c, 11);
+        $r!($c, 12); $r!($c, 13); $r!($c, 14); $r!($c, 15);
+    )*};
+}
+
+/// One register set: sixteen states, and the block being hashed (word `t` of every lane in
+/// `w[t]`), which the compression uses up as its message schedule's ring.
+#[derive(Clone, Copy)]
+struct Set {
+    s: [__m512i; 8],
+    w: [__m512i; 16],
+}
+
+/// One compression of one set by its block. Not inlined: it is called per block from
+/// four places.
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
-fn compress(s: &mut [__m512i; 8], mut w: [__m512i; 16]) {
-    let mut v = *s;
-    // The working variables rotate through `v` instead of moving: at round i, `a` is
-    // v[(0 - i) mod 8] ... `h` v[(7 - i) mod 8]; the round writes the new `e` over `d` and
-    // the new `a` over `h`.
-    macro_rules! round {
+fn compress1(x: &mut Set) {
+    // Copies, not references: the schedule's ring then lives in registers, not in `x`.
+    let (mut v, mut w) = (x.s, x.w);
+    macro_rules! r {
         ($c:literal, $i:literal) => {
-            if $c > 0 {
-                w[$i] = add(
-                    add(small_sigma1(w[($i + 14) % 16]), w[($i + 9) % 16]),
-                    add(small_sigma0(w[($i + 1) % 16]), w[$i]),
-                );
-            }
-            let at = |k: usize| (k + 8 - $i % 8) % 8;
-            let (a, b, c, d) = (v[at(0)], v[at(1)], v[at(2)], v[at(3)]);
-            let (e, f, g, h) = (v[at(4)], v[at(5)], v[at(6)], v[at(7)]);
-            // Ch = e ? f : g (0xca); Maj = majority of a, b, c (0xe8). Summed so that the
-            // new `e` is three steps from the old (Ch or Σ1's two, one add): the terms not
-            // from `e` are added first, off that chain.
-            let hk = add(h, add(w[$i], splat(K[$c * 16 + $i])));
-            let t1p = add(hk, _mm512_ternarylogic_epi32::<0xca>(e, f, g));
-            let s1 = big_sigma1(e);
-            let t1 = add(t1p, s1);
-            let t2 = add(big_sigma0(a), _mm512_ternarylogic_epi32::<0xe8>(a, b, c));
-            v[at(3)] = add(add(d, t1p), s1);
-            v[at(7)] = add(t1, t2);
+            round!(v, w, $c, $i);
         };
     }
-    macro_rules! sixteen {
-        ($($c:literal)*) => {$(
-            round!($c, 0); round!($c, 1); round!($c, 2); round!($c, 3);
-            round!($c, 4); round!($c, 5); round!($c, 6); round!($c, 7);
-            round!($c, 8); round!($c, 9); round!($c, 10); round!($c, 11);
-            round!($c, 12); round!($c, 13); round!($c, 14); round!($c, 15);
+    all_rounds!(r);
+    for (s, v) in x.s.iter_mut().zip(v) {
+        *s = add(*s, v);
+    }
+}
+
+/// Word `i` (16 <= i < 64) of the message schedule, over word `i - 16` in the ring `w`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn schedule(w: &mut [__m512i; 16], i: usize) -> __m512i {
+    let x = add(
+        add(small_sigma1(w[(i + 14) % 16]), w[(i + 9) % 16]),
+        add(small_sigma0(w[(i + 1) % 16]), w[i % 16]),
+    );
+    w[i % 16] = x;
+    x
+}
+
+/// One compression of each of two sets, their rounds interleaved: the second set's steps
+/// run while the first's wait on their chain. Two sets' rings and states do not fit the 32
+/// registers: the rounds run eight at a time in a loop, the rings in memory (a load folded
+/// into an add), the sixteen states in registers. Written out like [`compress1`], LLVM
+/// spilled states on the rounds' chains instead (docs/benchmarks.md, session 39).
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+fn compress2(x: &mut Set, y: &mut Set) {
+    let (mut v, mut u) = (x.s, y.s);
+    macro_rules! eight {
+        ($base:expr, $scheduled:expr) => {
+            eight!(@ $base, $scheduled, 0 1 2 3 4 5 6 7)
+        };
+        (@ $base:expr, $scheduled:expr, $($j:literal)*) => {$(
+            let i = $base + $j;
+            let k = splat(K[i]);
+            let (wx, wy) = if $scheduled {
+                (schedule(&mut x.w, i), schedule(&mut y.w, i))
+            } else {
+                (x.w[i], y.w[i])
+            };
+            rotating_round!(v, add(wx, k), $j);
+            rotating_round!(u, add(wy, k), $j);
         )*};
     }
-    sixteen!(0 1 2 3);
-    for (s, v) in s.iter_mut().zip(v) {
+    for base in [0, 8] {
+        eight!(base, false);
+    }
+    for base in (16..64).step_by(8) {
+        eight!(base, true);
+    }
+    for (s, v) in x.s.iter_mut().zip(v) {
         *s = add(*s, v);
+    }
+    for (s, u) in y.s.iter_mut().zip(u) {
+        *s = add(*s, u);
+    }
+}
+
+/// One compression of each of the `S` (1 or 2) sets.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn compress<const S: usize>(sets: &mut [Set; S]) {
+    match sets.as_mut_slice() {
+        [x] => compress1(x),
+        [x, y] => compress2(x, y),
+        _ => unreachable!("one or two sets"),
     }
 }
 
@@ -151,7 +248,11 @@ fn transpose(r: [__m512i; 16], w: &mut [__m512i; 16]) {
     let swap = _mm512_broadcast_i32x4(_mm_set_epi8(
         12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3,
     ));
-    let r = r.map(|x| _mm512_shuffle_epi8(x, swap));
+    // A loop, not `map`: `map` itself lacks AVX-512 and would not inline the shuffle.
+    let mut r = r;
+    for x in &mut r {
+        *x = _mm512_shuffle_epi8(*x, swap);
+    }
     // Within each 128-bit lane: words of row pairs interleaved, then of row quadruples, so
     // that u[4j + e] holds, in its 128-bit lane L, word 4L + e of rows 4j..4j+3.
     let mut t = [_mm512_setzero_si512(); 16];
@@ -180,15 +281,14 @@ fn transpose(r: [__m512i; 16], w: &mut [__m512i; 16]) {
     }
 }
 
-/// SHA-256 of up to sixteen messages `prefixes[i] || bodies[i]`, continued from `start`
-/// (a state that has absorbed `done` bytes, a multiple of 64: HMAC's inner key block, or
-/// nothing with [`IV`]); with `outer` (HMAC's outer key block's state, having absorbed 64
-/// bytes) each digest is then hashed once more, as HMAC's outer hash. Each digest into
-/// `out[i]`.
+/// SHA-256 of up to [`MESSAGES`] messages `prefixes[i] || bodies[i]`, continued from
+/// `start` (a state that has absorbed `done` bytes, a multiple of 64: HMAC's inner key
+/// block, or nothing with [`IV`]); with `outer` (HMAC's outer key block's state, having
+/// absorbed 64 bytes) each digest is then hashed once more, as HMAC's outer hash. Each
+/// digest into `out[i]`. Up to [`LANES`] messages take one register set, more two.
 ///
 /// All prefixes have one length, a multiple of 4 up to [`MAX_PREFIX`]; all bodies one
-/// length, a multiple of 64 (at least 64). Lanes beyond `bodies.len()` repeat message 0.
-/// Panics if the shapes are otherwise.
+/// length, a multiple of 64 (at least 64). Panics if the shapes are otherwise.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) fn digests(
     start: &[u32; 8],
@@ -199,80 +299,119 @@ pub(crate) fn digests(
     out: &mut [[u8; 32]],
 ) {
     let n = bodies.len();
-    assert!((1..=LANES).contains(&n) && prefixes.len() == n && out.len() == n);
+    assert!((1..=MESSAGES).contains(&n) && prefixes.len() == n && out.len() == n);
     let p = prefixes[0].len();
     let len = bodies[0].len();
     assert!(p.is_multiple_of(4) && p <= MAX_PREFIX && done.is_multiple_of(64));
     assert!(len >= 64 && len.is_multiple_of(64));
     assert!(prefixes.iter().all(|x| x.len() == p) && bodies.iter().all(|b| b.len() == len));
+    if n <= LANES {
+        sets::<1>(start, done, outer, prefixes, bodies, out);
+    } else {
+        sets::<2>(start, done, outer, prefixes, bodies, out);
+    }
+}
+
+/// [`digests`] on `S` register sets (shapes checked there). Lanes beyond the messages
+/// repeat message 0. Not inlined: one frame or the other, not both.
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn sets<const S: usize>(
+    start: &[u32; 8],
+    done: u64,
+    outer: Option<&[u32; 8]>,
+    prefixes: &[&[u8]],
+    bodies: &[&[u8]],
+    out: &mut [[u8; 32]],
+) {
+    let n = bodies.len();
+    let p = prefixes[0].len();
+    let len = bodies[0].len();
     let lane = |i: usize| if i < n { i } else { 0 };
-    let pre: [*const u8; LANES] = std::array::from_fn(|i| prefixes[lane(i)].as_ptr());
-    let body: [*const u8; LANES] = std::array::from_fn(|i| bodies[lane(i)].as_ptr());
+    // Set j's lane i is message 16j + i.
+    let pre: [[*const u8; LANES]; S] =
+        std::array::from_fn(|j| std::array::from_fn(|i| prefixes[lane(LANES * j + i)].as_ptr()));
+    let body: [[*const u8; LANES]; S] =
+        std::array::from_fn(|j| std::array::from_fn(|i| bodies[lane(LANES * j + i)].as_ptr()));
     // Words of the first block (and of the last) that come from the prefix (from the
     // body's last bytes).
     let head: __mmask16 = ((1u32 << (p / 4)) - 1) as __mmask16;
     let blocks = len / 64;
 
-    let mut s: [__m512i; 8] = std::array::from_fn(|j| splat(start[j]));
-    let mut w = [_mm512_setzero_si512(); 16];
+    let zero = _mm512_setzero_si512();
+    let mut x = [Set {
+        s: std::array::from_fn(|j| splat(start[j])),
+        w: [zero; 16],
+    }; S];
     // The first block: the prefix, then the body's first 64 - p bytes.
-    let rows = std::array::from_fn(|i| {
-        // SAFETY: a masked load reads only the words whose mask bit is set (the others
-        // neither read nor fault): the prefix's p bytes, and the body's bytes 0..64-p (the
-        // words below the body's start are masked off). In bounds by the asserts above.
-        unsafe {
-            _mm512_or_si512(
-                _mm512_maskz_loadu_epi32(head, pre[i].cast()),
-                _mm512_maskz_loadu_epi32(!head, body[i].wrapping_sub(p).cast()),
-            )
-        }
-    });
-    transpose(rows, &mut w);
-    compress(&mut s, w);
+    for (x, (pre, body)) in x.iter_mut().zip(pre.iter().zip(&body)) {
+        let rows = std::array::from_fn(|i| {
+            // SAFETY: a masked load reads only the words whose mask bit is set (the others
+            // neither read nor fault): the prefix's p bytes, and the body's bytes 0..64-p
+            // (the words below the body's start are masked off). In bounds by the asserts
+            // in `digests`.
+            unsafe {
+                _mm512_or_si512(
+                    _mm512_maskz_loadu_epi32(head, pre[i].cast()),
+                    _mm512_maskz_loadu_epi32(!head, body[i].wrapping_sub(p).cast()),
+                )
+            }
+        });
+        transpose(rows, &mut x.w);
+    }
+    compress(&mut x);
     // The blocks wholly inside the body.
     for k in 1..blocks {
-        let rows = std::array::from_fn(|i| {
-            // SAFETY: bytes 64k - p .. 64k + 64 - p of a body of 64 * blocks bytes, k <
-            // blocks, p >= 0: in bounds.
-            unsafe { _mm512_loadu_si512(body[i].add(64 * k - p).cast()) }
-        });
-        transpose(rows, &mut w);
-        compress(&mut s, w);
+        for (x, body) in x.iter_mut().zip(&body) {
+            let rows = std::array::from_fn(|i| {
+                // SAFETY: bytes 64k - p .. 64k + 64 - p of a body of 64 * blocks bytes, k <
+                // blocks, p >= 0: in bounds.
+                unsafe { _mm512_loadu_si512(body[i].add(64 * k - p).cast()) }
+            });
+            transpose(rows, &mut x.w);
+        }
+        compress(&mut x);
     }
     // The last block: the body's last p bytes, 0x80, zeros, the length in bits.
-    if p > 0 {
-        let rows = std::array::from_fn(|i| {
-            // SAFETY: only the words under `head` are read: the body's last p bytes.
-            unsafe { _mm512_maskz_loadu_epi32(head, body[i].add(len - p).cast()) }
-        });
-        transpose(rows, &mut w);
-    } else {
-        w = [_mm512_setzero_si512(); 16];
-    }
     let bits = (done + (p + len) as u64) * 8;
-    w[p / 4] = splat(0x8000_0000);
-    w[14] = splat((bits >> 32) as u32);
-    w[15] = splat(bits as u32);
-    compress(&mut s, w);
+    for (x, body) in x.iter_mut().zip(&body) {
+        if p > 0 {
+            let rows = std::array::from_fn(|i| {
+                // SAFETY: only the words under `head` are read: the body's last p bytes.
+                unsafe { _mm512_maskz_loadu_epi32(head, body[i].add(len - p).cast()) }
+            });
+            transpose(rows, &mut x.w);
+        } else {
+            x.w = [zero; 16];
+        }
+        x.w[p / 4] = splat(0x8000_0000);
+        x.w[14] = splat((bits >> 32) as u32);
+        x.w[15] = splat(bits as u32);
+    }
+    compress(&mut x);
 
     if let Some(outer) = outer {
         // HMAC's outer hash: the 32-byte inner digest, padded, after the 64-byte key block.
-        w = [_mm512_setzero_si512(); 16];
-        w[..8].copy_from_slice(&s);
-        w[8] = splat(0x8000_0000);
-        w[15] = splat((64 + 32) * 8);
-        s = std::array::from_fn(|j| splat(outer[j]));
-        compress(&mut s, w);
+        for x in x.iter_mut() {
+            x.w = [zero; 16];
+            x.w[..8].copy_from_slice(&x.s);
+            x.w[8] = splat(0x8000_0000);
+            x.w[15] = splat((64 + 32) * 8);
+            x.s = std::array::from_fn(|j| splat(outer[j]));
+        }
+        compress(&mut x);
     }
 
-    let mut words = [[0u32; LANES]; 8];
-    for (row, s) in words.iter_mut().zip(&s) {
-        // SAFETY: `row` is 64 writable bytes.
-        unsafe { _mm512_storeu_si512(row.as_mut_ptr().cast(), *s) };
-    }
-    for (i, o) in out.iter_mut().enumerate() {
-        for (j, word) in words.iter().enumerate() {
-            o[4 * j..4 * j + 4].copy_from_slice(&word[i].to_be_bytes());
+    for (j, x) in x.iter().enumerate() {
+        let mut words = [[0u32; LANES]; 8];
+        for (row, s) in words.iter_mut().zip(&x.s) {
+            // SAFETY: `row` is 64 writable bytes.
+            unsafe { _mm512_storeu_si512(row.as_mut_ptr().cast(), *s) };
+        }
+        for (i, o) in out.iter_mut().skip(LANES * j).take(LANES).enumerate() {
+            for (t, word) in words.iter().enumerate() {
+                o[4 * t..4 * t + 4].copy_from_slice(&word[i].to_be_bytes());
+            }
         }
     }
 }
