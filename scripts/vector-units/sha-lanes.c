@@ -1,7 +1,8 @@
 // Whether SHA-NI (one message at a time, its own unit) can run beside cryptblk's sixteen
 // AVX-512 SHA-256 lanes: a lane block (a SHA-256-shaped round on sixteen 32-bit lanes,
-// with its message schedule) alone, one SHA-NI block alone, and the two interleaved, one
-// or two SHA-NI streams doing 1-4 quad-rounds after every fourth lane round. Timing only:
+// with its message schedule) alone, two sets of lanes interleaved, one SHA-NI block
+// alone, and lanes and SHA-NI interleaved, one or two SHA-NI streams doing 1-4
+// quad-rounds after every fourth lane round. Timing only:
 // the values computed are not SHA-256 of anything. Cycles against a chain of dependent
 // adds timed once at the start.
 //   scripts/vector-units/run.sh
@@ -17,11 +18,13 @@ typedef struct { __m512i a,b,c,d,e,f,g,h; } L;
 static inline __attribute__((always_inline)) void lane_round(L* s, __m512i kw){
   __m512i S1=_mm512_ternarylogic_epi32(ROR(s->e,6),ROR(s->e,11),ROR(s->e,25),0x96);
   __m512i ch=_mm512_ternarylogic_epi32(s->e,s->f,s->g,0xca);
-  __m512i t1=_mm512_add_epi32(_mm512_add_epi32(s->h,kw),_mm512_add_epi32(S1,ch));
+  // Reassociated as the engine does: the new e three steps from the old.
+  __m512i t1p=_mm512_add_epi32(_mm512_add_epi32(s->h,kw),ch);
+  __m512i t1=_mm512_add_epi32(t1p,S1);
   __m512i S0=_mm512_ternarylogic_epi32(ROR(s->a,2),ROR(s->a,13),ROR(s->a,22),0x96);
   __m512i mj=_mm512_ternarylogic_epi32(s->a,s->b,s->c,0xe8);
   __m512i t2=_mm512_add_epi32(S0,mj);
-  s->h=s->g; s->g=s->f; s->f=s->e; s->e=_mm512_add_epi32(s->d,t1);
+  s->h=s->g; s->g=s->f; s->f=s->e; s->e=_mm512_add_epi32(_mm512_add_epi32(s->d,t1p),S1);
   s->d=s->c; s->c=s->b; s->b=s->a; s->a=_mm512_add_epi32(t1,t2);
 }
 // message schedule step for lanes: w16 = s1(w14)+w9+s0(w1)+w0
@@ -57,6 +60,12 @@ int main(){
   printf("SHA-NI block (1 x 64 B), one stream: %.0f cycles\n", ni);
   t0=now(); for(long i=0;i<R;i++){ for(int q=0;q<16;q++){ nquad(&n1,kk); nquad(&n2,kk);} K(n1.s0);K(n1.s1);K(n2.s0);K(n2.s1);} double ni2=(now()-t0)*ghz*1e9/R;
   printf("SHA-NI, two streams, a block each: %.0f cycles\n", ni2);
+  // Two sets of sixteen lanes, their rounds interleaved (the engine's compress2): one
+  // set's rounds are a single chain of dependent steps.
+  { L s2=s; s2.a=_mm512_set1_epi32(11); __m512i w2[16]; for(int i=0;i<16;i++) w2[i]=_mm512_set1_epi32(i*5+1);
+    t0=now(); for(long i=0;i<R;i++){ for(int r=0;r<64;r++){ __m512i wr,wr2; if(r<16){ wr=w[r]; wr2=w2[r]; } else { wr=lsched(w[r&15],w[(r+1)&15],w[(r+9)&15],w[(r+14)&15]); w[r&15]=wr; wr2=lsched(w2[r&15],w2[(r+1)&15],w2[(r+9)&15],w2[(r+14)&15]); w2[r&15]=wr2; } lane_round(&s,_mm512_add_epi32(wr,kz)); lane_round(&s2,_mm512_add_epi32(wr2,kz)); } K(s.a);K(s.e);K(s2.a);K(s2.e);} double two=(now()-t0)*ghz*1e9/R;
+    printf("two 16-lane sets interleaved (32 blocks): %.0f cycles, %.2f blocks/kcycle vs one set %.2f\n", two, 32/two*1000, 16/lane*1000);
+    __m512i o2=_mm512_add_epi32(s2.a,s2.e); K(o2); }
   for(int per=1; per<=4; per++){
     t0=now(); for(long i=0;i<R;i++){ LBLOCK(if((r&3)==3){ for(int q=0;q<per;q++) nquad(&n1,kk);}) K(s.a);K(s.e);K(n1.s0);K(n1.s1);} double h=(now()-t0)*ghz*1e9/R;
     double blocks=16+per; printf("lanes + %d SHA-NI quad-round(s) every 4 lane rounds (one stream, %d blocks): %.0f cycles, %.2f blocks/kcycle vs lanes %.2f\n", per, per, h, blocks/h*1000, 16/lane*1000);
