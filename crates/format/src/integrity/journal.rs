@@ -317,7 +317,10 @@ impl Journal {
         entries: impl ExactSizeIterator<Item = (u64, &'a [u8], &'a [u8])>,
     ) -> Vec<u8> {
         assert!(entries.len() <= self.entries_per_section);
-        let mut s = vec![0u8; self.section_bytes()];
+        // The entry sectors zeroed, then each journal sector appended in order: zeroing
+        // the whole section first cost as much as a fifth of a journal write.
+        let mut s = Vec::with_capacity(self.section_bytes());
+        s.resize(ENTRY_SECTORS * 512, 0);
         for e in 0..self.entries_per_section {
             let (at, _) = self.entry_at(e);
             s[at + 4..at + 8].copy_from_slice(&UNUSED_HI.to_le_bytes());
@@ -325,16 +328,22 @@ impl Journal {
         for (e, (sector, data, tag)) in entries.enumerate() {
             let (at, _) = self.entry_at(e);
             s[at..at + 8].copy_from_slice(&sector.to_le_bytes());
-            let data_at = (ENTRY_SECTORS + e * self.spb) * 512;
             for k in 0..self.spb {
                 let src = &data[k * 512..][..512];
-                s[data_at + k * 512..][..SECTOR_DATA].copy_from_slice(&src[..SECTOR_DATA]);
                 s[at + 8 + 8 * k..][..8].copy_from_slice(&src[SECTOR_DATA..]);
+                let j = (s.len() / 512) as u64;
+                s.extend_from_slice(&src[..SECTOR_DATA]);
+                s.extend_from_slice(&self.commit_id(i, j, seq));
             }
             s[at + 8 + 8 * self.spb..][..self.tag_size].copy_from_slice(tag);
         }
-        for j in 0..self.section_sectors {
-            s[j as usize * 512 + SECTOR_DATA..][..8].copy_from_slice(&self.commit_id(i, j, seq));
+        // The unused entries' sectors (and any the section has past them): zeros.
+        for j in (s.len() / 512) as u64..self.section_sectors {
+            s.resize(s.len() + SECTOR_DATA, 0);
+            s.extend_from_slice(&self.commit_id(i, j, seq));
+        }
+        for j in 0..ENTRY_SECTORS {
+            s[j * 512 + SECTOR_DATA..][..8].copy_from_slice(&self.commit_id(i, j as u64, seq));
         }
         s
     }
@@ -375,6 +384,49 @@ mod tests {
         assert!(r.consistent);
         assert!(r.entries.is_empty());
         assert_eq!(r.last_used, 0);
+    }
+
+    /// A section byte by byte as the kernel's commit lays it out: every sector ending in
+    /// its commit id, each entry's block in its sectors' first 504 bytes and their last 8
+    /// in the entry, the unused entries marked and their sectors zero.
+    #[test]
+    fn a_section_is_laid_out_as_the_kernel_commits_it() {
+        for (tag, bs, used) in [(28u16, 512u32, 3usize), (32, 4096, 2), (28, 512, 80)] {
+            let (j, _) = journal(tag, bs);
+            let (bs, tag) = (bs as usize, tag as usize);
+            let spb = bs / 512;
+            let es: Vec<_> = (0..used)
+                .map(|e| entry((e * spb) as u64 * 3, bs, tag, 0x40 + e as u8))
+                .collect();
+            let s = j.section(7, 2, &es);
+            assert_eq!(s.len(), j.section_bytes());
+            for (k, sector) in s.chunks_exact(512).enumerate() {
+                assert_eq!(
+                    sector[SECTOR_DATA..],
+                    j.commit_id(7, k as u64, 2),
+                    "sector {k}"
+                );
+            }
+            for e in 0..j.entries_per_section {
+                let (at, _) = j.entry_at(e);
+                let data = &s[(ENTRY_SECTORS + e * spb) * 512..][..spb * 512];
+                match es.get(e) {
+                    Some(x) => {
+                        assert_eq!(s[at..at + 8], x.sector.to_le_bytes());
+                        for k in 0..spb {
+                            let src = &x.data[k * 512..][..512];
+                            assert_eq!(data[k * 512..][..SECTOR_DATA], src[..SECTOR_DATA]);
+                            assert_eq!(s[at + 8 + 8 * k..][..8], src[SECTOR_DATA..]);
+                        }
+                        assert_eq!(s[at + 8 + 8 * spb..][..tag], x.tag[..]);
+                    }
+                    None => {
+                        assert_eq!(s[at + 4..at + 8], UNUSED_HI.to_le_bytes());
+                        assert!(data.chunks_exact(512).all(|d| d[..SECTOR_DATA] == [0; 504]));
+                    }
+                }
+            }
+        }
     }
 
     #[test]
