@@ -1,7 +1,8 @@
 //! SHA-256 and HMAC-SHA256 of a request's sectors up to 32 at a time (AVX-512: one
 //! message a 32-bit lane, two sets of sixteen lanes, `backend::x86::sha256x16`), for the
-//! HMAC modes of LUKS2 with integrity and dm-integrity's own sha256 checksums. The SHA instructions hash one message after
-//! another at ~2 GB/s a core; the lanes several times that (docs/benchmarks.md).
+//! HMAC modes of LUKS2 with integrity and dm-integrity's own sha256 checksums. The SHA
+//! instructions hash one message after another at ~2 GB/s a core; the lanes several times
+//! that (docs/benchmarks.md).
 //!
 //! Where the CPU lacks AVX-512F/BW, or a backend other than vaes512 is forced with
 //! `CRYPTBLK_CRYPTO_BACKEND` (the tests of the portable paths), [`HmacSha256Lanes::new`]

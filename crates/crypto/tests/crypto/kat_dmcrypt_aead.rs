@@ -209,8 +209,9 @@ fn a_request_of_many_sectors_refuses_exactly_the_damaged_ones() {
     }
 }
 
-/// The HMAC modes over requests of 1 to 35 sectors (the SHA-256 lanes take sixteen at a
-/// time from six on; fewer, and the rest of a request, go one by one): every sector's tag
+/// The HMAC modes over requests of 1 to 35 sectors (the SHA-256 lanes take up to 32 at a
+/// time from six on, one register set up to sixteen; fewer, and the rest of a request, go
+/// one by one): every sector's tag
 /// is RustCrypto's HMAC of le64(sector) || IV || its ciphertext under the key's last
 /// bytes, and a damaged sector anywhere in a group is refused alone.
 #[test]

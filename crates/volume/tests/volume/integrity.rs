@@ -145,8 +145,12 @@ fn a_run_of_small_and_large_writes_goes_home_intact() {
             model[off as usize..][..len].copy_from_slice(&p);
             off += len as u64;
         }
-        // One block inside the 128 KiB write, and one inside the 64 KiB write, rewritten.
-        for (at, seed) in [((8u64 << 20) + 122880, 40u8), ((8 << 20) + 16384, 41)] {
+        // One block inside the 128 KiB write (from +126976), and one inside the 64 KiB
+        // write (from +8192), rewritten: each splits a part written straight in two.
+        for (at, seed) in [
+            ((8u64 << 20) + 126976 + 65536, 40u8),
+            ((8 << 20) + 16384, 41),
+        ] {
             let p = pattern(4096, seed);
             vol.write_at(&p, at, false).unwrap();
             model[at as usize..][..4096].copy_from_slice(&p);

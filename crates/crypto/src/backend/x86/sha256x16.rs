@@ -305,18 +305,26 @@ pub(crate) fn digests(
     assert!(p.is_multiple_of(4) && p <= MAX_PREFIX && done.is_multiple_of(64));
     assert!(len >= 64 && len.is_multiple_of(64));
     assert!(prefixes.iter().all(|x| x.len() == p) && bodies.iter().all(|b| b.len() == len));
-    if n <= LANES {
-        sets::<1>(start, done, outer, prefixes, bodies, out);
-    } else {
-        sets::<2>(start, done, outer, prefixes, bodies, out);
+    // SAFETY: the shapes are as `sets` needs them (the asserts above).
+    unsafe {
+        if n <= LANES {
+            sets::<1>(start, done, outer, prefixes, bodies, out);
+        } else {
+            sets::<2>(start, done, outer, prefixes, bodies, out);
+        }
     }
 }
 
-/// [`digests`] on `S` register sets (shapes checked there). Lanes beyond the messages
-/// repeat message 0. Not inlined: one frame or the other, not both.
+/// [`digests`] on `S` register sets. Lanes beyond the messages repeat message 0. Not
+/// inlined: one frame or the other, not both.
+///
+/// # Safety
+/// The shapes must be as [`digests`] asserts them (1 to 16 × S messages; one prefix length,
+/// a multiple of 4 up to [`MAX_PREFIX`]; one body length, a positive multiple of 64): the
+/// loads read each message in place by them. The CPU must have AVX-512F and BW.
 #[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn sets<const S: usize>(
+unsafe fn sets<const S: usize>(
     start: &[u32; 8],
     done: u64,
     outer: Option<&[u32; 8]>,
@@ -348,8 +356,8 @@ fn sets<const S: usize>(
         let rows = std::array::from_fn(|i| {
             // SAFETY: a masked load reads only the words whose mask bit is set (the others
             // neither read nor fault): the prefix's p bytes, and the body's bytes 0..64-p
-            // (the words below the body's start are masked off). In bounds by the asserts
-            // in `digests`.
+            // (the words below the body's start are masked off). In bounds by the shapes
+            // this function's contract gives (`digests` asserts them).
             unsafe {
                 _mm512_or_si512(
                     _mm512_maskz_loadu_epi32(head, pre[i].cast()),
