@@ -994,8 +994,9 @@ impl Integrity {
     /// area as one write of its tags and as few of its data as it allows (a write per
     /// block cost a system call per 4 KiB): each part of the run that one write put there
     /// in order (a NBD request's blocks) straight from that write's buffer where it is at
-    /// least [`HOME_DIRECT_BYTES`] or the whole run, the smaller parts gathered. (Gathering whole runs
-    /// copied every sequential write's data once more: a fifth of a journal write.)
+    /// least [`HOME_DIRECT_BYTES`] or the whole run, the smaller parts gathered. (Gathering
+    /// whole runs copied every sequential write's data once more: a fifth of a journal
+    /// write.)
     fn write_home(&self, storage: &dyn Storage, blocks: &BTreeMap<u64, Pending>) -> io::Result<()> {
         let (bs, ts) = (self.block as usize, self.auth.tag_size());
         let per = self.area_blocks();

@@ -127,13 +127,12 @@ macro_rules! rotating_round {
 /// its block, then its message schedule's ring (constant indices: in registers).
 macro_rules! round {
     ($v:ident, $w:ident, $c:literal, $i:literal) => {
-        if $c > 0 {
-            $w[$i] = add(
-                add(small_sigma1($w[($i + 14) % 16]), $w[($i + 9) % 16]),
-                add(small_sigma0($w[($i + 1) % 16]), $w[$i]),
-            );
-        }
-        rotating_round!($v, add($w[$i], splat(K[$c * 16 + $i])), $i);
+        let wi = if $c > 0 {
+            schedule(&mut $w, $c * 16 + $i)
+        } else {
+            $w[$i]
+        };
+        rotating_round!($v, add(wi, splat(K[$c * 16 + $i])), $i);
     };
 }
 
@@ -177,7 +176,8 @@ fn compress1(x: &mut Set) {
     }
 }
 
-/// Word `i` (16 <= i < 64) of the message schedule, over word `i - 16` in the ring `w`.
+/// Word `i` (16 <= i < 64) of the message schedule, over word `i - 16` in the ring `w`
+/// (with `i` a constant, as [`compress1`] has it, the ring stays in registers).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn schedule(w: &mut [__m512i; 16], i: usize) -> __m512i {
