@@ -23,7 +23,9 @@ pub enum Tear {
 ///
 /// Reads see every write, as a page cache would. Only writes followed by a `sync` are
 /// durable. When power fails, writes issued since the last `sync` are dropped (or, with
-/// `keep_unsynced`, persisted in order, as a disk that got to write them would), the
+/// `keep_unsynced`, persisted in order, as a disk that got to write them would; or, with
+/// [`CrashDevice::reordering`], every other one, as a disk that wrote its cache out of
+/// order would), the
 /// interrupted write is torn as [`Tear`] says, and every later call fails with an I/O
 /// error, so the operation under test stops there. [`CrashDevice::after_power_loss`] then
 /// gives the image a reboot would find.
@@ -33,6 +35,9 @@ pub struct CrashDevice {
     crash_at: Option<usize>,
     tear: Tear,
     keep_unsynced: bool,
+    /// Only every other unsynced write persists, from the first (0) or the second (1)
+    /// (see [`CrashDevice::reordering`]).
+    reorder: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -46,7 +51,13 @@ struct CrashState {
 
 impl CrashState {
     fn persist_pending(&mut self) {
-        for (off, data) in std::mem::take(&mut self.pending) {
+        self.persist_pending_every(0, 1);
+    }
+
+    /// The unsynced writes persisted: every `step`-th, from the `skip`-th (0-based).
+    fn persist_pending_every(&mut self, skip: usize, step: usize) {
+        let pending = std::mem::take(&mut self.pending);
+        for (off, data) in pending.into_iter().skip(skip).step_by(step) {
             // Memory storage only fails for offsets past usize (checked on entry).
             let _ = self.durable.write_at(&data, off);
         }
@@ -76,7 +87,18 @@ impl CrashDevice {
             crash_at,
             tear,
             keep_unsynced,
+            reorder: None,
         }
+    }
+
+    /// At the power loss, of the writes since the last `sync` only every other one
+    /// persists: the first, the third, ... (`second` false) or the second, the fourth,
+    /// ... (true); the torn write as [`Tear`] says. A disk that wrote part of its cache,
+    /// in its own order: what is written after a `sync` may not count on anything
+    /// written since the one before, only on what that `sync` made stable.
+    pub fn reordering(mut self, second: bool) -> Self {
+        self.reorder = Some(usize::from(second));
+        self
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, CrashState> {
@@ -121,7 +143,9 @@ impl Storage for CrashDevice {
         st.writes += 1;
         if self.crash_at == Some(st.writes) {
             st.crashed = true;
-            if self.keep_unsynced {
+            if let Some(skip) = self.reorder {
+                st.persist_pending_every(skip, 2);
+            } else if self.keep_unsynced {
                 st.persist_pending();
             }
             st.pending.clear();
@@ -191,5 +215,33 @@ mod tests {
         let d = CrashDevice::new(base.clone(), Some(1), Tear::Lost, false);
         assert!(d.write_at(&[1], 0).is_err());
         assert!(d.sync().is_err() && d.read_at(&mut [0], 0).is_err());
+    }
+
+    #[test]
+    fn a_reordering_crash_device_keeps_every_other_unsynced_write() {
+        let run = |second| {
+            let d = CrashDevice::new(MemStorage::new(4096), Some(6), Tear::Lost, false)
+                .reordering(second);
+            d.write_at(&[9; 512], 3072).unwrap();
+            d.sync().unwrap();
+            for (i, v) in [1u8, 2, 3, 4, 5].into_iter().enumerate() {
+                let _ = d.write_at(&[v; 512], 512 * i as u64);
+            }
+            d.after_power_loss().to_vec()
+        };
+        let img = run(false);
+        let at = |i: usize| img[512 * i];
+        assert_eq!(
+            (img[3072], at(0), at(1), at(2), at(3), at(4)),
+            (9, 1, 0, 3, 0, 0)
+        );
+        let img = run(true);
+        let at = |i: usize| img[512 * i];
+        // The synced write; of the four unsynced ones the second and the fourth; the fifth
+        // (the power failed in it) lost.
+        assert_eq!(
+            (img[3072], at(0), at(1), at(2), at(3), at(4)),
+            (9, 0, 2, 0, 4, 0)
+        );
     }
 }

@@ -6,13 +6,17 @@
 //!
 //! Writes go through the journal as the kernel's journal mode does, so that a crash never
 //! leaves a block whose data and tag disagree: a write is sealed, its blocks become journal
-//! entries (sections filled in memory, written when full), and they reach their home only
-//! once the journal holding them is on stable storage (at a flush, or when the ring wraps
-//! and its sections are about to be reused). Until then reads take those blocks from
-//! memory. Opening replays the journal as the kernel's `replay_journal` does (read-write:
-//! the entries are written home and the journal emptied; read-only: they are read from
-//! memory), so a volume the kernel left mid-write opens with the kernel's result, and the
-//! kernel replays ours.
+//! entries (sections filled in memory; the writer that fills one takes the ring's next
+//! section for it and writes it outside the journal's lock, as other writers write
+//! theirs), and they reach their home only once the journal holding them is on stable
+//! storage. As the kernel does, that starts when half the ring holds written sections not
+//! yet home (its `journal_watermark`): the writer whose write reached it writes them home,
+//! also outside the lock, while the others fill the other half; a section is reused only
+//! once what it held is home and stable. A flush waits for the sections taken before it,
+//! then syncs. Until they are home, reads take those blocks from memory. Opening replays
+//! the journal as the kernel's `replay_journal` does (read-write: the entries are written
+//! home and the journal emptied; read-only: they are read from memory), so a volume the
+//! kernel left mid-write opens with the kernel's result, and the kernel replays ours.
 //!
 //! A block whose tag does not verify is never handed out: the read fails with EIO and the
 //! failure is counted (`status`: `integrity_errors`).
@@ -20,10 +24,10 @@
 use cryptblk_crypto::{IntegrityHash, JournalSectionCipher, SecretBytes, SectorTags};
 use cryptblk_device::Storage;
 use cryptblk_format::integrity::{Geometry, Journal, SECTION_MAC_BYTES, Superblock, flags};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// The most data one home write carries (a run of neighbouring blocks is split beyond it).
@@ -210,6 +214,9 @@ pub struct Integrity {
     journal_crypt: Option<JournalCrypt>,
     /// Where it is, in bytes.
     start: u64,
+    /// Counts what a writer may wait for: a section written to the ring, sections written
+    /// home (or an attempt failed).
+    progress: (Mutex<u64>, Condvar),
 }
 
 impl std::fmt::Debug for Integrity {
@@ -232,6 +239,10 @@ struct Pending {
 }
 
 impl Pending {
+    /// The same version of a block (a later write of it is another buffer).
+    fn same(&self, other: &Pending) -> bool {
+        Arc::ptr_eq(&self.data, &other.data) && self.index == other.index
+    }
     fn data(&self, bs: usize) -> &[u8] {
         &self.data[self.index * bs..][..bs]
     }
@@ -240,20 +251,46 @@ impl Pending {
     }
 }
 
+/// A section of the ring in use.
+struct Held {
+    /// Its blocks, in entry order (a block may appear twice: the later wins).
+    entries: SectionBlocks,
+    /// Its write to the ring has completed (a writer writes it without the lock).
+    written: bool,
+}
+
 /// Blocks on their way home, the newest version of each.
 #[derive(Default)]
 struct State {
-    /// In the journal (written, perhaps not yet stable), not yet home, by block.
+    /// In the journal (written, perhaps not yet stable), not yet home, by block: the
+    /// newest version of each block in `held`.
     journaled: BTreeMap<u64, Pending>,
+    /// The ring's sections in use, oldest first (the one before `next_section` last): a
+    /// section is free again once its blocks are home, stable.
+    held: VecDeque<Held>,
+    /// Sections taken from the ring so far (the last in `held` is number `taken - 1`).
+    taken: u64,
+    /// How many of `held`'s first sections a writer is writing home (outside the lock).
+    homing: usize,
+    /// A section could not be written to the ring: the ring has a hole that a replay
+    /// would stop at, so nothing written since may be called stable (the kernel fails
+    /// the device likewise). Writes and flushes fail until the device is opened again.
+    failed: Option<String>,
     /// The section being filled, not yet written, by block (a block may appear twice: the
     /// later wins).
     open: Vec<(u64, Pending)>,
-    /// Where the next section goes, and its ring pass.
+    /// Where the next section goes, and its ring pass (the first after the last in
+    /// `held`: sections are used, and freed, in ring order, as replay expects).
     next_section: u32,
     seq: u8,
     /// Bitmap mode's bitmap, while the device is open read-write in that mode.
     bitmap: Option<Bitmap>,
 }
+
+type StateGuard<'a> = RwLockWriteGuard<'a, State>;
+
+/// A section's blocks, shared by the ring's bookkeeping and whoever writes them.
+type SectionBlocks = Arc<[(u64, Pending)]>;
 
 fn eio(msg: String) -> io::Error {
     io::Error::other(msg)
@@ -403,6 +440,7 @@ impl Integrity {
             journal_mac,
             journal_crypt,
             start,
+            progress: (Mutex::new(0), Condvar::new()),
         };
         let mut jbytes = vec![0u8; me.journal.bytes() as usize];
         storage.read_at(&mut jbytes, me.journal.section_offset(0))?;
@@ -540,7 +578,7 @@ impl Integrity {
         }
         let shared = old.next_multiple_of(self.area_blocks()).min(most);
         {
-            let _home_writes = self.state.write().unwrap_or_else(|e| e.into_inner());
+            let _home_writes = self.quiet();
             self.reseal(storage, old, shared - old, Reseal::Zeros, &mut |_, _| {})?;
         }
         self.reseal(
@@ -738,6 +776,7 @@ impl Integrity {
             journal_mac: keys.mac,
             journal_crypt,
             start,
+            progress: (Mutex::new(0), Condvar::new()),
         };
         me.empty_journal(storage, 0)?;
         me.write_superblock(storage, &sb)?;
@@ -867,19 +906,31 @@ impl Integrity {
         if self.mode == IntegrityMode::Journal {
             // The journal's copy, also taken outside the lock.
             let (data, tags): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(&buf[..]), Arc::from(tags));
+            let full = self.journal.entries_per_section;
             let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+            Self::usable(&st)?;
             for index in 0..n {
+                // A commit lets the lock go while it writes its section: others may have
+                // filled the open section again meanwhile.
+                while st.open.len() >= full {
+                    st = self.commit(storage, st, true)?;
+                }
                 let p = Pending {
                     data: data.clone(),
                     tags: tags.clone(),
                     index,
                 };
                 st.open.push((first + index as u64, p));
-                if st.open.len() == self.journal.entries_per_section {
-                    self.commit(storage, &mut st)?;
-                }
             }
-            return Ok(());
+            if st.open.len() >= full {
+                st = self.commit(storage, st, true)?;
+            }
+            let due = self.homing_due(&mut st);
+            drop(st);
+            return match due {
+                Some(blocks) => self.home(storage, blocks),
+                None => Ok(()),
+            };
         }
         // Modes 'D' and 'B': data, then tags, at their places (under the lock, so no read
         // sees one without the other; a crash between them can: in bitmap mode, only once
@@ -904,61 +955,229 @@ impl Integrity {
         Ok(())
     }
 
-    /// Writes the open section (padded: its other entries unused) to the journal ring.
-    fn commit(&self, storage: &dyn Storage, st: &mut State) -> io::Result<()> {
-        if st.open.is_empty() {
-            return Ok(());
+    /// An error if the ring has a hole (see `State::failed`).
+    fn usable(st: &State) -> io::Result<()> {
+        match &st.failed {
+            None => Ok(()),
+            Some(e) => Err(io::Error::other(format!(
+                "the dm-integrity journal could not be written ({e}): nothing written since \
+                 is stable; open the device again"
+            ))),
         }
+    }
+
+    /// Takes the ring's next section for the open section (padded: its other entries
+    /// unused) and writes it there, without the lock (writers build and write their
+    /// sections in parallel; a flush waits for those before it). The section must be
+    /// free: if the ring is full, this waits for the writer writing its oldest sections
+    /// home, or (none is) writes the whole ring home itself, under the lock. `full_only`:
+    /// only a full section (a writer that waited may find its entries taken by another,
+    /// and others' in the open section).
+    fn commit<'a>(
+        &'a self,
+        storage: &dyn Storage,
+        mut st: StateGuard<'a>,
+        full_only: bool,
+    ) -> io::Result<StateGuard<'a>> {
+        loop {
+            Self::usable(&st)?;
+            if st.open.is_empty() || (full_only && st.open.len() < self.journal.entries_per_section)
+            {
+                return Ok(st);
+            }
+            if st.held.len() < self.journal.sections as usize {
+                break;
+            }
+            if st.homing > 0 || st.held.iter().any(|h| !h.written) {
+                st = self.await_progress(st);
+            } else {
+                self.home_all(storage, &mut st)?;
+            }
+        }
+        debug_assert!(st.open.len() <= self.journal.entries_per_section);
+        let (i, seq, number) = (st.next_section, st.seq, st.taken);
+        st.taken += 1;
+        st.next_section += 1;
         if st.next_section == self.journal.sections {
-            // The ring is full: what its sections hold goes home, stably, before the
-            // first of them is reused in the next pass.
-            storage.sync()?;
-            self.write_home(storage, &st.journaled)?;
-            storage.sync()?;
-            st.journaled.clear();
             st.next_section = 0;
             st.seq = (st.seq + 1) % 4;
         }
+        let entries: SectionBlocks = std::mem::take(&mut st.open).into();
+        for (b, p) in entries.iter() {
+            st.journaled.insert(*b, p.clone());
+        }
+        st.held.push_back(Held {
+            entries: entries.clone(),
+            written: false,
+        });
+        drop(st);
+        let r = self.write_section(storage, i, seq, &entries);
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        // Homing takes written sections only, from the front: this one is still held.
+        let at = (number - (st.taken - st.held.len() as u64)) as usize;
+        st.held[at].written = true;
+        if let Err(e) = &r {
+            st.failed.get_or_insert_with(|| e.to_string());
+        }
+        drop(st);
+        self.progressed();
+        r?;
+        Ok(self.state.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Section `i` of ring pass `seq`, holding `entries`, built and written.
+    fn write_section(
+        &self,
+        storage: &dyn Storage,
+        i: u32,
+        seq: u8,
+        entries: &[(u64, Pending)],
+    ) -> io::Result<()> {
         let (bs, ts, spb) = (self.block as usize, self.auth.tag_size(), self.block / 512);
-        let entries = st
-            .open
+        let entries = entries
             .iter()
             .map(|(b, p)| (b * spb, p.data(bs), p.tag(ts)));
-        let mut section = self.sealed_section(
-            st.next_section,
-            self.journal.section_of(st.next_section, st.seq, entries),
-        );
+        let mut section = self.sealed_section(i, self.journal.section_of(i, seq, entries));
         self.crypt_journal(
-            st.next_section as usize * self.journal.section_bytes(),
+            i as usize * self.journal.section_bytes(),
             &mut section,
             true,
         );
-        storage.write_at(&section, self.journal.section_offset(st.next_section))?;
-        st.next_section += 1;
-        let State {
-            open, journaled, ..
-        } = st;
-        journaled.extend(open.drain(..));
+        storage.write_at(&section, self.journal.section_offset(i))
+    }
+
+    /// Once half the ring's sections are written and no writer is writing sections home,
+    /// the caller becomes that writer: the written sections from the oldest on (which
+    /// become the ones being written home), for [`Integrity::home`] once the lock is let
+    /// go. The kernel starts at the same mark (`journal_watermark`, 50 % by default).
+    fn homing_due(&self, st: &mut State) -> Option<Vec<SectionBlocks>> {
+        let mark = (self.journal.sections as usize / 2).max(1);
+        let written = st.held.iter().take_while(|h| h.written).count();
+        if st.homing > 0 || written < mark || st.failed.is_some() {
+            return None;
+        }
+        st.homing = written;
+        Some(
+            st.held
+                .iter()
+                .take(written)
+                .map(|h| h.entries.clone())
+                .collect(),
+        )
+    }
+
+    /// Writes [`Integrity::homing_due`]'s sections' blocks home (each block's last
+    /// version among them), without the lock: the journal holding them stable first (a
+    /// torn home write is mended by its replay), their homes stable after; then their
+    /// sections are free. A block written again since keeps its newer version in
+    /// `journaled` (and the older one, written home now, is overwritten when that goes
+    /// home). On an error the sections stay in use (the next full ring writes them home
+    /// under the lock).
+    fn home(&self, storage: &dyn Storage, sections: Vec<SectionBlocks>) -> io::Result<()> {
+        let mut blocks = BTreeMap::new();
+        for (b, p) in sections.iter().flat_map(|s| s.iter()) {
+            blocks.insert(*b, p.clone());
+        }
+        let r = storage
+            .sync()
+            .and_then(|()| self.write_home(storage, &blocks))
+            .and_then(|()| storage.sync());
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        if r.is_ok() {
+            for (b, p) in &blocks {
+                if st.journaled.get(b).is_some_and(|q| q.same(p)) {
+                    st.journaled.remove(b);
+                }
+            }
+            let done = st.homing;
+            st.held.drain(..done);
+        }
+        st.homing = 0;
+        drop(st);
+        self.progressed();
+        r
+    }
+
+    /// Wakes the writers waiting in [`Integrity::await_progress`]; called after the
+    /// state lock is let go.
+    fn progressed(&self) {
+        let (count, cv) = &self.progress;
+        *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        cv.notify_all();
+    }
+
+    /// Lets the lock go until a section is written or sections are written home (or
+    /// either failed), and takes it again.
+    fn await_progress<'a>(&'a self, st: StateGuard<'a>) -> StateGuard<'a> {
+        let (count, cv) = &self.progress;
+        // Read under the state lock: progress is counted only after the state changed
+        // under it, so the count cannot have moved on unseen.
+        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = *n;
+        drop(st);
+        while *n == seen {
+            n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(n);
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock, with every section taken written and none being written home.
+    fn quiet(&self) -> StateGuard<'_> {
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        while st.homing > 0 || st.held.iter().any(|h| !h.written) {
+            st = self.await_progress(st);
+        }
+        st
+    }
+
+    /// Every section in use written home, stably, under the lock (all written, none
+    /// being written home by another writer): the ring is free.
+    fn home_all(&self, storage: &dyn Storage, st: &mut State) -> io::Result<()> {
+        debug_assert!(st.homing == 0 && st.held.iter().all(|h| h.written));
+        storage.sync()?;
+        self.write_home(storage, &st.journaled)?;
+        storage.sync()?;
+        st.journaled.clear();
+        st.held.clear();
         Ok(())
     }
 
-    /// Makes every write so far stable: the open section to the journal, the journal to
-    /// stable storage (a crash from here on replays it); then the blocks go home (stable
-    /// at the next sync; the journal keeps them until then).
+    /// Makes every write so far stable: the open section to the journal, every section
+    /// taken so far written (other writers write theirs without the lock), the journal to
+    /// stable storage (a crash from here on replays it). The blocks stay in the journal
+    /// until half the ring is in use, as the kernel keeps them (writing them home at
+    /// every flush cost each flush its writes' data twice over).
     pub fn flush(&self, storage: &dyn Storage) -> io::Result<()> {
         if self.read_only {
             // Nothing written; what the replay found stays in memory (never written home).
             return Ok(());
         }
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
-        self.commit(storage, &mut st)?;
-        storage.sync()?;
-        if !st.journaled.is_empty() {
-            self.write_home(storage, &st.journaled)?;
-            st.journaled.clear();
+        let st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.commit(storage, st, false)?;
+        if st.bitmap.is_none() {
+            // Sections taken later are not this flush's to wait for.
+            let taken = st.taken;
+            loop {
+                Self::usable(&st)?;
+                let first = st.taken - st.held.len() as u64;
+                let upto = (taken.saturating_sub(first) as usize).min(st.held.len());
+                if st.held.iter().take(upto).all(|h| h.written) {
+                    break;
+                }
+                st = self.await_progress(st);
+            }
+            let due = self.homing_due(&mut st);
+            drop(st);
+            return match due {
+                // Its first sync is this flush's (and, failing, it frees the homing).
+                Some(sections) => self.home(storage, sections),
+                None => storage.sync(),
+            };
         }
         // Bitmap mode: every marked write is stable now (writes hold the lock); the marks
         // are cleared once they are old enough.
+        storage.sync()?;
         if let Some(bitmap) = st.bitmap.as_mut()
             && bitmap
                 .since
@@ -978,7 +1197,12 @@ impl Integrity {
     /// the next open recalculates those regions.
     pub fn close(&self, storage: &dyn Storage) -> io::Result<()> {
         self.flush(storage)?;
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.quiet();
+        if !st.held.is_empty() {
+            // Home, as the kernel leaves a device it stops (the journal keeps them too:
+            // the next open replays them again, to the same result).
+            self.home_all(storage, &mut st)?;
+        }
         if st.bitmap.is_some() {
             self.empty_journal(storage, 0)?;
             let mut sb = self.sb.lock().unwrap_or_else(|e| e.into_inner());

@@ -8,7 +8,7 @@
 
 use cryptblk_crypto::{AeadSectorCipher, IntegrityHash, SecretBytes, SectorTags};
 use cryptblk_device::BlockDevice;
-use cryptblk_format::integrity::{Geometry, Superblock, flags};
+use cryptblk_format::integrity::{Geometry, Journal, SUPERBLOCK_SECTORS, Superblock, flags};
 use cryptblk_format::{CrashDevice, Tear};
 use cryptblk_volume::{
     Integrity, IntegrityMode, JournalKeys, MemStorage, Storage, Volume, integrity_volume_on,
@@ -164,9 +164,267 @@ fn a_run_of_small_and_large_writes_goes_home_intact() {
             read(&vol, 0, size).unwrap() == model,
             "{m:?}: after a flush"
         );
+        vol.close().unwrap();
         drop(vol);
+        // What went home, without the journal's copies.
+        forget_journal(&*dev);
         let vol = open(&dev, m, true);
         assert!(read(&vol, 0, size).unwrap() == model, "{m:?}: reopened");
+    }
+}
+
+/// The journal area overwritten with zeros: no sector carries a commit id, so the replay
+/// takes nothing (as the kernel's), and only what went home is read.
+fn forget_journal(dev: &dyn Storage) {
+    let (sb, g) = (superblock(dev), geometry(dev));
+    let len = u64::from(sb.journal_sections) * g.journal_section_sectors * 512;
+    dev.write_at(&vec![0u8; len as usize], START + SUPERBLOCK_SECTORS * 512)
+        .unwrap();
+}
+
+/// A storage whose writes and syncs take a while, as a disk's do: long enough for other
+/// threads to run in between (a writer writing the journal's oldest sections home, or
+/// its section, while others fill the ring, wait, or flush).
+struct Slow<S> {
+    inner: S,
+    write: std::time::Duration,
+    sync: std::time::Duration,
+}
+
+impl<S: Storage> Storage for Slow<S> {
+    fn size(&self) -> std::io::Result<u64> {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::thread::sleep(self.write);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        std::thread::sleep(self.sync);
+        self.inner.sync()
+    }
+}
+
+/// Block `b`'s content in version `v`: its number and the version in its first bytes, so
+/// that a reader can tell which version it got and that it belongs there.
+fn versioned(bs: usize, b: u64, v: u32) -> Vec<u8> {
+    let mut p = pattern(bs, (b as u8) ^ (v as u8));
+    p[..8].copy_from_slice(&b.to_le_bytes());
+    p[8..12].copy_from_slice(&v.to_le_bytes());
+    p
+}
+
+/// Four writers (each its own blocks, writes of 1-8 blocks, a flush now and then) and two
+/// readers at once, through many passes of a small ring while its sections are written
+/// home by one writer and the others fill the rest or wait for it: every read holds a
+/// version written there, never older than one that thread saw before (a writer sees its
+/// own last write); after a close, the blocks' homes (the journal forgotten) hold each
+/// block's last version.
+#[test]
+fn writers_and_readers_at_once_through_many_passes_of_the_ring() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    for m in [MODES[0], MODES[2]] {
+        let bs = m.3 as usize;
+        let dev: Arc<dyn Storage> = Arc::new(Slow {
+            inner: formatted(m, true),
+            write: std::time::Duration::ZERO,
+            sync: std::time::Duration::from_millis(2),
+        });
+        let vol = open(&dev, m, false);
+        let (writers, per) = (4u64, 96u64);
+        let span = writers * per;
+        // Whose write of each block reached the volume last, as the versions say.
+        let latest: Vec<std::sync::atomic::AtomicU32> =
+            (0..span).map(|_| Default::default()).collect();
+        let stop = AtomicBool::new(false);
+        let check = |got: &[u8], first: u64, seen: &mut [u32], whose: &str| {
+            for (i, g) in got.chunks(bs).enumerate() {
+                let b = first + i as u64;
+                let v = u32::from_le_bytes(g[8..12].try_into().unwrap());
+                if v == 0 && g.iter().all(|&x| x == 0) {
+                    assert_eq!(
+                        seen[b as usize], 0,
+                        "{m:?} {whose}: block {b} went back to zeros"
+                    );
+                    continue;
+                }
+                assert!(
+                    g == versioned(bs, b, v),
+                    "{m:?} {whose}: block {b} holds no version of its own"
+                );
+                assert!(
+                    v >= seen[b as usize],
+                    "{m:?} {whose}: block {b} went back from version {} to {v}",
+                    seen[b as usize]
+                );
+                seen[b as usize] = v;
+            }
+        };
+        std::thread::scope(|s| {
+            let mut ws = Vec::new();
+            for t in 0..writers {
+                let (vol, latest, check) = (&vol, &latest, &check);
+                ws.push(s.spawn(move || {
+                    let mut seen = vec![0u32; span as usize];
+                    for n in 1..=300u32 {
+                        let k = 1 + (n as u64 * 7 + t) % 8;
+                        let first = t * per + (n as u64 * 37 + t * 11) % (per - k);
+                        let mut buf = Vec::with_capacity(k as usize * bs);
+                        for b in first..first + k {
+                            buf.extend(versioned(bs, b, n));
+                        }
+                        vol.write_at(&buf, first * bs as u64, false).unwrap();
+                        for b in first..first + k {
+                            latest[b as usize].store(n, SeqCst);
+                        }
+                        let got = read(vol, first * bs as u64, k as usize * bs).unwrap();
+                        assert!(got == buf, "{m:?} writer {t}: its own write, read back");
+                        check(&got, first, &mut seen, "writer");
+                        if n % 16 == 0 {
+                            vol.flush().unwrap();
+                        }
+                    }
+                }));
+            }
+            for r in 0..2u64 {
+                let (vol, stop, check) = (&vol, &stop, &check);
+                s.spawn(move || {
+                    let mut seen = vec![0u32; span as usize];
+                    let mut n = 0u64;
+                    while !stop.load(SeqCst) {
+                        n += 1;
+                        let first = (n * 53 + r * 101) % (span - 32);
+                        let got = read(vol, first * bs as u64, 32 * bs).unwrap();
+                        check(&got, first, &mut seen, "reader");
+                    }
+                });
+            }
+            for w in ws {
+                w.join().unwrap();
+            }
+            stop.store(true, SeqCst);
+        });
+        let last: Vec<u8> = (0..span)
+            .flat_map(|b| match latest[b as usize].load(SeqCst) {
+                0 => vec![0u8; bs],
+                v => versioned(bs, b, v),
+            })
+            .collect();
+        assert!(
+            read(&vol, 0, span as usize * bs).unwrap() == last,
+            "{m:?}: before the close"
+        );
+        vol.close().unwrap();
+        drop(vol);
+        forget_journal(&*dev);
+        let vol = open(&dev, m, true);
+        assert!(
+            read(&vol, 0, span as usize * bs).unwrap() == last,
+            "{m:?}: at home"
+        );
+    }
+}
+
+/// Power cuts while three writers (each its own blocks, a flush after every eighth write)
+/// fill a small ring, write their sections and write sections home at once, at writes
+/// spread over the whole run, each cut every way: every block holds what its writer had
+/// flushed or a later version, and verifies.
+#[test]
+fn power_cuts_under_concurrent_writers_lose_no_flushed_write() {
+    let m = MODES[0];
+    let bs = m.3 as usize;
+    let base = formatted(m, true);
+    let (writers, per) = (3usize, 256usize);
+    type Model = (Vec<Vec<u8>>, Vec<Vec<Vec<u8>>>);
+    let run = |dev: Arc<CrashDevice>| -> Vec<Model> {
+        // Slow writes: a writer's section is written while another writer flushes (which
+        // waits for it when it holds that writer's blocks).
+        let dev = Slow {
+            inner: dev,
+            write: std::time::Duration::from_micros(100),
+            sync: std::time::Duration::ZERO,
+        };
+        let Ok(vol) = integrity_volume_on(
+            Box::new(dev),
+            START,
+            cipher(m),
+            false,
+            IntegrityMode::Journal,
+        ) else {
+            return vec![(vec![vec![0u8; bs]; per], vec![Vec::new(); per]); writers];
+        };
+        std::thread::scope(|s| {
+            let ws: Vec<_> = (0..writers)
+                .map(|t| {
+                    let vol = &vol;
+                    s.spawn(move || {
+                        // Per block of this writer: its flushed value, and values written since.
+                        let mut flushed = vec![vec![0u8; bs]; per];
+                        let mut since: Vec<Vec<Vec<u8>>> = vec![Vec::new(); per];
+                        for n in 0..60usize {
+                            // Up to 24 blocks: writes fill sections, not only flushes.
+                            let k = 1 + (n * 5 + t) % 24;
+                            let b = (n * 389 + t * 97) % (per - 24);
+                            let p = pattern(k * bs, (n * writers + t) as u8);
+                            for i in 0..k {
+                                since[b + i].push(p[i * bs..][..bs].to_vec());
+                            }
+                            let at = ((t * per + b) * bs) as u64;
+                            if vol.write_at(&p, at, false).is_err() {
+                                break;
+                            }
+                            if n % 8 == 7 {
+                                if vol.flush().is_err() {
+                                    break;
+                                }
+                                for (f, s) in flushed.iter_mut().zip(since.iter_mut()) {
+                                    if let Some(last) = s.pop() {
+                                        *f = last;
+                                    }
+                                    s.clear();
+                                }
+                            }
+                        }
+                        (flushed, since)
+                    })
+                })
+                .collect();
+            ws.into_iter().map(|w| w.join().unwrap()).collect()
+        })
+    };
+    let dry = Arc::new(CrashDevice::new(base.clone(), None, Tear::Lost, true));
+    run(dry.clone());
+    let writes = dry.writes();
+    assert!(writes > 150, "the workload writes {writes} times");
+    let cuts = 150;
+    for (i, tear) in [Tear::Lost, Tear::Prefix, Tear::Suffix]
+        .iter()
+        .cycle()
+        .take(cuts)
+        .enumerate()
+    {
+        let (what, dev) = cut(&base, 1 + i * writes / cuts, *tear, i / 3);
+        let what = format!("{what} of about {writes}");
+        let model = run(dev.clone());
+        let img: Arc<dyn Storage> = Arc::new(
+            Arc::try_unwrap(dev)
+                .expect("every user is gone")
+                .after_power_loss(),
+        );
+        let vol = open(&img, m, false);
+        let got = read(&vol, 0, writers * per * bs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (t, (flushed, since)) in model.iter().enumerate() {
+            for b in 0..per {
+                let g = &got[(t * per + b) * bs..][..bs];
+                assert!(
+                    g == flushed[b].as_slice() || since[b].iter().any(|v| v == g),
+                    "{what}: writer {t}'s block {b} holds neither its flushed value nor a later one"
+                );
+            }
+        }
     }
 }
 
@@ -406,17 +664,16 @@ fn power_cuts(m: (&str, &str, usize, u32), mode: IntegrityMode) {
     run(dry.clone());
     let writes = dry.writes();
     assert!(writes > 40, "the workload writes {writes} times");
-    // Every write of the workload, each cut one of three ways.
+    // Every write of the workload, each cut one of three ways, the writes since the last
+    // sync lost, kept, or every other one kept.
     for (i, tear) in [Tear::Lost, Tear::Prefix, Tear::Suffix]
         .iter()
         .cycle()
         .take(writes)
         .enumerate()
     {
-        let n = i + 1;
-        let keep = i % 2 == 1;
-        let what = format!("cut at write {n}/{writes} {tear:?} keep={keep}");
-        let dev = Arc::new(CrashDevice::new(base.clone(), Some(n), *tear, keep));
+        let (what, dev) = cut(&base, i + 1, *tear, i / 3);
+        let what = format!("{what} of {writes}");
         let (flushed, since) = run(dev.clone());
         let img: Arc<dyn Storage> = Arc::new(
             Arc::try_unwrap(dev)
@@ -433,6 +690,86 @@ fn power_cuts(m: (&str, &str, usize, u32), mode: IntegrityMode) {
             );
         }
     }
+}
+
+/// A section of the ring is reused only once what it held is home and stable: a flush
+/// that commits the ring's second section writes the first two home (half the ring);
+/// then writes with no flush fill the other half and reuse the first section. Cut at
+/// every write of it, torn every way, the flushed blocks survive however the device kept
+/// its unsynced writes (a home write lost while the new section that replaced the block's old one
+/// was kept would lose them).
+#[test]
+fn a_section_is_reused_only_once_what_it_held_is_home_and_stable() {
+    let m = MODES[0];
+    let bs = m.3 as usize;
+    let base = formatted(m, true);
+    let (sb, g) = (superblock(&base), geometry(&base));
+    let per = Journal::of(&sb, &g).unwrap().entries_per_section;
+    assert_eq!(sb.journal_sections, 4, "the ring this test is written for");
+    // A section and a half, flushed: sections 0 and 1, half the ring, which the flush
+    // writes home. Then three sections in one request (2, 3, and 0 again: no sync between
+    // them).
+    let flushed = pattern((per + per / 2) * bs, 7);
+    let later = pattern(3 * per * bs, 8);
+    let at = (4 * per * bs) as u64;
+    // Whether the flush returned.
+    let run = |dev: Arc<CrashDevice>| -> bool {
+        let Ok(vol) = integrity_volume_on(
+            Box::new(dev),
+            START,
+            cipher(m),
+            false,
+            IntegrityMode::Journal,
+        ) else {
+            return false;
+        };
+        if vol.write_at(&flushed, 0, false).is_err() || vol.flush().is_err() {
+            return false;
+        }
+        let _ = vol.write_at(&later, at, false);
+        true
+    };
+    let dry = Arc::new(CrashDevice::new(base.clone(), None, Tear::Lost, true));
+    assert!(run(dry.clone()));
+    let writes = dry.writes();
+    for n in 1..=writes {
+        for (tear, unsynced) in [Tear::Lost, Tear::Prefix, Tear::Suffix]
+            .into_iter()
+            .flat_map(|t| (0..4).map(move |u| (t, u)))
+        {
+            let (what, dev) = cut(&base, n, tear, unsynced);
+            let done = run(dev.clone());
+            let img: Arc<dyn Storage> = Arc::new(
+                Arc::try_unwrap(dev)
+                    .expect("every user is gone")
+                    .after_power_loss(),
+            );
+            let vol = open(&img, m, false);
+            let got = read(&vol, 0, flushed.len()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for (b, (g, f)) in got.chunks(bs).zip(flushed.chunks(bs)).enumerate() {
+                // Flushed once the flush returned; before, the old zeros or the new data.
+                assert!(
+                    g == f || (!done && g.iter().all(|&x| x == 0)),
+                    "{what} of {writes}: flushed block {b}"
+                );
+            }
+        }
+    }
+}
+
+/// A device whose power fails in its write `n`, torn as `tear`, the writes since the
+/// last sync lost, kept, or every other one kept (from the first or the second) as
+/// `unsynced` (modulo 4) says; and what to call the cut.
+fn cut(base: &MemStorage, n: usize, tear: Tear, unsynced: usize) -> (String, Arc<CrashDevice>) {
+    let dev = CrashDevice::new(base.clone(), Some(n), tear, unsynced % 4 == 1);
+    let (dev, unsynced) = match unsynced % 4 {
+        0 => (dev, "lost"),
+        1 => (dev, "kept"),
+        2 => (dev.reordering(false), "every other kept from the first"),
+        _ => (dev.reordering(true), "every other kept from the second"),
+    };
+    let what = format!("cut at write {n}, {tear:?}, unsynced writes {unsynced}");
+    (what, Arc::new(dev))
 }
 
 /// A write with FUA is durable when it returns: in journal mode the journal's open section
@@ -950,17 +1287,21 @@ impl Storage for SectorRmw {
 /// their tags and the new blocks': on a device that rewrites whole sectors, every block
 /// written meanwhile still verifies after a close and an open, holds what was written
 /// last, and the new blocks read as zeros. (Straight home, every write rewrites its tags'
-/// sector; without the lock the growth takes there, a tag was lost.)
+/// sector; without the lock the growth takes there, a tag was lost. Through the journal,
+/// the writer writing sections home does, outside that lock: the growth waits for it.)
 #[test]
 fn a_volume_grows_while_writes_go_on_next_to_the_new_blocks() {
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
-    for m in [MODES[0], MODES[2]] {
-        let what = format!("{m:?}");
+    for (m, mode) in [MODES[0], MODES[2]]
+        .into_iter()
+        .flat_map(|m| [IntegrityMode::Direct, IntegrityMode::Journal].map(|i| (m, i)))
+    {
+        let what = format!("{m:?} {mode:?}");
         let bs = m.3 as u64;
         let base = formatted(m, true);
         let old = geometry(&base).provided_data_sectors * 512;
         let dev: Arc<dyn Storage> = Arc::new(SectorRmw(grown(base, 6 << 20)));
-        let vol = Arc::new(open_in(&dev, m, false, IntegrityMode::Direct).unwrap());
+        let vol = Arc::new(open_in(&dev, m, false, mode).unwrap());
         // The blocks just before the old end: the last area's, next to the new ones.
         let span = 64 * bs;
         let first = old - span;
