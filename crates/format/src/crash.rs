@@ -25,10 +25,9 @@ pub enum Tear {
 /// durable. When power fails, writes issued since the last `sync` are dropped (or, with
 /// `keep_unsynced`, persisted in order, as a disk that got to write them would; or, with
 /// [`CrashDevice::reordering`], every other one, as a disk that wrote its cache out of
-/// order would), the
-/// interrupted write is torn as [`Tear`] says, and every later call fails with an I/O
-/// error, so the operation under test stops there. [`CrashDevice::after_power_loss`] then
-/// gives the image a reboot would find.
+/// order would), the interrupted write is torn as [`Tear`] says, and every later call
+/// fails with an I/O error, so the operation under test stops there.
+/// [`CrashDevice::after_power_loss`] then gives the image a reboot would find.
 #[derive(Debug)]
 pub struct CrashDevice {
     state: Mutex<CrashState>,

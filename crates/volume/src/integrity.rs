@@ -259,6 +259,55 @@ struct Held {
     written: bool,
 }
 
+/// Marks a section [`Integrity::commit`] took as written when dropped (its write done,
+/// failed, or panicked: `error`, which fails the device), and wakes those waiting.
+struct SectionDone<'a> {
+    me: &'a Integrity,
+    number: u64,
+    error: Option<String>,
+}
+
+impl Drop for SectionDone<'_> {
+    fn drop(&mut self) {
+        let mut st = self.me.state.write().unwrap_or_else(|e| e.into_inner());
+        // Homing takes written sections only, from the front: this one is still held.
+        let at = (self.number - (st.taken - st.held.len() as u64)) as usize;
+        st.held[at].written = true;
+        if let Some(e) = self.error.take() {
+            st.failed.get_or_insert(e);
+        }
+        drop(st);
+        self.me.progressed();
+    }
+}
+
+/// Ends a writing home ([`Integrity::home`]) when dropped: with its `blocks` (it
+/// succeeded) their sections are free and they leave `journaled`; without (it failed or
+/// panicked) the sections stay in use. Either way another may begin, and those waiting
+/// wake.
+struct HomingDone<'a> {
+    me: &'a Integrity,
+    blocks: Option<BTreeMap<u64, Pending>>,
+}
+
+impl Drop for HomingDone<'_> {
+    fn drop(&mut self) {
+        let mut st = self.me.state.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(blocks) = self.blocks.take() {
+            for (b, p) in &blocks {
+                if st.journaled.get(b).is_some_and(|q| q.same(p)) {
+                    st.journaled.remove(b);
+                }
+            }
+            let done = st.homing;
+            st.held.drain(..done);
+        }
+        st.homing = 0;
+        drop(st);
+        self.me.progressed();
+    }
+}
+
 /// Blocks on their way home, the newest version of each.
 #[derive(Default)]
 struct State {
@@ -554,8 +603,9 @@ impl Integrity {
     /// old size and nothing else changed. Existing blocks do not move (areas keep their
     /// places; the last one fills up, new ones follow). I/O goes on meanwhile: nothing
     /// reads or writes the new blocks yet, and those whose tags share the last area's
-    /// metadata with served blocks are written under the lock home writes take. Returns
-    /// the bytes provided.
+    /// metadata with served blocks are written under the state lock, with no writer
+    /// writing blocks home (whose tag writes could overwrite theirs). Returns the bytes
+    /// provided.
     ///
     /// Refused read-only and in bitmap mode (the bitmap's granularity follows the size),
     /// unless there is nothing to grow.
@@ -578,7 +628,7 @@ impl Integrity {
         }
         let shared = old.next_multiple_of(self.area_blocks()).min(most);
         {
-            let _home_writes = self.quiet();
+            let _home_writes = self.quiet(false);
             self.reseal(storage, old, shared - old, Reseal::Zeros, &mut |_, _| {})?;
         }
         self.reseal(
@@ -1011,16 +1061,14 @@ impl Integrity {
             written: false,
         });
         drop(st);
+        let mut done = SectionDone {
+            me: self,
+            number,
+            error: Some("the writer panicked".into()),
+        };
         let r = self.write_section(storage, i, seq, &entries);
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
-        // Homing takes written sections only, from the front: this one is still held.
-        let at = (number - (st.taken - st.held.len() as u64)) as usize;
-        st.held[at].written = true;
-        if let Err(e) = &r {
-            st.failed.get_or_insert_with(|| e.to_string());
-        }
-        drop(st);
-        self.progressed();
+        done.error = r.as_ref().err().map(|e| e.to_string());
+        drop(done);
         r?;
         Ok(self.state.write().unwrap_or_else(|e| e.into_inner()))
     }
@@ -1052,8 +1100,11 @@ impl Integrity {
     /// go. The kernel starts at the same mark (`journal_watermark`, 50 % by default).
     fn homing_due(&self, st: &mut State) -> Option<Vec<SectionBlocks>> {
         let mark = (self.journal.sections as usize / 2).max(1);
+        if st.homing > 0 || st.held.len() < mark || st.failed.is_some() {
+            return None;
+        }
         let written = st.held.iter().take_while(|h| h.written).count();
-        if st.homing > 0 || written < mark || st.failed.is_some() {
+        if written < mark {
             return None;
         }
         st.homing = written;
@@ -1071,30 +1122,25 @@ impl Integrity {
     /// torn home write is mended by its replay), their homes stable after; then their
     /// sections are free. A block written again since keeps its newer version in
     /// `journaled` (and the older one, written home now, is overwritten when that goes
-    /// home). On an error the sections stay in use (the next full ring writes them home
-    /// under the lock).
+    /// home). On an error the sections stay in use (the next writer to reach the mark
+    /// tries again, or a full ring writes them home under the lock).
     fn home(&self, storage: &dyn Storage, sections: Vec<SectionBlocks>) -> io::Result<()> {
         let mut blocks = BTreeMap::new();
         for (b, p) in sections.iter().flat_map(|s| s.iter()) {
             blocks.insert(*b, p.clone());
         }
+        let mut done = HomingDone {
+            me: self,
+            blocks: None,
+        };
         let r = storage
             .sync()
             .and_then(|()| self.write_home(storage, &blocks))
             .and_then(|()| storage.sync());
-        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
         if r.is_ok() {
-            for (b, p) in &blocks {
-                if st.journaled.get(b).is_some_and(|q| q.same(p)) {
-                    st.journaled.remove(b);
-                }
-            }
-            let done = st.homing;
-            st.held.drain(..done);
+            done.blocks = Some(blocks);
         }
-        st.homing = 0;
-        drop(st);
-        self.progressed();
+        drop(done);
         r
     }
 
@@ -1122,10 +1168,11 @@ impl Integrity {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The lock, with every section taken written and none being written home.
-    fn quiet(&self) -> StateGuard<'_> {
+    /// The lock, with no sections being written home, and with `written` every section
+    /// taken written too.
+    fn quiet(&self, written: bool) -> StateGuard<'_> {
         let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
-        while st.homing > 0 || st.held.iter().any(|h| !h.written) {
+        while st.homing > 0 || (written && st.held.iter().any(|h| !h.written)) {
             st = self.await_progress(st);
         }
         st
@@ -1156,7 +1203,7 @@ impl Integrity {
         let st = self.state.write().unwrap_or_else(|e| e.into_inner());
         let mut st = self.commit(storage, st, false)?;
         if st.bitmap.is_none() {
-            // Sections taken later are not this flush's to wait for.
+            // Those taken from here on are not this flush's to wait for.
             let taken = st.taken;
             loop {
                 Self::usable(&st)?;
@@ -1197,7 +1244,7 @@ impl Integrity {
     /// the next open recalculates those regions.
     pub fn close(&self, storage: &dyn Storage) -> io::Result<()> {
         self.flush(storage)?;
-        let mut st = self.quiet();
+        let mut st = self.quiet(true);
         if !st.held.is_empty() {
             // Home, as the kernel leaves a device it stops (the journal keeps them too:
             // the next open replays them again, to the same result).

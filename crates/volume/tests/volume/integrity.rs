@@ -208,6 +208,79 @@ impl<S: Storage> Storage for Slow<S> {
     }
 }
 
+/// A storage whose journal section writes panic once armed (a bug below, or a storage
+/// that panics): the device is failed, not hung: later writes and flushes return an error.
+#[test]
+fn a_section_write_that_panics_fails_the_device_and_hangs_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    struct Panicking {
+        inner: MemStorage,
+        armed: AtomicBool,
+        journal: std::ops::Range<u64>,
+    }
+    impl Storage for Panicking {
+        fn size(&self) -> std::io::Result<u64> {
+            self.inner.size()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            if self.armed.load(SeqCst) && self.journal.contains(&offset) {
+                panic!("a section write panicked");
+            }
+            self.inner.write_at(buf, offset)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.inner.sync()
+        }
+    }
+    let m = MODES[0];
+    let bs = m.3 as usize;
+    let base = formatted(m, true);
+    let (sb, g) = (superblock(&base), geometry(&base));
+    let at = START + SUPERBLOCK_SECTORS * 512;
+    let dev = Arc::new(Panicking {
+        inner: base,
+        armed: AtomicBool::new(false),
+        journal: at..at + u64::from(sb.journal_sections) * g.journal_section_sectors * 512,
+    });
+    let vol = Arc::new(
+        open_in(
+            &(dev.clone() as Arc<dyn Storage>),
+            m,
+            false,
+            IntegrityMode::Journal,
+        )
+        .unwrap(),
+    );
+    vol.write_at(&pattern(4 * bs, 1), 0, false).unwrap();
+    vol.flush().unwrap();
+    dev.armed.store(true, SeqCst);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = vol.write_at(&pattern(4 * bs, 2), 0, false);
+        vol.flush()
+    }));
+    assert!(panicked.is_err(), "the section write panicked");
+    dev.armed.store(false, SeqCst);
+    // On a thread of its own, so that a hang fails the test (the thread is left behind).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let v = vol.clone();
+    std::thread::spawn(move || {
+        let w = v.write_at(&pattern(4 * bs, 3), 8 * bs as u64, false);
+        let f = v.flush();
+        let _ = tx.send((w.is_err(), f.map_err(|e| e.to_string())));
+    });
+    let (write_failed, flushed) = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("a write and a flush after the panic returned");
+    let e = flushed.expect_err("a flush after the panic fails");
+    assert!(
+        write_failed && e.contains("journal could not be written"),
+        "{e}"
+    );
+}
+
 /// Block `b`'s content in version `v`: its number and the version in its first bytes, so
 /// that a reader can tell which version it got and that it belongs there.
 fn versioned(bs: usize, b: u64, v: u32) -> Vec<u8> {
@@ -338,40 +411,30 @@ fn power_cuts_under_concurrent_writers_lose_no_flushed_write() {
     let bs = m.3 as usize;
     let base = formatted(m, true);
     let (writers, per) = (3usize, 256usize);
-    type Model = (Vec<Vec<u8>>, Vec<Vec<Vec<u8>>>);
-    let run = |dev: Arc<CrashDevice>| -> Vec<Model> {
+    let run = |dev: Arc<CrashDevice>| -> Vec<Durable> {
         // Slow writes: a writer's section is written while another writer flushes (which
         // waits for it when it holds that writer's blocks).
-        let dev = Slow {
+        let dev: Arc<dyn Storage> = Arc::new(Slow {
             inner: dev,
             write: std::time::Duration::from_micros(100),
             sync: std::time::Duration::ZERO,
-        };
-        let Ok(vol) = integrity_volume_on(
-            Box::new(dev),
-            START,
-            cipher(m),
-            false,
-            IntegrityMode::Journal,
-        ) else {
-            return vec![(vec![vec![0u8; bs]; per], vec![Vec::new(); per]); writers];
+        });
+        let Ok(vol) = open_in(&dev, m, false, IntegrityMode::Journal) else {
+            return vec![Durable::new(per, bs); writers];
         };
         std::thread::scope(|s| {
             let ws: Vec<_> = (0..writers)
                 .map(|t| {
                     let vol = &vol;
                     s.spawn(move || {
-                        // Per block of this writer: its flushed value, and values written since.
-                        let mut flushed = vec![vec![0u8; bs]; per];
-                        let mut since: Vec<Vec<Vec<u8>>> = vec![Vec::new(); per];
+                        // This writer's blocks.
+                        let mut model = Durable::new(per, bs);
                         for n in 0..60usize {
                             // Up to 24 blocks: writes fill sections, not only flushes.
                             let k = 1 + (n * 5 + t) % 24;
                             let b = (n * 389 + t * 97) % (per - 24);
                             let p = pattern(k * bs, (n * writers + t) as u8);
-                            for i in 0..k {
-                                since[b + i].push(p[i * bs..][..bs].to_vec());
-                            }
+                            model.writing(b, &p);
                             let at = ((t * per + b) * bs) as u64;
                             if vol.write_at(&p, at, false).is_err() {
                                 break;
@@ -380,15 +443,10 @@ fn power_cuts_under_concurrent_writers_lose_no_flushed_write() {
                                 if vol.flush().is_err() {
                                     break;
                                 }
-                                for (f, s) in flushed.iter_mut().zip(since.iter_mut()) {
-                                    if let Some(last) = s.pop() {
-                                        *f = last;
-                                    }
-                                    s.clear();
-                                }
+                                model.flushed();
                             }
                         }
-                        (flushed, since)
+                        model
                     })
                 })
                 .collect();
@@ -408,24 +466,78 @@ fn power_cuts_under_concurrent_writers_lose_no_flushed_write() {
     {
         let (what, dev) = cut(&base, 1 + i * writes / cuts, *tear, i / 3);
         let what = format!("{what} of about {writes}");
-        let model = run(dev.clone());
-        let img: Arc<dyn Storage> = Arc::new(
-            Arc::try_unwrap(dev)
-                .expect("every user is gone")
-                .after_power_loss(),
-        );
-        let vol = open(&img, m, false);
-        let got = read(&vol, 0, writers * per * bs).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (t, (flushed, since)) in model.iter().enumerate() {
-            for b in 0..per {
-                let g = &got[(t * per + b) * bs..][..bs];
-                assert!(
-                    g == flushed[b].as_slice() || since[b].iter().any(|v| v == g),
-                    "{what}: writer {t}'s block {b} holds neither its flushed value nor a later one"
-                );
-            }
+        let models = run(dev.clone());
+        let got = after_the_cut(dev, m, writers * per * bs, &what);
+        for (t, model) in models.iter().enumerate() {
+            model.check(
+                &got[t * per * bs..][..per * bs],
+                &format!("{what}: writer {t}"),
+            );
         }
     }
+}
+
+/// What blocks a power cut may leave: per block, its value at the last completed flush,
+/// and the values written since.
+#[derive(Clone)]
+struct Durable {
+    bs: usize,
+    flushed: Vec<Vec<u8>>,
+    since: Vec<Vec<Vec<u8>>>,
+}
+
+impl Durable {
+    /// `blocks` blocks of `bs` bytes, zeros.
+    fn new(blocks: usize, bs: usize) -> Durable {
+        Durable {
+            bs,
+            flushed: vec![vec![0u8; bs]; blocks],
+            since: vec![Vec::new(); blocks],
+        }
+    }
+
+    /// A write of `data` from block `b` on is about to go out.
+    fn writing(&mut self, b: usize, data: &[u8]) {
+        for (i, v) in data.chunks(self.bs).enumerate() {
+            self.since[b + i].push(v.to_vec());
+        }
+    }
+
+    /// A flush returned: each block's last value is stable.
+    fn flushed(&mut self) {
+        for (f, s) in self.flushed.iter_mut().zip(self.since.iter_mut()) {
+            if let Some(last) = s.pop() {
+                *f = last;
+            }
+            s.clear();
+        }
+    }
+
+    /// Every block of `got` holds its flushed value or a later one.
+    fn check(&self, got: &[u8], what: &str) {
+        for (b, g) in got.chunks(self.bs).enumerate() {
+            assert!(
+                g == self.flushed[b].as_slice() || self.since[b].iter().any(|v| v == g),
+                "{what}: block {b} holds neither its flushed value nor a later one"
+            );
+        }
+    }
+}
+
+/// The first `len` bytes of the volume on what `dev` left after its power cut, opened
+/// read-write (the journal replayed).
+fn after_the_cut(
+    dev: Arc<CrashDevice>,
+    m: (&str, &str, usize, u32),
+    len: usize,
+    what: &str,
+) -> Vec<u8> {
+    let img: Arc<dyn Storage> = Arc::new(
+        Arc::try_unwrap(dev)
+            .expect("every user is gone")
+            .after_power_loss(),
+    );
+    read(&open(&img, m, false), 0, len).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 #[test]
@@ -631,34 +743,25 @@ fn power_cuts(m: (&str, &str, usize, u32), mode: IntegrityMode) {
     let ops: Vec<(usize, usize, u8)> = (0..120)
         .map(|i| ((i * 389) % (blocks - 8), 1 + i % 8, i as u8))
         .collect();
-    let run = |dev: Arc<CrashDevice>| -> (Vec<Vec<u8>>, Vec<Vec<Vec<u8>>>) {
-        // Per block: its value at the last completed flush, and values written since.
-        let mut flushed = vec![vec![0u8; bs]; blocks];
-        let mut since: Vec<Vec<Vec<u8>>> = vec![Vec::new(); blocks];
+    let run = |dev: Arc<CrashDevice>| -> Durable {
+        let mut model = Durable::new(blocks, bs);
         let Ok(vol) = integrity_volume_on(Box::new(dev), START, cipher(m), false, mode) else {
-            return (flushed, since);
+            return model;
         };
         for (n, &(b, k, seed)) in ops.iter().enumerate() {
             let p = pattern(k * bs, seed);
-            for i in 0..k {
-                since[b + i].push(p[i * bs..][..bs].to_vec());
-            }
+            model.writing(b, &p);
             if vol.write_at(&p, (b * bs) as u64, false).is_err() {
-                return (flushed, since);
+                return model;
             }
             if n % 5 == 4 {
                 if vol.flush().is_err() {
-                    return (flushed, since);
+                    return model;
                 }
-                for (f, s) in flushed.iter_mut().zip(since.iter_mut()) {
-                    if let Some(last) = s.pop() {
-                        *f = last;
-                    }
-                    s.clear();
-                }
+                model.flushed();
             }
         }
-        (flushed, since)
+        model
     };
     let dry = Arc::new(CrashDevice::new(base.clone(), None, Tear::Lost, true));
     run(dry.clone());
@@ -674,21 +777,8 @@ fn power_cuts(m: (&str, &str, usize, u32), mode: IntegrityMode) {
     {
         let (what, dev) = cut(&base, i + 1, *tear, i / 3);
         let what = format!("{what} of {writes}");
-        let (flushed, since) = run(dev.clone());
-        let img: Arc<dyn Storage> = Arc::new(
-            Arc::try_unwrap(dev)
-                .expect("every user is gone")
-                .after_power_loss(),
-        );
-        let vol = open(&img, m, false);
-        let got = read(&vol, 0, blocks * bs).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for b in 0..blocks {
-            let g = &got[b * bs..][..bs];
-            assert!(
-                g == flushed[b].as_slice() || since[b].iter().any(|v| v == g),
-                "{what}: block {b} holds neither its flushed value nor a later one"
-            );
-        }
+        let model = run(dev.clone());
+        model.check(&after_the_cut(dev, m, blocks * bs, &what), &what);
     }
 }
 
@@ -696,8 +786,8 @@ fn power_cuts(m: (&str, &str, usize, u32), mode: IntegrityMode) {
 /// that commits the ring's second section writes the first two home (half the ring);
 /// then writes with no flush fill the other half and reuse the first section. Cut at
 /// every write of it, torn every way, the flushed blocks survive however the device kept
-/// its unsynced writes (a home write lost while the new section that replaced the block's old one
-/// was kept would lose them).
+/// its unsynced writes (a home write lost while the new section that replaced the
+/// block's old one was kept would lose them).
 #[test]
 fn a_section_is_reused_only_once_what_it_held_is_home_and_stable() {
     let m = MODES[0];
@@ -714,13 +804,7 @@ fn a_section_is_reused_only_once_what_it_held_is_home_and_stable() {
     let at = (4 * per * bs) as u64;
     // Whether the flush returned.
     let run = |dev: Arc<CrashDevice>| -> bool {
-        let Ok(vol) = integrity_volume_on(
-            Box::new(dev),
-            START,
-            cipher(m),
-            false,
-            IntegrityMode::Journal,
-        ) else {
+        let Ok(vol) = open_in(&(dev as Arc<dyn Storage>), m, false, IntegrityMode::Journal) else {
             return false;
         };
         if vol.write_at(&flushed, 0, false).is_err() || vol.flush().is_err() {
@@ -739,13 +823,7 @@ fn a_section_is_reused_only_once_what_it_held_is_home_and_stable() {
         {
             let (what, dev) = cut(&base, n, tear, unsynced);
             let done = run(dev.clone());
-            let img: Arc<dyn Storage> = Arc::new(
-                Arc::try_unwrap(dev)
-                    .expect("every user is gone")
-                    .after_power_loss(),
-            );
-            let vol = open(&img, m, false);
-            let got = read(&vol, 0, flushed.len()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = after_the_cut(dev, m, flushed.len(), &what);
             for (b, (g, f)) in got.chunks(bs).zip(flushed.chunks(bs)).enumerate() {
                 // Flushed once the flush returned; before, the old zeros or the new data.
                 assert!(
@@ -1335,7 +1413,12 @@ fn a_volume_grows_while_writes_go_on_next_to_the_new_blocks() {
         stop.store(true, SeqCst);
         let last = writer.join().unwrap();
         assert!(new > old, "{what}");
+        vol.close().unwrap();
         drop(vol);
+        if mode == IntegrityMode::Journal {
+            // What went home (a replay would write the last blocks' tags again).
+            forget_journal(&*dev);
+        }
         let vol = open(&dev, m, false);
         assert_eq!(vol.size(), new, "{what}");
         let got = read(&vol, first, span as usize)
