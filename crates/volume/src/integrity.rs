@@ -1020,7 +1020,7 @@ impl Integrity {
     /// unused) and writes it there, without the lock (writers build and write their
     /// sections in parallel; a flush waits for those before it). The section must be
     /// free: if the ring is full, this waits for the writer writing its oldest sections
-    /// home, or (none is) writes the whole ring home itself, under the lock. `full_only`:
+    /// home, or (none is) writes them home itself. `full_only`:
     /// only a full section (a writer that waited may find its entries taken by another,
     /// and others' in the open section).
     fn commit<'a>(
@@ -1038,10 +1038,16 @@ impl Integrity {
             if st.held.len() < self.journal.sections as usize {
                 break;
             }
-            if st.homing > 0 || st.held.iter().any(|h| !h.written) {
-                st = self.await_progress(st);
-            } else {
-                self.home_all(storage, &mut st)?;
+            match self.homing_due(&mut st) {
+                // The ring full and all written (a request longer than half the ring, or
+                // a writing home that failed): this writer writes it home, without the
+                // lock as at the mark.
+                Some(sections) => {
+                    drop(st);
+                    self.home(storage, sections)?;
+                    st = self.state.write().unwrap_or_else(|e| e.into_inner());
+                }
+                None => st = self.await_progress(st),
             }
         }
         debug_assert!(st.open.len() <= self.journal.entries_per_section);
@@ -1073,7 +1079,10 @@ impl Integrity {
         Ok(self.state.write().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Section `i` of ring pass `seq`, holding `entries`, built and written.
+    /// Section `i` of ring pass `seq`, holding `entries`, built and written: built where
+    /// it goes when the storage lends its bytes (the mmap engine: one pass over the data
+    /// instead of building it and copying it there), unless the journal is encrypted (its
+    /// plaintext never goes to the device).
     fn write_section(
         &self,
         storage: &dyn Storage,
@@ -1085,13 +1094,26 @@ impl Integrity {
         let entries = entries
             .iter()
             .map(|(b, p)| (b * spb, p.data(bs), p.tag(ts)));
+        let at = self.journal.section_offset(i);
+        if self.journal_crypt.is_none() {
+            let lent = storage.write_in_place(self.journal.section_bytes(), at, &mut |out| {
+                self.journal.section_into(i, seq, entries.clone(), out);
+                if self.journal.mac {
+                    let mac = self.section_mac(i, out);
+                    self.journal.set_mac(out, &mac);
+                }
+            });
+            if lent == Some(true) {
+                return Ok(());
+            }
+        }
         let mut section = self.sealed_section(i, self.journal.section_of(i, seq, entries));
         self.crypt_journal(
             i as usize * self.journal.section_bytes(),
             &mut section,
             true,
         );
-        storage.write_at(&section, self.journal.section_offset(i))
+        storage.write_at(&section, at)
     }
 
     /// Once half the ring's sections are written and no writer is writing sections home,
@@ -1122,8 +1144,8 @@ impl Integrity {
     /// torn home write is mended by its replay), their homes stable after; then their
     /// sections are free. A block written again since keeps its newer version in
     /// `journaled` (and the older one, written home now, is overwritten when that goes
-    /// home). On an error the sections stay in use (the next writer to reach the mark
-    /// tries again, or a full ring writes them home under the lock).
+    /// home). On an error the sections stay in use (the next writer to reach the mark,
+    /// or to find the ring full, tries again).
     fn home(&self, storage: &dyn Storage, sections: Vec<SectionBlocks>) -> io::Result<()> {
         let mut blocks = BTreeMap::new();
         for (b, p) in sections.iter().flat_map(|s| s.iter()) {
@@ -1179,7 +1201,8 @@ impl Integrity {
     }
 
     /// Every section in use written home, stably, under the lock (all written, none
-    /// being written home by another writer): the ring is free.
+    /// being written home by another writer): the ring is free. (A close's: writers
+    /// write home without the lock.)
     fn home_all(&self, storage: &dyn Storage, st: &mut State) -> io::Result<()> {
         debug_assert!(st.homing == 0 && st.held.iter().all(|h| h.written));
         storage.sync()?;
