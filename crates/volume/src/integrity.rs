@@ -1079,10 +1079,7 @@ impl Integrity {
         Ok(self.state.write().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Section `i` of ring pass `seq`, holding `entries`, built and written: built where
-    /// it goes when the storage lends its bytes (the mmap engine: one pass over the data
-    /// instead of building it and copying it there), unless the journal is encrypted (its
-    /// plaintext never goes to the device).
+    /// Section `i` of ring pass `seq`, holding `entries`, built and written.
     fn write_section(
         &self,
         storage: &dyn Storage,
@@ -1094,26 +1091,13 @@ impl Integrity {
         let entries = entries
             .iter()
             .map(|(b, p)| (b * spb, p.data(bs), p.tag(ts)));
-        let at = self.journal.section_offset(i);
-        if self.journal_crypt.is_none() {
-            let lent = storage.write_in_place(self.journal.section_bytes(), at, &mut |out| {
-                self.journal.section_into(i, seq, entries.clone(), out);
-                if self.journal.mac {
-                    let mac = self.section_mac(i, out);
-                    self.journal.set_mac(out, &mac);
-                }
-            });
-            if lent == Some(true) {
-                return Ok(());
-            }
-        }
         let mut section = self.sealed_section(i, self.journal.section_of(i, seq, entries));
         self.crypt_journal(
             i as usize * self.journal.section_bytes(),
             &mut section,
             true,
         );
-        storage.write_at(&section, at)
+        storage.write_at(&section, self.journal.section_offset(i))
     }
 
     /// Once half the ring's sections are written and no writer is writing sections home,

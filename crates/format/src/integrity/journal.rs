@@ -309,81 +309,43 @@ impl Journal {
         )
     }
 
-    /// Section `i` of ring pass `seq` holding `entries` (block's first sector, its data,
-    /// its tag), as the kernel's commit writes it: built in memory.
+    /// [`Journal::section`] from borrowed entries: (first logical sector, block, tag).
     pub fn section_of<'a>(
         &self,
         i: u32,
         seq: u8,
         entries: impl ExactSizeIterator<Item = (u64, &'a [u8], &'a [u8])>,
     ) -> Vec<u8> {
-        // The entry sectors apart, the others appended in order: zeroing the whole section
-        // first cost as much as a fifth of a journal write.
-        let mut head = [0u8; ENTRY_SECTORS * 512];
-        let mut s = Vec::with_capacity(self.section_bytes());
-        s.extend_from_slice(&head);
-        self.lay_out(i, seq, entries, &mut head, &mut |b| s.extend_from_slice(b));
-        s[..head.len()].copy_from_slice(&head);
-        s
-    }
-
-    /// [`Journal::section_of`] built in `out` (the section's bytes where it goes: a
-    /// mapping of the device), every byte of it written.
-    pub fn section_into<'a>(
-        &self,
-        i: u32,
-        seq: u8,
-        entries: impl ExactSizeIterator<Item = (u64, &'a [u8], &'a [u8])>,
-        out: &mut [u8],
-    ) {
-        assert_eq!(out.len(), self.section_bytes(), "a whole section");
-        let (head, mut rest) = out.split_at_mut(ENTRY_SECTORS * 512);
-        self.lay_out(i, seq, entries, head, &mut |b| {
-            let (to, after) = std::mem::take(&mut rest).split_at_mut(b.len());
-            to.copy_from_slice(b);
-            rest = after;
-        });
-    }
-
-    /// Lays section `i` of pass `seq` out: its entry sectors in `head` (every byte), its
-    /// other sectors handed to `put` in order, each as its first 504 bytes then its commit
-    /// id (the data's last 8 bytes live in its entry).
-    fn lay_out<'a>(
-        &self,
-        i: u32,
-        seq: u8,
-        entries: impl ExactSizeIterator<Item = (u64, &'a [u8], &'a [u8])>,
-        head: &mut [u8],
-        put: &mut dyn FnMut(&[u8]),
-    ) {
         assert!(entries.len() <= self.entries_per_section);
-        head.fill(0);
+        // The entry sectors zeroed, then each journal sector appended in order: zeroing
+        // the whole section first cost as much as a fifth of a journal write.
+        let mut s = Vec::with_capacity(self.section_bytes());
+        s.resize(ENTRY_SECTORS * 512, 0);
         for e in 0..self.entries_per_section {
             let (at, _) = self.entry_at(e);
-            head[at + 4..at + 8].copy_from_slice(&UNUSED_HI.to_le_bytes());
+            s[at + 4..at + 8].copy_from_slice(&UNUSED_HI.to_le_bytes());
         }
-        let mut j = ENTRY_SECTORS as u64;
         for (e, (sector, data, tag)) in entries.enumerate() {
             let (at, _) = self.entry_at(e);
-            head[at..at + 8].copy_from_slice(&sector.to_le_bytes());
+            s[at..at + 8].copy_from_slice(&sector.to_le_bytes());
             for k in 0..self.spb {
                 let src = &data[k * 512..][..512];
-                head[at + 8 + 8 * k..][..8].copy_from_slice(&src[SECTOR_DATA..]);
-                put(&src[..SECTOR_DATA]);
-                put(&self.commit_id(i, j, seq));
-                j += 1;
+                s[at + 8 + 8 * k..][..8].copy_from_slice(&src[SECTOR_DATA..]);
+                let j = (s.len() / 512) as u64;
+                s.extend_from_slice(&src[..SECTOR_DATA]);
+                s.extend_from_slice(&self.commit_id(i, j, seq));
             }
-            head[at + 8 + 8 * self.spb..][..self.tag_size].copy_from_slice(tag);
+            s[at + 8 + 8 * self.spb..][..self.tag_size].copy_from_slice(tag);
         }
         // The unused entries' sectors (and any the section has past them): zeros.
-        while j < self.section_sectors {
-            put(&[0u8; SECTOR_DATA]);
-            put(&self.commit_id(i, j, seq));
-            j += 1;
+        for j in (s.len() / 512) as u64..self.section_sectors {
+            s.resize(s.len() + SECTOR_DATA, 0);
+            s.extend_from_slice(&self.commit_id(i, j, seq));
         }
         for j in 0..ENTRY_SECTORS {
-            head[j * 512 + SECTOR_DATA..][..8].copy_from_slice(&self.commit_id(i, j as u64, seq));
+            s[j * 512 + SECTOR_DATA..][..8].copy_from_slice(&self.commit_id(i, j as u64, seq));
         }
+        s
     }
 }
 
@@ -438,11 +400,6 @@ mod tests {
                 .collect();
             let s = j.section(7, 2, &es);
             assert_eq!(s.len(), j.section_bytes());
-            // Built in place, over whatever was there: the same bytes.
-            let mut there = vec![0xa5u8; j.section_bytes()];
-            let borrowed = es.iter().map(|e| (e.sector, &e.data[..], &e.tag[..]));
-            j.section_into(7, 2, borrowed, &mut there);
-            assert!(there == s, "section_into and section_of agree");
             for (k, sector) in s.chunks_exact(512).enumerate() {
                 assert_eq!(
                     sector[SECTOR_DATA..],

@@ -477,55 +477,6 @@ fn power_cuts_under_concurrent_writers_lose_no_flushed_write() {
     }
 }
 
-/// Journal sections built where they go (a mapped file: `write_in_place`) are the bytes
-/// built in memory and written: the same writes (a checksum: no random IVs) through the
-/// mmap engine and through memory leave the same image, journal and homes alike, whose
-/// replay reads back what was written.
-#[test]
-fn sections_built_in_a_mapping_are_the_sections_written() {
-    use cryptblk_volume::{FileStorage, IoEngine};
-    let m = MODES[4];
-    let bs = m.3 as usize;
-    let dir = tempfile::tempdir_in("/dev/shm").expect("this test needs /dev/shm");
-    let path = dir.path().join("integrity.img");
-    let base = formatted(m, true);
-    std::fs::write(&path, base.to_vec()).unwrap();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    let mapped = FileStorage::new(file)
-        .unwrap()
-        .with_engine(IoEngine::Mmap)
-        .unwrap();
-    assert_eq!(mapped.engine(), IoEngine::Mmap);
-    let devs: [Arc<dyn Storage>; 2] = [Arc::new(mapped), Arc::new(base)];
-    let mut model = vec![0u8; 1024 * bs];
-    for (k, dev) in devs.iter().enumerate() {
-        let vol = open(dev, m, false);
-        // Many sections and passes of the ring, the last ones not yet home.
-        for n in 0..200usize {
-            let (b, len) = ((n * 389) % 1000, 1 + n % 20);
-            let p = pattern(len * bs, n as u8);
-            vol.write_at(&p, (b * bs) as u64, false).unwrap();
-            if k == 0 {
-                model[b * bs..][..len * bs].copy_from_slice(&p);
-            }
-        }
-        vol.flush().unwrap();
-    }
-    let mut images = devs.iter().map(|d| {
-        let mut img = vec![0u8; DEV as usize];
-        d.read_at(&mut img, 0).unwrap();
-        img
-    });
-    let (a, b) = (images.next().unwrap(), images.next().unwrap());
-    assert!(a == b, "the mapped file and memory hold the same image");
-    let vol = open(&devs[0], m, true);
-    assert!(read(&vol, 0, model.len()).unwrap() == model, "replayed");
-}
-
 /// What blocks a power cut may leave: per block, its value at the last completed flush,
 /// and the values written since.
 #[derive(Clone)]
