@@ -259,25 +259,36 @@ struct Held {
     written: bool,
 }
 
-/// Marks a section [`Integrity::commit`] took as written when dropped (its write done,
-/// failed, or panicked: `error`, which fails the device), and wakes those waiting.
+/// Marks a section [`Integrity::commit`] took as written ([`SectionDone::mark`], or when
+/// dropped unmarked: its writer panicked), `error` failing the device, and wakes those
+/// waiting.
 struct SectionDone<'a> {
     me: &'a Integrity,
     number: u64,
     error: Option<String>,
+    marked: bool,
 }
 
-impl Drop for SectionDone<'_> {
-    fn drop(&mut self) {
-        let mut st = self.me.state.write().unwrap_or_else(|e| e.into_inner());
+impl SectionDone<'_> {
+    /// Marks it under the lock the caller holds (and goes on with).
+    fn mark(&mut self, st: &mut State) {
         // Homing takes written sections only, from the front: this one is still held.
         let at = (self.number - (st.taken - st.held.len() as u64)) as usize;
         st.held[at].written = true;
         if let Some(e) = self.error.take() {
             st.failed.get_or_insert(e);
         }
-        drop(st);
+        self.marked = true;
         self.me.progressed();
+    }
+}
+
+impl Drop for SectionDone<'_> {
+    fn drop(&mut self) {
+        if !self.marked {
+            let mut st = self.me.state.write().unwrap_or_else(|e| e.into_inner());
+            self.mark(&mut st);
+        }
     }
 }
 
@@ -1071,12 +1082,15 @@ impl Integrity {
             me: self,
             number,
             error: Some("the writer panicked".into()),
+            marked: false,
         };
         let r = self.write_section(storage, i, seq, &entries);
         done.error = r.as_ref().err().map(|e| e.to_string());
-        drop(done);
+        // One taking of the lock: marked, and kept for the caller.
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        done.mark(&mut st);
         r?;
-        Ok(self.state.write().unwrap_or_else(|e| e.into_inner()))
+        Ok(st)
     }
 
     /// Section `i` of ring pass `seq`, holding `entries`, built and written.
@@ -1150,8 +1164,9 @@ impl Integrity {
         r
     }
 
-    /// Wakes the writers waiting in [`Integrity::await_progress`]; called after the
-    /// state lock is let go.
+    /// Wakes the writers waiting in [`Integrity::await_progress`]; called once the state
+    /// changed, with the state lock held or let go (a waiter reads the count under that
+    /// lock, and never waits for it while holding the count's).
     fn progressed(&self) {
         let (count, cv) = &self.progress;
         *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
